@@ -1,0 +1,29 @@
+# Two commands: `make run` and `make test`. Both create .venv and install the project first.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TORCH   ?= torch==2.13.0
+
+.PHONY: run test bench install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m engine.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

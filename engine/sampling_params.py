@@ -1,0 +1,71 @@
+"""Sampling parameters of one request, validated on construction (names follow vLLM / OpenAI)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_EPS = 1e-5
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    n: int = 1                          # completions per prompt: a sequence group sharing the prompt
+    temperature: float = 1.0            # 0 means greedy
+    top_p: float = 1.0                  # nucleus mass kept, in (0, 1]
+    top_k: int = -1                     # -1 or 0 keeps every token
+    min_p: float = 0.0                  # drop tokens below min_p * p(max)
+    presence_penalty: float = 0.0       # OpenAI-style, on generated tokens
+    frequency_penalty: float = 0.0      # OpenAI-style, on generated tokens
+    repetition_penalty: float = 1.0     # CTRL-style, on prompt and generated tokens
+    seed: int | None = None             # per-request generator: same seed, same output
+    max_tokens: int | None = 16         # None: up to the model's context
+    min_tokens: int = 0                 # EOS / stop ids masked until this many tokens
+    stop: tuple[str, ...] = ()          # stop strings, not included in the text
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None         # top-n logprobs per generated token (plus the chosen one)
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._check()
+
+    def _check(self) -> None:
+        _require(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        _require(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
+        _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _require(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
+                 f"top_k must be -1 (off) or >= 0, got {self.top_k!r}")
+        _require(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
+        _require(-2.0 <= self.presence_penalty <= 2.0,
+                 f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        _require(-2.0 <= self.frequency_penalty <= 2.0,
+                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        _require(self.repetition_penalty > 0.0,
+                 f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _require(isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+                 f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        _require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+                 f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        _require(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        _require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+                 "stop_token_ids must be non-negative integers")
+        _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _EPS
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
