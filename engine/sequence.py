@@ -1,0 +1,92 @@
+"""A sequence (one completion's tokens and KV blocks) and a sequence group (one request: n
+sequences that share the prompt's blocks)."""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"        # no KV blocks; (re)prefills when admitted
+    RUNNING = "running"        # holds blocks; prefilling in chunks or decoding
+    FINISHED = "finished"      # blocks freed
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"              # EOS, a stop token id or a stop string
+    LENGTH = "length"          # max_tokens or the model's context
+    ABORT = "abort"            # client abort, peer death, bad input after admission
+
+
+_seq_ids = itertools.count()
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    token_ids: list[int]                          # prompt followed by generated tokens
+    num_prompt_tokens: int
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    index: int = 0                                # position among the group's n completions
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0                  # tokens whose K/V are in this sequence's blocks
+    block_table: list[int] = field(default_factory=list)   # logical block i -> physical block id
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full computed blocks
+    finish_reason: FinishReason | None = None
+    logprobs: list[dict[int, float]] = field(default_factory=list)   # per generated token
+    text: str = ""                                # detokenized output, stop strings cut
+    generator: torch.Generator | None = None      # per-request seed
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def fork(self, index: int) -> "Sequence":
+        """A sibling with the same tokens and (shared, by the block manager) blocks."""
+        child = Sequence(list(self.token_ids), self.num_prompt_tokens, index=index, status=self.status,
+                         num_computed_tokens=self.num_computed_tokens, logprobs=list(self.logprobs),
+                         text=self.text, block_hashes=list(self.block_hashes))
+        if self.generator is not None:
+            child.generator = torch.Generator().set_state(self.generator.get_state())
+        return child
+
+
+@dataclass(slots=True, eq=False)
+class SequenceGroup:
+    """One request. Its sequences start as one; after the prompt is prefilled it forks to n."""
+
+    request_id: str
+    seqs: list[Sequence]
+    params: SamplingParams
+    arrival: float                                # monotonic seconds, for FCFS order
+    forked: bool = False                          # n > 1 groups fork once after the prefill
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.seqs[0].token_ids[: self.seqs[0].num_prompt_tokens]
+
+    def unfinished(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished]
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs) and (self.forked or self.params.n == 1)
