@@ -1,0 +1,39 @@
+"""Small launcher-side argument checks shared by every kernel; each raises ValueError."""
+
+import torch
+
+
+def require(cond: bool, message: str) -> None:
+    """Raise ValueError(message) unless cond holds."""
+    if not cond:
+        raise ValueError(message)
+
+
+def require_shape(name: str, t: torch.Tensor, shape: tuple) -> None:
+    """t.shape must equal shape; None entries match any size."""
+    ok = t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape))
+    require(ok, f"{name}: expected shape {tuple('*' if s is None else s for s in shape)}, "
+            f"got {tuple(t.shape)}")
+
+
+def require_dtype(name: str, t: torch.Tensor, *dtypes: torch.dtype) -> None:
+    """t.dtype must be one of dtypes."""
+    require(t.dtype in dtypes, f"{name}: expected dtype in {dtypes}, got {t.dtype}")
+
+
+def require_same_device(**tensors: torch.Tensor) -> torch.device:
+    """All tensors live on one device; returns it."""
+    devices = {name: t.device for name, t in tensors.items()}
+    first = next(iter(devices.values()))
+    require(all(d == first for d in devices.values()), f"tensors on different devices: {devices}")
+    return first
+
+
+def require_ids_in_range(name: str, ids: torch.Tensor, limit: int) -> None:
+    """0 <= ids < limit; only checked for CPU tensors (on CUDA it would cost a device sync)."""
+    if ids.device.type == "cpu" and ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        require(0 <= lo and hi < limit, f"{name}: ids must lie in [0, {limit}), got [{lo}, {hi}]")
+
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

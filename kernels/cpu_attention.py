@@ -1,0 +1,104 @@
+"""Paged attention on CPU tensors with plain PyTorch ops (no per-token Python loops).
+
+Two paths, both built on `scaled_dot_product_attention`:
+
+1. decode rows (q_len == 1): sequences are sorted by length and taken in chunks; each chunk's
+   blocks are gathered with one `index_select` per K and V into a small reusable buffer (it
+   stays in cache while SDPA reads it), the GQA group is folded into SDPA's query-length
+   dimension ([c, Hkv, G, D] against [c, Hkv, L, D]: no K/V expansion), and a length mask
+   hides the padded tail of the chunk.
+2. prefill rows (q_len > 1, possibly after a cached prefix): one SDPA per sequence, causal
+   mask offset by the cached prefix (is_causal=True when the whole sequence is new).
+"""
+
+import torch
+import torch.nn.functional as F
+
+# Target size in bytes of one chunk's gathered K (V is the same): small enough to stay in
+# cache between the gather and SDPA, big enough to amortize per-op overhead.
+_CHUNK_BYTES = 1 << 20
+
+
+def paged_attention_cpu(
+    query: torch.Tensor,  # [T, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+) -> torch.Tensor:  # [T, num_heads, head_dim]
+    """Same contract as `kernels.paged_attention` for CPU tensors (inputs already checked)."""
+    out = torch.empty_like(query)
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
+    decode = [i for i, n in enumerate(q_lens) if n == 1]
+    if decode:
+        _decode(out, query, k_cache, v_cache, block_tables, cu, lens, decode, scale)
+    for i, n in enumerate(q_lens):
+        if n > 1:
+            q = query[cu[i] : cu[i + 1]]  # [q_len, H, D]
+            out[cu[i] : cu[i + 1]] = _prefill_one(q, k_cache, v_cache, block_tables[i], lens[i], scale)
+    return out
+
+
+def _decode(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
+    """Batched single-token attention for sequences `seqs`, written into out's rows."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    group = query.shape[1] // num_kv_heads
+    seqs = sorted(seqs, key=lambda i: lens[i])  # similar lengths share a chunk: less padding
+    max_blocks = -(-lens[seqs[-1]] // block_size)
+    block_bytes = block_size * num_kv_heads * head_dim * k_cache.element_size()
+    chunk = max(1, _CHUNK_BYTES // (block_bytes * max_blocks))
+    k_buf = k_cache.new_empty((min(chunk, len(seqs)) * max_blocks, block_size, num_kv_heads, head_dim))
+    v_buf = torch.empty_like(k_buf)
+    for start in range(0, len(seqs), chunk):
+        part = seqs[start : start + chunk]
+        rows = torch.tensor([cu[i] for i in part])  # [c]
+        part_lens = torch.tensor([lens[i] for i in part])  # [c]
+        n_blk = -(-lens[part[-1]] // block_size)  # sorted: the last is the longest
+        ids = _block_ids(block_tables[part, :n_blk], part_lens, block_size)  # [c * n_blk]
+        n, ctx = ids.numel(), n_blk * block_size
+        torch.index_select(k_cache, 0, ids, out=k_buf[:n])
+        torch.index_select(v_cache, 0, ids, out=v_buf[:n])
+        k = k_buf[:n].view(len(part), ctx, num_kv_heads, head_dim).transpose(1, 2)  # [c, Hkv, L, D]
+        v = v_buf[:n].view(len(part), ctx, num_kv_heads, head_dim).transpose(1, 2)
+        q = query[rows].view(len(part), num_kv_heads, group, head_dim)  # [c, Hkv, G, D]
+        mask = (torch.arange(ctx) < part_lens[:, None])[:, None, None, :]  # [c, 1, 1, L]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [c, Hkv, G, D]
+        out[rows] = o.reshape(len(part), -1, head_dim)
+
+
+def _block_ids(
+    table: torch.Tensor,  # [c, n_blk] int32, may hold garbage past each sequence's blocks
+    lens: torch.Tensor,  # [c]
+    block_size: int,
+) -> torch.Tensor:  # [c * n_blk] int64, padding entries replaced by block 0
+    """Flattened block ids to gather; entries past a sequence's last block read block 0."""
+    used = torch.arange(table.shape[1]) < (lens[:, None] + block_size - 1) // block_size
+    return torch.where(used, table, 0).flatten().long()
+
+
+def _prefill_one(
+    q: torch.Tensor,  # [q_len, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    table: torch.Tensor,  # [max_blocks_per_seq] int32
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:  # [q_len, num_heads, head_dim]
+    """Causal attention of one sequence's q_len newest rows over its seq_len cached tokens."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    q_len, num_heads, _ = q.shape
+    ids = table[: -(-seq_len // block_size)].long()
+    k = k_cache.index_select(0, ids).flatten(0, 1)[:seq_len].transpose(0, 1)  # [Hkv, L, D]
+    v = v_cache.index_select(0, ids).flatten(0, 1)[:seq_len].transpose(0, 1)
+    qh = q.transpose(0, 1)  # [H, q_len, D]
+    if q_len == seq_len:
+        o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        mask = torch.arange(seq_len)[None, :] <= q_pos  # [q_len, L]
+        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return o.transpose(0, 1)

@@ -1,0 +1,162 @@
+"""kernels/ public launchers vs the plain-PyTorch reference (CPU; CUDA too when present)."""
+
+import pytest
+import torch
+
+from kernels import copy_blocks, gather_blocks, paged_attention, scatter_blocks, store_kv
+from kernels.reference import (
+    copy_blocks_ref, gather_blocks_ref, paged_attention_ref, scatter_blocks_ref, store_kv_ref,
+)
+from kernels.testing import make_paged_batch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# Stated tolerances (max abs error; inputs ~N(0,1), outputs are convex mixes of V rows).
+ATOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+
+
+def _run_and_compare(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device):
+    b = make_paged_batch(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device)
+    out = paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q, b.seq_lens,
+                          b.scale, b.max_seqlen_q, b.max_seqlen_k)
+    ref = paged_attention_ref(b.query.cpu(), b.k_cache.cpu(), b.v_cache.cpu(), b.block_tables.cpu(),
+                              b.cu_seqlens_q.cpu(), b.seq_lens.cpu(), b.scale)
+    assert out.dtype == dtype and out.shape == b.query.shape
+    torch.testing.assert_close(out.cpu().float(), ref.float(), atol=ATOL[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_heads", [8, 4, 2, 1])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_decode_batch_matches_reference(device, kv_heads, block_size):
+    """Pure decode over ragged contexts (1, block multiples, odd) equals the reference, GQA 1-8."""
+    seq_lens = [1, block_size, 2 * block_size, 3 * block_size + 1, 37, 100, 255, 256]
+    _run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, 64, block_size, torch.float32, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_heads", [4, 1])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_mixed_prefill_decode_matches_reference(device, kv_heads, head_dim):
+    """A batch mixing fresh prefills, chunked prefills over a cached prefix and decodes is exact."""
+    seq_lens = [40, 17, 96, 1, 64, 130, 5]
+    q_lens = [40, 1, 30, 1, 16, 2, 0]
+    _run_and_compare(seq_lens, q_lens, 8, kv_heads, head_dim, 16, torch.float32, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_within_stated_tolerance(device, dtype):
+    """bf16/fp16 inputs give the fp32-accumulated reference within ATOL[dtype]."""
+    _run_and_compare([33, 1, 64, 80], [1, 1, 20, 80], 8, 2, 64, 16, dtype, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_sized_decode_batch(device):
+    """The benchmark shape (batch 32, 8 heads, head_dim 64, contexts up to 256) is exact."""
+    seq_lens = torch.randint(1, 257, (32,), generator=torch.Generator().manual_seed(1)).tolist()
+    _run_and_compare(seq_lens, [1] * 32, 8, 8, 64, 16, torch.float32, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_output_ignores_other_sequences_blocks(device):
+    """Changing a block not owned by a sequence leaves that sequence's output bit-identical."""
+    b = make_paged_batch([20, 20], [1, 1], 4, 2, 64, 16, torch.float32, device)
+    args = (b.block_tables, b.cu_seqlens_q, b.seq_lens, b.scale)
+    before = paged_attention(b.query, b.k_cache, b.v_cache, *args)
+    b.k_cache[b.block_tables[1, :2].long()] += 1.0
+    after = paged_attention(b.query, b.k_cache, b.v_cache, *args)
+    assert torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_matches_reference_and_skips_negative_slots(device, dtype):
+    """store_kv writes exactly the reference's slots of one layer; slot -1 and other layers untouched."""
+    b = make_paged_batch([50], [1], 4, 2, 64, 16, dtype, device)
+    key = torch.randn(6, 2, 64).to(dtype=dtype, device=device)
+    value = torch.randn(6, 2, 64).to(dtype=dtype, device=device)
+    slots = torch.tensor([0, 17, -1, 31, 32, 50], device=device)
+    expected = b.kv_cache.cpu().clone()
+    store_kv_ref(key.cpu(), value.cpu(), expected[:, -1, 0], expected[:, -1, 1], slots.cpu())
+    store_kv(key, value, b.k_cache, b.v_cache, slots)
+    assert torch.equal(b.kv_cache.cpu(), expected)
+    assert torch.equal(b.k_cache[1, 1].cpu(), key[1].cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_copy_blocks_matches_reference(device):
+    """copy_blocks copies whole blocks (all layers, K and V) onto exactly the dst blocks."""
+    b = make_paged_batch([64], [1], 4, 2, 64, 8, torch.float32, device)
+    src, dst = torch.tensor([0, 3, 5], device=device), torch.tensor([7, 1, 2], device=device)
+    expected = b.kv_cache.cpu().clone()
+    copy_blocks_ref(expected, src.cpu(), dst.cpu())
+    copy_blocks(b.kv_cache, src, dst)
+    assert torch.equal(b.kv_cache.cpu(), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_then_scatter_round_trips(device):
+    """gather_blocks packs the reference's bytes; scatter_blocks writes them to exactly the given blocks."""
+    b = make_paged_batch([64], [1], 4, 2, 64, 8, torch.bfloat16, device)
+    ids = torch.tensor([6, 0, 3], device=device)
+    packed = gather_blocks(b.kv_cache, ids)
+    assert packed.is_contiguous() and torch.equal(packed.cpu(), gather_blocks_ref(b.kv_cache.cpu(), ids.cpu()))
+    dst = torch.tensor([1, 2, 4], device=device)
+    expected = b.kv_cache.cpu().clone()
+    scatter_blocks_ref(expected, dst.cpu(), packed.cpu())
+    scatter_blocks(b.kv_cache, dst, packed)
+    assert torch.equal(b.kv_cache.cpu(), expected)
+    assert gather_blocks(b.kv_cache, ids[:0]).shape == (0, *b.kv_cache.shape[1:])
+
+
+def _attention_args():
+    b = make_paged_batch([20, 9], [4, 1], 4, 2, 64, 8)
+    return dict(query=b.query, k_cache=b.k_cache, v_cache=b.v_cache, block_tables=b.block_tables,
+                cu_seqlens_q=b.cu_seqlens_q, seq_lens=b.seq_lens, scale=b.scale)
+
+
+BAD_ATTENTION_ARGS = {
+    "head_dim mismatch": ("query", lambda a: a["query"][..., :32]),
+    "heads not multiple": ("query", lambda a: torch.randn(5, 3, 64)),
+    "query dtype": ("query", lambda a: a["query"].half()),
+    "int64 block table": ("block_tables", lambda a: a["block_tables"].long()),
+    "cu_seqlens length": ("cu_seqlens_q", lambda a: a["cu_seqlens_q"][:-1]),
+    "cu_seqlens end": ("cu_seqlens_q", lambda a: torch.tensor([0, 4, 6], dtype=torch.int32)),
+    "q longer than seq": ("seq_lens", lambda a: torch.tensor([3, 9], dtype=torch.int32)),
+    "seq past table": ("seq_lens", lambda a: torch.tensor([20, 90], dtype=torch.int32)),
+    "block id range": ("block_tables", lambda a: a["block_tables"].fill_(10_000)),
+    "v_cache shape": ("v_cache", lambda a: a["v_cache"][:, :4]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ATTENTION_ARGS))
+def test_paged_attention_rejects_bad_arguments(case):
+    """Each malformed argument raises ValueError before any kernel runs."""
+    args = _attention_args()
+    name, mutate = BAD_ATTENTION_ARGS[case]
+    args[name] = mutate(args)
+    with pytest.raises(ValueError):
+        paged_attention(**args)
+
+
+def test_block_launchers_reject_bad_arguments():
+    """Block ids out of range, of the wrong dtype, duplicated, or a wrong buffer raise ValueError."""
+    kv = torch.zeros(4, 2, 2, 8, 2, 16)
+    cases = [
+        lambda: copy_blocks(kv, torch.tensor([0]), torch.tensor([4])),
+        lambda: copy_blocks(kv, torch.tensor([0], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)),
+        lambda: copy_blocks(kv, torch.tensor([0, 1]), torch.tensor([2, 2])),
+        lambda: copy_blocks(kv, torch.tensor([0, 1]), torch.tensor([1, 2])),
+        lambda: copy_blocks(kv[:, :1], torch.tensor([0]), torch.tensor([1])),
+        lambda: gather_blocks(kv, torch.tensor([-1])),
+        lambda: scatter_blocks(kv, torch.tensor([1]), torch.zeros(1, 2, 2, 8, 2, 8)),
+        lambda: scatter_blocks(kv, torch.tensor([1, 1]), torch.zeros(2, 2, 2, 8, 2, 16)),
+        lambda: store_kv(torch.zeros(2, 2, 16), torch.zeros(2, 2, 16), kv[:, 0, 0], kv[:, 0, 1],
+                         torch.tensor([0, 32])),
+        lambda: store_kv(torch.zeros(2, 2, 16).half(), torch.zeros(2, 2, 16), kv[:, 0, 0], kv[:, 0, 1],
+                         torch.tensor([0, 1])),
+    ]
+    for i, call in enumerate(cases):
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"case {i} did not raise")
