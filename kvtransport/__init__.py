@@ -1,0 +1,1 @@
+"""kvtransport: ships paged KV blocks from prefill nodes into decode nodes' reserved blocks."""

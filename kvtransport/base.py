@@ -1,0 +1,112 @@
+"""The transport interface: a KVSender on each prefill node, a KVReceiver on each decode node.
+
+  decode node D                                   prefill node P
+  1. recv.register(Reservation(xfer_id, dst_block_ids, cached_prefix_blocks))
+                                                   2. send.connect(D endpoint)      (once per D)
+                                                   3. send.begin(xfer_id, D endpoint)  (queued)
+                                                   4. send.send_block(...)   per finished block
+                                                   5. send.commit(xfer_id, first_token, n)
+  6. recv.poll() -> [TransferCommitted]  adopt dst_block_ids into the sequence's block table
+     or            [TransferFailed]     free the reserved blocks (exactly one event per xfer)
+
+Both sides call poll() from their loop at least every heartbeat interval: it moves frames,
+sends heartbeats, expires leases and detects dead peers. Neither class is thread-safe.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from kvtransport.events import TransferEvent, TransferFailed
+from kvtransport.handshake import PeerIdentity
+from kvtransport.metrics import ReceiverMetrics, SenderMetrics
+from kvtransport.receiver_state import Reservation
+
+
+class TransportError(RuntimeError):
+    """The transport cannot do what was asked: peer unreachable, refused, or not draining."""
+
+
+class KVSender(ABC):
+    """Ships blocks of this node's pool `kv_cache: [num_blocks, L, 2, block_size, H, D]`."""
+
+    metrics: SenderMetrics
+
+    @abstractmethod
+    def connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity:
+        """Pair with the receiver at endpoint (idempotent); returns its identity.
+
+        Raises HandshakeError naming the field if the layouts differ, TransportError if the
+        peer refuses or does not answer within timeout.
+        """
+
+    @abstractmethod
+    def begin(self, xfer_id: str, endpoint: str) -> None:
+        """Take charge of xfer_id for the connected receiver at endpoint.
+
+        From now on heartbeats name xfer_id, which renews its lease on the receiver while the
+        prompt waits in this node's queue. Raises ValueError if xfer_id is already open.
+        """
+
+    @abstractmethod
+    def send_block(self, xfer_id: str, index: int, dst_block_id: int, kv_cache: torch.Tensor,
+                   src_block_id: int) -> None:
+        """Ship kv_cache[src_block_id] into the receiver's block dst_block_id (block `index`).
+
+        Does not copy on CPU: the source block must stay unchanged until is_sent(xfer_id).
+        Blocks only while the transport's high-water mark is reached, then raises
+        TransportError after the send timeout. A no-op if xfer_id already failed (its
+        TransferFailed event was or will be returned by poll); KeyError if never begun.
+        """
+
+    @abstractmethod
+    def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
+        """Send the Commit after the last block; the transfer is closed on this side."""
+
+    @abstractmethod
+    def abort(self, xfer_id: str, reason: str = "") -> None:
+        """Tell the receiver to fail xfer_id; closed on this side. No-op if not open."""
+
+    @abstractmethod
+    def is_sent(self, xfer_id: str) -> bool:
+        """True once every payload of xfer_id has left this process (source blocks reusable)."""
+
+    @abstractmethod
+    def poll(self, timeout: float = 0.0) -> list[TransferFailed]:
+        """Read replies, send due heartbeats, detect dead receivers; wait at most timeout.
+
+        Returns one TransferFailed per open transfer the receiver aborted or lost.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release sockets and groups; open transfers are abandoned (receivers time them out)."""
+
+
+class KVReceiver(ABC):
+    """Receives blocks straight into reserved blocks of `kv_cache: [num_blocks, L, 2, bs, H, D]`."""
+
+    endpoint: str                     # where senders connect
+    metrics: ReceiverMetrics
+
+    @abstractmethod
+    def register(self, reservation: Reservation) -> None:
+        """Expect reservation's blocks. ValueError if its id is reused or a block is already
+        reserved by a live transfer or outside the pool."""
+
+    @abstractmethod
+    def poll(self, timeout: float = 0.0) -> list[TransferEvent]:
+        """Receive and write frames for up to timeout seconds, expire leases and dead peers.
+
+        Returns finished transfers: each registered xfer_id appears exactly once, as
+        TransferCommitted (adopt its blocks) or TransferFailed (free them).
+        """
+
+    @abstractmethod
+    def abort(self, xfer_id: str, reason: str = "") -> None:
+        """Fail xfer_id (its TransferFailed comes from the next poll) and tell the sender."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Fail every live transfer (reported by no later poll) and release the socket."""

@@ -1,0 +1,227 @@
+"""Every message that crosses a process, as a typed dataclass, and its msgpack codec.
+
+Wire form of a message (no pickle anywhere):
+
+    msgpack [PROTOCOL_VERSION, kind, [field, field, ...]]      fields in declaration order
+
+Each dataclass validates its fields in `__post_init__`, so a message that exists is valid, and
+`decode` raises nothing but `ProtocolError` whatever bytes it is given.
+
+  handshake      Hello(P -> D), HelloAck(D -> P), P2PJoin(D -> P, torch.distributed only)
+  transfer       BlockFrame (+ one raw payload frame), Commit, Abort, Heartbeat (both ways)
+  admission      Reserve(router -> D) -> Reserved | Busy
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Union
+
+import msgpack
+
+from kvtransport.handshake import KV_DTYPES, PeerIdentity
+from kvtransport.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION,
+                                ProtocolError, check_bool, check_hashes, check_id, check_ids,
+                                check_int, check_ints, check_str)
+
+MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """P -> D, first message on a connection."""
+    identity: PeerIdentity
+
+    def __post_init__(self) -> None:
+        _coerce_identity(self)
+
+
+@dataclass(frozen=True, slots=True)
+class HelloAck:
+    """D -> P: D's identity and whether it accepts the pairing (reason names the field if not)."""
+    identity: PeerIdentity
+    accepted: bool
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        _coerce_identity(self)
+        check_bool(self.accepted, "accepted")
+        check_str(self.reason, "reason")
+
+
+@dataclass(frozen=True, slots=True)
+class P2PJoin:
+    """D -> P: join a two-rank torch.distributed group (D rank 0, P rank 1) at this TCPStore."""
+    group: str                  # PrefixStore key of this pair
+    store_host: str
+    store_port: int
+
+    def __post_init__(self) -> None:
+        check_id(self.group, "group")
+        check_id(self.store_host, "store_host", max_len=255)
+        check_int(self.store_port, "store_port", lo=1, hi=65535)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockFrame:
+    """P -> D header of one block: all layers' K and V of block `index` of the sequence.
+
+    The payload (nbytes raw bytes of a [num_layers, 2, block_size, H, D] tensor) follows as its
+    own frame (zmq, fake) or as a point-to-point tensor (torch.distributed).
+    """
+    xfer_id: str
+    index: int                  # position in the sequence's block table, >= cached prefix blocks
+    block_id: int               # destination block in D's pool == reservation.dst_block_ids[index]
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        check_id(self.xfer_id, "xfer_id")
+        check_int(self.index, "index", hi=MAX_BLOCKS - 1)
+        check_int(self.block_id, "block_id", hi=(1 << 31) - 1)
+        check_int(self.nbytes, "nbytes", lo=1, hi=1 << 34)
+        check_str(self.dtype, "dtype", max_len=32)
+        if self.dtype not in KV_DTYPES:
+            raise ProtocolError(f"dtype {self.dtype!r} is not a KV dtype")
+        object.__setattr__(self, "shape", check_ints(self.shape, "shape", 8, lo=1, hi=1 << 20))
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """P -> D after the last block: the first sampled token and the tokens the blocks hold."""
+    xfer_id: str
+    first_token: int
+    num_tokens: int             # prompt tokens whose K/V the transfer carries
+
+    def __post_init__(self) -> None:
+        check_id(self.xfer_id, "xfer_id")
+        check_int(self.first_token, "first_token", hi=MAX_TOKEN_ID)
+        check_int(self.num_tokens, "num_tokens", lo=1, hi=MAX_BLOCKS * (1 << 16))
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Either way: the transfer is over and failed; the reason is for logs."""
+    xfer_id: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        check_id(self.xfer_id, "xfer_id")
+        check_str(self.reason, "reason")
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Either way: I am alive (epoch) and still hold these transfers (renews their leases)."""
+    epoch: str
+    open_xfers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_id(self.epoch, "epoch")
+        object.__setattr__(self, "open_xfers", check_ids(self.open_xfers, "open_xfers", 1 << 16))
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Router -> D: admit a request whose prompt P will prefill and ship."""
+    rid: str
+    prompt_len: int
+    block_hashes: tuple[bytes, ...]  # one per full prompt block, 16 bytes each, hash-chained
+    max_tokens: int                  # generated tokens D must leave room for
+
+    def __post_init__(self) -> None:
+        check_str(self.rid, "rid", max_len=MAX_RID_LEN, min_len=1)
+        check_int(self.prompt_len, "prompt_len", lo=1, hi=MAX_BLOCKS * (1 << 16))
+        object.__setattr__(self, "block_hashes", check_hashes(self.block_hashes, "block_hashes"))
+        check_int(self.max_tokens, "max_tokens", lo=1, hi=1 << 30)
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """D -> router: blocks reserved; P ships blocks dst_block_ids[cached_prefix_blocks:]."""
+    rid: str
+    xfer_id: str
+    dst_block_ids: tuple[int, ...]   # the prompt's whole block table in D's pool
+    cached_prefix_blocks: int        # leading blocks D already holds (prefix cache hit)
+
+    def __post_init__(self) -> None:
+        check_str(self.rid, "rid", max_len=MAX_RID_LEN, min_len=1)
+        check_id(self.xfer_id, "xfer_id")
+        ids = check_ints(self.dst_block_ids, "dst_block_ids", MAX_BLOCKS, hi=(1 << 31) - 1)
+        object.__setattr__(self, "dst_block_ids", ids)
+        check_int(self.cached_prefix_blocks, "cached_prefix_blocks", hi=len(ids))
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """D -> router: no room now; retry after a while or try another decode node."""
+    rid: str
+    reason: str = ""
+    retry_after_ms: int = 0
+
+    def __post_init__(self) -> None:
+        check_str(self.rid, "rid", max_len=MAX_RID_LEN, min_len=1)
+        check_str(self.reason, "reason")
+        check_int(self.retry_after_ms, "retry_after_ms", hi=1 << 31)
+
+
+Message = Union[Hello, HelloAck, P2PJoin, BlockFrame, Commit, Abort, Heartbeat, Reserve, Reserved,
+                Busy]
+
+KINDS: dict[str, type] = {
+    "hello": Hello, "hello_ack": HelloAck, "p2p_join": P2PJoin, "block": BlockFrame,
+    "commit": Commit, "abort": Abort, "heartbeat": Heartbeat, "reserve": Reserve,
+    "reserved": Reserved, "busy": Busy,
+}
+_KIND_OF: dict[type, str] = {cls: kind for kind, cls in KINDS.items()}
+_NUM_FIELDS: dict[type, int] = {cls: len(fields(cls)) for cls in KINDS.values()}
+
+
+def encode(msg: Message) -> bytes:
+    """The msgpack bytes of msg."""
+    kind = _KIND_OF[type(msg)]
+    return msgpack.packb([PROTOCOL_VERSION, kind, [_wire(getattr(msg, f.name)) for f in fields(msg)]],
+                         use_bin_type=True)
+
+
+def decode(buf: bytes | memoryview) -> Message:
+    """The message in buf; raises ProtocolError (only) for anything that is not a valid message."""
+    if len(buf) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(buf)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        obj = msgpack.unpackb(buf, raw=False, use_list=True, strict_map_key=True)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"not msgpack: {type(e).__name__}") from None
+    if type(obj) is not list or len(obj) != 3:
+        raise ProtocolError("envelope must be [version, kind, fields]")
+    version, kind, values = obj
+    if version != PROTOCOL_VERSION or type(version) is not int:
+        raise ProtocolError(f"protocol version {version!r} != {PROTOCOL_VERSION}")
+    cls = KINDS.get(kind) if type(kind) is str else None
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    if type(values) is not list or len(values) != _NUM_FIELDS[cls]:
+        raise ProtocolError(f"{kind} needs {_NUM_FIELDS[cls]} fields")
+    try:
+        return cls(*values)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"bad {kind}: {e}") from None
+
+
+def _wire(value: Any) -> Any:
+    to_wire = getattr(value, "to_wire", None)
+    return to_wire() if to_wire is not None else value
+
+
+def _coerce_identity(msg: Any) -> None:
+    ident = msg.identity
+    if type(ident) is list:
+        if len(ident) != 4 or type(ident[3]) is not list:
+            raise ProtocolError("identity must be [node_id, epoch, transport, layout]")
+        ident = PeerIdentity(*ident)
+        object.__setattr__(msg, "identity", ident)
+    if not isinstance(ident, PeerIdentity):
+        raise ProtocolError("identity must be a PeerIdentity")
+

@@ -1,0 +1,61 @@
+"""Counters a node exports (e.g. to Prometheus): plain attributes, no registry, no globals."""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+
+log = logging.getLogger("kvtransport")
+
+_LOG_FIRST = 10       # log the first few drops of each reason, then one in _LOG_EVERY
+_LOG_EVERY = 1000
+
+
+class DropReason(Enum):
+    """Why a received frame was dropped (never written into the pool)."""
+    MALFORMED = "malformed"             # not a valid message / wrong frame count
+    BAD_MAC = "bad_mac"                 # auth on and the HMAC is missing or wrong
+    OVERSIZE = "oversize"               # a frame above the size cap
+    NOT_PAIRED = "not_paired"           # from a peer that has not completed the handshake
+    UNEXPECTED = "unexpected"           # a message kind this side does not accept
+    UNKNOWN_XFER = "unknown_xfer"       # xfer id never registered
+    FINISHED_XFER = "finished_xfer"     # late frame for a committed or failed transfer
+    WRONG_PEER = "wrong_peer"           # transfer claimed by another peer
+    NOT_RESERVED = "not_reserved"       # index / block id outside the reservation's shipped part
+    DUPLICATE = "duplicate"             # block already written
+    BAD_NBYTES = "bad_nbytes"           # header nbytes or payload length != block bytes
+    BAD_DTYPE = "bad_dtype"
+    BAD_SHAPE = "bad_shape"
+    BAD_COMMIT = "bad_commit"           # num_tokens does not fit the reserved blocks
+
+
+@dataclass(slots=True)
+class ReceiverMetrics:
+    blocks_written: int = 0
+    bytes_written: int = 0
+    write_seconds: float = 0.0          # time spent copying payloads into the pool
+    transfers_committed: int = 0
+    transfers_failed: int = 0
+    drops: Counter = field(default_factory=Counter)   # DropReason -> frames dropped
+
+    def count_drop(self, reason: DropReason, peer: str, detail: str = "") -> None:
+        """Count one dropped frame and log it (rate-limited per reason)."""
+        self.drops[reason] += 1
+        n = self.drops[reason]
+        if n <= _LOG_FIRST or n % _LOG_EVERY == 0:
+            log.warning("dropped frame from %s: %s %s (%d so far)", peer, reason.value, detail, n)
+
+    @property
+    def frames_dropped(self) -> int:
+        return sum(self.drops.values())
+
+
+@dataclass(slots=True)
+class SenderMetrics:
+    blocks_sent: int = 0
+    bytes_sent: int = 0
+    send_seconds: float = 0.0           # time spent handing payloads to the transport
+    commits_sent: int = 0
+    aborts_sent: int = 0
+    transfers_failed: int = 0

@@ -1,0 +1,176 @@
+"""The receive side shared by every backend: handshake, dispatch, peer liveness, replies.
+
+A backend turns its socket into calls of `handle(peer, frames)` (one multipart message from
+peer) and `tick()` (expire leases and dead peers), and supplies `send(peer, frames)` for
+replies (HelloAck, Heartbeat, Abort) and a `PayloadSink` that moves a block's bytes into the pool.
+
+  1. Hello            -> check_compatible; HelloAck(accepted | refused, naming the field)
+  2. any other message from a peer without an accepted Hello is dropped (NOT_PAIRED)
+  3. BlockFrame       -> ledger.check_block -> sink.write into the reserved block -> mark_written
+  4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
+  5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from kvtransport.events import FailReason, TransferEvent
+from kvtransport.framing import Buffer, Framer, FrameError
+from kvtransport.handshake import HandshakeError, PeerIdentity, check_compatible
+from kvtransport.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
+from kvtransport.metrics import DropReason, ReceiverMetrics
+from kvtransport.receiver_state import ReceiveLedger, Reservation
+
+log = logging.getLogger("kvtransport")
+
+SendFn = Callable[[str, list[Buffer]], None]   # (peer, frames); must not block
+
+
+class PayloadSink(ABC):
+    """Moves one block's payload into the pool; the backends differ only here."""
+    inline: bool = True    # the payload is the BlockFrame's second frame (else it comes out of band)
+
+    def paired(self, peer: str, identity: PeerIdentity) -> None:
+        """peer completed the handshake."""
+
+    def forget(self, peer: str) -> None:
+        """peer is gone (dead, restarted or poisoned)."""
+
+    @abstractmethod
+    def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
+        """Write the block's bytes into pool block dst (already checked against the reservation)."""
+
+    def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> None:
+        """A checked-and-dropped block frame: consume its payload without writing the pool."""
+
+    def unreadable(self, peer: str) -> bool:
+        """A message from peer could not be read; True if that breaks peer's payload channel."""
+        return False
+
+
+@dataclass(slots=True)
+class _Session:
+    identity: PeerIdentity
+    last_seen: float
+
+
+class ReceiverCore:
+    """Dispatches received messages of every peer into one ReceiveLedger."""
+
+    def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, framer: Framer,
+                 sink: PayloadSink, send: SendFn, peer_timeout: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.identity = identity
+        self.ledger = ReceiveLedger(kv_cache, ReceiverMetrics(), clock)
+        self._framer, self._sink, self._send = framer, sink, send
+        self._peer_timeout, self._clock = peer_timeout, clock
+        self._sessions: dict[str, _Session] = {}
+
+    @property
+    def metrics(self) -> ReceiverMetrics:
+        return self.ledger.metrics
+
+    def register(self, res: Reservation) -> None:
+        self.ledger.register(res)
+
+    def handle(self, peer: str, frames: Sequence[Buffer]) -> None:
+        """Process one received multipart message from peer; bad input is counted, never raised."""
+        try:
+            msg, payload = self._framer.unpack(frames)
+            self._dispatch(peer, msg, payload)
+        except FrameError as e:
+            self.metrics.count_drop(e.reason, peer, e.detail)
+            if e.reason in (DropReason.BAD_MAC, DropReason.MALFORMED, DropReason.OVERSIZE):
+                self._maybe_poison(peer)
+
+    def tick(self) -> None:
+        """Fail the transfers of peers silent for peer_timeout, and those whose lease ran out."""
+        now = self._clock()
+        for peer in [p for p, s in self._sessions.items() if now - s.last_seen > self._peer_timeout]:
+            self._drop_peer(peer, FailReason.PEER_DEAD, f"silent for {self._peer_timeout}s")
+        for xfer_id, peer in self.ledger.expire():
+            self._notify_abort(peer, xfer_id, "lease expired")
+
+    def abort(self, xfer_id: str, detail: str = "") -> None:
+        peer = self.ledger.abort(xfer_id, FailReason.LOCAL_ABORT, detail)
+        self._notify_abort(peer, xfer_id, detail or "aborted by receiver")
+
+    def close(self) -> None:
+        for xfer_id in self.ledger.live_xfers():
+            self.abort(xfer_id, "receiver closed")
+        for peer in list(self._sessions):
+            self._sink.forget(peer)
+        self._sessions.clear()
+
+    def take_events(self) -> list[TransferEvent]:
+        return self.ledger.take_events()
+
+    def _dispatch(self, peer: str, msg: Message, payload: memoryview | None) -> None:
+        if payload is not None and not (type(msg) is BlockFrame and self._sink.inline):
+            raise FrameError(DropReason.MALFORMED, "unexpected payload frame")
+        if type(msg) is Hello:
+            return self._hello(peer, msg.identity)
+        session = self._sessions.get(peer)
+        if session is None:
+            raise FrameError(DropReason.NOT_PAIRED, type(msg).__name__)
+        session.last_seen = self._clock()
+        if type(msg) is BlockFrame:
+            self._block(peer, msg, payload)
+        elif type(msg) is Commit:
+            self.ledger.on_commit(peer, msg)
+        elif type(msg) is Abort:
+            self.ledger.on_abort(peer, msg)
+        elif type(msg) is Heartbeat:
+            self.ledger.renew(peer, msg.open_xfers)
+            self._reply(peer, Heartbeat(self.identity.epoch, tuple(self.ledger.live_xfers(peer))))
+        else:
+            raise FrameError(DropReason.UNEXPECTED, type(msg).__name__)
+
+    def _block(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> None:
+        if self._sink.inline and payload is None:
+            raise FrameError(DropReason.MALFORMED, "block frame without payload")
+        try:
+            dst = self.ledger.check_block(peer, frame, None if payload is None else len(payload))
+        except FrameError:
+            self._sink.discard(peer, frame, payload)
+            raise
+        start = time.perf_counter()
+        self._sink.write(peer, frame, payload, dst)
+        self.ledger.mark_written(frame, time.perf_counter() - start)
+
+    def _hello(self, peer: str, remote: PeerIdentity) -> None:
+        try:
+            check_compatible(self.identity, remote)
+        except HandshakeError as e:
+            log.warning("refused pairing with %s (%s): %s", peer, remote.node_id, e)
+            return self._reply(peer, HelloAck(self.identity, False, str(e)))
+        for other, s in list(self._sessions.items()):
+            same_node = s.identity.node_id == remote.node_id
+            if (other == peer or same_node) and s.identity.epoch != remote.epoch:
+                self._drop_peer(other, FailReason.PEER_RESTARTED, f"new epoch {remote.epoch}")
+        self._sessions[peer] = _Session(remote, self._clock())
+        self._reply(peer, HelloAck(self.identity, True))
+        self._sink.paired(peer, remote)
+
+    def _drop_peer(self, peer: str, reason: FailReason, detail: str) -> None:
+        log.warning("peer %s lost: %s %s", peer, reason.value, detail)
+        self.ledger.fail_peer(peer, reason, detail)
+        self._sessions.pop(peer, None)
+        self._sink.forget(peer)
+
+    def _maybe_poison(self, peer: str) -> None:
+        if peer in self._sessions and self._sink.unreadable(peer):
+            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "unreadable message on a p2p pair")
+
+    def _notify_abort(self, peer: str | None, xfer_id: str, reason: str) -> None:
+        if peer is not None and peer in self._sessions:
+            self._reply(peer, Abort(xfer_id, reason[:256]))
+
+    def _reply(self, peer: str, msg: Message) -> None:
+        self._send(peer, self._framer.pack(msg))

@@ -1,0 +1,229 @@
+"""The receive side's bookkeeping: reservations, frame checks, leases, exactly-once outcomes.
+
+Backend-free: a backend decodes frames and calls `check_block` -> (writes the payload into the
+returned block) -> `mark_written`, `on_commit`, `on_abort`, `renew`, `fail_peer`, `expire`.
+Every registered transfer ends in exactly one event from `take_events()`.
+
+    dst_block_ids:   [ b0 | b1 | b2 | b3 | b4 ]        the prompt's block table in D's pool
+                       └cached┘ └─ shipped ──────┘      index >= cached_prefix_blocks
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from kvtransport.events import FailReason, TransferCommitted, TransferEvent, TransferFailed
+from kvtransport.framing import FrameError
+from kvtransport.handshake import dtype_name
+from kvtransport.messages import Abort, BlockFrame, Commit, Reserved
+from kvtransport.metrics import DropReason, ReceiverMetrics
+from kvtransport.schema import MAX_BLOCKS, check_id
+from kvtransport.state import TransferState
+
+_MAX_TOMBSTONES = 1 << 16   # finished xfer ids remembered, to tell "late" from "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Blocks D reserved for one transfer; P ships dst_block_ids[cached_prefix_blocks:]."""
+    xfer_id: str
+    dst_block_ids: tuple[int, ...]   # the prompt's whole block table in D's pool
+    cached_prefix_blocks: int = 0    # leading blocks D already holds: not expected on the wire
+    lease_s: float = 30.0            # renewed by every frame and every heartbeat naming it
+
+    def __post_init__(self) -> None:
+        check_id(self.xfer_id, "xfer_id")
+        object.__setattr__(self, "dst_block_ids", tuple(int(b) for b in self.dst_block_ids))
+        if not 0 < len(self.dst_block_ids) <= MAX_BLOCKS:
+            raise ValueError(f"a reservation needs 1..{MAX_BLOCKS} blocks")
+        if len(set(self.dst_block_ids)) != len(self.dst_block_ids):
+            raise ValueError("dst_block_ids repeats a block")
+        if not 0 <= self.cached_prefix_blocks <= len(self.dst_block_ids):
+            raise ValueError("cached_prefix_blocks outside [0, len(dst_block_ids)]")
+        if not self.lease_s > 0:
+            raise ValueError("lease_s must be > 0")
+
+    @classmethod
+    def from_reserved(cls, msg: Reserved, lease_s: float = 30.0) -> Reservation:
+        return cls(msg.xfer_id, msg.dst_block_ids, msg.cached_prefix_blocks, lease_s)
+
+    @property
+    def expected(self) -> range:
+        """Indices of the blocks that must arrive over the wire."""
+        return range(self.cached_prefix_blocks, len(self.dst_block_ids))
+
+
+@dataclass(slots=True)
+class _Inbound:
+    res: Reservation
+    registered_at: float
+    deadline: float
+    missing: set[int]                        # indices still expected
+    state: TransferState = TransferState.RESERVED
+    peer: str | None = None                  # claimed by the first peer that names it
+    commit: Commit | None = None
+    first_frame_at: float | None = None
+    nbytes: int = 0
+
+
+@dataclass(slots=True)
+class ReceiveLedger:
+    """All live reservations of one pool. Not thread-safe; the backend's poll thread owns it."""
+    kv_cache: torch.Tensor                   # [num_blocks, L, 2, block_size, H, D]
+    metrics: ReceiverMetrics = field(default_factory=ReceiverMetrics)
+    clock: Callable[[], float] = time.monotonic
+    _live: dict[str, _Inbound] = field(default_factory=dict)
+    _reserved_blocks: set[int] = field(default_factory=set)
+    _finished: OrderedDict = field(default_factory=OrderedDict)   # xfer_id -> final state
+    _events: list[TransferEvent] = field(default_factory=list)
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.kv_cache[0].numel() * self.kv_cache.element_size()
+
+    def register(self, res: Reservation) -> None:
+        """Start expecting res's blocks; raises ValueError for a reused id or a block already held."""
+        if res.xfer_id in self._live or res.xfer_id in self._finished:
+            raise ValueError(f"xfer id {res.xfer_id} already used")
+        bad = [b for b in res.dst_block_ids if not 0 <= b < self.kv_cache.shape[0]]
+        if bad:
+            raise ValueError(f"block ids {bad} outside the pool")
+        shipped = {res.dst_block_ids[i] for i in res.expected}
+        if shipped & self._reserved_blocks:
+            raise ValueError(f"blocks {sorted(shipped & self._reserved_blocks)} already reserved")
+        now = self.clock()
+        self._live[res.xfer_id] = _Inbound(res, now, now + res.lease_s, set(res.expected))
+        self._reserved_blocks |= shipped
+
+    def live_xfers(self, peer: str | None = None) -> list[str]:
+        return [x for x, t in self._live.items() if peer is None or t.peer == peer]
+
+    def state(self, xfer_id: str) -> TransferState | None:
+        t = self._live.get(xfer_id)
+        return t.state if t is not None else self._finished.get(xfer_id)
+
+    def check_block(self, peer: str, frame: BlockFrame, payload_len: int | None) -> int:
+        """The pool block to write frame's payload into; raises FrameError if it must be dropped.
+
+        payload_len is the received payload's length (None when the payload arrives out of band).
+        """
+        t = self._lookup(peer, frame.xfer_id)
+        res = t.res
+        if frame.index not in res.expected or res.dst_block_ids[frame.index] != frame.block_id:
+            raise FrameError(DropReason.NOT_RESERVED, f"index {frame.index} block {frame.block_id}")
+        if frame.index not in t.missing:
+            raise FrameError(DropReason.DUPLICATE, f"index {frame.index}")
+        if frame.dtype != dtype_name(self.kv_cache.dtype):
+            raise FrameError(DropReason.BAD_DTYPE, frame.dtype)
+        if frame.shape != tuple(self.kv_cache.shape[1:]):
+            raise FrameError(DropReason.BAD_SHAPE, str(frame.shape))
+        if frame.nbytes != self.block_nbytes or payload_len not in (None, frame.nbytes):
+            raise FrameError(DropReason.BAD_NBYTES, f"{frame.nbytes} / {payload_len}")
+        self._progress(t, peer)
+        return frame.block_id
+
+    def mark_written(self, frame: BlockFrame, write_seconds: float = 0.0) -> None:
+        """frame's payload is in the pool (after a successful check_block)."""
+        t = self._live[frame.xfer_id]
+        t.missing.discard(frame.index)
+        t.nbytes += frame.nbytes
+        self.metrics.blocks_written += 1
+        self.metrics.bytes_written += frame.nbytes
+        self.metrics.write_seconds += write_seconds
+        self._maybe_complete(t)
+
+    def on_commit(self, peer: str, msg: Commit) -> None:
+        t = self._lookup(peer, msg.xfer_id)
+        if t.commit is not None:
+            raise FrameError(DropReason.DUPLICATE, "second commit")
+        n = len(t.res.dst_block_ids)
+        block_size = self.kv_cache.shape[3]
+        if not (n - 1) * block_size < msg.num_tokens <= n * block_size:
+            raise FrameError(DropReason.BAD_COMMIT, f"{msg.num_tokens} tokens in {n} blocks")
+        self._progress(t, peer)
+        t.commit = msg
+        self._maybe_complete(t)
+
+    def on_abort(self, peer: str, msg: Abort) -> None:
+        t = self._lookup(peer, msg.xfer_id)
+        t.peer = peer
+        self._fail(t, FailReason.PEER_ABORTED, msg.reason)
+
+    def renew(self, peer: str, xfer_ids: tuple[str, ...]) -> None:
+        """A heartbeat from peer naming the transfers it holds: claim and renew each live one."""
+        for xfer_id in xfer_ids:
+            t = self._live.get(xfer_id)
+            if t is not None and t.peer in (None, peer):
+                t.peer = peer
+                t.deadline = self.clock() + t.res.lease_s
+
+    def abort(self, xfer_id: str, reason: FailReason, detail: str = "") -> str | None:
+        """Fail a live transfer; returns the peer holding it (to notify), None if none or not live."""
+        t = self._live.get(xfer_id)
+        if t is None:
+            return None
+        self._fail(t, reason, detail)
+        return t.peer
+
+    def fail_peer(self, peer: str, reason: FailReason, detail: str = "") -> None:
+        for xfer_id in self.live_xfers(peer):
+            self._fail(self._live[xfer_id], reason, detail)
+
+    def expire(self) -> list[tuple[str, str | None]]:
+        """Fail every transfer whose lease ran out; returns (xfer_id, peer) of each."""
+        now = self.clock()
+        expired = [t for t in self._live.values() if t.deadline <= now]
+        for t in expired:
+            self._fail(t, FailReason.LEASE_EXPIRED, f"no progress for {t.res.lease_s}s")
+        return [(t.res.xfer_id, t.peer) for t in expired]
+
+    def take_events(self) -> list[TransferEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def _lookup(self, peer: str, xfer_id: str) -> _Inbound:
+        """The live transfer xfer_id if peer may touch it (it is unclaimed or peer's)."""
+        t = self._live.get(xfer_id)
+        if t is None:
+            reason = DropReason.FINISHED_XFER if xfer_id in self._finished else DropReason.UNKNOWN_XFER
+            raise FrameError(reason, xfer_id)
+        if t.peer not in (None, peer):
+            raise FrameError(DropReason.WRONG_PEER, xfer_id)
+        return t
+
+    def _progress(self, t: _Inbound, peer: str) -> None:
+        """A valid frame from peer: claim the transfer for peer and renew its lease."""
+        now = self.clock()
+        t.peer = peer
+        t.deadline = now + t.res.lease_s
+        if t.state is TransferState.RESERVED:
+            t.state = t.state.advance(TransferState.TRANSFERRING)
+            t.first_frame_at = now
+
+    def _maybe_complete(self, t: _Inbound) -> None:
+        if t.missing or t.commit is None:
+            return
+        now = self.clock()
+        t.state = t.state.advance(TransferState.COMMITTED)
+        self._finish(t)
+        self.metrics.transfers_committed += 1
+        self._events.append(TransferCommitted(
+            t.res.xfer_id, t.commit.first_token, t.commit.num_tokens, t.res.dst_block_ids,
+            t.nbytes, t.first_frame_at - t.registered_at, now - t.first_frame_at))
+
+    def _fail(self, t: _Inbound, reason: FailReason, detail: str) -> None:
+        t.state = t.state.advance(TransferState.FAILED)
+        self._finish(t)
+        self.metrics.transfers_failed += 1
+        self._events.append(TransferFailed(t.res.xfer_id, reason, detail))
+
+    def _finish(self, t: _Inbound) -> None:
+        del self._live[t.res.xfer_id]
+        self._reserved_blocks -= {t.res.dst_block_ids[i] for i in t.res.expected}
+        self._finished[t.res.xfer_id] = t.state
+        if len(self._finished) > _MAX_TOMBSTONES:
+            self._finished.popitem(last=False)

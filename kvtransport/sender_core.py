@@ -1,0 +1,164 @@
+"""The send side shared by every backend: links to receivers, open transfers, heartbeats.
+
+A backend moves bytes; this class decides what to send and when a receiver counts as lost:
+
+  link    one paired receiver (endpoint -> its identity, when it was last heard from)
+  open    xfer_id -> endpoint, from begin() until commit() / abort() / failure
+  tick    every heartbeat_interval each link gets Heartbeat(epoch, open xfers on that link);
+          a link silent for peer_timeout is lost and its open transfers fail (PEER_DEAD);
+          a receiver answering with a new epoch restarted (PEER_RESTARTED)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from kvtransport.base import TransportError
+from kvtransport.events import FailReason, TransferFailed
+from kvtransport.framing import Buffer, Framer, FrameError
+from kvtransport.handshake import PeerIdentity, check_compatible, dtype_name
+from kvtransport.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
+from kvtransport.metrics import SenderMetrics
+
+log = logging.getLogger("kvtransport")
+
+_MAX_FAILED = 1 << 16    # failed xfer ids remembered so that late calls on them are no-ops
+
+
+@dataclass(slots=True)
+class _Link:
+    remote: PeerIdentity
+    last_seen: float
+    next_heartbeat: float
+
+
+class SenderCore:
+    """Bookkeeping of one KVSender. Not thread-safe."""
+
+    def __init__(self, identity: PeerIdentity, framer: Framer, heartbeat_interval: float = 1.0,
+                 peer_timeout: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.identity = identity
+        self.framer = framer
+        self.metrics = SenderMetrics()
+        self._interval, self._peer_timeout, self._clock = heartbeat_interval, peer_timeout, clock
+        self._links: dict[str, _Link] = {}
+        self._open: dict[str, str] = {}           # xfer_id -> endpoint
+        self._failed: OrderedDict = OrderedDict()  # reported failed xfer ids (bounded)
+        self._events: list[TransferFailed] = []
+
+    def is_connected(self, endpoint: str) -> bool:
+        return endpoint in self._links
+
+    def hello(self) -> list[Buffer]:
+        return self.framer.pack(Hello(self.identity))
+
+    def accept_ack(self, endpoint: str, frames: Sequence[Buffer]) -> PeerIdentity:
+        """Pair with endpoint from its reply to hello(); raises HandshakeError / TransportError."""
+        msg = self._unpack(endpoint, frames)
+        if type(msg) is not HelloAck:
+            raise TransportError(f"{endpoint} answered Hello with {type(msg).__name__}")
+        if not msg.accepted:
+            raise TransportError(f"{endpoint} refused pairing: {msg.reason}")
+        check_compatible(self.identity, msg.identity)
+        now = self._clock()
+        self._links[endpoint] = _Link(msg.identity, now, now + self._interval)
+        return msg.identity
+
+    def begin(self, xfer_id: str, endpoint: str) -> None:
+        if xfer_id in self._open or xfer_id in self._failed:
+            raise ValueError(f"xfer {xfer_id} already begun")
+        if endpoint not in self._links:
+            raise TransportError(f"not connected to {endpoint}")
+        self._open[xfer_id] = endpoint
+
+    def is_open(self, xfer_id: str) -> bool:
+        return xfer_id in self._open
+
+    def endpoint_of(self, xfer_id: str) -> str | None:
+        """The receiver of an open transfer; None if it failed; KeyError if never begun."""
+        if xfer_id in self._failed:
+            return None
+        return self._open[xfer_id]
+
+    def block_header(self, xfer_id: str, index: int, dst_block_id: int,
+                     kv_cache: torch.Tensor) -> BlockFrame:
+        block = kv_cache[0]
+        return BlockFrame(xfer_id, index, dst_block_id, block.numel() * block.element_size(),
+                          dtype_name(kv_cache.dtype), tuple(block.shape))
+
+    def commit_frames(self, xfer_id: str, first_token: int, num_tokens: int) -> list[Buffer]:
+        frames = self.framer.pack(Commit(xfer_id, first_token, num_tokens))
+        self._open.pop(xfer_id)
+        self.metrics.commits_sent += 1
+        return frames
+
+    def abort_frames(self, xfer_id: str, reason: str) -> list[Buffer]:
+        frames = self.framer.pack(Abort(xfer_id, reason[:256]))
+        self._open.pop(xfer_id)
+        self.metrics.aborts_sent += 1
+        return frames
+
+    def handle(self, endpoint: str, frames: Sequence[Buffer]) -> None:
+        """One message from the receiver at endpoint; bad ones are logged and dropped."""
+        link = self._links.get(endpoint)
+        if link is None:
+            return
+        try:
+            msg = self._unpack(endpoint, frames)
+        except TransportError as e:
+            log.warning("%s", e)
+            return
+        link.last_seen = self._clock()
+        if type(msg) is Heartbeat and msg.epoch != link.remote.epoch:
+            self._lose(endpoint, FailReason.PEER_RESTARTED, f"epoch {msg.epoch}")
+        elif type(msg) is Abort and self._open.get(msg.xfer_id) == endpoint:
+            self._fail(msg.xfer_id, FailReason.PEER_ABORTED, msg.reason)
+
+    def due_heartbeats(self) -> list[tuple[str, list[Buffer]]]:
+        """(endpoint, frames) of each heartbeat due now; also drops links silent too long."""
+        now = self._clock()
+        for endpoint in [e for e, l in self._links.items() if now - l.last_seen > self._peer_timeout]:
+            self._lose(endpoint, FailReason.PEER_DEAD, f"silent for {self._peer_timeout}s")
+        due = []
+        for endpoint, link in self._links.items():
+            if now >= link.next_heartbeat:
+                link.next_heartbeat = now + self._interval
+                xfers = tuple(x for x, e in self._open.items() if e == endpoint)
+                due.append((endpoint, self.framer.pack(Heartbeat(self.identity.epoch, xfers))))
+        return due
+
+    def take_events(self) -> list[TransferFailed]:
+        events, self._events = self._events, []
+        return events
+
+    def lost(self, endpoint: str, reason: FailReason, detail: str) -> None:
+        """The backend lost endpoint (e.g. its payload channel broke)."""
+        self._lose(endpoint, reason, detail)
+
+    def _lose(self, endpoint: str, reason: FailReason, detail: str) -> None:
+        log.warning("receiver %s lost: %s %s", endpoint, reason.value, detail)
+        self._links.pop(endpoint, None)
+        for xfer_id in [x for x, e in self._open.items() if e == endpoint]:
+            self._fail(xfer_id, reason, detail)
+
+    def _fail(self, xfer_id: str, reason: FailReason, detail: str) -> None:
+        del self._open[xfer_id]
+        self._failed[xfer_id] = None
+        if len(self._failed) > _MAX_FAILED:
+            self._failed.popitem(last=False)
+        self.metrics.transfers_failed += 1
+        self._events.append(TransferFailed(xfer_id, reason, detail))
+
+    def _unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
+        try:
+            msg, payload = self.framer.unpack(frames)
+        except FrameError as e:
+            raise TransportError(f"bad message from {endpoint}: {e}") from None
+        if payload is not None:
+            raise TransportError(f"unexpected payload from {endpoint}")
+        return msg
