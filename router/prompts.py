@@ -1,0 +1,59 @@
+"""Turning a request's prompt into token ids, and checking them against the model's context."""
+from __future__ import annotations
+
+from typing import Any
+
+from router.errors import bad_request
+from router.protocol import ChatCompletionRequest, CompletionRequest
+
+
+def completion_prompts(request: CompletionRequest, tokenizer: Any) -> list[list[int]]:
+    """One token-id list per prompt of the batch. Raises a 400 for an empty prompt or bad ids."""
+    prompt = request.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    return [_tokenize(p, tokenizer) for p in prompt]
+
+
+def chat_prompt(request: ChatCompletionRequest, tokenizer: Any) -> list[int]:
+    """The conversation rendered by the model's chat template, ready for the assistant's turn."""
+    messages = [m.template_dict() for m in request.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as err:    # noqa: BLE001 -- no template, or the template raised (jinja)
+        raise bad_request(f"cannot apply the chat template: {err}", "messages") from err
+    return tokenizer.encode(text, add_special_tokens=False)    # the template places BOS itself
+
+
+def max_tokens_for(prompt_len: int, requested: int | None, default: int | None,
+                   max_model_len: int) -> int | None:
+    """The max_tokens to run with. Raises a 400 if the prompt, or prompt + requested, overflows.
+
+    A default (not requested) is clamped to the room left in the context; None means "to the end".
+    """
+    room = max_model_len - prompt_len
+    if room <= 0:
+        raise bad_request(f"This model's maximum context length is {max_model_len} tokens, "
+                          f"but the prompt has {prompt_len} tokens.", "prompt")
+    if requested is None:
+        return None if default is None else min(default, room)
+    if requested > room:
+        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, "
+                          f"you requested {prompt_len + requested} tokens ({prompt_len} in the "
+                          f"prompt, {requested} for the completion).", "max_tokens")
+    return requested
+
+
+def _tokenize(prompt: str | list[int], tokenizer: Any) -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("prompt must not be empty", "prompt")
+        return tokenizer.encode(prompt)
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    vocab = len(tokenizer)
+    if any(not 0 <= t < vocab for t in prompt):
+        raise bad_request(f"prompt token ids must be in [0, {vocab})", "prompt")
+    return list(prompt)

@@ -1,0 +1,228 @@
+"""OpenAI wire format: request and response models for /v1/completions and /v1/chat/completions.
+
+Requests ignore unknown fields (clients send many) but refuse the ones whose meaning we would
+silently change (echo, suffix, best_of, logit_bias, tools). `sampling_params()` maps a request to
+the engine's SamplingParams, which does the range checks and raises ValueError.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+from engine.sampling_params import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _SamplingRequest(BaseModel):
+    """Fields shared by both endpoints; None means "the default"."""
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None       # OpenAI's newer name; wins over max_tokens
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None                       # extension
+    min_p: float | None = None                     # extension
+    n: int = 1
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None        # extension
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None        # extension
+    min_tokens: int = 0                            # extension
+    ignore_eos: bool = False                       # extension
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None                        # accepted, ignored
+    logit_bias: dict[str, float] | None = None     # refused unless empty
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """Raises ValueError on any out-of-range value."""
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        given = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                     presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                     repetition_penalty=self.repetition_penalty)
+        return SamplingParams(
+            n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens, seed=self.seed,
+            stop=_as_tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos, logprobs=logprobs,
+            **{k: v for k, v in given.items() if v is not None})
+
+
+class CompletionRequest(_SamplingRequest):
+    # one string, a batch of strings, one token-id prompt, or a batch of token-id prompts
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: Literal[False] = False
+    suffix: None = None
+    best_of: Literal[1] | None = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def template_dict(self) -> dict[str, str]:
+        """The message as a chat template expects it: text parts joined with newlines."""
+        if isinstance(self.content, list):
+            text = "\n".join(part.text for part in self.content)
+        else:
+            text = self.content or ""
+        return {"role": self.role, "content": text}
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None                # refused unless empty
+
+    def logprobs_count(self) -> int | None:
+        if self.tools:
+            raise ValueError("tools are not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def _as_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+# ---------------------------------------------------------------- responses
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    """A whole completion, or (streaming) one chunk of it: OpenAI uses one object type for both."""
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+    @field_serializer("delta")
+    def _delta_without_nulls(self, delta: DeltaMessage) -> dict:
+        return delta.model_dump(exclude_none=True)
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pdserve"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo

@@ -1,0 +1,66 @@
+"""Server-sent events, and the per-choice cursor that turns cumulative outputs into deltas."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple
+
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: BaseModel | dict, exclude: set[str] | None = None) -> str:
+    """One event: `data: {json}` and a blank line."""
+    if isinstance(payload, BaseModel):
+        return f"data: {payload.model_dump_json(exclude=exclude)}\n\n"
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+class Delta(NamedTuple):
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
+class ChoiceCursor:
+    """How much of one choice's cumulative output has been sent."""
+    chars: int = 0
+    tokens: int = 0
+    text_offset: int = 0    # completions logprobs: offset of the next token in the text
+    done: bool = False
+
+    def advance(self, choice: Any) -> Delta | None:
+        """The unsent part of `choice`, or None when there is nothing to send yet.
+
+        Tokens whose text is still held back (a partial stop string or character) wait and go
+        with the next text, so text and token_ids/logprobs stay aligned.
+        """
+        text = choice.text[self.chars:]
+        if self.done or (not text and choice.finish_reason is None):
+            return None
+        logprobs = None if choice.logprobs is None else choice.logprobs[self.tokens:]
+        delta = Delta(text, choice.token_ids[self.tokens:], logprobs, choice.finish_reason)
+        self.chars, self.tokens = len(choice.text), len(choice.token_ids)
+        self.done = choice.finish_reason is not None
+        return delta
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always runs `on_close` when it ends, even when the body iterator
+    never started (the client left first) or was cancelled on disconnect."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
