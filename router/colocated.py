@@ -1,0 +1,179 @@
+"""Colocated mode: prefill and decode on one node, the engine on its own thread in this process.
+
+The engine is synchronous and not thread-safe, so only the engine thread touches it:
+
+    event loop                          engine thread
+    ----------                          -------------
+    generate() ──_Add──▶ inbox ──▶ 1. drain the inbox: add_request / abort_request
+                                   2. step() while work exists
+    asyncio.Queue per request ◀──── 3. each RequestOutput via loop.call_soon_threadsafe
+                                   4. refresh the metrics snapshot; block on the inbox when idle
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from engine.sampling_params import SamplingParams
+from router.backend import Backend, NodeMetrics
+
+_END = object()     # sentinel: the request was aborted, its stream ends
+
+
+class _Sink:
+    """The asyncio.Queue of one request, fed from the engine thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def push(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:    # the loop is closed: nobody is listening any more
+            pass
+
+
+@dataclass(slots=True)
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    sink: _Sink
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
+
+
+class ColocatedBackend(Backend):
+    def __init__(self, engine: Any, node_id: str = "colocated"):
+        self._engine = engine
+        self._node_id = node_id
+        # the engine thread detokenizes with engine.tokenizer; fast tokenizers must not be shared
+        self._tokenizer = copy.deepcopy(engine.tokenizer)
+        self._model_name: str = engine.model_name
+        self._max_model_len: int = engine.max_model_len
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, _Sink] = {}      # engine thread only
+        self._error: BaseException | None = None
+        self._metrics = self._snapshot()
+        self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: SamplingParams) -> AsyncIterator[Any]:
+        if not self.is_healthy():
+            raise RuntimeError(f"engine is not running: {self._error!r}")
+        sink = _Sink(asyncio.get_running_loop())
+        self._inbox.put(_Add(request_id, prompt, params, sink))
+        finished = False
+        try:
+            while not finished:
+                item = await sink.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is _END:
+                    return
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._inbox.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def metrics(self) -> list[NodeMetrics]:
+        return [self._metrics]
+
+    def is_healthy(self) -> bool:
+        return self._error is None and self._thread.is_alive()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(_Stop())
+            self._thread.join()
+
+    # ------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        try:
+            while self._serve_once():
+                pass
+        except BaseException as err:    # the engine is broken: fail every request, report unhealthy
+            self._error = err
+            for sink in self._sinks.values():
+                sink.push(RuntimeError(f"engine failed: {err!r}"))
+            self._sinks.clear()
+
+    def _serve_once(self) -> bool:
+        """One loop turn; False when asked to stop."""
+        for command in self._drain_inbox(block=not self._engine.has_unfinished_requests()):
+            if isinstance(command, _Stop):
+                return False
+            self._apply(command)
+        if self._engine.has_unfinished_requests():
+            for output in self._engine.step():
+                self._deliver(output)
+        self._metrics = self._snapshot()
+        return True
+
+    def _drain_inbox(self, block: bool) -> list:
+        commands = [self._inbox.get()] if block else []
+        while True:
+            try:
+                commands.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            sink = self._sinks.pop(command.request_id, None)
+            if sink is not None:
+                self._engine.abort_request(command.request_id)
+                sink.push(_END)
+            return
+        if command.request_id in self._sinks:
+            command.sink.push(ValueError(f"duplicate request id {command.request_id!r}"))
+            return
+        try:
+            self._engine.add_request(command.request_id, command.prompt, command.params)
+        except ValueError as err:
+            command.sink.push(err)
+            return
+        self._sinks[command.request_id] = command.sink
+
+    def _deliver(self, output: Any) -> None:
+        sink = self._sinks.get(output.request_id)
+        if sink is None:
+            return
+        sink.push(output)
+        if output.finished:
+            del self._sinks[output.request_id]
+
+    def _snapshot(self) -> NodeMetrics:
+        m = self._engine.metrics()
+        return NodeMetrics(self._node_id, "colocated", m.num_running, m.num_waiting, m.kv_usage,
+                           m.prefix_hit_rate, m.num_preemptions)
