@@ -1,0 +1,458 @@
+"""HTTP layer of the router against a deterministic fake backend: bodies, SSE, errors, auth, aborts."""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.sampling_params import SamplingParams
+from router.app import create_app
+from router.backend import Backend, NodeMetrics
+from router.config import RouterConfig
+
+REPLY = "hello world"   # what choice 0 says; choice 1 says it in upper case
+MODEL = "fake-model"
+
+
+@dataclass
+class FakeCompletion:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+
+
+@dataclass
+class FakeOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[FakeCompletion]
+    finished: bool
+
+
+class CharTokenizer:
+    """One token per character, id = code point; a bracketed chat template."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def __len__(self) -> int:
+        return 0x110000
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False) -> str:
+        return "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[assistant]"
+
+
+class FakeBackend(Backend):
+    """Emits REPLY one character per output; the prompt text picks special behaviour:
+    "reject" raises ValueError, "hang" stops after one token until cancelled, "fail" raises midway."""
+
+    def __init__(self, max_model_len: int = 64):
+        self._max_model_len = max_model_len
+        self.requests: list[tuple[str, list[int], SamplingParams]] = []
+        self.aborted: list[str] = []
+        self.hanging = asyncio.Event()
+
+    @property
+    def model_name(self) -> str:
+        return MODEL
+
+    @property
+    def tokenizer(self) -> CharTokenizer:
+        return CharTokenizer()
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(self, request_id, prompt, params):
+        self.requests.append((request_id, prompt, params))
+        text = CharTokenizer().decode(prompt)
+        if "reject" in text:
+            raise ValueError("prompt rejected by the engine")
+        finished = False
+        try:
+            replies = [REPLY.upper() if i % 2 else REPLY for i in range(params.n)]
+            steps = min(len(REPLY), params.max_tokens or len(REPLY))
+            for step in range(1, steps + 1):
+                if step == 2 and "hang" in text:
+                    self.hanging.set()
+                    await asyncio.Event().wait()
+                if step == 3 and "fail" in text:
+                    raise RuntimeError("engine exploded")
+                finished = step == steps
+                reason = ("length" if steps < len(REPLY) else "stop") if finished else None
+                yield FakeOutput(request_id, list(prompt),
+                                 [_completion(i, r[:step], reason, params) for i, r in enumerate(replies)],
+                                 finished)
+                await asyncio.sleep(0)
+        finally:
+            if not finished:
+                self.aborted.append(request_id)
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+
+    def metrics(self):
+        return [NodeMetrics("colocated", "colocated", 2, 1, 0.25, 0.5, 3)]
+
+
+def _completion(index, text, reason, params) -> FakeCompletion:
+    ids = [ord(c) for c in text]
+    logprobs = None
+    if params.logprobs is not None:
+        logprobs = [{t: -0.5, t + 1: -1.5} for t in ids]
+    return FakeCompletion(index, text, ids, logprobs, reason)
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def client(backend) -> TestClient:
+    return TestClient(create_app(backend, RouterConfig()))
+
+
+def events(body: str) -> list:
+    """SSE body -> list of JSON payloads (and "[DONE]"); checks the framing exactly."""
+    assert body.endswith("\n\n")
+    parts = body[:-2].split("\n\n")
+    assert all(p.startswith("data: ") for p in parts)
+    return [p[6:] if p[6:] == "[DONE]" else json.loads(p[6:]) for p in parts]
+
+
+def strip_ids(chunks: list) -> list:
+    """Checks every chunk shares one id and created time, then drops them for exact comparison."""
+    payloads = [c for c in chunks if c != "[DONE]"]
+    assert len({c["id"] for c in payloads}) == 1 and len({c["created"] for c in payloads}) == 1
+    return [c if c == "[DONE]" else {k: v for k, v in c.items() if k not in ("id", "created")}
+            for c in chunks]
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+# ---------------------------------------------------------------- completions
+
+def test_completion_body_and_usage(client, backend):
+    """A non-streaming completion returns the full text, finish reason and exact usage."""
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "abc", "max_tokens": 5})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "text_completion" and body["model"] == MODEL
+    assert body["id"].startswith("cmpl-")
+    assert body["choices"] == [{"index": 0, "text": "hello", "logprobs": None, "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    (_, prompt, params), = backend.requests
+    assert prompt == [97, 98, 99] and params.max_tokens == 5
+
+
+def test_completion_sampling_params_mapping(client, backend):
+    """Request fields reach SamplingParams, extensions included, and max_completion_tokens wins."""
+    client.post("/v1/completions", json={
+        "prompt": "x", "max_tokens": 3, "max_completion_tokens": 4, "temperature": 0.5, "top_p": 0.9,
+        "top_k": 7, "min_p": 0.1, "n": 2, "stop": "zz", "seed": 11, "presence_penalty": 0.5,
+        "frequency_penalty": -0.5, "repetition_penalty": 1.2, "ignore_eos": True, "user": "u",
+        "logprobs": 2})
+    (_, _, p), = backend.requests
+    assert p == SamplingParams(n=2, temperature=0.5, top_p=0.9, top_k=7, min_p=0.1, presence_penalty=0.5,
+                               frequency_penalty=-0.5, repetition_penalty=1.2, seed=11, max_tokens=4,
+                               stop=("zz",), ignore_eos=True, logprobs=2)
+
+
+def test_completion_default_max_tokens_clamped_to_context(backend):
+    """Without max_tokens the default (16) applies, clamped to the room left in the context."""
+    client = TestClient(create_app(backend, RouterConfig(default_max_tokens=16)))
+    client.post("/v1/completions", json={"prompt": "a" * 10})
+    client.post("/v1/completions", json={"prompt": "a" * 60})
+    assert [p.max_tokens for _, _, p in backend.requests] == [16, 4]
+
+
+def test_completion_batch_and_n_indices(client):
+    """A batch of prompts with n=2 yields choices indexed prompt * n + i, usage summed."""
+    r = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "n": 2, "max_tokens": 2})
+    body = r.json()
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [(0, "he"), (1, "HE"), (2, "he"), (3, "HE")]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+
+
+def test_completion_token_id_prompts(client, backend):
+    """Token-id prompts, single or batched, reach the backend unchanged."""
+    client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 1})
+    client.post("/v1/completions", json={"prompt": [[4], [5, 6]], "max_tokens": 1})
+    assert [prompt for _, prompt, _ in backend.requests] == [[1, 2, 3], [4], [5, 6]]
+
+
+def test_completion_stream_exact_sse(client):
+    """A streamed completion is one text_completion chunk per token, then [DONE]."""
+    with client.stream("POST", "/v1/completions", json={"prompt": "abc", "max_tokens": 3, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        body = r.read().decode()
+    chunk = lambda text, reason: {"object": "text_completion", "model": MODEL, "choices": [
+        {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+    assert strip_ids(events(body)) == [chunk("h", None), chunk("e", None), chunk("l", "length"), "[DONE]"]
+
+
+def test_completion_stream_include_usage(client):
+    """With include_usage every chunk has usage null and a last chunk carries the totals."""
+    with client.stream("POST", "/v1/completions", json={
+            "prompt": "abc", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        chunks = events(r.read().decode())
+    assert [c["usage"] for c in chunks[:2]] == [None, None]
+    assert chunks[2]["choices"] == [] and chunks[2]["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert chunks[3] == "[DONE]"
+
+
+def test_completion_logprobs(client):
+    """Completion logprobs list tokens, their logprobs, ranked top entries and text offsets."""
+    r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2, "logprobs": 1})
+    assert r.json()["choices"][0]["logprobs"] == {
+        "tokens": ["h", "e"], "token_logprobs": [-0.5, -0.5],
+        "top_logprobs": [{"h": -0.5, "i": -1.5}, {"e": -0.5, "f": -1.5}], "text_offset": [0, 1]}
+
+
+# ---------------------------------------------------------------- chat
+
+def test_chat_body_uses_chat_template(client, backend):
+    """Chat messages are rendered by the chat template and answered as an assistant message."""
+    r = client.post("/v1/chat/completions", json={
+        "model": MODEL, "max_tokens": 5,
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                                "logprobs": None, "finish_reason": "length"}]
+    (_, prompt, params), = backend.requests
+    assert CharTokenizer().decode(prompt) == "[system]s[user]hi[assistant]"
+    assert params.max_tokens == 5
+    prompt_len = len("[system]s[user]hi[assistant]")
+    assert body["usage"] == {"prompt_tokens": prompt_len, "completion_tokens": 5, "total_tokens": prompt_len + 5}
+
+
+def test_chat_default_max_tokens_is_context(client, backend):
+    """Chat without max_tokens runs to the end of the context (max_tokens None)."""
+    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert backend.requests[0][2].max_tokens is None
+
+
+def test_chat_stream_exact_sse(client):
+    """A chat stream opens with the assistant role, sends content deltas, finishes, then [DONE]."""
+    with client.stream("POST", "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True,
+            "stream_options": {"include_usage": True}}) as r:
+        chunks = strip_ids(events(r.read().decode()))
+    head = {"object": "chat.completion.chunk", "model": MODEL}
+    choice = lambda delta, reason: {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+    assert chunks == [
+        {**head, "choices": [choice({"role": "assistant", "content": ""}, None)], "usage": None},
+        {**head, "choices": [choice({"content": "h"}, None)], "usage": None},
+        {**head, "choices": [choice({"content": "e"}, "length")], "usage": None},
+        {**head, "choices": [], "usage": {"prompt_tokens": 19, "completion_tokens": 2, "total_tokens": 21}},
+        "[DONE]"]
+
+
+def test_chat_logprobs(client, backend):
+    """Chat logprobs give the sampled token and top_logprobs entries with bytes."""
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "logprobs": True, "top_logprobs": 2})
+    assert backend.requests[0][2].logprobs == 2
+    assert r.json()["choices"][0]["logprobs"] == {"content": [{
+        "token": "h", "logprob": -0.5, "bytes": [104],
+        "top_logprobs": [{"token": "h", "logprob": -0.5, "bytes": [104]},
+                         {"token": "i", "logprob": -1.5, "bytes": [105]}]}]}
+
+
+# ---------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("payload, param", [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[]]}, "prompt"),
+    ({"prompt": "a", "n": 0}, "n"),
+    ({"prompt": "a", "temperature": -1}, "temperature"),
+    ({"prompt": "a", "top_p": 2}, "top_p"),
+    ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "a", "max_tokens": 1000}, "max_tokens"),
+    ({"prompt": "a" * 64}, "prompt"),
+    ({"prompt": "a", "temperature": "hot"}, "temperature"),
+    ({"prompt": "a", "n": "many"}, "n"),
+    ({"prompt": 5}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": "a", "stop": [""]}, "stop"),
+    ({"prompt": "a", "logprobs": 50}, "logprobs"),
+    ({"prompt": "a", "echo": True}, "echo"),
+    ({"prompt": "a", "stream_options": {"include_usage": "x"}}, "stream_options.include_usage"),
+    ({"prompt": "please reject"}, "prompt"),
+])
+def test_completion_bad_input_is_400(client, backend, payload, param):
+    """Bad completion input answers 400 in OpenAI's error shape, naming the bad parameter."""
+    error = error_of(client.post("/v1/completions", json=payload), 400)
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["code"] is None
+    assert error["message"]
+
+
+@pytest.mark.parametrize("payload, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, None),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+])
+def test_chat_bad_input_is_400(client, payload, param):
+    """Bad chat input answers 400 in OpenAI's error shape."""
+    error = error_of(client.post("/v1/chat/completions", json=payload), 400)
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_malformed_json_is_400(client):
+    """A body that is not JSON answers 400, not FastAPI's 422."""
+    r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    error_of(r, 400)
+
+
+def test_unknown_model_is_404(client):
+    """An unknown model name answers 404 model_not_found on both endpoints."""
+    for path, extra in [("/v1/completions", {"prompt": "a"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]})]:
+        error = error_of(client.post(path, json={"model": "gpt-5", **extra}), 404)
+        assert error["code"] == "model_not_found" and error["param"] == "model"
+
+
+def test_serves_after_bad_requests(client):
+    """The app keeps answering normally after a run of bad requests."""
+    for payload in [{"prompt": ""}, {"prompt": "a", "n": 0}, {"prompt": "reject"}, {"model": "x", "prompt": "a"}]:
+        assert client.post("/v1/completions", json=payload).status_code in (400, 404)
+    r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "he"
+
+
+def test_engine_rejection_in_stream_is_400(client, backend):
+    """A backend rejection of a streamed request still answers 400 before any SSE byte."""
+    error = error_of(client.post("/v1/completions", json={"prompt": "reject", "stream": True}), 400)
+    assert error["message"] == "prompt rejected by the engine"
+
+
+def test_batch_rejection_aborts_the_other_prompts(client, backend):
+    """When one prompt of a batch is rejected, the others are aborted and the answer is 400."""
+    error_of(client.post("/v1/completions", json={"prompt": ["hang", "reject"], "max_tokens": 5}), 400)
+    assert [rid.rsplit("-", 1)[1] for rid in backend.aborted] == ["0"]
+
+
+def test_failure_midstream_sends_error_event(client, backend):
+    """A backend failure after the stream started ends it with an error event and [DONE]."""
+    with client.stream("POST", "/v1/completions", json={"prompt": "fail", "stream": True}) as r:
+        chunks = events(r.read().decode())
+    assert [c["choices"][0]["text"] for c in chunks[:2]] == ["h", "e"]
+    assert chunks[2]["error"]["message"] == "engine exploded" and chunks[3] == "[DONE]"
+
+
+def test_failure_non_streaming_is_500(client):
+    """A backend failure in a non-streaming request answers 500 in OpenAI's shape."""
+    assert error_of(client.post("/v1/completions", json={"prompt": "fail"}), 500)["type"] == "internal_error"
+
+
+# ---------------------------------------------------------------- auth, models, health, metrics
+
+def test_api_key(backend):
+    """With an api_key, /v1 needs the right Bearer token (401 otherwise); /health does not."""
+    client = TestClient(create_app(backend, RouterConfig(api_key="sekrit")))
+    assert error_of(client.get("/v1/models"), 401)["code"] == "invalid_api_key"
+    error_of(client.post("/v1/completions", json={"prompt": "a"}, headers={"Authorization": "Bearer nope"}), 401)
+    ok = client.post("/v1/completions", json={"prompt": "a"}, headers={"Authorization": "Bearer sekrit"})
+    assert ok.status_code == 200
+    assert client.get("/health").status_code == 200
+
+
+def test_models_and_served_name(backend):
+    """/v1/models lists the served name (the override when given) and the context length."""
+    client = TestClient(create_app(backend, RouterConfig(served_model_name="alias")))
+    data = client.get("/v1/models").json()
+    assert data["object"] == "list"
+    assert [(m["id"], m["object"], m["max_model_len"]) for m in data["data"]] == [("alias", "model", 64)]
+    assert client.post("/v1/completions", json={"model": "alias", "prompt": "a"}).status_code == 200
+    assert client.post("/v1/completions", json={"model": MODEL, "prompt": "a"}).status_code == 404
+
+
+def test_metrics_exposition(client):
+    """/metrics shows request histograms, outcome counters and per-node gauges from the backend."""
+    client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3})
+    client.post("/v1/completions", json={"prompt": "reject"})
+    text = client.get("/metrics").text
+    for line in ['pdserve_time_to_first_token_seconds_count 1.0',
+                 'pdserve_inter_token_latency_seconds_count 2.0',
+                 'pdserve_e2e_request_latency_seconds_count 1.0',
+                 'pdserve_request_success_total{finish_reason="length"} 1.0',
+                 'pdserve_request_failure_total{reason="rejected"} 1.0',
+                 'pdserve_prompt_tokens_total 3.0',
+                 'pdserve_generation_tokens_total 3.0',
+                 'pdserve_num_requests_running{node="colocated",role="colocated"} 2.0',
+                 'pdserve_num_requests_waiting{node="colocated",role="colocated"} 1.0',
+                 'pdserve_kv_cache_usage{node="colocated",role="colocated"} 0.25',
+                 'pdserve_prefix_cache_hit_rate{node="colocated",role="colocated"} 0.5',
+                 'pdserve_num_preemptions_total{node="colocated",role="colocated"} 3.0']:
+        assert line in text, line
+
+
+def test_metrics_registry_per_app(backend):
+    """Two apps keep separate metric registries (no global state)."""
+    a, b = TestClient(create_app(backend)), TestClient(create_app(backend))
+    a.post("/v1/completions", json={"prompt": "abc", "max_tokens": 1})
+    assert "pdserve_e2e_request_latency_seconds_count 1.0" in a.get("/metrics").text
+    assert "pdserve_e2e_request_latency_seconds_count 0.0" in b.get("/metrics").text
+
+
+# ---------------------------------------------------------------- client disconnect
+
+async def _call_then_disconnect(app, backend: FakeBackend, payload: dict) -> list[dict]:
+    """Drives the ASGI app by hand: sends the body, waits until the request hangs, disconnects."""
+    gone = asyncio.Event()
+    messages = [{"type": "http.request", "body": json.dumps(payload).encode(), "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "root_path": "",
+             "query_string": b"", "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    task = asyncio.create_task(app(scope, receive, send))
+    await asyncio.wait_for(backend.hanging.wait(), 5)
+    gone.set()
+    await asyncio.wait_for(task, 5)
+    return sent
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_disconnect_aborts(stream):
+    """A client that disconnects mid-request (streaming or not) gets its backend request aborted."""
+    backend = FakeBackend()
+    app = create_app(backend)
+    sent = asyncio.run(_call_then_disconnect(app, backend, {"prompt": "hang", "stream": stream}))
+    assert len(backend.aborted) == 1 and backend.aborted[0].startswith("cmpl-")
+    if stream:
+        bodies = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        assert bodies.startswith(b'data: {"id"') and b"[DONE]" not in bodies
