@@ -1,0 +1,207 @@
+"""ColocatedBackend: the engine on its own thread, first against a scripted fake engine."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from engine.sampling_params import SamplingParams
+from router.backend import NodeMetrics
+from router.colocated import ColocatedBackend
+
+
+@dataclass
+class _Completion:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: None
+    finish_reason: str | None
+
+
+@dataclass
+class _Output:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[_Completion]
+    finished: bool
+
+
+@dataclass
+class _Metrics:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    prefix_hit_rate: float
+    num_preemptions: int
+
+
+class FakeEngine:
+    """Generates token 7 once per step until max_tokens; records the thread of every call."""
+
+    tokenizer = None
+    model_name = "fake"
+    max_model_len = 128
+
+    def __init__(self, crash_at_step: int | None = None):
+        self.running: dict[str, tuple[list[int], SamplingParams, list[int]]] = {}
+        self.aborted: list[str] = []
+        self.threads: set[int] = set()
+        self.steps = 0
+        self.crash_at_step = crash_at_step
+
+    def add_request(self, request_id, prompt, params):
+        self.threads.add(threading.get_ident())
+        if not prompt:
+            raise ValueError("prompt is empty")
+        self.running[request_id] = (list(prompt), params, [])
+
+    def abort_request(self, request_id):
+        self.threads.add(threading.get_ident())
+        self.aborted.append(request_id)
+        self.running.pop(request_id, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+    def step(self):
+        self.threads.add(threading.get_ident())
+        self.steps += 1
+        if self.steps == self.crash_at_step:
+            raise RuntimeError("CUDA fell over")
+        time.sleep(0.001)
+        outs = []
+        for rid, (prompt, params, generated) in list(self.running.items()):
+            generated.append(7)
+            done = len(generated) >= params.max_tokens
+            outs.append(_Output(rid, prompt, [_Completion(0, "x" * len(generated), list(generated), None,
+                                                          "length" if done else None)], done))
+            if done:
+                del self.running[rid]
+        return outs
+
+    def metrics(self):
+        self.threads.add(threading.get_ident())
+        return _Metrics(len(self.running), 0, 0.5, 0.25, 1)
+
+
+@pytest.fixture
+def engine_and_backend():
+    engine = FakeEngine()
+    backend = ColocatedBackend(engine)
+    yield engine, backend
+    backend.close()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+async def collect(backend, rid, prompt, params):
+    return [out async for out in backend.generate(rid, prompt, params)]
+
+
+def test_generate_streams_cumulative_outputs(engine_and_backend):
+    """generate() yields every step's cumulative output and ends on the finished one."""
+    engine, backend = engine_and_backend
+    outs = run(collect(backend, "r1", [1, 2], SamplingParams(max_tokens=3)))
+    assert [o.outputs[0].token_ids for o in outs] == [[7], [7, 7], [7, 7, 7]]
+    assert [o.finished for o in outs] == [False, False, True]
+    assert engine.aborted == []
+
+
+def test_engine_runs_on_one_thread_off_the_loop(engine_and_backend):
+    """Every engine call after construction happens on the backend's own thread."""
+    engine, backend = engine_and_backend
+    engine.threads.clear()
+
+    async def two():
+        await asyncio.gather(collect(backend, "a", [1], SamplingParams(max_tokens=2)),
+                             collect(backend, "b", [1], SamplingParams(max_tokens=4)))
+        return threading.get_ident()
+
+    loop_thread = run(two())
+    assert len(engine.threads) == 1 and loop_thread not in engine.threads
+
+
+def test_rejection_raises_value_error_first(engine_and_backend):
+    """An engine ValueError surfaces at the first await of generate(), and the loop survives."""
+    _, backend = engine_and_backend
+    with pytest.raises(ValueError, match="prompt is empty"):
+        run(collect(backend, "r1", [], SamplingParams()))
+    assert len(run(collect(backend, "r2", [1], SamplingParams(max_tokens=1)))) == 1
+
+
+def test_duplicate_request_id_rejected(engine_and_backend):
+    """A request id already running is refused with ValueError."""
+    _, backend = engine_and_backend
+
+    async def dup():
+        first = backend.generate("r1", [1], SamplingParams(max_tokens=1000))
+        await anext(first)
+        try:
+            with pytest.raises(ValueError, match="duplicate"):
+                await collect(backend, "r1", [1], SamplingParams(max_tokens=1))
+        finally:
+            await first.aclose()
+
+    run(dup())
+
+
+def test_closing_generator_aborts(engine_and_backend):
+    """Leaving generate() early (break / aclose / cancel) aborts the request in the engine."""
+    engine, backend = engine_and_backend
+
+    async def leave_early():
+        async for _ in backend.generate("r1", [1], SamplingParams(max_tokens=1000)):
+            break
+        task = asyncio.create_task(collect(backend, "r2", [1], SamplingParams(max_tokens=1000)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for _ in range(100):
+            if len(engine.aborted) == 2:
+                return
+            await asyncio.sleep(0.01)
+
+    run(leave_early())
+    assert sorted(engine.aborted) == ["r1", "r2"] and not engine.running
+
+
+def test_abort_ends_the_stream(engine_and_backend):
+    """abort() from outside aborts in the engine and ends generate() without a finished output."""
+    engine, backend = engine_and_backend
+
+    async def abort_midway():
+        outs = []
+        async for out in backend.generate("r1", [1], SamplingParams(max_tokens=1000)):
+            outs.append(out)
+            if len(outs) == 2:
+                await backend.abort("r1")
+        return outs
+
+    outs = run(abort_midway())
+    assert not outs[-1].finished and engine.aborted == ["r1"]
+
+
+def test_engine_crash_fails_requests_and_health(engine_and_backend):
+    """An exception in step() fails running requests with RuntimeError and marks the backend unhealthy."""
+    engine = FakeEngine(crash_at_step=2)
+    backend = ColocatedBackend(engine)
+    with pytest.raises(RuntimeError, match="CUDA fell over"):
+        run(collect(backend, "r1", [1], SamplingParams(max_tokens=10)))
+    assert not backend.is_healthy()
+    with pytest.raises(RuntimeError, match="not running"):
+        run(collect(backend, "r2", [1], SamplingParams(max_tokens=1)))
+
+
+def test_metrics_snapshot_and_close(engine_and_backend):
+    """metrics() returns the engine thread's latest snapshot; close() stops the thread."""
+    _, backend = engine_and_backend
+    assert backend.metrics() == [NodeMetrics("colocated", "colocated", 0, 0, 0.5, 0.25, 1)]
+    backend.close()
+    backend.close()
+    assert not backend.is_healthy()
