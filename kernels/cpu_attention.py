@@ -8,7 +8,10 @@ Two paths, both built on `scaled_dot_product_attention`:
    dimension ([c, Hkv, G, D] against [c, Hkv, L, D]: no K/V expansion), and a length mask
    hides the padded tail of the chunk.
 2. prefill rows (q_len > 1, possibly after a cached prefix): one SDPA per sequence, causal
-   mask offset by the cached prefix (is_causal=True when the whole sequence is new).
+   mask offset by the cached prefix (is_causal=True when the whole sequence is new); GQA by
+   a stride-0 expand of K/V.
+
+SDPA gets 4-d inputs only: with 3-d inputs PyTorch 2.13 leaves its fast CPU kernel (~4x).
 """
 
 import torch
@@ -16,7 +19,7 @@ import torch.nn.functional as F
 
 # Target size in bytes of one chunk's gathered K (V is the same): small enough to stay in
 # cache between the gather and SDPA, big enough to amortize per-op overhead.
-_CHUNK_BYTES = 1 << 20
+_CHUNK_BYTES = 2 << 20
 
 
 def paged_attention_cpu(
@@ -53,9 +56,10 @@ def _decode(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -
     chunk = max(1, _CHUNK_BYTES // (block_bytes * max_blocks))
     k_buf = k_cache.new_empty((min(chunk, len(seqs)) * max_blocks, block_size, num_kv_heads, head_dim))
     v_buf = torch.empty_like(k_buf)
+    rows = torch.tensor([cu[i] for i in seqs])  # [n]: query/output row of each sorted sequence
+    outs = []
     for start in range(0, len(seqs), chunk):
         part = seqs[start : start + chunk]
-        rows = torch.tensor([cu[i] for i in part])  # [c]
         part_lens = torch.tensor([lens[i] for i in part])  # [c]
         n_blk = -(-lens[part[-1]] // block_size)  # sorted: the last is the longest
         ids = _block_ids(block_tables[part, :n_blk], part_lens, block_size)  # [c * n_blk]
@@ -64,10 +68,10 @@ def _decode(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -
         torch.index_select(v_cache, 0, ids, out=v_buf[:n])
         k = k_buf[:n].view(len(part), ctx, num_kv_heads, head_dim).transpose(1, 2)  # [c, Hkv, L, D]
         v = v_buf[:n].view(len(part), ctx, num_kv_heads, head_dim).transpose(1, 2)
-        q = query[rows].view(len(part), num_kv_heads, group, head_dim)  # [c, Hkv, G, D]
+        q = query[rows[start : start + chunk]].view(len(part), num_kv_heads, group, head_dim)
         mask = (torch.arange(ctx) < part_lens[:, None])[:, None, None, :]  # [c, 1, 1, L]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [c, Hkv, G, D]
-        out[rows] = o.reshape(len(part), -1, head_dim)
+        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale))  # [c, Hkv, G, D]
+    out.index_copy_(0, rows, torch.cat(outs).view(len(seqs), -1, head_dim))
 
 
 def _block_ids(
@@ -91,14 +95,17 @@ def _prefill_one(
     """Causal attention of one sequence's q_len newest rows over its seq_len cached tokens."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     q_len, num_heads, _ = q.shape
+    group = num_heads // num_kv_heads
     ids = table[: -(-seq_len // block_size)].long()
+    kv_shape = (num_kv_heads, group, seq_len, head_dim)
     k = k_cache.index_select(0, ids).flatten(0, 1)[:seq_len].transpose(0, 1)  # [Hkv, L, D]
     v = v_cache.index_select(0, ids).flatten(0, 1)[:seq_len].transpose(0, 1)
-    qh = q.transpose(0, 1)  # [H, q_len, D]
+    k, v = k[:, None].expand(kv_shape), v[:, None].expand(kv_shape)  # [Hkv, G, L, D], stride 0 on G
+    qh = q.transpose(0, 1).view(num_kv_heads, group, q_len, head_dim)  # [Hkv, G, q_len, D]
     if q_len == seq_len:
-        o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
     else:
         q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
         mask = torch.arange(seq_len)[None, :] <= q_pos  # [q_len, L]
-        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return o.transpose(0, 1)
+        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
+    return o.view(num_heads, q_len, head_dim).transpose(0, 1)
