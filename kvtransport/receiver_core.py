@@ -36,18 +36,25 @@ class PayloadSink(ABC):
     """Moves one block's payload into the pool; the backends differ only here."""
     inline: bool = True    # the payload is the BlockFrame's second frame (else it comes out of band)
 
-    def paired(self, peer: str, identity: PeerIdentity) -> None:
-        """peer completed the handshake."""
+    def paired(self, peer: str, identity: PeerIdentity, reply: Callable[[Message], None]) -> None:
+        """peer completed the handshake (HelloAck sent); reply(msg) sends peer a message.
+
+        Raises if the payload channel cannot be set up; the core then drops the peer."""
 
     def forget(self, peer: str) -> None:
         """peer is gone (dead, restarted or poisoned)."""
 
     @abstractmethod
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
-        """Write the block's bytes into pool block dst (already checked against the reservation)."""
+        """Write the block's bytes into pool block dst (already checked against the reservation).
 
-    def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> None:
-        """A checked-and-dropped block frame: consume its payload without writing the pool."""
+        Raises if the payload channel failed; the core then drops the peer."""
+
+    def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
+        """A checked-and-dropped block frame: consume its payload without writing the pool.
+
+        Returns False if that is impossible and peer's payload channel is out of sync."""
+        return True
 
     def unreadable(self, peer: str) -> bool:
         """A message from peer could not be read; True if that breaks peer's payload channel."""
@@ -103,7 +110,8 @@ class ReceiverCore:
 
     def close(self) -> None:
         for xfer_id in self.ledger.live_xfers():
-            self.abort(xfer_id, "receiver closed")
+            peer = self.ledger.abort(xfer_id, FailReason.CLOSED, "receiver closed")
+            self._notify_abort(peer, xfer_id, "receiver closed")
         for peer in list(self._sessions):
             self._sink.forget(peer)
         self._sessions.clear()
@@ -138,11 +146,14 @@ class ReceiverCore:
         try:
             dst = self.ledger.check_block(peer, frame, None if payload is None else len(payload))
         except FrameError:
-            self._sink.discard(peer, frame, payload)
+            if not self._channel_ok(peer, lambda: self._sink.discard(peer, frame, payload)):
+                self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "undrainable payload")
             raise
         start = time.perf_counter()
-        self._sink.write(peer, frame, payload, dst)
-        self.ledger.mark_written(frame, time.perf_counter() - start)
+        if self._channel_ok(peer, lambda: self._sink.write(peer, frame, payload, dst) or True):
+            self.ledger.mark_written(frame, time.perf_counter() - start)
+        else:
+            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload receive failed")
 
     def _hello(self, peer: str, remote: PeerIdentity) -> None:
         try:
@@ -156,13 +167,24 @@ class ReceiverCore:
                 self._drop_peer(other, FailReason.PEER_RESTARTED, f"new epoch {remote.epoch}")
         self._sessions[peer] = _Session(remote, self._clock())
         self._reply(peer, HelloAck(self.identity, True))
-        self._sink.paired(peer, remote)
+        reply = lambda msg: self._reply(peer, msg)  # noqa: E731
+        if not self._channel_ok(peer, lambda: self._sink.paired(peer, remote, reply) or True):
+            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload channel setup failed")
 
     def _drop_peer(self, peer: str, reason: FailReason, detail: str) -> None:
         log.warning("peer %s lost: %s %s", peer, reason.value, detail)
         self.ledger.fail_peer(peer, reason, detail)
         self._sessions.pop(peer, None)
         self._sink.forget(peer)
+
+    @staticmethod
+    def _channel_ok(peer: str, op: Callable[[], bool]) -> bool:
+        """Run a sink operation; False if it failed or raised (the channel is unusable)."""
+        try:
+            return bool(op())
+        except Exception as e:   # gloo / NCCL raise RuntimeError subclasses of many kinds
+            log.warning("payload channel of %s failed: %s", peer, e)
+            return False
 
     def _maybe_poison(self, peer: str) -> None:
         if peer in self._sessions and self._sink.unreadable(peer):

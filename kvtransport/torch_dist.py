@@ -1,0 +1,203 @@
+"""torch.distributed backend: control over ZMQ, block payloads as point-to-point tensors.
+
+Each prefill/decode pair gets its own two-rank process group (D rank 0, P rank 1), NCCL for
+CUDA pools and gloo for CPU pools, so one decode node can pair with many prefill nodes:
+
+  1. P -> D  Hello over ZMQ            D checks the layout, answers HelloAck
+  2. D -> P  P2PJoin(group, store)     D hosts a TCPStore (listening on loopback unless
+                                       p2p_host is given); both build the pair's group on it
+  3. P -> D  BlockFrame header (ZMQ), then the block as a tensor send (group)
+     D       checks the header against the reservation, then recv()s straight into the
+             reserved block; a checked-and-dropped header still has its payload drained
+             into scratch, so headers and payloads stay paired in order
+  4. a header D cannot read or authenticate breaks the pair (it may be followed by a payload
+     D cannot place): the pair's transfers fail (CHANNEL_BROKEN); P must connect() again
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import queue
+import socket
+import threading
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from kvtransport.base import TransportError
+from kvtransport.events import FailReason, TransferFailed
+from kvtransport.framing import Buffer, FrameError
+from kvtransport.handshake import PeerIdentity
+from kvtransport.messages import BlockFrame, Message, P2PJoin
+from kvtransport.payload import block_view
+from kvtransport.receiver_core import PayloadSink
+from kvtransport.zmq_receiver import DEFAULT_BIND, ZmqReceiver
+from kvtransport.zmq_sender import ZmqSender
+
+log = logging.getLogger("kvtransport")
+
+_RECV_RANK, _SEND_RANK = 0, 1
+
+
+def make_pair_group(store: dist.Store, group: str, rank: int, device: torch.device,
+                    host: str, timeout: float) -> dist.ProcessGroup:
+    """The two-rank group of one pair: NCCL for a CUDA pool, gloo (bound to host) otherwise."""
+    prefixed = dist.PrefixStore(f"kvtransport/{group}", store)
+    if device.type == "cuda":
+        return dist.ProcessGroupNCCL(prefixed, rank, 2)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    opts._timeout = datetime.timedelta(seconds=timeout)
+    return dist.ProcessGroupGloo(prefixed, rank, 2, opts)
+
+
+def _close_group(pg: dist.ProcessGroup) -> None:
+    try:
+        pg.shutdown()
+    except Exception as e:   # backends differ in what shutdown supports
+        log.debug("process group shutdown: %s", e)
+
+
+class _Completion:
+    """One tensor send: done once the group has finished with the source tensor."""
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done, self.error = False, None
+
+
+class _SendWaiter:
+    """A thread that waits on a group's sends in order (a gloo Work only completes in wait())."""
+
+    def __init__(self, pg: dist.ProcessGroup) -> None:
+        self.pg = pg
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="kvtransport-send-wait", daemon=True)
+        self._thread.start()
+
+    def send(self, tensor: torch.Tensor) -> _Completion:
+        done = _Completion()
+        self._queue.put((self.pg.send([tensor], _RECV_RANK, 0), done))
+        return done
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5.0)
+        _close_group(self.pg)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            work, done = item
+            try:
+                work.wait()
+            except Exception as e:   # the pair broke; the sender's poll() reports it
+                done.error = e
+            done.done = True
+
+
+class _DistSink(PayloadSink):
+    """Receives payloads over each pair's process group, straight into the pool."""
+    inline = False
+
+    def __init__(self, kv_cache: torch.Tensor, host: str, timeout: float) -> None:
+        self._kv_cache, self._host, self._timeout = kv_cache, host, timeout
+        sock = socket.create_server((host, 0))
+        self.store_port = sock.getsockname()[1]
+        self._store = dist.TCPStore(host, self.store_port, is_master=True, wait_for_workers=False,
+                                    master_listen_fd=sock.detach(),
+                                    timeout=datetime.timedelta(seconds=timeout))
+        self._groups: dict[str, dist.ProcessGroup] = {}
+        self._scratch = torch.empty_like(block_view(kv_cache, 0))
+
+    def paired(self, peer: str, identity: PeerIdentity, reply: Callable[[Message], None]) -> None:
+        self.forget(peer)
+        group = f"{identity.node_id}/{identity.epoch}"
+        reply(P2PJoin(group, self._host, self.store_port))
+        self._groups[peer] = make_pair_group(self._store, group, _RECV_RANK, self._kv_cache.device,
+                                             self._host, self._timeout)
+
+    def forget(self, peer: str) -> None:
+        pg = self._groups.pop(peer, None)
+        if pg is not None:
+            _close_group(pg)
+
+    def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
+        self._groups[peer].recv([block_view(self._kv_cache, dst)], _SEND_RANK, 0).wait()
+
+    def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
+        pg = self._groups.get(peer)
+        if pg is None:
+            return True
+        if frame.nbytes != self._scratch.numel():
+            return False
+        pg.recv([self._scratch], _SEND_RANK, 0).wait()
+        return True
+
+    def unreadable(self, peer: str) -> bool:
+        return peer in self._groups
+
+
+class DistReceiver(ZmqReceiver):
+    """A ZmqReceiver whose block payloads arrive over per-pair torch.distributed groups."""
+
+    def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, bind: str = DEFAULT_BIND,
+                 secret: bytes | None = None, peer_timeout: float = 10.0, hwm: int = 64,
+                 p2p_host: str = "127.0.0.1") -> None:
+        if identity.transport != "torch_dist":
+            raise ValueError("a DistReceiver's identity must have transport='torch_dist'")
+        sink = _DistSink(kv_cache, p2p_host, peer_timeout)
+        super().__init__(kv_cache, identity, bind, secret, peer_timeout, hwm, sink)
+
+
+class DistSender(ZmqSender):
+    """A ZmqSender that ships block payloads as tensor sends on per-pair process groups."""
+
+    def __init__(self, identity: PeerIdentity, secret: bytes | None = None, hwm: int = 64,
+                 send_timeout: float = 10.0, heartbeat_interval: float = 1.0,
+                 peer_timeout: float = 10.0, device: str = "cpu",
+                 p2p_host: str = "127.0.0.1") -> None:
+        if identity.transport != "torch_dist":
+            raise ValueError("a DistSender's identity must have transport='torch_dist'")
+        super().__init__(identity, secret, hwm, send_timeout, heartbeat_interval, peer_timeout)
+        self._device, self._host = torch.device(device), p2p_host
+        self._waiters: dict[str, _SendWaiter] = {}
+        self._broken: list[tuple[str, _Completion]] = []
+
+    def _paired(self, endpoint: str, sock: zmq.Socket, remote: PeerIdentity, timeout: float) -> None:
+        if not sock.poll(int(timeout * 1000), zmq.POLLIN):
+            raise TransportError(f"{endpoint} sent no P2PJoin within {timeout}s")
+        join = self._read_join(endpoint, sock.recv_multipart())
+        store = dist.TCPStore(join.store_host, join.store_port, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout))
+        pg = make_pair_group(store, join.group, _SEND_RANK, self._device, self._host,
+                             self._peer_timeout)
+        self._waiters[endpoint] = _SendWaiter(pg)
+
+    def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int):
+        self._send(self._socks[endpoint], self._core.framer.pack(header), endpoint)
+        done = self._waiters[endpoint].send(block_view(kv_cache, src))
+        self._broken.append((endpoint, done))
+        return done
+
+    def poll(self, timeout: float = 0.0) -> list[TransferFailed]:
+        for endpoint, done in self._broken:
+            if done.error is not None and self._core.is_connected(endpoint):
+                self._core.lost(endpoint, FailReason.CHANNEL_BROKEN, str(done.error)[:200])
+        self._broken = [(e, d) for e, d in self._broken if not d.done]
+        return super().poll(timeout)
+
+    def _unpaired(self, endpoint: str) -> None:
+        waiter = self._waiters.pop(endpoint, None)
+        if waiter is not None:
+            waiter.close()
+
+    def _read_join(self, endpoint: str, frames: list[Buffer]) -> P2PJoin:
+        try:
+            msg, _ = self._core.framer.unpack(frames)
+        except FrameError as e:
+            raise TransportError(f"bad P2PJoin from {endpoint}: {e}") from None
+        if type(msg) is not P2PJoin:
+            raise TransportError(f"{endpoint} sent {type(msg).__name__}, expected P2PJoin")
+        return msg
