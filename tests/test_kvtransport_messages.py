@@ -1,0 +1,156 @@
+"""Wire schema: every message round-trips through msgpack; anything else is a ProtocolError."""
+import msgpack
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvtransport.framing import MAC_LEN, Framer, FrameError
+from kvtransport.handshake import KVLayout, PeerIdentity
+from kvtransport.messages import (KINDS, Abort, BlockFrame, Busy, Commit, Heartbeat, Hello, HelloAck,
+                                  P2PJoin, Reserve, Reserved, decode, encode)
+from kvtransport.metrics import DropReason
+from kvtransport.schema import PROTOCOL_VERSION, ProtocolError
+
+LAYOUT = KVLayout("0123abcd", "bfloat16", 16, 8, 8, 64)
+IDENT = PeerIdentity("prefill-0", "a1b2c3d4e5f60718", "zmq", LAYOUT)
+
+EXAMPLES = [
+    Hello(IDENT),
+    HelloAck(IDENT, True),
+    HelloAck(IDENT, False, "handshake refused: block_size differs"),
+    P2PJoin("prefill-0/a1b2", "127.0.0.1", 29500),
+    BlockFrame("d0-1f-7", 3, 41, 1 << 20, "float32", (8, 2, 16, 8, 64)),
+    Commit("d0-1f-7", 128000, 77),
+    Abort("d0-1f-7", "lease expired"),
+    Heartbeat("a1b2c3d4e5f60718", ("d0-1f-7", "d0-1f-8")),
+    Reserve("req-" + "x" * 124, 40, (b"\x00" * 16, b"\xff" * 16), 256),
+    Reserved("req-1", "d0-1f-7", (4, 9, 2), 1),
+    Busy("req-1", "no free blocks", 50),
+]
+
+
+def test_every_kind_has_an_example():
+    """Every registered message kind is covered by the round-trip test."""
+    assert {type(m) for m in EXAMPLES} == set(KINDS.values())
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg):
+    """decode(encode(m)) == m for every message kind."""
+    assert decode(encode(msg)) == msg
+
+
+def _envelope(kind, fields, version=PROTOCOL_VERSION):
+    return msgpack.packb([version, kind, fields], use_bin_type=True)
+
+
+def _block_fields(**over):
+    f = dict(xfer_id="x1", index=0, block_id=3, nbytes=64, dtype="float32", shape=[2, 2, 4])
+    f.update(over)
+    return list(f.values())
+
+
+@pytest.mark.parametrize("buf", [
+    b"", b"\xc1", b"\x93\x01", msgpack.packb({"k": 1}), msgpack.packb([1, "block"]),
+    _envelope("block", _block_fields(), version=2),          # other protocol version
+    _envelope("block", _block_fields(), version=True),       # bool is not an int
+    _envelope("teleport", []),                               # unknown kind
+    _envelope("block", _block_fields()[:-1]),                # missing field
+    _envelope("block", _block_fields(index=-1)),             # negative index
+    _envelope("block", _block_fields(block_id=True)),        # bool as int
+    _envelope("block", _block_fields(block_id=2**31)),       # block id out of range
+    _envelope("block", _block_fields(dtype="complex64")),    # not a KV dtype
+    _envelope("block", _block_fields(shape=[2, 0])),         # zero dim
+    _envelope("block", _block_fields(shape="2x2")),          # wrong type
+    _envelope("block", _block_fields(xfer_id="")),           # empty id
+    _envelope("block", _block_fields(xfer_id="x\n1")),       # control character in id
+    _envelope("commit", ["x1", -5, 10]),                     # negative token
+    _envelope("reserve", ["r" * 129, 10, [], 5]),            # rid over 128 chars
+    _envelope("reserve", ["r", 10, [b"\x00" * 15], 5]),      # hash of 15 bytes
+    _envelope("reserved", ["r", "x", [1, 2], 3]),            # cached prefix > blocks
+    _envelope("hello", [["n", "e", "zmq", ["m", "float32", 16, 1, 1]]]),  # short layout
+    _envelope("hello", [[1, 2, 3, 4]]),                       # identity of wrong types
+    _envelope("heartbeat", ["e", [1, 2]]),                   # ids must be strings
+    msgpack.packb([1, "abort", ["x", msgpack.ExtType(5, b"z")]], use_bin_type=True),
+])
+def test_malformed_is_protocol_error(buf):
+    """Malformed or out-of-range input raises ProtocolError, never anything else."""
+    with pytest.raises(ProtocolError):
+        decode(buf)
+
+
+def test_constructing_an_invalid_message_raises():
+    """A message that exists is valid: the constructor runs the same checks as decode."""
+    with pytest.raises(ProtocolError):
+        Commit("x1", 1, 0)
+    with pytest.raises(ProtocolError):
+        Reserve("r", 10, (b"short",), 1)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=512))
+def test_fuzz_random_bytes(buf):
+    """Random bytes never crash the decoder with anything but ProtocolError."""
+    try:
+        decode(buf)
+    except ProtocolError:
+        pass
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(),
+                  st.text(max_size=20), st.binary(max_size=20))
+_tree = st.recursive(_leaf, lambda c: st.lists(c, max_size=6) | st.dictionaries(st.text(max_size=5), c, max_size=4),
+                     max_leaves=30)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(KINDS)), st.lists(_tree, max_size=7))
+def test_fuzz_well_formed_envelopes(kind, fields):
+    """Valid msgpack with a known kind and random fields decodes or raises ProtocolError."""
+    try:
+        decode(_envelope(kind, fields))
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(EXAMPLES), st.integers(0, 10_000), st.integers(0, 255))
+def test_fuzz_mutated_messages(msg, pos, byte):
+    """A valid message with one byte changed decodes or raises ProtocolError."""
+    buf = bytearray(encode(msg))
+    buf[pos % len(buf)] = byte
+    try:
+        decode(bytes(buf))
+    except ProtocolError:
+        pass
+
+
+def test_hmac_round_trip_and_rejects_wrong_or_missing_mac():
+    """With a secret, only frames MACed with the same secret unpack; others drop as BAD_MAC."""
+    secret = b"s" * 32
+    framer, other, plain = Framer(secret), Framer(b"t" * 32), Framer()
+    msg, payload = EXAMPLES[4], bytes(range(256)) * 4
+    frames = framer.pack(msg, payload)
+    assert len(frames) == 3 and len(frames[-1]) == MAC_LEN
+    got = framer.unpack(frames)
+    assert got.msg == msg and bytes(got.payload) == payload
+    for bad in (other.pack(msg, payload), plain.pack(msg, payload), plain.pack(msg),
+                [frames[0], payload[:-1] + b"\x00", frames[2]]):
+        with pytest.raises(FrameError) as e:
+            framer.unpack(bad)
+        assert e.value.reason is DropReason.BAD_MAC
+
+
+def test_unauthenticated_framer_rejects_extra_frames():
+    """Without a secret a message is 1 or 2 frames; more is MALFORMED."""
+    frames = Framer().pack(EXAMPLES[4], b"\x00" * 64)
+    with pytest.raises(FrameError) as e:
+        Framer().unpack([*frames, b"x" * 32])
+    assert e.value.reason is DropReason.MALFORMED
+
+
+def test_oversize_payload_is_rejected():
+    """A payload above the framer's cap is dropped as OVERSIZE."""
+    framer = Framer(max_payload_bytes=64)
+    with pytest.raises(FrameError) as e:
+        framer.unpack(framer.pack(EXAMPLES[4], b"\x00" * 65))
+    assert e.value.reason is DropReason.OVERSIZE
