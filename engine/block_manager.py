@@ -131,12 +131,12 @@ class BlockManager:
         return seq.num_computed_tokens
 
     def can_append(self, seq: Sequence) -> bool:
-        return self._blocks_to_append(seq) <= self.num_free_blocks
+        return self.blocks_to_append(seq) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence) -> list[BlockCopy]:
         """Make room for every token of `seq` and make the blocks about to be written private.
         Returns the copy-on-write pairs the caller must copy before the step runs."""
-        if self._blocks_to_append(seq) > self.num_free_blocks:
+        if self.blocks_to_append(seq) > self.num_free_blocks:
             raise NoFreeBlocks(f"sequence {seq.seq_id} needs more blocks than are free")
         copies = []
         first = seq.num_computed_tokens // self.block_size
@@ -151,7 +151,8 @@ class BlockManager:
             seq.block_table.append(self._take())
         return copies
 
-    def _blocks_to_append(self, seq: Sequence) -> int:
+    def blocks_to_append(self, seq: Sequence) -> int:
+        """Blocks `append_slots(seq)` would take: new ones plus private copies of shared ones."""
         first = seq.num_computed_tokens // self.block_size
         shared = sum(1 for b in seq.block_table[first:] if self.blocks[b].ref_count > 1)
         return max(0, self.blocks_for(len(seq)) - len(seq.block_table)) + shared

@@ -1,0 +1,54 @@
+"""The offline API, shaped like vLLM's:
+
+    from engine import LLM, SamplingParams
+    outputs = LLM(model=path).generate(["ROMEO:"], SamplingParams(max_tokens=32))
+    print(outputs[0].outputs[0].text)
+"""
+from __future__ import annotations
+
+import itertools
+
+from tqdm import tqdm
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", block_size: int = 16,
+                 num_blocks: int | None = None, kv_cache_gib: float = 1.0,
+                 enable_prefix_caching: bool = True, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
+                 max_model_len: int | None = None, device: str = "auto", seed: int = 0):
+        cache = CacheConfig(block_size, num_blocks, kv_cache_gib, enable_prefix_caching)
+        sched = SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+        self.engine = LLMEngine(EngineConfig(model, dtype, max_model_len, device, seed, cache, sched))
+        self._ids = itertools.count()
+
+    def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise ValueError("give one SamplingParams, or one per prompt")
+        ids = [f"offline-{next(self._ids)}" for _ in prompts]
+        for rid, prompt, p in zip(ids, prompts, per_prompt):
+            self.engine.add_request(rid, prompt, p)
+        return self._run(ids, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    bar.update(1)
+        bar.close()
+        return [done[i] for i in ids]

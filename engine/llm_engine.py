@@ -1,0 +1,203 @@
+"""The colocated engine: requests in, one scheduler step at a time, cumulative outputs out.
+
+Request lifecycle:
+  1. add_request validates and tokenizes the prompt, makes a sequence group, queues it
+  2. the scheduler admits it when blocks allow (prefix-cache hits reused), prefills in chunks
+  3. the step that computes the prompt's last token samples the first token; a group with
+     n > 1 forks there, its sequences sharing the prompt's blocks
+  4. each later step decodes one token per sequence; stop checks run after each token
+  5. on finish or abort every sequence frees its blocks exactly once
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, ModelConfig
+from engine.detokenizer import DecodeState, Detokenizer, find_stop
+from engine.kv_pool import allocate_kv_cache, num_blocks_for
+from engine.model_runner import ModelRunner
+from engine.outputs import CompletionOutput, EngineMetrics, RequestOutput
+from engine.sampler import Sampler, SampledToken, SamplingRow
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq, Scheduler
+from engine.sequence import FinishReason, Sequence, SequenceGroup
+from engine.weights import load_model
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config = config or EngineConfig()
+        path = config.model_path
+        self.model_config = ModelConfig.from_pretrained(path, config.dtype, config.max_model_len)
+        self.tokenizer = _load_tokenizer(path)
+        device = config.torch_device
+        bs = config.cache.block_size
+        num_blocks = num_blocks_for(self.model_config, config.cache)
+        self.max_model_len = min(self.model_config.max_model_len, num_blocks * bs)
+        self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        kv_cache = allocate_kv_cache(self.model_config, num_blocks, bs, device)
+        self.runner = ModelRunner(load_model(self.model_config, device), kv_cache, bs)
+        self.sampler = Sampler(config.seed)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self._groups: dict[str, SequenceGroup] = {}
+        self._decode: dict[int, DecodeState] = {}      # seq_id -> incremental detokenizer state
+
+    @property
+    def model_name(self) -> str:
+        return self.model_config.path.rstrip("/").split("/")[-1]
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        """Queue a request. Raises ValueError for a bad id, prompt or parameters; nothing is
+        queued then, and the requests already queued are untouched."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request_id in self._groups:
+            raise ValueError(f"request_id {request_id!r} is already running")
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        ids = self.encode(prompt)
+        seq = Sequence(ids, len(ids))
+        if params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.seed)
+        group = SequenceGroup(request_id, [seq], params, time.monotonic())
+        self._groups[request_id] = group
+        self._decode[seq.seq_id] = self.detokenizer.start(ids)
+        self.scheduler.add(group)
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model folder has no tokenizer: pass token ids")
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                        for t in prompt):
+            ids = list(prompt)
+            if any(t < 0 or t >= self.model_config.vocab_size for t in ids):
+                raise ValueError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
+        else:
+            raise ValueError("prompt must be a string or a list of token ids")
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; this engine's context is "
+                             f"{self.max_model_len} tokens, including at least one output token")
+        return ids
+
+    def abort_request(self, request_id: str) -> None:
+        group = self.scheduler.abort(request_id)
+        if group is not None:
+            self._forget(group)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- one step ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        touched: dict[str, SequenceGroup] = {g.request_id: g for g in plan.finished}
+        if plan.scheduled:
+            self.runner.copy_blocks(plan.copies)
+            logits = self.runner.execute(plan.scheduled)
+            sampling = [s for s in plan.scheduled if s.samples]
+            for item in plan.scheduled:
+                item.seq.num_computed_tokens += item.num_new_tokens
+                self.block_manager.commit_computed(item.seq)
+            self._sample(logits, sampling, touched)
+        self.scheduler.remove_finished()
+        outputs = [self._output(g) for g in touched.values()]
+        for group in touched.values():
+            if group.is_finished:
+                self._forget(group)
+        return outputs
+
+    def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq],
+                touched: dict[str, SequenceGroup]) -> None:
+        pairs: list[tuple[Sequence, SequenceGroup]] = []
+        rows: list[int] = []
+        for row, item in enumerate(sampling):
+            new = self._fork(item.group) if not item.group.forked else [item.seq]
+            pairs += [(seq, item.group) for seq in new]
+            rows += [row] * len(new)
+        if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
+            logits = logits[rows]
+        samples = self.sampler(logits, [self._sampling_row(s, g) for s, g in pairs])
+        for (seq, group), sample in zip(pairs, samples):
+            self._append(seq, group, sample)
+            touched[group.request_id] = group
+
+    def _fork(self, group: SequenceGroup) -> list[Sequence]:
+        """After the prompt's prefill: the group's n sequences, sharing the prompt's blocks."""
+        parent = group.seqs[0]
+        for i in range(1, group.params.n):
+            child = parent.fork(i)
+            if group.params.seed is not None:
+                child.generator = torch.Generator().manual_seed(group.params.seed + i)
+            self.block_manager.fork(parent, child)
+            self._decode[child.seq_id] = self.detokenizer.start(group.prompt_token_ids)
+            group.seqs.append(child)
+        group.forked = True
+        return list(group.seqs)
+
+    def _sampling_row(self, seq: Sequence, group: SequenceGroup) -> SamplingRow:
+        p = group.params
+        banned = ()
+        if seq.num_output_tokens < p.min_tokens:
+            banned = tuple(p.stop_token_ids) + (() if p.ignore_eos else self.model_config.eos_token_ids)
+        return SamplingRow(p, group.prompt_token_ids if p.repetition_penalty != 1.0 else [],
+                           seq.output_token_ids, seq.generator, banned)
+
+    def _append(self, seq: Sequence, group: SequenceGroup, sample: SampledToken) -> None:
+        p, token = group.params, sample.token_id
+        seq.token_ids.append(token)
+        if sample.logprobs is not None:
+            seq.logprobs.append(sample.logprobs)
+        new_text = self.detokenizer.step(self._decode[seq.seq_id], token)
+        seq.text += new_text
+        reason = None
+        if (not p.ignore_eos and token in self.model_config.eos_token_ids) or token in p.stop_token_ids:
+            reason = FinishReason.STOP
+        elif p.stop and new_text and (at := find_stop(seq.text, len(new_text), p.stop)) != -1:
+            seq.text, reason = seq.text[:at], FinishReason.STOP
+        elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) \
+                or len(seq) >= self.max_model_len:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self.scheduler.finish_seq(seq, reason)
+
+    def _output(self, group: SequenceGroup) -> RequestOutput:
+        outs = [CompletionOutput(s.index, s.text, s.output_token_ids,
+                                 s.logprobs if group.params.logprobs is not None else None,
+                                 s.finish_reason.value if s.finish_reason else None)
+                for s in group.seqs]
+        return RequestOutput(group.request_id, group.prompt_token_ids, outs, group.is_finished)
+
+    def _forget(self, group: SequenceGroup) -> None:
+        self._groups.pop(group.request_id, None)
+        for seq in group.seqs:
+            self._decode.pop(seq.seq_id, None)
+
+    # -- figures ----------------------------------------------------------------------------
+    def metrics(self) -> EngineMetrics:
+        bm, sched = self.block_manager, self.scheduler
+        live = sched.live_seqs()
+        return EngineMetrics(
+            num_running=len(live), num_waiting=len(sched.waiting), kv_usage=bm.usage,
+            num_free_blocks=bm.num_free_blocks, num_cached_blocks=bm.num_cached_blocks,
+            num_total_blocks=bm.num_blocks, prefix_hit_rate=bm.stats.hit_rate,
+            num_preemptions=sched.num_preemptions, wasted_slots=bm.wasted_slots(live))
+
+    def check_integrity(self) -> None:
+        self.block_manager.check_integrity(self.scheduler.live_seqs())
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError):
+        return None

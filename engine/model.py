@@ -1,0 +1,103 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) over a flattened batch and a paged KV pool.
+
+q/k/v and gate/up are fused into one matmul each; the weights are loaded by `engine.weights`.
+Attention goes through `kernels`: store this step's K/V into their slots, then paged attention.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from engine.config import ModelConfig
+from engine.forward_batch import ForwardBatch
+from engine.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias, dtype=cfg.dtype)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False, dtype=cfg.dtype)
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, batch: ForwardBatch,
+                kv_layer: torch.Tensor) -> torch.Tensor:
+        # x: [T, hidden]; kv_layer: [num_blocks, 2, block_size, num_kv_heads, head_dim]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)                   # [T, H, D]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)                # [T, Hkv, D]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = rope(batch.positions, q, k)
+        k_cache, v_cache = kv_layer[:, 0], kv_layer[:, 1]
+        kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        out = kernels.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q,
+                                      batch.seq_lens, self.scale, batch.max_seqlen_q, batch.max_seqlen_k)
+        return self.o_proj(out.reshape(x.shape[0], -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, dtype=cfg.dtype)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=cfg.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope, batch, kv_layer):
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv_layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    """Build on the meta device, then `engine.weights.load_model` materializes and fills it."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=cfg.dtype)
+        self.rope: RotaryEmbedding | None = None      # set by load_model, off the meta device
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """Hidden states [R, hidden] of the rows in batch.logits_indices, after the final norm.
+        kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]."""
+        x = self.embed_tokens(batch.input_ids)                         # [T, hidden]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, self.rope, batch, kv_cache[:, i])
+        return self.norm(x[batch.logits_indices])
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()                            # [R, vocab]

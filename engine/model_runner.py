@@ -1,0 +1,65 @@
+"""Turns a scheduled step into a ForwardBatch, runs the model over the paged pool, returns logits."""
+from __future__ import annotations
+
+import torch
+
+import kernels
+from engine.block_manager import BlockCopy
+from engine.config import ModelConfig
+from engine.forward_batch import ForwardBatch
+from engine.model import CausalLM
+from engine.scheduler import ScheduledSeq
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int):
+        self.model = model
+        self.kv_cache = kv_cache        # [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
+        self.block_size = block_size
+        self.device = kv_cache.device
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
+
+    def copy_blocks(self, copies: list[BlockCopy]) -> None:
+        if copies:
+            src = torch.tensor([c.src for c in copies], dtype=torch.long, device=self.device)
+            dst = torch.tensor([c.dst for c in copies], dtype=torch.long, device=self.device)
+            kernels.copy_blocks(self.kv_cache, src, dst)
+
+    def execute(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
+        """Logits [R, vocab] (float32) for the scheduled sequences that sample, in order."""
+        batch = self.build_batch(scheduled)
+        hidden = self.model(batch, self.kv_cache)
+        return self.model.compute_logits(hidden)
+
+    def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
+        bs = self.block_size
+        ids, positions, slots, cu, seq_lens, sample_rows = [], [], [], [0], [], []
+        max_blocks = max(len(s.seq.block_table) for s in scheduled)
+        tables = torch.zeros((len(scheduled), max_blocks), dtype=torch.int32)
+        for i, item in enumerate(scheduled):
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            ids += seq.token_ids[start:end]
+            table = seq.block_table
+            for p in range(start, end):
+                slots.append(table[p // bs] * bs + p % bs)
+            positions += range(start, end)
+            cu.append(cu[-1] + item.num_new_tokens)
+            seq_lens.append(end)
+            tables[i, :len(table)] = torch.tensor(table, dtype=torch.int32)
+            if item.samples:
+                sample_rows.append(cu[-1] - 1)
+        dev = self.device
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            block_tables=tables.to(dev),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            logits_indices=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            max_seqlen_q=max(s.num_new_tokens for s in scheduled), max_seqlen_k=max(seq_lens),
+        )

@@ -1,0 +1,34 @@
+"""What the engine returns per request, cumulative like vLLM's outputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int                                   # which of the request's n completions
+    text: str                                    # detokenized, stop strings cut
+    token_ids: list[int]                         # generated tokens so far
+    logprobs: list[dict[int, float]] | None      # per generated token: top-n plus the chosen one
+    finish_reason: str | None                    # "stop" | "length" | "abort" | None while running
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    num_running: int
+    num_waiting: int
+    kv_usage: float              # fraction of blocks held by sequences or cached
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_total_blocks: int
+    prefix_hit_rate: float       # prompt tokens found cached / prompt tokens allocated
+    num_preemptions: int
+    wasted_slots: int            # allocated token slots holding no token

@@ -1,0 +1,42 @@
+"""Rotary position embeddings, as Hugging Face computes them (default, llama3, linear, yarn, ...)."""
+from __future__ import annotations
+
+import torch
+
+
+def inv_freq_and_scale(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim // 2] (float32) and the cos/sin scaling of the config's RoPE."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "dynamic":
+        raise ValueError("dynamic NTK RoPE depends on the batch's length; pdserve does not run it")
+    if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+        return inv_freq.float(), float(scale)
+    base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    return inv_freq, 1.0
+
+
+class RotaryEmbedding:
+    """cos/sin tables for every position, built once on the CPU in float32, then cast."""
+
+    def __init__(self, hf_config, head_dim: int, max_positions: int, dtype: torch.dtype, device):
+        inv_freq, scale = inv_freq_and_scale(hf_config, head_dim)
+        positions = torch.arange(max_positions, dtype=torch.float, device="cpu")
+        freqs = positions[:, None] * inv_freq[None, :]                    # [P, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)                           # [P, D]
+        self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)     # [P, D]
+        self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)     # [P, D]
+
+    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        # positions: [T]; q: [T, H, D]; k: [T, Hkv, D]
+        cos = self.cos[positions].unsqueeze(1)                            # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,107 @@
+"""Turn a step's logits into next tokens: penalties, temperature, top-k, top-p, min-p, seeded
+sampling, and top-n logprobs of the model's raw distribution."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    generator: torch.Generator | None     # None: the engine's shared generator
+    banned_ids: tuple[int, ...] = ()      # EOS / stop ids while min_tokens is not reached
+
+
+@dataclass(slots=True)
+class SampledToken:
+    token_id: int
+    logprobs: dict[int, float] | None     # top-n plus the chosen token, raw model distribution
+
+
+class Sampler:
+    def __init__(self, seed: int = 0):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        # logits: [R, vocab] float32, one row per entry of `rows`
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None
+                                                                for r in rows) else None
+        logits = self._adjust(logits, rows)
+        chosen = logits.argmax(dim=-1)                                  # [R]
+        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if random_rows:
+            picked = self._sample([rows[i] for i in random_rows], logits[random_rows])
+            chosen[random_rows] = picked
+        chosen_list = chosen.tolist()
+        return [SampledToken(t, _top_logprobs(raw_logprobs, i, t, rows[i].params.logprobs))
+                for i, t in enumerate(chosen_list)]
+
+    def _adjust(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        if not any(r.params.needs_penalties or r.banned_ids for r in rows):
+            return logits
+        logits = logits.clone()
+        for i, r in enumerate(rows):
+            if r.params.needs_penalties:
+                _apply_penalties(logits[i], r)
+            if r.banned_ids:
+                logits[i, list(r.banned_ids)] = float("-inf")
+        return logits
+
+    def _sample(self, rows: list[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
+        # logits: [N, vocab] of rows that sample at random
+        temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)
+        logits = _filter(logits / temps[:, None], rows)
+        probs = torch.softmax(logits, dim=-1)
+        out = torch.empty(len(rows), dtype=torch.long)
+        for i, r in enumerate(rows):
+            g = r.generator if r.generator is not None else self.generator
+            out[i] = torch.multinomial(probs[i], 1, generator=g)[0]
+        return out
+
+
+def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:
+    # row: [vocab], modified in place
+    p = r.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(r.prompt_ids) | set(r.output_ids)), dtype=torch.long)
+        vals = row[seen]
+        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if r.output_ids and (p.frequency_penalty or p.presence_penalty):
+        counts = torch.bincount(torch.tensor(r.output_ids), minlength=row.shape[0])[: row.shape[0]]
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+
+
+def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Mask tokens outside top-k, outside the top-p nucleus, or below min_p * p(max)."""
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows])
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
+    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype)
+    if bool((top_k >= vocab).all() and (top_p >= 1.0).all() and (min_p <= 0).all()):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)         # [N, vocab]
+    ranks = torch.arange(vocab)[None, :]
+    drop = ranks >= top_k[:, None]
+    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+    before = probs.cumsum(dim=-1) - probs                               # mass above each token
+    drop |= before > top_p[:, None]
+    drop |= probs < (min_p[:, None] * probs[:, :1])
+    drop[:, 0] = False                                                  # keep the best token
+    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+
+
+def _top_logprobs(raw: torch.Tensor | None, row: int, chosen: int, n: int | None) -> dict[int, float] | None:
+    if raw is None or n is None:
+        return None
+    result = {chosen: float(raw[row, chosen])}
+    if n > 0:
+        values, ids = raw[row].topk(n)
+        result.update(zip(ids.tolist(), values.tolist()))
+    return result

@@ -1,0 +1,159 @@
+"""FCFS continuous batching with chunked prefill under a per-step token budget.
+
+Each step:
+  1. running groups, decoding ones first: one token per decoding sequence, the next chunk for a
+     prefilling one. A group that cannot get its blocks preempts the latest-arrived running
+     group (all of its sequences, by recomputation) until it can, or preempts itself.
+  2. waiting groups in arrival order, while the budget, `max_num_seqs` and free blocks allow:
+     blocks are allocated for the whole prompt (prefix-cache hits reused) and the first chunk
+     is scheduled. Without chunked prefill a prompt is scheduled whole or waits.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockCopy, BlockManager
+from engine.config import SchedulerConfig
+from engine.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    group: SequenceGroup
+    num_new_tokens: int        # tokens whose K/V this step computes
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the sequence's last token, so a next token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[BlockCopy] = field(default_factory=list)          # copy-on-write before the step
+    preempted: list[SequenceGroup] = field(default_factory=list)
+    finished: list[SequenceGroup] = field(default_factory=list)   # ended by the scheduler itself
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.num_preemptions = 0
+        self.watermark = max(1, block_manager.num_blocks // 100)   # room kept for running growth
+
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> SequenceGroup | None:
+        for queue in (self.waiting, self.running):
+            for group in queue:
+                if group.request_id == request_id:
+                    queue.remove(group)
+                    self.finish_group(group, FinishReason.ABORT)
+                    return group
+        return None
+
+    def finish_seq(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        self.bm.free(seq)
+
+    def finish_group(self, group: SequenceGroup, reason: FinishReason) -> None:
+        for seq in group.unfinished():
+            self.finish_seq(seq, reason)
+        group.forked = True
+
+    def remove_finished(self) -> None:
+        self.running = [g for g in self.running if not g.is_finished]
+
+    def live_seqs(self) -> list[Sequence]:
+        return [s for g in self.running for s in g.unfinished()]
+
+    # -- one step ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        for group in sorted(self.running, key=_is_prefilling):
+            if group not in self.running or budget <= 0:
+                continue
+            if not self._reserve_running(group, out):
+                continue
+            budget = self._schedule_group(group, budget, out)
+        self._admit_waiting(budget, out)
+        return out
+
+    def _reserve_running(self, group: SequenceGroup, out: SchedulerOutput) -> bool:
+        """Preempt later groups until `group` can append; False if `group` itself had to go."""
+        while self._blocks_to_append(group) > self.bm.num_free_blocks:
+            victim = self.running[-1]
+            if victim is group and len(self.running) == 1:
+                self.running.remove(group)      # alone and still too big for the pool
+                self.finish_group(group, FinishReason.LENGTH)
+                out.finished.append(group)
+                return False
+            self._preempt(victim, out)
+            if victim is group:
+                return False
+        return True
+
+    def _blocks_to_append(self, group: SequenceGroup) -> int:
+        return sum(self.bm.blocks_to_append(s) for s in group.unfinished())
+
+    def _schedule_group(self, group: SequenceGroup, budget: int, out: SchedulerOutput) -> int:
+        for seq in group.unfinished():
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            out.copies += self.bm.append_slots(seq)
+            if num_new > 0:
+                out.scheduled.append(ScheduledSeq(seq, group, num_new))
+                budget -= num_new
+        return budget
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        self.running.remove(group)
+        out.scheduled = [s for s in out.scheduled if s.group is not group]
+        for seq in group.unfinished():
+            self.bm.free(seq)
+            seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(group)
+        out.preempted.append(group)
+        self.num_preemptions += 1
+
+    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
+        preempted = set(map(id, out.preempted))
+        while self.waiting and budget > 0 and id(self.waiting[0]) not in preempted:
+            group = self.waiting[0]
+            seqs = group.unfinished()
+            if len(self.live_seqs()) + len(seqs) > self.config.max_num_seqs:
+                break
+            if not self.config.enable_chunked_prefill and sum(len(s) for s in seqs) > budget:
+                break
+            if not self._can_admit(seqs):
+                break
+            self.waiting.popleft()
+            for seq in seqs:
+                self.bm.allocate(seq)
+                seq.status = SequenceStatus.RUNNING
+            self.running.append(group)
+            budget = self._schedule_group(group, budget, out)
+
+    def _can_admit(self, seqs: list[Sequence]) -> bool:
+        watermark = self.watermark if self.running else 0   # an idle engine admits what fits
+        if len(seqs) == 1:
+            return self.bm.can_allocate(seqs[0], reserve_tokens=watermark * self.bm.block_size)
+        return sum(self.bm.blocks_for(len(s)) for s in seqs) + watermark <= self.bm.num_free_blocks
+
+
+def _is_prefilling(group: SequenceGroup) -> bool:
+    return any(s.num_uncomputed_tokens > 1 for s in group.unfinished())
