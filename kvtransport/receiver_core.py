@@ -166,6 +166,7 @@ class ReceiverCore:
             if (other == peer or same_node) and s.identity.epoch != remote.epoch:
                 self._drop_peer(other, FailReason.PEER_RESTARTED, f"new epoch {remote.epoch}")
         self._sessions[peer] = _Session(remote, self._clock())
+        self.ledger.pair(peer, remote.node_id)
         self._reply(peer, HelloAck(self.identity, True))
         reply = lambda msg: self._reply(peer, msg)  # noqa: E731
         if not self._channel_ok(peer, lambda: self._sink.paired(peer, remote, reply) or True):
@@ -174,6 +175,7 @@ class ReceiverCore:
     def _drop_peer(self, peer: str, reason: FailReason, detail: str) -> None:
         log.warning("peer %s lost: %s %s", peer, reason.value, detail)
         self.ledger.fail_peer(peer, reason, detail)
+        self.ledger.pair(peer, None)
         self._sessions.pop(peer, None)
         self._sink.forget(peer)
 

@@ -34,9 +34,12 @@ class Reservation:
     dst_block_ids: tuple[int, ...]   # the prompt's whole block table in D's pool
     cached_prefix_blocks: int = 0    # leading blocks D already holds: not expected on the wire
     lease_s: float = 30.0            # renewed by every frame and every heartbeat naming it
+    sender_node_id: str | None = None  # only this prefill node may write it (None: first claimer)
 
     def __post_init__(self) -> None:
         check_id(self.xfer_id, "xfer_id")
+        if self.sender_node_id is not None:
+            check_id(self.sender_node_id, "sender_node_id")
         object.__setattr__(self, "dst_block_ids", tuple(int(b) for b in self.dst_block_ids))
         if not 0 < len(self.dst_block_ids) <= MAX_BLOCKS:
             raise ValueError(f"a reservation needs 1..{MAX_BLOCKS} blocks")
@@ -48,8 +51,9 @@ class Reservation:
             raise ValueError("lease_s must be > 0")
 
     @classmethod
-    def from_reserved(cls, msg: Reserved, lease_s: float = 30.0) -> Reservation:
-        return cls(msg.xfer_id, msg.dst_block_ids, msg.cached_prefix_blocks, lease_s)
+    def from_reserved(cls, msg: Reserved, lease_s: float = 30.0,
+                      sender_node_id: str | None = None) -> Reservation:
+        return cls(msg.xfer_id, msg.dst_block_ids, msg.cached_prefix_blocks, lease_s, sender_node_id)
 
     @property
     def expected(self) -> range:
@@ -79,6 +83,7 @@ class ReceiveLedger:
     _live: dict[str, _Inbound] = field(default_factory=dict)
     _reserved_blocks: set[int] = field(default_factory=set)
     _finished: OrderedDict = field(default_factory=OrderedDict)   # xfer_id -> final state
+    _node_of: dict[str, str] = field(default_factory=dict)        # paired peer -> its node_id
     _events: list[TransferEvent] = field(default_factory=list)
 
     @property
@@ -98,6 +103,13 @@ class ReceiveLedger:
         now = self.clock()
         self._live[res.xfer_id] = _Inbound(res, now, now + res.lease_s, set(res.expected))
         self._reserved_blocks |= shipped
+
+    def pair(self, peer: str, node_id: str | None) -> None:
+        """peer is the prefill node node_id (None: peer is gone)."""
+        if node_id is None:
+            self._node_of.pop(peer, None)
+        else:
+            self._node_of[peer] = node_id
 
     def live_xfers(self, peer: str | None = None) -> list[str]:
         return [x for x, t in self._live.items() if peer is None or t.peer == peer]
@@ -157,7 +169,7 @@ class ReceiveLedger:
         """A heartbeat from peer naming the transfers it holds: claim and renew each live one."""
         for xfer_id in xfer_ids:
             t = self._live.get(xfer_id)
-            if t is not None and t.peer in (None, peer):
+            if t is not None and self._may_touch(peer, t):
                 t.peer = peer
                 t.deadline = self.clock() + t.res.lease_s
 
@@ -191,9 +203,13 @@ class ReceiveLedger:
         if t is None:
             reason = DropReason.FINISHED_XFER if xfer_id in self._finished else DropReason.UNKNOWN_XFER
             raise FrameError(reason, xfer_id)
-        if t.peer not in (None, peer):
+        if not self._may_touch(peer, t):
             raise FrameError(DropReason.WRONG_PEER, xfer_id)
         return t
+
+    def _may_touch(self, peer: str, t: _Inbound) -> bool:
+        node = t.res.sender_node_id
+        return t.peer in (None, peer) and (node is None or self._node_of.get(peer) == node)
 
     def _progress(self, t: _Inbound, peer: str) -> None:
         """A valid frame from peer: claim the transfer for peer and renew its lease."""

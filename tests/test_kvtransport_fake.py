@@ -190,6 +190,22 @@ def test_frames_from_unpaired_or_other_peer_are_dropped():
     assert env.written_exactly({6})
 
 
+def test_reservation_bound_to_a_sender_node():
+    """A reservation naming its prefill node refuses every other paired node, even first comers."""
+    env = Env(connect=False)
+    other = env.sender("p1")
+    other.connect(env.recv.endpoint)
+    env.send.connect(env.recv.endpoint)
+    env.recv.register(Reservation("x1", DST_IDS, 1, LEASE, sender_node_id="p0"))
+    other.begin("x1", env.recv.endpoint)
+    env.ship(indices=(1,), commit=False, sender=other)
+    env.send.begin("x1", env.recv.endpoint)
+    env.ship()
+    assert [type(e) for e in env.recv.poll()] == [TransferCommitted]
+    assert env.recv.metrics.drops == Counter({DropReason.WRONG_PEER: 1})
+    assert env.written_exactly(SHIPPED)
+
+
 def test_cut_connection_fails_transfer_exactly_once():
     """Cut at message k: the receiver fails it as PEER_DEAD once, the sender likewise."""
     env = Env(FaultPlan(cut_at=2))

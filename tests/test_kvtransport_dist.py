@@ -1,0 +1,90 @@
+"""torch.distributed backend (gloo on CPU): blocks move bit-exactly between two processes.
+
+The test process is the decode node; it spawns this file as the prefill node process.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvtransport.events import TransferCommitted
+from kvtransport.metrics import DropReason
+from kvtransport.receiver_state import Reservation
+from kvtransport.testing import make_identity, make_pool, same_bytes
+from kvtransport.torch_dist import DistReceiver, DistSender
+
+GEOM = dict(num_blocks=12, num_layers=2, block_size=16, num_kv_heads=2, head_dim=32)
+DST_IDS = (9, 3, 11, 0)            # block 9 is a cached prefix: not shipped
+SRC_IDS = (1, 2, 3, 4)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _prefill_main(endpoints: dict[str, str]) -> None:
+    """The prefill process: one DistSender per decode pool; a stray block first, then x1."""
+    for dtype, endpoint in endpoints.items():
+        src = make_pool(dtype=DTYPES[dtype], seed=1, **GEOM)
+        send = DistSender(make_identity(src, "p0", "torch_dist"), peer_timeout=20.0)
+        send.connect(endpoint, timeout=20.0)
+        send.begin("x1", endpoint)
+        send.send_block("x1", 1, 5, src, 7)               # block 5 is not reserved: drained
+        for i in range(1, 4):
+            send.send_block("x1", i, DST_IDS[i], src, SRC_IDS[i])
+        send.commit("x1", 123, 3 * 16 + 5)
+        deadline = time.monotonic() + 20
+        while not send.is_sent("x1") and time.monotonic() < deadline:
+            send.poll(0.01)
+        assert send.is_sent("x1")
+        send.close()
+
+
+@pytest.mark.timeout(90)
+def test_gloo_pair_moves_blocks_bit_exactly():
+    """Two processes, gloo on CPU: fp32 and bf16 blocks land bit-exactly; a stray block is drained."""
+    pools, recvs = {}, {}
+    for name, dtype in DTYPES.items():
+        pools[name] = make_pool(dtype=dtype, seed=2, **GEOM)
+        recvs[name] = DistReceiver(pools[name], make_identity(pools[name], f"d-{name}", "torch_dist"),
+                                   peer_timeout=20.0)
+        recvs[name].register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
+    before = {n: p.clone() for n, p in pools.items()}
+    endpoints = {n: r.endpoint for n, r in recvs.items()}
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, __file__, json.dumps(endpoints)], cwd=root, env=env)
+    try:
+        events = {n: [] for n in recvs}
+        deadline = time.monotonic() + 60
+        while any(not e for e in events.values()) and time.monotonic() < deadline:
+            for name, recv in recvs.items():
+                events[name] += recv.poll(0.02)
+        assert proc.wait(timeout=30) == 0
+        for name, recv in recvs.items():
+            (ev,) = events[name]
+            assert isinstance(ev, TransferCommitted) and (ev.first_token, ev.num_tokens) == (123, 53)
+            src = make_pool(dtype=DTYPES[name], seed=1, **GEOM)
+            shipped = dict(zip(DST_IDS[1:], SRC_IDS[1:]))
+            for b in range(GEOM["num_blocks"]):
+                want = src[shipped[b]] if b in shipped else before[name][b]
+                assert same_bytes(pools[name][b], want), (name, b)
+            assert recv.metrics.drops == Counter({DropReason.NOT_RESERVED: 1})
+    finally:
+        proc.kill()
+        for recv in recvs.values():
+            recv.close()
+
+
+def test_dist_requires_torch_dist_identity():
+    """A DistSender refuses an identity that advertises another transport."""
+    src = make_pool(**GEOM)
+    with pytest.raises(ValueError):
+        DistSender(make_identity(src, "p0", "zmq"))
+
+
+if __name__ == "__main__":
+    _prefill_main(json.loads(sys.argv[1]))

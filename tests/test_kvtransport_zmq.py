@@ -1,0 +1,229 @@
+"""ZMQ backend over TCP and IPC: real blocks between two pools, bit-exact, hostile peers ignored."""
+import os
+import tempfile
+import threading
+import time
+from collections import Counter
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+from kvtransport.base import TransportError
+from kvtransport.events import FailReason, TransferCommitted, TransferFailed
+from kvtransport.framing import Framer
+from kvtransport.messages import BlockFrame, Hello, decode
+from kvtransport.metrics import DropReason
+from kvtransport.receiver_state import Reservation
+from kvtransport.testing import make_identity, make_pool, same_bytes
+from kvtransport.zmq_receiver import ZmqReceiver
+from kvtransport.zmq_sender import ZmqSender
+
+pytestmark = pytest.mark.timeout(60)
+
+GEOM = dict(num_blocks=16, num_layers=2, block_size=16, num_kv_heads=2, head_dim=32)
+DST_IDS = (9, 3, 12, 0, 7, 5)           # block 9 is a cached prefix: not shipped
+SRC_IDS = (1, 2, 3, 4, 5, 6)
+NUM_TOKENS = 5 * 16 + 7                 # the last block is partial
+
+
+def _bind(kind):
+    if kind == "tcp":
+        return "tcp://127.0.0.1:*"
+    return f"ipc://{tempfile.mkdtemp(prefix='kvt')}/d0.sock"
+
+
+def _pair(kind, dtype=torch.float32, secret=None, **recv_kw):
+    src, dst = make_pool(dtype=dtype, seed=1, **GEOM), make_pool(dtype=dtype, seed=2, **GEOM)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), _bind(kind), secret, **recv_kw)
+    send = ZmqSender(make_identity(src, "p0", "zmq"), secret)
+    return src, dst, recv, send
+
+
+def _connect(send, recv, timeout=5.0):
+    """Run send.connect in a thread while the receiver's loop polls (as on a real node)."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(send.connect(recv.endpoint, timeout)))
+    t.start()
+    while t.is_alive():
+        recv.poll(0.02)
+    assert out, "connect failed"
+    return out[0]
+
+
+def _ship(send, src, xfer_id="x1", indices=range(1, 6), commit=True):
+    for i in indices:
+        send.send_block(xfer_id, i, DST_IDS[i], src, SRC_IDS[i])
+    if commit:
+        send.commit(xfer_id, 777, NUM_TOKENS)
+
+
+def _events(recv, n=1, timeout=10.0):
+    deadline, events = time.monotonic() + timeout, []
+    while len(events) < n and time.monotonic() < deadline:
+        events += recv.poll(0.05)
+    return events
+
+
+def _written_exactly(dst, before, src):
+    """Shipped blocks hold the source bytes; every other destination block is unchanged."""
+    shipped = {DST_IDS[i]: SRC_IDS[i] for i in range(1, 6)}
+    return all(same_bytes(dst[b], src[shipped[b]] if b in shipped else before[b])
+               for b in range(dst.shape[0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["tcp", "ipc"])
+def test_blocks_move_bit_exactly(kind, dtype):
+    """Over TCP and IPC, fp32 and bf16 blocks land bit-exactly in their reserved blocks only."""
+    src, dst, recv, send = _pair(kind, dtype)
+    before = dst.clone()
+    try:
+        assert _connect(send, recv).node_id == "d0"
+        recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
+        send.begin("x1", recv.endpoint)
+        _ship(send, src)
+        (ev,) = _events(recv)
+        assert isinstance(ev, TransferCommitted)
+        assert (ev.xfer_id, ev.first_token, ev.num_tokens, ev.dst_block_ids) == ("x1", 777, NUM_TOKENS, DST_IDS)
+        assert ev.nbytes == 5 * dst[0].numel() * dst.element_size()
+        assert _written_exactly(dst, before, src)
+        assert recv.metrics.drops == Counter()
+        deadline = time.monotonic() + 5
+        while not send.is_sent("x1") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert send.is_sent("x1")
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_binds_loopback_by_default():
+    """Without an address the receiver listens on 127.0.0.1 only."""
+    _, _, recv, send = _pair("tcp")
+    assert recv.endpoint.startswith("tcp://127.0.0.1:")
+    send.close()
+    recv.close()
+
+
+def _hostile(endpoint, identity=None, secret=None):
+    """A raw DEALER; with identity it completes the handshake first."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    if identity is not None:
+        sock.send_multipart(Framer(secret).pack(Hello(identity)))
+    return sock
+
+
+def test_hostile_peers_never_disturb_a_good_transfer():
+    """Garbage, unpaired, misaddressed and oversize frames are dropped while a good transfer commits."""
+    src, dst, recv, send = _pair("tcp")
+    before = dst.clone()
+    nbytes = dst[0].numel() * dst.element_size()
+    try:
+        _connect(send, recv)
+        recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1, sender_node_id="p0"))
+        send.begin("x1", recv.endpoint)
+        stranger = _hostile(recv.endpoint)
+        paired = _hostile(recv.endpoint, make_identity(src, "evil", "zmq"))
+        giant = _hostile(recv.endpoint)
+        recv.poll(0.2)
+        assert decode(paired.recv_multipart()[0]).accepted
+        good_hdr = BlockFrame("x1", 2, DST_IDS[2], nbytes, "float32", tuple(dst.shape[1:]))
+        frames = Framer().pack(good_hdr, b"\xee" * nbytes)
+        stranger.send_multipart([os.urandom(64)])
+        stranger.send_multipart([msgpack.packb([1, "block", [1, 2]]), b"x"])
+        stranger.send_multipart(frames)                                   # valid but not paired
+        stranger.send_multipart([b"a", b"b", b"c", b"d"])
+        giant.send_multipart([b"\x00" * (2 << 20)])                      # above MAXMSGSIZE
+        _ship(send, src, indices=(1, 2), commit=False)
+        paired.send_multipart(frames)                                     # x1 is p0's
+        bad_block = BlockFrame("x1", 2, 4, nbytes, "float32", tuple(dst.shape[1:]))
+        paired.send_multipart(Framer().pack(bad_block, b"\xee" * nbytes))  # block 4 not reserved
+        _ship(send, src, indices=(3, 4, 5))
+        (ev,) = _events(recv)
+        assert isinstance(ev, TransferCommitted)
+        assert _written_exactly(dst, before, src)
+        assert recv.metrics.drops == Counter({DropReason.MALFORMED: 3, DropReason.NOT_PAIRED: 1,
+                                              DropReason.WRONG_PEER: 2})
+        for sock in (stranger, paired, giant):
+            sock.close()
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_hmac_over_zmq():
+    """With a shared secret the good pair works and an unauthenticated peer is dropped (BAD_MAC)."""
+    src, dst, recv, send = _pair("tcp", secret=b"q" * 32)
+    before = dst.clone()
+    try:
+        _connect(send, recv)
+        intruder = _hostile(recv.endpoint, make_identity(src, "evil", "zmq"))
+        recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
+        send.begin("x1", recv.endpoint)
+        _ship(send, src)
+        assert [type(e) for e in _events(recv)] == [TransferCommitted]
+        assert recv.metrics.drops == Counter({DropReason.BAD_MAC: 1})
+        assert _written_exactly(dst, before, src)
+        intruder.close()
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_dead_sender_fails_its_transfer():
+    """A sender that vanishes mid-transfer is declared dead after peer_timeout; one event."""
+    src, dst, recv, send = _pair("tcp", peer_timeout=0.5)
+    before = dst.clone()
+    try:
+        _connect(send, recv)
+        recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1, lease_s=60))
+        send.begin("x1", recv.endpoint)
+        _ship(send, src, indices=(1,), commit=False)
+        send.close()
+        events = _events(recv, n=2, timeout=1.5)   # n=2: wait to see no second event
+        assert events == [TransferFailed("x1", FailReason.PEER_DEAD, "silent for 0.5s")]
+        assert same_bytes(dst[DST_IDS[1]], src[SRC_IDS[1]])
+        assert all(same_bytes(dst[b], before[b]) for b in range(16) if b != DST_IDS[1])
+    finally:
+        recv.close()
+
+
+def test_dead_receiver_fails_open_transfers_on_sender():
+    """A receiver that goes silent fails the sender's open transfers once (PEER_DEAD)."""
+    src, dst = make_pool(seed=1, **GEOM), make_pool(seed=2, **GEOM)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"))
+    send = ZmqSender(make_identity(src, "p0", "zmq"), heartbeat_interval=0.1, peer_timeout=0.5)
+    try:
+        _connect(send, recv)
+        recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
+        send.begin("x1", recv.endpoint)
+        recv.close()
+        events, deadline = [], time.monotonic() + 3
+        while not events and time.monotonic() < deadline:
+            events += send.poll(0.1)
+        assert events == [TransferFailed("x1", FailReason.PEER_DEAD, "silent for 0.5s")]
+        send.send_block("x1", 1, DST_IDS[1], src, SRC_IDS[1])     # no-op, no raise
+    finally:
+        send.close()
+
+
+def test_backpressure_raises_when_receiver_stops_draining():
+    """With the queues full (high-water marks), send_block raises TransportError, not hangs."""
+    geom = dict(GEOM, num_blocks=64, block_size=256)                      # 256 KiB blocks
+    src, dst = make_pool(seed=1, **geom), make_pool(seed=None, **geom)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), hwm=2)
+    send = ZmqSender(make_identity(src, "p0", "zmq"), hwm=2, send_timeout=0.3)
+    try:
+        _connect(send, recv)
+        recv.register(Reservation("x1", tuple(range(64))))
+        send.begin("x1", recv.endpoint)
+        with pytest.raises(TransportError, match="not draining"):
+            for i in range(64):                                          # nobody polls recv
+                send.send_block("x1", i, i, src, i)
+    finally:
+        send.close()
+        recv.close()
