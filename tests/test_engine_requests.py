@@ -1,0 +1,111 @@
+"""Engine behaviour per request: seeds, n > 1 sharing, stops, logprobs, aborts, bad input."""
+from __future__ import annotations
+
+import pytest
+
+from engine import SamplingParams
+
+
+def test_seeded_sampling_is_reproducible(model_dir, make_llm):
+    """The same seed gives the same sampled tokens across engines; another seed differs."""
+    path, _ = model_dir
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=20, ignore_eos=True)
+    runs = [make_llm(path, num_blocks=32).generate([[1, 2, 3]], params)[0].outputs[0].token_ids
+            for _ in range(2)]
+    other = make_llm(path, num_blocks=32).generate(
+        [[1, 2, 3]], SamplingParams(temperature=1.0, seed=99, max_tokens=20, ignore_eos=True))
+    assert runs[0] == runs[1]
+    assert other[0].outputs[0].token_ids != runs[0]
+
+
+def test_n4_shares_one_physical_copy_of_the_prompt(model_dir, make_llm):
+    """n = 4 completions hold one copy of the prompt's blocks, each block referenced 4 times."""
+    path, _ = model_dir
+    llm = make_llm(path, block_size=8, num_blocks=64)
+    prompt = list(range(3, 35))                       # exactly 4 full blocks
+    llm.engine.add_request("r", prompt, SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=8,
+                                                       ignore_eos=True))
+    llm.engine.step()                                 # prefill + first token, then fork
+    group = llm.engine.scheduler.running[0]
+    tables = [s.block_table for s in group.seqs]
+    assert len(group.seqs) == 4
+    assert all(t[:4] == tables[0][:4] for t in tables)
+    assert [llm.engine.block_manager.blocks[b].ref_count for b in tables[0][:4]] == [4, 4, 4, 4]
+    llm.engine.check_integrity()
+    while llm.engine.has_unfinished_requests():
+        outs = llm.engine.step()
+    assert len(outs[0].outputs) == 4 and all(len(o.token_ids) == 8 for o in outs[0].outputs)
+    assert len({tuple(o.token_ids) for o in outs[0].outputs}) > 1
+
+
+def test_stop_token_and_max_tokens(model_dir, make_llm):
+    """A stop token id ends the completion with reason stop; otherwise max_tokens gives length."""
+    path, _ = model_dir
+    llm = make_llm(path, num_blocks=32)
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    tokens = llm.generate([[5, 6, 7]], greedy)[0].outputs[0].token_ids
+    stopped = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                                                        stop_token_ids=[tokens[3]]))[0].outputs[0]
+    first = tokens.index(tokens[3])
+    assert stopped.token_ids == tokens[: first + 1] and stopped.finish_reason == "stop"
+    assert llm.generate([[5, 6, 7]], greedy)[0].outputs[0].finish_reason == "length"
+
+
+def test_logprobs_hold_top_n_and_the_chosen_token(model_dir, make_llm):
+    """logprobs=3 returns, per token, the 3 most likely tokens plus the chosen one, all <= 0."""
+    path, _ = model_dir
+    out = make_llm(path, num_blocks=32).generate(
+        [[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=5, logprobs=3, ignore_eos=True))[0].outputs[0]
+    assert len(out.logprobs) == 5
+    for token, entry in zip(out.token_ids, out.logprobs):
+        assert token in entry and 3 <= len(entry) <= 4
+        assert max(entry, key=entry.get) == token      # greedy picks the most likely
+        assert all(v <= 0 for v in entry.values())
+
+
+def test_penalties_change_greedy_output(model_dir, make_llm):
+    """A strong repetition penalty steers greedy decoding away from repeated tokens."""
+    path, _ = model_dir
+    llm = make_llm(path, num_blocks=32)
+    plain = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    penal = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
+                                                     frequency_penalty=2.0, presence_penalty=2.0))
+    plain_ids, penal_ids = plain[0].outputs[0].token_ids, penal[0].outputs[0].token_ids
+    assert len(set(penal_ids)) > len(set(plain_ids))
+
+
+@pytest.mark.parametrize("prompt,message", [([], "empty"), ([7] * 600, "context"),
+                                            ([1, 2, 10_000], "token ids"), ("text", "tokenizer"),
+                                            ([1.5], "prompt must be")])
+def test_bad_prompt_is_refused_and_others_keep_running(model_dir, make_llm, prompt, message):
+    """A bad prompt raises a clear ValueError and a request already queued still completes."""
+    path, _ = model_dir
+    llm = make_llm(path, num_blocks=64)
+    llm.engine.add_request("good", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(ValueError, match=message):
+        llm.engine.add_request("bad", prompt, SamplingParams())
+    outs = []
+    while llm.engine.has_unfinished_requests():
+        outs += llm.engine.step()
+    assert outs[-1].request_id == "good" and len(outs[-1].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(n=0),
+                                    dict(max_tokens=0), dict(logprobs=50), dict(min_p=2.0)])
+def test_unknown_sampling_values_raise(kwargs):
+    """Out-of-range sampling values raise ValueError naming the field."""
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SamplingParams(**kwargs)
+
+
+def test_abort_frees_blocks_at_once(model_dir, make_llm):
+    """Aborting a running request frees every block it held and reports reason abort."""
+    path, _ = model_dir
+    llm = make_llm(path, block_size=8, num_blocks=32)
+    llm.engine.add_request("a", list(range(3, 30)), SamplingParams(max_tokens=50, ignore_eos=True))
+    llm.engine.step()
+    assert llm.engine.block_manager.num_free_blocks < 32
+    llm.engine.abort_request("a")
+    llm.engine.check_integrity()
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.block_manager.num_free_blocks == 32
