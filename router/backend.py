@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Iterable
 
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from engine import RequestOutput
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
 
@@ -83,7 +84,7 @@ class ColocatedBackend(Backend):
         return self._max_model_len
 
     async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[Any]:
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
         if not self.is_healthy():
             raise RuntimeError(f"engine is not running: {self._error!r}")
         sink = _Sink(asyncio.get_running_loop())
@@ -165,7 +166,7 @@ class ColocatedBackend(Backend):
             return
         self._sinks[command.request_id] = command.sink
 
-    def _deliver(self, output: Any) -> None:
+    def _deliver(self, output: RequestOutput) -> None:
         sink = self._sinks.get(output.request_id)
         if sink is None:
             return

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
-
 import pytest
 from fastapi.testclient import TestClient
 
+from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from router.app import create_app
 from router.backend import Backend, NodeMetrics
@@ -15,23 +14,6 @@ from router.config import RouterConfig
 
 REPLY = "hello world"   # what choice 0 says; choice 1 says it in upper case
 MODEL = "fake-model"
-
-
-@dataclass
-class FakeCompletion:
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, float]] | None
-    finish_reason: str | None
-
-
-@dataclass
-class FakeOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[FakeCompletion]
-    finished: bool
 
 
 class CharTokenizer:
@@ -89,7 +71,7 @@ class FakeBackend(Backend):
                     raise RuntimeError("engine exploded")
                 finished = step == steps
                 reason = ("length" if steps < len(REPLY) else "stop") if finished else None
-                yield FakeOutput(request_id, list(prompt),
+                yield RequestOutput(request_id, list(prompt),
                                  [_completion(i, r[:step], reason, params) for i, r in enumerate(replies)],
                                  finished)
                 await asyncio.sleep(0)
@@ -104,12 +86,12 @@ class FakeBackend(Backend):
         return [NodeMetrics("colocated", "colocated", 2, 1, 0.25, 0.5, 3)]
 
 
-def _completion(index, text, reason, params) -> FakeCompletion:
+def _completion(index, text, reason, params) -> CompletionOutput:
     ids = [ord(c) for c in text]
     logprobs = None
     if params.logprobs is not None:
         logprobs = [{t: -0.5, t + 1: -1.5} for t in ids]
-    return FakeCompletion(index, text, ids, logprobs, reason)
+    return CompletionOutput(index, text, ids, logprobs, reason)
 
 
 @pytest.fixture

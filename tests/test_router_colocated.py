@@ -2,32 +2,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from dataclasses import dataclass
 
 import pytest
 
+from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from router.backend import NodeMetrics
 from router.colocated import ColocatedBackend
-
-
-@dataclass
-class _Completion:
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: None
-    finish_reason: str | None
-
-
-@dataclass
-class _Output:
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[_Completion]
-    finished: bool
 
 
 @dataclass
@@ -77,7 +62,7 @@ class FakeEngine:
         for rid, (prompt, params, generated) in list(self.running.items()):
             generated.append(7)
             done = len(generated) >= params.max_tokens
-            outs.append(_Output(rid, prompt, [_Completion(0, "x" * len(generated), list(generated), None,
+            outs.append(RequestOutput(rid, prompt, [CompletionOutput(0, "x" * len(generated), list(generated), None,
                                                           "length" if done else None)], done))
             if done:
                 del self.running[rid]
@@ -205,3 +190,135 @@ def test_metrics_snapshot_and_close(engine_and_backend):
     backend.close()
     backend.close()
     assert not backend.is_healthy()
+
+
+# ---------------------------------------------------------------- end to end over the real engine
+
+_CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello router",
+           "prefill and decode nodes share paged KV blocks", "user: hi\nassistant: hello"] * 20
+
+
+def _tiny_model_folder(path) -> int:
+    """A random-weight 2-layer Llama and a byte-level BPE tokenizer saved to `path`; returns vocab size."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(_CORPUS, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>")
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).float().save_pretrained(path, safe_serialization=True)
+    return len(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def real_engine(tmp_path_factory):
+    engine_mod = pytest.importorskip("engine")
+    if not hasattr(engine_mod, "LLMEngine"):
+        pytest.skip("engine.LLMEngine is not there yet")
+    from engine import CacheConfig, EngineConfig, LLMEngine
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    _tiny_model_folder(path)
+    return LLMEngine(EngineConfig(model=str(path), dtype="float32", device="cpu",
+                                  cache=CacheConfig(block_size=16, num_blocks=64)))
+
+
+def _engine_greedy(engine, prompt: list[int], max_tokens: int):
+    """The engine's own greedy answer, stepped by hand on this thread."""
+    engine.add_request("reference", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final = out
+    return final.outputs[0]
+
+
+def test_streamed_greedy_completion_matches_engine(real_engine):
+    """A greedy streamed completion through the app equals the engine's own greedy output, token for
+    token, with exact usage; blocks are conserved afterwards."""
+    from fastapi.testclient import TestClient
+
+    from router.app import create_app
+
+    engine = real_engine
+    prompt_ids = engine.tokenizer.encode("hello world, the quick brown fox")
+    reference = _engine_greedy(engine, prompt_ids, 12)
+    backend = ColocatedBackend(engine)
+    try:
+        client = TestClient(create_app(backend))
+        with client.stream("POST", "/v1/completions", json={
+                "prompt": "hello world, the quick brown fox", "max_tokens": 12, "temperature": 0,
+                "ignore_eos": True, "logprobs": 0, "stream": True,
+                "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200
+            body = r.read().decode()
+        chunks = [json.loads(e[6:]) if e != "data: [DONE]" else "[DONE]" for e in body.strip().split("\n\n")]
+        assert chunks[-1] == "[DONE]"
+        usage, text_chunks = chunks[-2], chunks[:-2]
+        assert usage["choices"] == [] and usage["usage"] == {
+            "prompt_tokens": len(prompt_ids), "completion_tokens": 12, "total_tokens": len(prompt_ids) + 12}
+        tokens = [t for c in text_chunks for t in c["choices"][0]["logprobs"]["tokens"]]
+        assert tokens == [engine.tokenizer.decode([t]) for t in reference.token_ids]
+        assert "".join(c["choices"][0]["text"] for c in text_chunks) == reference.text
+        assert text_chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+        async def direct():
+            return [o async for o in backend.generate("direct", prompt_ids, SamplingParams(
+                temperature=0, max_tokens=12, ignore_eos=True))]
+
+        assert run(direct())[-1].outputs[0].token_ids == reference.token_ids
+    finally:
+        backend.close()
+    engine.check_integrity()
+    assert not engine.has_unfinished_requests()
+
+
+def test_chat_and_abort_over_real_engine(real_engine):
+    """A chat completion is answered with exact usage, and a generation left early is aborted
+    with every block returned."""
+    from fastapi.testclient import TestClient
+
+    from router.app import create_app
+
+    engine = real_engine
+    backend = ColocatedBackend(engine)
+    try:
+        client = TestClient(create_app(backend))
+        r = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0,
+            "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        rendered = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                        add_generation_prompt=True)
+        prompt_len = len(engine.tokenizer.encode(rendered, add_special_tokens=False))
+        assert r.json()["usage"] == {"prompt_tokens": prompt_len, "completion_tokens": 5,
+                                     "total_tokens": prompt_len + 5}
+        assert client.post("/v1/completions", json={"prompt": "x" * 400}).status_code == 400
+
+        async def leave_early():
+            async for _ in backend.generate("early", [5, 6, 7], SamplingParams(max_tokens=100, ignore_eos=True)):
+                break
+            for _ in range(200):
+                if backend.metrics()[0].num_running == 0:
+                    return
+                await asyncio.sleep(0.01)
+
+        run(leave_early())
+    finally:
+        backend.close()
+    engine.check_integrity()
+    assert not engine.has_unfinished_requests()
