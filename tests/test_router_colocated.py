@@ -322,3 +322,50 @@ def test_chat_and_abort_over_real_engine(real_engine):
         backend.close()
     engine.check_integrity()
     assert not engine.has_unfinished_requests()
+
+
+def test_uvicorn_client_disconnect_aborts(real_engine):
+    """Over a real socket (uvicorn), a client that drops a stream or a plain request mid-generation
+    gets its request aborted in the engine, counted as such, with every block returned."""
+    import socket
+
+    import httpx
+    import uvicorn
+
+    from router.app import create_app
+
+    engine = real_engine
+    backend = ColocatedBackend(engine)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(backend), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    payload = {"prompt": [5, 6, 7], "max_tokens": 240, "ignore_eos": True}
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            time.sleep(0.01)
+        with httpx.Client(base_url=base) as client:
+            with client.stream("POST", "/v1/completions", json={**payload, "stream": True}) as r:
+                next(r.iter_lines())   # the first chunk arrived, then the client hangs up
+            with pytest.raises(httpx.ReadTimeout):
+                client.post("/v1/completions", json=payload, timeout=0.2)
+        with httpx.Client(base_url=base) as client:
+            for _ in range(500):
+                text = client.get("/metrics").text
+                if 'pdserve_request_failure_total{reason="abort"} 2.0' in text and \
+                        backend.metrics()[0].num_running == 0:
+                    break
+                time.sleep(0.01)
+        assert 'pdserve_request_failure_total{reason="abort"} 2.0' in text
+        assert "pdserve_request_success_total{" not in text
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        backend.close()
+    engine.check_integrity()
+    assert not engine.has_unfinished_requests()
