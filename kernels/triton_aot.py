@@ -2,7 +2,10 @@
 
 `variants()` lists each (kernel, constexprs, pointer dtypes, launch options) that a launcher
 can pick; `compile_variant(v, cc)` builds it for GPUTarget("cuda", cc, 32) down to a cubin
-(triton bundles ptxas) and reports its shared memory. tests/test_kernels_triton_compile.py
+(triton bundles ptxas) and reports its shared memory. Like the JIT on a real launch, it tells
+the compiler that pointers and the strides of realistic shapes are multiples of 16
+(tt.divisibility), which turns on vectorized loads and cp.async pipelining; the scalars the
+JIT would specialize when equal to 1 are marked do_not_specialize in the kernels. tests/test_kernels_triton_compile.py
 runs them for sm_90 (H100/H200) and sm_80 (A100).
 """
 
@@ -27,6 +30,7 @@ class Variant(NamedTuple):
     constexprs: dict  # arg name -> value
     num_warps: int
     num_stages: int = 2
+    unaligned: tuple = ()  # int args not assumed divisible by 16 (pointers always are)
 
 
 class Compiled(NamedTuple):
@@ -46,7 +50,7 @@ def variants() -> list[Variant]:
         consts = dict(HEAD_DIM=c.head_dim, HEAD_PAD=tpa.head_pad(c.head_dim), BLOCK_M=c.block_m,
                       TILE_N=tpa.TILE_N, PRECISION=tpa.PRECISION)
         out.append(Variant(f"attention-{c.dtype}-d{c.head_dim}-m{c.block_m}", tpa._paged_attention_kernel,
-                           ptrs, consts, c.num_warps, c.num_stages))
+                           ptrs, consts, c.num_warps, c.num_stages, unaligned=("stride_bt",)))
     for dtype in tpa.DTYPES:
         for d in tpa.HEAD_DIMS:
             ptrs = {"out_ptr": dtype} | dict.fromkeys(["seg_acc_ptr", "seg_max_ptr", "seg_sum_ptr"], torch.float32)
@@ -82,9 +86,17 @@ def signature(v: Variant) -> dict:
     return sig
 
 
+def divisibility(v: Variant) -> dict:
+    """ASTSource attrs: pointers and stride / size ints (but v.unaligned) divisible by 16."""
+    aligned = [i for i, name in enumerate(v.fn.arg_names) if name in v.pointers
+               or (name.startswith("stride_") or name == "row_numel") and name not in v.unaligned]
+    return {(i,): [["tt.divisibility", 16]] for i in aligned}
+
+
 def compile_variant(v: Variant, cc: int) -> Compiled:
     """Compile v for CUDA compute capability cc (e.g. 90, 80); raises if Triton cannot."""
-    src = triton.compiler.ASTSource(fn=v.fn, signature=signature(v), constexprs=v.constexprs)
+    src = triton.compiler.ASTSource(fn=v.fn, signature=signature(v), constexprs=v.constexprs,
+                                    attrs=divisibility(v))
     kernel = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                             options=dict(num_warps=v.num_warps, num_stages=v.num_stages))
     return Compiled(v.name, cc, kernel.metadata.shared, bool(kernel.asm.get("cubin")))

@@ -37,7 +37,7 @@ def all_configs() -> list[CopyConfig]:
     return [CopyConfig(d, s, t) for d in (torch.int32, torch.int16) for s, t in modes]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_numel"])
 def _copy_rows_kernel(
     src_ptr,  # [*, row_numel]
     src_ids_ptr,  # [N] int64 (unused unless HAS_SRC_IDS)

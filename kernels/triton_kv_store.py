@@ -33,7 +33,7 @@ def head_pad(head_dim: int) -> int:
     return max(64, triton.next_power_of_2(head_dim))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["head_dim", "block_size"])
 def _store_kv_kernel(
     key_ptr,  # [T, num_kv_heads, head_dim]
     value_ptr,  # [T, num_kv_heads, head_dim]

@@ -85,7 +85,12 @@ def _find_sequence(cu_q_ptr, q_block, num_seqs, block_q):
     return lo - 1
 
 
-@triton.jit
+# Scalars that may equal 1: Triton would make them constexpr (a different compiled variant
+# from the one tests/test_kernels_triton_compile.py builds), so they stay plain int32.
+_RUNTIME_INTS = ["num_seqs", "num_heads", "group", "block_q", "block_size", "num_segments", "split"]
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _paged_attention_kernel(
     out_ptr,  # [T, num_heads, head_dim]                      (split = 0)
     seg_acc_ptr,  # [T, num_heads, num_segments, HEAD_PAD] f32 (split = 1)
@@ -184,7 +189,7 @@ def _paged_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_heads", "num_segments"])
 def _reduce_segments_kernel(
     out_ptr,  # [T, num_heads, head_dim]
     seg_acc_ptr,  # [T, num_heads, num_segments, HEAD_PAD] f32

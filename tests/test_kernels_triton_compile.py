@@ -1,6 +1,7 @@
 """Every Triton kernel variant the launchers can pick compiles to a cubin for sm_90 and sm_80."""
 
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -13,9 +14,10 @@ VARIANTS = [v.name for v in variants()]
 
 @pytest.fixture(scope="module")
 def compiled():
-    """All (variant, target) compiles, two worker processes (spawned: no forked OpenMP state)."""
+    """All (variant, target) compiles in worker processes (spawned: no forked OpenMP state)."""
     jobs = [(i, cc) for cc in TARGETS for i in range(len(VARIANTS))]
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    workers = max(2, min(8, os.cpu_count() or 2))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {job: pool.submit(compile_nth, *job) for job in jobs}
         return {job: _outcome(f) for job, f in futures.items()}
 

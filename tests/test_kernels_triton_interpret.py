@@ -30,6 +30,7 @@ ATTENTION |= {
     "mixed-prefill-chunked-decode": ([20, 9, 16, 1, 40], [20, 3, 1, 1, 17], 4, 1, 64, 8, "float32", 1),
     "chunked-prefix-bs32-gqa8": ([70, 33], [5, 32], 8, 1, 64, 32, "float32", 1),
     "empty-query-sequence": ([12, 7], [0, 2], 4, 2, 64, 8, "float32", 1),
+    "mqa-group32-block-m64": ([70, 1, 33, 90], [1, 1, 33, 40], 32, 1, 64, 16, "float32", 1),
     "split-k-decode-gqa2": ([1, 300, 260], [1, 1, 1], 4, 2, 64, 16, "float32", 64),
     "split-k-decode-d128": ([257, 129], [1, 1], 2, 1, 128, 32, "float32", 64),
     "decode-fp16": ([1, 16, 35], [1, 1, 1], 8, 2, 64, 16, "float16", 1),
