@@ -51,10 +51,12 @@ def test_half_precision_within_stated_tolerance(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_engine_sized_decode_batch(device):
-    """The benchmark shape (batch 32, 8 heads, head_dim 64, contexts up to 256) is exact."""
+@pytest.mark.parametrize("uniform", [False, True])
+def test_engine_sized_decode_batch(device, uniform):
+    """The benchmark shape (batch 32, 8 heads, head_dim 64, contexts up to 256) is exact,
+    ragged (masked chunks) or all of one length (unmasked chunks)."""
     seq_lens = torch.randint(1, 257, (32,), generator=torch.Generator().manual_seed(1)).tolist()
-    _run_and_compare(seq_lens, [1] * 32, 8, 8, 64, 16, torch.float32, device)
+    _run_and_compare([250] * 32 if uniform else seq_lens, [1] * 32, 8, 8, 64, 16, torch.float32, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
