@@ -178,6 +178,13 @@ class BlockManager:
             self._ref(block_id)
         child.block_table = list(parent.block_table)
 
+    def share(self, holder: Sequence, block_ids: list[int]) -> None:
+        """`holder` (a sequence with no tokens of its own) takes a reference to each block, e.g.
+        to keep blocks still being sent from being evicted and rewritten. Free it to let go."""
+        for block_id in block_ids:
+            self._ref(block_id)
+        holder.block_table = holder.block_table + list(block_ids)
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references, tail block first. Safe to call twice."""
         for block_id in reversed(seq.block_table):

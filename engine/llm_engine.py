@@ -90,6 +90,18 @@ class LLMEngine:
             self._forget(group)
         return out
 
+    def pin_blocks(self, block_ids: list[int]) -> Sequence:
+        """Keep these blocks from being freed or evicted (zero-copy sends read them) until
+        `unpin_blocks(holder)`."""
+        holder = Sequence([], 0)
+        self.block_manager.share(holder, block_ids)
+        self.scheduler.pinned.append(holder)
+        return holder
+
+    def unpin_blocks(self, holder: Sequence) -> None:
+        self.scheduler.pinned.remove(holder)
+        self.block_manager.free(holder)
+
     def _new_group(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> SequenceGroup:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")
@@ -225,7 +237,7 @@ class LLMEngine:
         bm, sched = self.block_manager, self.scheduler
         live = sched.live_seqs()
         return EngineMetrics(
-            num_running=len(live), num_waiting=len(sched.waiting), kv_usage=bm.usage,
+            num_running=sum(len(g.unfinished()) for g in sched.running), num_waiting=len(sched.waiting), kv_usage=bm.usage,
             num_free_blocks=bm.num_free_blocks, num_cached_blocks=bm.num_cached_blocks,
             num_total_blocks=bm.num_blocks, prefix_hit_rate=bm.stats.hit_rate,
             num_preemptions=sched.num_preemptions, wasted_slots=bm.wasted_slots(live))

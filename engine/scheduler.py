@@ -49,6 +49,7 @@ class Scheduler:
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.reserved: dict[str, SequenceGroup] = {}   # blocks held, K/V arriving from a peer
+        self.pinned: list[Sequence] = []                # holders of blocks still being sent
         self.num_preemptions = 0
         self.watermark = max(1, block_manager.num_blocks // 100)   # room kept for running growth
 
@@ -106,9 +107,9 @@ class Scheduler:
         self.running = [g for g in self.running if not g.is_finished]
 
     def live_seqs(self) -> list[Sequence]:
-        """Every sequence holding blocks: running and reserved."""
+        """Every sequence holding blocks: running, reserved and pinned."""
         groups = self.running + list(self.reserved.values())
-        return [s for g in groups for s in g.unfinished()]
+        return [s for g in groups for s in g.unfinished()] + self.pinned
 
     # -- one step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:

@@ -1,0 +1,120 @@
+"""The decode node.
+
+Request lifecycle:
+  1. the router sends DecodeRequest(rid, prompt, params, P); the engine reserves blocks for the
+     prompt if there is room for it and its growth, reusing blocks its prefix cache holds;
+     the answer is Reserved(xfer_id, block table, cached leading blocks) or Busy (backpressure:
+     nothing is prefilled in vain)
+  2. the KV receiver writes each arriving block straight into its reserved block, after checking
+     it against the reservation (only P may write it, only those blocks, right size and dtype)
+  3. when every expected block and the Commit (first token) arrived, the engine adopts the
+     blocks and the sequence joins the running batch
+  4. each step streams TokenDeltas to the router; preemption recomputes locally
+  5. on finish, AbortRequest, or a failed transfer (lease expiry, P's death, P's abort) the
+     blocks are freed exactly once; a failed transfer is reported as RequestFailed (retryable)
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+
+from engine.llm_engine import LLMEngine
+from engine.node_config import NodeConfig
+from engine.node_runtime import kv_identity, node_status
+from engine.outputs import RequestOutput
+from engine.router_link import RouterLink
+from decode_node.streamer import Streamer
+from kvtransport.control import AbortRequest, DecodeRequest, NodeHello, RequestFailed
+from kvtransport.events import TransferCommitted, TransferFailed
+from kvtransport.handshake import new_epoch
+from kvtransport.messages import Busy, Reserved
+from kvtransport.receiver_state import Reservation
+from kvtransport.zmq_receiver import ZmqReceiver
+
+log = logging.getLogger(__name__)
+BUSY_RETRY_MS = 50
+
+
+class DecodeService:
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.epoch = new_epoch()
+        self.engine = e = LLMEngine(config.engine_config())
+        self.receiver = ZmqReceiver(e.runner.kv_cache, kv_identity(e, config.node_id, self.epoch),
+                                    bind=config.kv_bind)
+        self.streamer = Streamer()
+        self.xfer_rid: dict[str, str] = {}          # open transfers: xfer_id -> rid
+        self.aborted: set[str] = set()              # rids the router aborted mid-transfer
+        self._xfer_ids = itertools.count()
+        hello = NodeHello(config.node_id, self.epoch, "decode", self.receiver.endpoint,
+                          e.block_manager.num_blocks, e.block_manager.block_size, e.max_model_len)
+        self.link = RouterLink(config.router, hello, lambda: node_status(e, config.node_id, self.epoch),
+                               config.heartbeat_s)
+
+    # -- the loop's hooks -------------------------------------------------------------------
+    def poll(self, timeout: float) -> None:
+        for msg in self.link.poll(timeout):
+            if isinstance(msg, DecodeRequest):
+                self._reserve(msg)
+            elif isinstance(msg, AbortRequest):
+                self._abort(msg.rid)
+        for event in self.receiver.poll(0.0):
+            rid = self.xfer_rid.pop(event.xfer_id, None)
+            if rid is None:
+                continue
+            if isinstance(event, TransferCommitted):
+                self.on_outputs([self.engine.adopt(rid, event.first_token)])
+            elif isinstance(event, TransferFailed):
+                self.engine.abort_request(rid)
+                self.streamer.drop(rid)
+                if rid in self.aborted:
+                    self.aborted.discard(rid)
+                    continue
+                self.link.send(RequestFailed(rid, f"transfer failed: {event.reason.value} {event.detail}"[:500],
+                                             True))
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            delta = self.streamer.delta(out)
+            if delta is not None:
+                self.link.send(delta)
+
+    def busy(self) -> bool:
+        return bool(self.xfer_rid)
+
+    def should_stop(self) -> bool:
+        return self.link.leave
+
+    def close(self) -> None:
+        self.receiver.close()
+        self.link.close()
+
+    # -- requests ---------------------------------------------------------------------------
+    def _reserve(self, req: DecodeRequest) -> None:
+        prompt = list(req.prompt_ids)
+        room = self.engine.max_model_len - len(prompt)
+        growth = min(room, req.params.max_tokens or room)
+        try:
+            reserved = self.engine.reserve(req.rid, prompt, req.params, max(growth, 0))
+        except ValueError as e:
+            self.link.send(RequestFailed(req.rid, str(e)[:500], False))
+            return
+        if reserved is None:
+            self.link.send(Busy(req.rid, "no free KV blocks", BUSY_RETRY_MS))
+            return
+        table, cached = reserved
+        xfer_id = f"{self.config.node_id}.{self.epoch}.{next(self._xfer_ids)}"
+        self.receiver.register(Reservation(xfer_id, tuple(table), cached, self.config.lease_s,
+                                           sender_node_id=req.prefill_node_id))
+        self.xfer_rid[xfer_id] = req.rid
+        self.streamer.open(req.rid)
+        self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached))
+
+    def _abort(self, rid: str) -> None:
+        xfer_id = next((x for x, r in self.xfer_rid.items() if r == rid), None)
+        if xfer_id is not None:
+            self.aborted.add(rid)
+            self.receiver.abort(xfer_id, "aborted by the router")   # its TransferFailed frees the blocks
+        else:
+            self.engine.abort_request(rid)
+            self.streamer.drop(rid)

@@ -1,0 +1,46 @@
+"""Turns the engine's cumulative outputs into TokenDelta messages: only what is new is sent."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.outputs import RequestOutput
+from kvtransport.control import TokenDelta
+
+
+@dataclass(slots=True)
+class StreamState:
+    tokens: int = 0          # generated tokens already sent
+    chars: int = 0           # output text characters already sent
+
+
+class Streamer:
+    def __init__(self) -> None:
+        self.streams: dict[str, StreamState] = {}
+
+    def open(self, rid: str) -> None:
+        self.streams[rid] = StreamState()
+
+    def drop(self, rid: str) -> None:
+        self.streams.pop(rid, None)
+
+    def delta(self, out: RequestOutput) -> TokenDelta | None:
+        """The message for what `out` adds since the last one, or None if nothing."""
+        state = self.streams.get(out.request_id)
+        if state is None:
+            return None
+        comp = out.outputs[0]
+        new_tokens = comp.token_ids[state.tokens:]
+        new_text = comp.text[state.chars:]
+        if not new_tokens and not comp.finish_reason:
+            return None
+        logprobs = None
+        if comp.logprobs is not None:
+            # The first token was sampled by the prefill node: no entry here, padded with [].
+            entries = [[]] * (len(comp.token_ids) - len(comp.logprobs)) + list(comp.logprobs)
+            logprobs = [[list(kv) for kv in e.items()] if e else [] for e in entries[state.tokens:]]
+        msg = TokenDelta(out.request_id, state.tokens, new_tokens, state.chars, new_text, logprobs,
+                         comp.finish_reason or "")
+        state.tokens, state.chars = len(comp.token_ids), max(state.chars, len(comp.text))
+        if out.finished:
+            self.drop(out.request_id)
+        return msg

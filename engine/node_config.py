@@ -1,0 +1,55 @@
+"""Configuration of a prefill or decode node process; its CLI is generated from the fields.
+
+    python -m prefill_node --router tcp://127.0.0.1:7100 --node-id prefill-0 [--model DIR] ...
+    python -m decode_node  --router tcp://127.0.0.1:7100 --node-id decode-0 --kv-bind tcp://127.0.0.1:0
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    router: str                          # the router's control endpoint
+    node_id: str                         # unique among the router's nodes
+    model: str | None = None             # local HF folder; None: the built-in model
+    dtype: str = "auto"
+    block_size: int = 16
+    kv_cache_gib: float = 1.0
+    num_blocks: int | None = None        # overrides kv_cache_gib
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    device: str = "auto"
+    seed: int = 0
+    kv_bind: str = "tcp://127.0.0.1:0"   # decode nodes: where the KV receiver listens
+    heartbeat_s: float = 0.5
+    lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):
+            raise ValueError(f"node_id must be 1-64 characters of [A-Za-z0-9._:-], got {self.node_id!r}")
+        if not self.router.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"router must be a tcp:// or ipc:// endpoint, got {self.router!r}")
+        if self.heartbeat_s <= 0 or self.lease_s <= 0:
+            raise ValueError("heartbeat_s and lease_s must be > 0")
+
+    def engine_config(self) -> EngineConfig:
+        cache = CacheConfig(self.block_size, self.num_blocks, self.kv_cache_gib)
+        sched = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens)
+        return EngineConfig(self.model, self.dtype, None, self.device, self.seed, cache, sched)
+
+    @classmethod
+    def from_argv(cls, prog: str, argv: list[str] | None = None) -> "NodeConfig":
+        parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+        for f in dataclasses.fields(cls):
+            required = f.default is dataclasses.MISSING
+            kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, required=required,
+                                default=None if required else f.default,
+                                help=None if required else f"default: {f.default}")
+        return cls(**vars(parser.parse_args(argv)))

@@ -1,0 +1,68 @@
+"""What prefill and decode nodes share: their KV identity, their heartbeat figures, their loop.
+
+The loop never blocks on the network while the engine has work: control messages and transport
+frames are polled with a zero timeout between steps, and with a short one when idle.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from typing import Any, Protocol
+
+from engine.llm_engine import LLMEngine
+from kvtransport.control import NodeStatus
+from kvtransport.handshake import KVLayout, PeerIdentity, model_fingerprint
+
+log = logging.getLogger(__name__)
+IDLE_POLL_S = 0.005
+
+
+class NodeService(Protocol):
+    engine: LLMEngine
+
+    def poll(self, timeout: float) -> None:
+        """Take control messages and transport events for up to `timeout` seconds."""
+
+    def on_outputs(self, outputs: list[Any]) -> None:
+        """Forward the outputs of one engine step."""
+
+    def busy(self) -> bool:
+        """Whether work is pending besides the engine's own (e.g. transfers in flight)."""
+
+    def should_stop(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def kv_identity(engine: LLMEngine, node_id: str, epoch: str, transport: str = "zmq") -> PeerIdentity:
+    """This node's KV identity: its model's fingerprint (config and weight shapes) and pool layout."""
+    with open(os.path.join(engine.model_config.path, "config.json")) as f:
+        config = {k: v for k, v in json.load(f).items() if not k.startswith("_") and k != "transformers_version"}
+    weights = [(name, tuple(p.shape)) for name, p in engine.runner.model.named_parameters()]
+    layout = KVLayout.for_pool(engine.runner.kv_cache, model_fingerprint(config, weights))
+    return PeerIdentity(node_id, epoch, transport, layout)
+
+
+def node_status(engine: LLMEngine, node_id: str, epoch: str) -> NodeStatus:
+    m = engine.metrics()
+    return NodeStatus(node_id, epoch, m.num_running, m.num_waiting, min(1.0, max(0.0, m.kv_usage)),
+                      min(1.0, m.prefix_hit_rate), m.num_preemptions, m.num_free_blocks)
+
+
+def run(service: NodeService) -> None:
+    """Serve until the router says leave or the process gets SIGTERM/SIGINT."""
+    stopping = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stopping.append(True))
+    try:
+        while not stopping and not service.should_stop():
+            working = service.engine.has_unfinished_requests()
+            service.poll(0.0 if working or service.busy() else IDLE_POLL_S)
+            if service.engine.has_unfinished_requests():
+                service.on_outputs(service.engine.step())
+    finally:
+        service.close()

@@ -1,0 +1,248 @@
+"""The control plane between the router and its nodes: every message, one codec.
+
+Topology: the router binds one ZMQ ROUTER socket; each node connects a DEALER whose routing id
+is its node_id. Payloads are msgpack `[version, kind, [fields...]]`, validated on decode like the
+KV transport's own messages (kvtransport.messages); Reserved and Busy are shared with it.
+
+  node   -> router: NodeHello (once per epoch), NodeStatus (heartbeat), FirstToken (prefill),
+                    TokenDelta (decode), Reserved | Busy (decode, answering DecodeRequest),
+                    RequestFailed
+  router -> node:   NodeCommand (answer to hello/heartbeat), DecodeRequest, PrefillRequest,
+                    AbortRequest
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgpack
+
+from engine.sampling_params import SamplingParams
+from kvtransport.messages import Busy, Reserved
+from kvtransport.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
+                                check_bool, check_id, check_int, check_ints, check_seq, check_str)
+
+MAX_PROMPT_TOKENS = 1 << 20
+MAX_CONTROL_BYTES = 16 << 20
+ROLES = ("prefill", "decode")
+COMMANDS = ("ok", "register", "drain", "leave")
+_FLOAT_LIMIT = 1e6
+
+
+def _rid(value: Any) -> str:
+    return check_str(value, "rid", max_len=MAX_RID_LEN, min_len=1)
+
+
+def _float(value: Any, name: str, lo: float = 0.0, hi: float = _FLOAT_LIMIT) -> float:
+    if type(value) not in (int, float) or not lo <= value <= hi:
+        raise ProtocolError(f"{name} must be a number in [{lo}, {hi}]")
+    return float(value)
+
+
+def _tokens(value: Any, name: str, max_len: int = MAX_PROMPT_TOKENS) -> tuple[int, ...]:
+    return check_ints(value, name, max_len, hi=MAX_TOKEN_ID)
+
+
+def _logprobs(value: Any) -> tuple | None:
+    """None, or per token a list of [token_id, logprob] pairs."""
+    if value is None:
+        return None
+    for entry in check_seq(value, "logprobs", MAX_PROMPT_TOKENS):
+        for pair in check_seq(entry, "logprobs entry", 64):
+            if type(pair) not in (list, tuple) or len(pair) != 2:
+                raise ProtocolError("a logprob is a [token_id, logprob] pair")
+            check_int(pair[0], "logprob token", hi=MAX_TOKEN_ID)
+            _float(pair[1], "logprob", lo=-1e30, hi=0.0)
+    return tuple(value)
+
+
+def params_to_wire(params: SamplingParams) -> dict:
+    return {f.name: (list(v) if isinstance(v := getattr(params, f.name), tuple) else v)
+            for f in fields(params)}
+
+
+def params_from_wire(value: Any) -> SamplingParams:
+    if type(value) is not dict:
+        raise ProtocolError("params must be a map")
+    known = {f.name for f in fields(SamplingParams)}
+    if not set(value) <= known:
+        raise ProtocolError(f"unknown sampling fields {sorted(set(value) - known)}")
+    try:
+        return SamplingParams(**value)
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"bad params: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHello:
+    node_id: str
+    epoch: str
+    role: str                    # "prefill" | "decode"
+    kv_endpoint: str             # decode: where prefill nodes ship blocks; prefill: ""
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        check_id(self.node_id, "node_id"), check_id(self.epoch, "epoch")
+        if self.role not in ROLES:
+            raise ProtocolError(f"role must be one of {ROLES}")
+        check_str(self.kv_endpoint, "kv_endpoint", max_len=256)
+        check_int(self.num_blocks, "num_blocks", 1, MAX_BLOCKS * 64)
+        check_int(self.block_size, "block_size", 1, 1024)
+        check_int(self.max_model_len, "max_model_len", 1, MAX_PROMPT_TOKENS)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    node_id: str
+    epoch: str
+    num_running: int
+    num_waiting: int
+    kv_usage: float              # 0..1
+    prefix_hit_rate: float       # 0..1
+    num_preemptions: int
+    num_free_blocks: int
+
+    def __post_init__(self) -> None:
+        check_id(self.node_id, "node_id"), check_id(self.epoch, "epoch")
+        for name in ("num_running", "num_waiting", "num_preemptions", "num_free_blocks"):
+            check_int(getattr(self, name), name)
+        _float(self.kv_usage, "kv_usage", hi=1.0), _float(self.prefix_hit_rate, "prefix_hit_rate", hi=1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCommand:
+    command: str                 # ok | register (unknown epoch: say hello again) | drain | leave
+
+    def __post_init__(self) -> None:
+        if self.command not in COMMANDS:
+            raise ProtocolError(f"command must be one of {COMMANDS}")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """Router -> decode node: reserve blocks for this prompt (answered by Reserved or Busy)."""
+    rid: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    prefill_node_id: str         # the only node allowed to write the reservation
+
+    def __post_init__(self) -> None:
+        _rid(self.rid), check_id(self.prefill_node_id, "prefill_node_id")
+        object.__setattr__(self, "prompt_ids", _tokens(self.prompt_ids, "prompt_ids"))
+        if not self.prompt_ids:
+            raise ProtocolError("prompt_ids is empty")
+        if not isinstance(self.params, SamplingParams):
+            object.__setattr__(self, "params", params_from_wire(self.params))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRequest:
+    """Router -> prefill node: compute the prompt, ship its blocks into D's reservation."""
+    rid: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    kv_endpoint: str             # the decode node's KV receiver
+    xfer_id: str
+    dst_block_ids: tuple[int, ...]
+    cached_prefix_blocks: int
+
+    def __post_init__(self) -> None:
+        _rid(self.rid), check_str(self.kv_endpoint, "kv_endpoint", max_len=256, min_len=1)
+        check_id(self.xfer_id, "xfer_id")
+        object.__setattr__(self, "prompt_ids", _tokens(self.prompt_ids, "prompt_ids"))
+        object.__setattr__(self, "dst_block_ids", check_ints(self.dst_block_ids, "dst_block_ids", MAX_BLOCKS))
+        check_int(self.cached_prefix_blocks, "cached_prefix_blocks", hi=len(self.dst_block_ids))
+        if not self.prompt_ids:
+            raise ProtocolError("prompt_ids is empty")
+        if not isinstance(self.params, SamplingParams):
+            object.__setattr__(self, "params", params_from_wire(self.params))
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """Prefill node -> router, as soon as the first token is sampled (TTFT)."""
+    rid: str
+    token_id: int
+    text: str
+    logprobs: tuple | None       # [[token_id, logprob], ...] for this token, or None
+    finish_reason: str           # "" unless the first token already ends the request
+
+    def __post_init__(self) -> None:
+        _rid(self.rid), check_int(self.token_id, "token_id", hi=MAX_TOKEN_ID)
+        check_str(self.text, "text", max_len=1 << 16), check_str(self.finish_reason, "finish_reason", 16)
+        if self.logprobs is not None:
+            _logprobs([self.logprobs])
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """Decode node -> router: tokens [index, index + len(token_ids)) and the text they add."""
+    rid: str
+    index: int                   # position of token_ids[0] among the generated tokens
+    token_ids: tuple[int, ...]
+    text_offset: int             # characters of output text before `text`
+    text: str
+    logprobs: tuple | None       # one entry per token of token_ids (may be shorter: first token)
+    finish_reason: str           # "" while running; stop | length | abort
+
+    def __post_init__(self) -> None:
+        _rid(self.rid), check_int(self.index, "index"), check_int(self.text_offset, "text_offset")
+        object.__setattr__(self, "token_ids", _tokens(self.token_ids, "token_ids"))
+        check_str(self.text, "text", max_len=1 << 20), check_str(self.finish_reason, "finish_reason", 16)
+        _logprobs(self.logprobs)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    rid: str
+    reason: str
+    retryable: bool              # the router may run it again elsewhere
+
+    def __post_init__(self) -> None:
+        _rid(self.rid), check_str(self.reason, "reason"), check_bool(self.retryable, "retryable")
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    rid: str
+
+    def __post_init__(self) -> None:
+        _rid(self.rid)
+
+
+KINDS: dict[str, type] = {
+    "node_hello": NodeHello, "node_status": NodeStatus, "node_command": NodeCommand,
+    "decode_request": DecodeRequest, "prefill_request": PrefillRequest, "first_token": FirstToken,
+    "token_delta": TokenDelta, "request_failed": RequestFailed, "abort_request": AbortRequest,
+    "reserved": Reserved, "busy": Busy,
+}
+_KIND_OF = {cls: kind for kind, cls in KINDS.items()}
+
+
+def encode(msg: Any) -> bytes:
+    values = [params_to_wire(v) if isinstance(v := getattr(msg, f.name), SamplingParams) else v
+              for f in fields(msg)]
+    return msgpack.packb([PROTOCOL_VERSION, _KIND_OF[type(msg)], values], use_bin_type=True)
+
+
+def decode(buf: bytes | memoryview) -> Any:
+    """The message in buf; raises ProtocolError (only) for anything that is not one."""
+    if len(buf) > MAX_CONTROL_BYTES:
+        raise ProtocolError(f"control message of {len(buf)} bytes exceeds {MAX_CONTROL_BYTES}")
+    try:
+        obj = msgpack.unpackb(buf, raw=False, use_list=True, strict_map_key=True)
+    except Exception as e:   # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"not msgpack: {type(e).__name__}") from None
+    if type(obj) is not list or len(obj) != 3 or obj[0] != PROTOCOL_VERSION or type(obj[0]) is not int:
+        raise ProtocolError("envelope must be [version, kind, fields] of this protocol version")
+    cls = KINDS.get(obj[1]) if type(obj[1]) is str else None
+    if cls is None or type(obj[2]) is not list or len(obj[2]) != len(fields(cls)):
+        raise ProtocolError(f"unknown kind or wrong field count: {obj[1]!r}")
+    try:
+        return cls(*obj[2])
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"bad {obj[1]}: {e}") from None

@@ -1,0 +1,1 @@
+"""The prefill node: computes prompts' KV blocks and ships them to decode nodes (service.py)."""

@@ -1,0 +1,122 @@
+"""The prefill node.
+
+Request lifecycle:
+  1. the router sends PrefillRequest(rid, prompt, params, D's KV endpoint, xfer_id, D's blocks)
+  2. the node pairs with D's receiver (once per D), opens the transfer, queues the prompt
+     with max_tokens = 1 (chunked prefill, batched with other prompts, its own prefix cache)
+  3. each step, the BlockShipper ships every block that became full (the partial last block
+     once the whole prompt is computed), zero-copy, pinned until sent
+  4. the step that samples the first token sends it to the router at once (FirstToken), then
+     Commit to D; the prompt's full blocks stay in this node's prefix cache
+  5. AbortRequest, a bad request or a failed transfer: the engine drops the request, the
+     transfer is aborted, the router hears RequestFailed; blocks are freed exactly once
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from engine.llm_engine import LLMEngine
+from engine.node_config import NodeConfig
+from engine.node_runtime import kv_identity, node_status
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.router_link import RouterLink
+from kvtransport.control import AbortRequest, FirstToken, NodeHello, PrefillRequest, RequestFailed
+from kvtransport.handshake import HandshakeError, new_epoch
+from kvtransport.zmq_sender import ZmqSender
+from prefill_node.shipper import BlockShipper, Shipment
+
+log = logging.getLogger(__name__)
+
+
+class PrefillService:
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.epoch = new_epoch()
+        self.shipper = BlockShipper()
+        self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
+        self.engine = LLMEngine(config.engine_config(), observer=self.shipper)
+        self.sender = ZmqSender(kv_identity(self.engine, config.node_id, self.epoch))
+        self.shipper.bind(self.engine, self.sender)
+        e = self.engine
+        hello = NodeHello(config.node_id, self.epoch, "prefill", "", e.block_manager.num_blocks,
+                          e.block_manager.block_size, e.max_model_len)
+        self.link = RouterLink(config.router, hello, lambda: node_status(e, config.node_id, self.epoch),
+                               config.heartbeat_s)
+
+    # -- the loop's hooks -------------------------------------------------------------------
+    def poll(self, timeout: float) -> None:
+        for msg in self.link.poll(timeout):
+            if isinstance(msg, PrefillRequest):
+                self._start(msg)
+            elif isinstance(msg, AbortRequest):
+                self._abort(msg.rid, "aborted by the router", notify=False)
+        for failed in self.sender.poll(0.0):
+            rid = next((r for r, s in self.shipper.shipments.items() if s.xfer_id == failed.xfer_id), None)
+            if rid is not None:
+                self._abort(rid, f"transfer failed: {failed.reason.value} {failed.detail}", notify=True)
+        self.shipper.release_sent()
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            shipment = self.shipper.shipments.get(out.request_id)
+            if not out.finished or shipment is None or shipment.closed:
+                continue
+            first = out.outputs[0]
+            if first.finish_reason == "abort" or not first.token_ids:
+                continue
+            token = first.token_ids[0]
+            logprobs = [list(kv) for kv in first.logprobs[0].items()] if first.logprobs else None
+            self.link.send(FirstToken(out.request_id, token, first.text, logprobs,
+                                      self._finish_reason(out.request_id, first.finish_reason)))
+            self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
+            self.shipper.close(out.request_id)
+            self._params.pop(out.request_id, None)
+
+    def busy(self) -> bool:
+        return bool(self.shipper.shipments)
+
+    def should_stop(self) -> bool:
+        return self.link.leave
+
+    def close(self) -> None:
+        self.sender.close()
+        self.link.close()
+
+    # -- requests ---------------------------------------------------------------------------
+    def _start(self, req: PrefillRequest) -> None:
+        try:
+            self.sender.connect(req.kv_endpoint)
+            self.sender.begin(req.xfer_id, req.kv_endpoint)
+        except (HandshakeError, RuntimeError, ValueError) as e:
+            self.link.send(RequestFailed(req.rid, f"cannot reach decode node: {e}"[:500], True))
+            return
+        prefill_params = dataclasses.replace(req.params, max_tokens=1, n=1)
+        try:
+            self.engine.add_request(req.rid, list(req.prompt_ids), prefill_params)
+        except ValueError as e:
+            self.sender.abort(req.xfer_id, "bad request")
+            self.link.send(RequestFailed(req.rid, str(e)[:500], False))
+            return
+        self._params[req.rid] = req.params
+        self.shipper.track(Shipment(req.rid, req.xfer_id, tuple(req.dst_block_ids), len(req.prompt_ids),
+                                    req.cached_prefix_blocks))
+
+    def _abort(self, rid: str, reason: str, notify: bool) -> None:
+        self.engine.abort_request(rid)
+        shipment = self.shipper.close(rid)
+        if shipment is not None:
+            self.sender.abort(shipment.xfer_id, reason[:200])
+        self._params.pop(rid, None)
+        if notify:
+            self.link.send(RequestFailed(rid, reason[:500], True))
+
+    def _finish_reason(self, rid: str, local: str | None) -> str:
+        """The request's own finish reason if its first token already ends it, else ""."""
+        params = self._params.get(rid)
+        if local == "stop":
+            return "stop"
+        if params is not None and params.max_tokens == 1:
+            return "length"
+        return ""

@@ -1,0 +1,105 @@
+"""Runs real prefill and decode node services on threads, with the test acting as the router
+over a real ZMQ ROUTER socket speaking the control protocol."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from decode_node.service import DecodeService
+from engine.node_config import NodeConfig
+from engine.node_runtime import run
+from kvtransport import control
+from kvtransport.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, PrefillRequest,
+                                 RequestFailed, TokenDelta)
+from kvtransport.messages import Busy, Reserved
+from prefill_node.service import PrefillService
+
+
+@dataclass
+class Result:
+    tokens: dict[int, int] = field(default_factory=dict)      # index -> token id
+    text: str = ""
+    first: FirstToken | None = None
+    finish: str = ""
+    failed: RequestFailed | None = None
+    reserved: Reserved | None = None
+
+
+class NodeHarness:
+    def __init__(self, model_path: str, **node_kwargs):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.bind("tcp://127.0.0.1:0")
+        endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        cfg = dict(router=endpoint, model=model_path, **node_kwargs)
+        self.prefill = PrefillService(NodeConfig(node_id="prefill-0", **cfg))
+        self.decode = DecodeService(NodeConfig(node_id="decode-0", **cfg))
+        self.hellos: dict[str, NodeHello] = {}
+        self.results: dict[str, Result] = {}
+        self.threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in (self.prefill, self.decode)]
+        for t in self.threads:
+            t.start()
+        self.pump(until=lambda: len(self.hellos) == 2)
+
+    def send(self, node_id: str, msg) -> None:
+        self.sock.send_multipart([node_id.encode(), control.encode(msg)])
+
+    def pump(self, until, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not until():
+            assert time.monotonic() < deadline, "timed out waiting for the nodes"
+            if self.sock.poll(50):
+                node, payload = self.sock.recv_multipart()
+                self._on(node.decode(), control.decode(payload))
+
+    def _on(self, node: str, msg) -> None:
+        if isinstance(msg, NodeHello):
+            self.hellos[node] = msg
+            return
+        rid = getattr(msg, "rid", None)
+        if rid is None or rid not in self.results:
+            return
+        r = self.results[rid]
+        if isinstance(msg, Reserved):
+            r.reserved = msg
+            req = self.pending.pop(rid)
+            self.send("prefill-0", PrefillRequest(rid, req.prompt_ids, req.params, self.hellos["decode-0"].kv_endpoint,
+                                                  msg.xfer_id, msg.dst_block_ids, msg.cached_prefix_blocks))
+        elif isinstance(msg, Busy):
+            r.failed = RequestFailed(rid, "busy", True)
+        elif isinstance(msg, FirstToken):
+            r.first, r.tokens[0] = msg, msg.token_id
+        elif isinstance(msg, TokenDelta):
+            for i, t in enumerate(msg.token_ids):
+                r.tokens[msg.index + i] = t
+            r.text = r.text[:msg.text_offset] + msg.text
+            r.finish = msg.finish_reason or r.finish
+        elif isinstance(msg, RequestFailed):
+            r.failed = msg
+
+    def submit(self, rid: str, prompt: list[int], params) -> None:
+        if not hasattr(self, "pending"):
+            self.pending = {}
+        self.results[rid] = Result()
+        self.pending[rid] = DecodeRequest(rid, tuple(prompt), params, "prefill-0")
+        self.send("decode-0", self.pending[rid])
+
+    def wait(self, rids: list[str], timeout: float = 120.0) -> list[Result]:
+        self.pump(lambda: all(self.results[r].finish or self.results[r].failed for r in rids), timeout)
+        return [self.results[r] for r in rids]
+
+    def idle(self) -> None:
+        """Wait until both nodes are idle and every pinned block is released."""
+        self.pump(lambda: not self.prefill.busy() and not self.decode.busy()
+                  and not self.decode.engine.has_unfinished_requests(), 30.0)
+
+    def close(self) -> None:
+        for node in ("prefill-0", "decode-0"):
+            self.send(node, NodeCommand("leave"))
+        for t in self.threads:
+            t.join(timeout=10)
+        self.sock.close(linger=0)
+        self.ctx.term()
