@@ -1,0 +1,111 @@
+"""Prefill and decode node services over real ZMQ: KV blocks shipped block by block, adopted,
+decoded — token for token what transformers produces; nothing leaks."""
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from engine import SamplingParams
+from kvtransport.control import AbortRequest
+from tests.model_factory import hf_greedy
+from tests.node_harness import NodeHarness
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture
+def harness(model_dir):
+    h = NodeHarness(model_dir[0], block_size=8, num_blocks=48)
+    yield h
+    h.idle()
+    h.close()
+    for service in (h.prefill, h.decode):
+        service.engine.check_integrity()
+        assert not service.engine.scheduler.pinned, "a shipped block stayed pinned"
+
+
+def _tokens(result) -> list[int]:
+    return [result.tokens[i] for i in sorted(result.tokens)]
+
+
+def test_disaggregated_greedy_matches_transformers(harness, model_dir):
+    """Prompts shorter than, equal to and spanning several blocks, in flight together, decode
+    on D exactly what transformers decodes; P's first token is the first of them."""
+    _, hf = model_dir
+    prompts = [[1, 17, 99, 4, 250], list(range(10, 18)), [(i * 37) % 500 + 3 for i in range(45)]]
+    for i, p in enumerate(prompts):
+        harness.submit(f"r{i}", p, GREEDY)
+    results = harness.wait([f"r{i}" for i in range(3)])
+    for p, r in zip(prompts, results):
+        assert r.failed is None and r.finish == "length"
+        assert _tokens(r) == hf_greedy(hf, p, 12)
+        assert r.first.token_id == _tokens(r)[0]
+    sent = harness.decode.receiver.metrics.blocks_written
+    assert sent == sum(-(-len(p) // 8) for p in prompts)       # every prompt block, once
+
+
+def test_decode_prefix_cache_skips_shipping_cached_blocks(harness, model_dir):
+    """A second prompt sharing 3 full blocks with one D has cached ships only its new blocks,
+    and still decodes what transformers decodes."""
+    _, hf = model_dir
+    shared = [(i * 13) % 400 + 5 for i in range(24)]
+    harness.submit("a", shared + [1, 2, 3], GREEDY)
+    harness.wait(["a"])
+    harness.idle()
+    before = harness.decode.receiver.metrics.blocks_written
+    harness.submit("b", shared + [7, 8, 9, 10], GREEDY)
+    (b,) = harness.wait(["b"])
+    assert b.reserved.cached_prefix_blocks == 3
+    assert harness.decode.receiver.metrics.blocks_written - before == 1
+    assert _tokens(b) == hf_greedy(hf, shared + [7, 8, 9, 10], 12)
+
+
+def test_bad_request_fails_cleanly_and_others_complete(harness):
+    """A prompt longer than the context gets a non-retryable RequestFailed; a good request
+    in flight at the same time completes."""
+    harness.submit("good", [5, 6, 7], GREEDY)
+    harness.submit("bad", [7] * 600, GREEDY)
+    good, bad = harness.wait(["good", "bad"])
+    assert bad.failed is not None and not bad.failed.retryable and "context" in bad.failed.reason
+    assert good.failed is None and len(good.tokens) == 12
+
+
+def test_busy_when_decode_pool_cannot_hold_the_request(harness):
+    """A request whose prompt plus growth exceeds D's free blocks is answered Busy, not
+    prefilled in vain."""
+    harness.submit("huge", list(range(3, 300)), SamplingParams(max_tokens=200, ignore_eos=True))
+    (huge,) = harness.wait(["huge"])
+    assert huge.failed is not None and huge.failed.reason == "busy"
+    assert harness.prefill.engine.metrics().num_waiting == 0
+
+
+def test_abort_mid_decode_frees_blocks_on_both_nodes(harness):
+    """AbortRequest during decode frees the request's blocks on D; P keeps only cache."""
+    harness.submit("long", [3, 4, 5], SamplingParams(max_tokens=300, ignore_eos=True))
+    harness.pump(lambda: len(harness.results["long"].tokens) >= 3)
+    harness.send("decode-0", AbortRequest("long"))
+    harness.send("prefill-0", AbortRequest("long"))
+    harness.pump(lambda: not harness.decode.engine.has_unfinished_requests())
+    harness.idle()
+    assert harness.decode.engine.block_manager.num_free_blocks == 48
+
+
+def test_garbage_control_frames_are_dropped_and_the_node_keeps_serving(harness):
+    """Malformed frames from the router are dropped and counted; the next request completes."""
+    for junk in (b"", b"\xc1", b"\x93\x01\xaadecode_req\x90", bytes(range(200))):
+        harness.sock.send_multipart([b"decode-0", junk])
+        harness.sock.send_multipart([b"prefill-0", junk])
+    harness.submit("after", [9, 9, 9], GREEDY)
+    (after,) = harness.wait(["after"])
+    assert after.failed is None and len(after.tokens) == 12
+    assert harness.decode.link.dropped == 4 and harness.prefill.link.dropped == 4
+
+
+def test_sampled_request_runs_disaggregated(harness):
+    """A seeded, sampled request with stop strings off runs to max_tokens with logprobs."""
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=6, ignore_eos=True, logprobs=2)
+    harness.submit("s", [11, 12, 13], params)
+    (s,) = harness.wait(["s"])
+    assert s.failed is None and len(s.tokens) == 6
+    assert s.first.logprobs is not None and s.first.token_id in [p[0] for p in s.first.logprobs]
+    assert zmq.zmq_version_info() >= (4, 0)
