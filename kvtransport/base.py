@@ -108,5 +108,5 @@ class KVReceiver(ABC):
         """Fail xfer_id (its TransferFailed comes from the next poll) and tell the sender."""
 
     @abstractmethod
-    def close(self) -> None:
-        """Fail every live transfer (reported by no later poll) and release the socket."""
+    def close(self) -> list[TransferEvent]:
+        """Release the socket; returns a TransferFailed (CLOSED) for every live transfer."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -74,21 +74,22 @@ class _Inbound:
     nbytes: int = 0
 
 
-@dataclass(slots=True)
 class ReceiveLedger:
     """All live reservations of one pool. Not thread-safe; the backend's poll thread owns it."""
-    kv_cache: torch.Tensor                   # [num_blocks, L, 2, block_size, H, D]
-    metrics: ReceiverMetrics = field(default_factory=ReceiverMetrics)
-    clock: Callable[[], float] = time.monotonic
-    _live: dict[str, _Inbound] = field(default_factory=dict)
-    _reserved_blocks: set[int] = field(default_factory=set)
-    _finished: OrderedDict = field(default_factory=OrderedDict)   # xfer_id -> final state
-    _node_of: dict[str, str] = field(default_factory=dict)        # paired peer -> its node_id
-    _events: list[TransferEvent] = field(default_factory=list)
 
-    @property
-    def block_nbytes(self) -> int:
-        return self.kv_cache[0].numel() * self.kv_cache.element_size()
+    def __init__(self, kv_cache: torch.Tensor, metrics: ReceiverMetrics | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.kv_cache = kv_cache                    # [num_blocks, L, 2, block_size, H, D]
+        self.metrics = metrics or ReceiverMetrics()
+        self.clock = clock
+        self.block_nbytes = kv_cache[0].numel() * kv_cache.element_size()
+        self._block_shape = tuple(kv_cache.shape[1:])
+        self._dtype = dtype_name(kv_cache.dtype)
+        self._live: dict[str, _Inbound] = {}
+        self._reserved_blocks: set[int] = set()     # shipped blocks of live transfers
+        self._finished: OrderedDict[str, TransferState] = OrderedDict()   # tombstones
+        self._node_of: dict[str, str] = {}          # paired peer -> its node_id
+        self._events: list[TransferEvent] = []
 
     def register(self, res: Reservation) -> None:
         """Start expecting res's blocks; raises ValueError for a reused id or a block already held."""
@@ -129,9 +130,9 @@ class ReceiveLedger:
             raise FrameError(DropReason.NOT_RESERVED, f"index {frame.index} block {frame.block_id}")
         if frame.index not in t.missing:
             raise FrameError(DropReason.DUPLICATE, f"index {frame.index}")
-        if frame.dtype != dtype_name(self.kv_cache.dtype):
+        if frame.dtype != self._dtype:
             raise FrameError(DropReason.BAD_DTYPE, frame.dtype)
-        if frame.shape != tuple(self.kv_cache.shape[1:]):
+        if frame.shape != self._block_shape:
             raise FrameError(DropReason.BAD_SHAPE, str(frame.shape))
         if frame.nbytes != self.block_nbytes or payload_len not in (None, frame.nbytes):
             raise FrameError(DropReason.BAD_NBYTES, f"{frame.nbytes} / {payload_len}")

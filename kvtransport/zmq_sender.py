@@ -3,8 +3,8 @@
 The payload frame aliases the pool block (copy=False) and carries a zmq tracker; is_sent()
 is true once libzmq has released every payload of the transfer. The send high-water mark gives
 backpressure: send_block blocks while `hwm` messages are queued for a peer, then raises
-TransportError after `send_timeout` seconds. The routing id is node_id/epoch, so a restarted
-sender is a new peer to the receiver.
+TransportError after `send_timeout` seconds. The routing id is node_id/epoch/n (n counts this
+sender's connects), so a restarted or reconnected sender is a new peer to the receiver.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class ZmqSender(KVSender):
         self._socks: dict[str, zmq.Socket] = {}
         self._remotes: dict[str, PeerIdentity] = {}
         self._pending: dict[str, list] = defaultdict(list)   # xfer_id -> payload completions
+        self._connects = 0      # per-socket routing ids: a reconnect never clashes with a stale one
 
     def connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity:
         if self._core.is_connected(endpoint):
@@ -126,7 +127,8 @@ class ZmqSender(KVSender):
     def _open_socket(self, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
         ident = self._core.identity
-        sock.setsockopt(zmq.ROUTING_ID, f"{ident.node_id}/{ident.epoch}".encode())
+        self._connects += 1
+        sock.setsockopt(zmq.ROUTING_ID, f"{ident.node_id}/{ident.epoch}/{self._connects}".encode())
         sock.setsockopt(zmq.SNDHWM, self._hwm)
         sock.setsockopt(zmq.RCVHWM, self._hwm)
         sock.setsockopt(zmq.SNDTIMEO, int(self._send_timeout * 1000))
