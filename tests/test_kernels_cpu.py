@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from kernels import copy_blocks, gather_blocks, paged_attention, scatter_blocks, store_kv
 from kernels.reference import (
@@ -57,6 +58,22 @@ def test_engine_sized_decode_batch(device, uniform):
     ragged (masked chunks) or all of one length (unmasked chunks)."""
     seq_lens = torch.randint(1, 257, (32,), generator=torch.Generator().manual_seed(1)).tolist()
     _run_and_compare([250] * 32 if uniform else seq_lens, [1] * 32, 8, 8, 64, 16, torch.float32, device)
+
+
+@st.composite
+def _ragged_batches(draw):
+    """(seq_lens, q_lens, kv_heads, group, block_size): any mix of decode and (chunked) prefill."""
+    seq_lens = draw(st.lists(st.integers(1, 70), min_size=1, max_size=6))
+    q_lens = [draw(st.sampled_from([0, 1, 1, s, max(1, s // 3)])) for s in seq_lens]
+    return seq_lens, q_lens, draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([8, 16]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_ragged_batches())
+def test_random_ragged_batches_match_reference(batch):
+    """Any ragged mix of decode, fresh prefill, chunked prefill and empty rows equals the reference."""
+    seq_lens, q_lens, kv_heads, group, block_size = batch
+    _run_and_compare(seq_lens, q_lens, kv_heads * group, kv_heads, 32, block_size, torch.float32, "cpu")
 
 
 def test_separate_k_and_v_tensors_match_reference():
