@@ -126,6 +126,7 @@ class BlockManager:
         while len(seq.block_table) < self.blocks_for(len(seq)):
             seq.block_table.append(self._take())
         seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_registered_blocks = len(hits)
         self.stats.queried_tokens += len(seq)
         self.stats.hit_tokens += seq.num_computed_tokens
         return seq.num_computed_tokens
@@ -162,15 +163,18 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = seq.num_computed_tokens // self.block_size
+        if full <= seq.num_registered_blocks:
+            return
         seq.block_hashes = chain_hashes(seq.token_ids[: full * self.block_size], self.block_size,
                                         seq.block_hashes[:full])
-        for i in range(full):
+        for i in range(seq.num_registered_blocks, full):
             block = self.blocks[seq.block_table[i]]
             h = seq.block_hashes[i]
             if block.block_hash is None and h not in self._cached:
                 block.block_hash = h
                 block.token_ids = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
                 self._cached[h] = block.block_id
+        seq.num_registered_blocks = full
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` shares every block of `parent` (reference counts go up by one)."""
@@ -190,7 +194,14 @@ class BlockManager:
         for block_id in reversed(seq.block_table):
             self._unref(block_id)
         seq.block_table = []
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_registered_blocks = 0
+
+    def take_block(self) -> int:
+        """One block, referenced once, for a caller that builds a table itself (swap)."""
+        return self._take()
+
+    def ref_block(self, block_id: int) -> None:
+        self._ref(block_id)
 
     # -- internals --------------------------------------------------------------------------
     def _take(self) -> int:

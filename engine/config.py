@@ -73,8 +73,11 @@ class CacheConfig:
     num_blocks: int | None = None        # fixed pool size; None: size from memory_budget_gib
     memory_budget_gib: float = 1.0       # KV pool memory when num_blocks is None
     enable_prefix_caching: bool = True
+    swap_space_gib: float = 0.0          # host swap pool for swap preemption; 0: recompute only
 
     def __post_init__(self) -> None:
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib}")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
@@ -88,8 +91,12 @@ class SchedulerConfig:
     max_num_seqs: int = 64               # running sequences per step
     max_num_batched_tokens: int = 2048   # token budget per step (prefill chunks + decode tokens)
     enable_chunked_prefill: bool = True  # off: a prompt is prefilled in one step or waits
+    preemption_mode: str = "auto"        # recompute | swap | auto (engine/swap.py; swap needs swap space)
+    swap_min_blocks: int = 32            # auto: a single sequence this long is swapped, not recomputed
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in ("recompute", "swap", "auto"):
+            raise ValueError(f"preemption_mode must be recompute, swap or auto, got {self.preemption_mode!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
@@ -105,8 +112,12 @@ class EngineConfig:
     seed: int = 0                        # for requests without their own seed
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    tensor_parallel_size: int = 1        # ranks the heads and MLP are split over (engine.parallel)
 
     def __post_init__(self) -> None:
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
+                or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {self.tensor_parallel_size!r}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):

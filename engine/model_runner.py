@@ -9,6 +9,7 @@ from engine.config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.model import CausalLM
 from engine.scheduler import ScheduledSeq
+from engine.swap import BlockMove
 
 
 class ModelRunner:
@@ -17,10 +18,25 @@ class ModelRunner:
         self.kv_cache = kv_cache        # [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
         self.block_size = block_size
         self.device = kv_cache.device
+        self.swap_cache: torch.Tensor | None = None   # host pool shaped like kv_cache, if enabled
 
     @property
     def config(self) -> ModelConfig:
         return self.model.cfg
+
+    def enable_swap(self, num_blocks: int) -> None:
+        """A host swap pool shaped like the device pool (pinned when the device is a GPU)."""
+        shape = (num_blocks,) + tuple(self.kv_cache.shape[1:])
+        self.swap_cache = torch.zeros(shape, dtype=self.kv_cache.dtype, pin_memory=self.device.type == "cuda")
+
+    def swap_blocks(self, out: list[BlockMove], into: list[BlockMove]) -> None:
+        """Copy swapped-out blocks to the swap pool, then swapped-in ones back (that order: a
+        device block freed by a swap-out may be the destination of a swap-in)."""
+        for moves, src, dst in ((out, self.kv_cache, self.swap_cache), (into, self.swap_cache, self.kv_cache)):
+            if moves:   # only with a swap pool: only then are there moves
+                s = torch.tensor([m.src for m in moves], dtype=torch.long, device=src.device)
+                d = torch.tensor([m.dst for m in moves], dtype=torch.long, device=dst.device)
+                dst[d] = src[s].to(dst.device, non_blocking=True)
 
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
         if copies:

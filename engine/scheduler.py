@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockCopy, BlockManager
 from engine.config import SchedulerConfig
 from engine.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
+from engine.swap import BlockMove, SwapPool
 
 
 @dataclass(slots=True)
@@ -34,6 +35,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     copies: list[BlockCopy] = field(default_factory=list)          # copy-on-write before the step
+    swap_out: list[BlockMove] = field(default_factory=list)        # device -> swap pool, first
+    swap_in: list[BlockMove] = field(default_factory=list)         # swap pool -> device, second
     preempted: list[SequenceGroup] = field(default_factory=list)
     finished: list[SequenceGroup] = field(default_factory=list)   # ended by the scheduler itself
 
@@ -43,9 +46,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, swap: SwapPool | None = None):
         self.config = config
         self.bm = block_manager
+        self.swap = swap
+        self.swapped: deque[SequenceGroup] = deque()   # preempted by swap, oldest first
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.reserved: dict[str, SequenceGroup] = {}   # blocks held, K/V arriving from a peer
@@ -57,7 +62,7 @@ class Scheduler:
         self.waiting.append(group)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def reserve(self, group: SequenceGroup, growth_tokens: int) -> int | None:
         """Allocate blocks for a prompt whose K/V another node computes, keeping room for
@@ -86,7 +91,7 @@ class Scheduler:
             group = self.reserved.pop(request_id)
             self.finish_group(group, FinishReason.ABORT)
             return group
-        for queue in (self.waiting, self.running):
+        for queue in (self.waiting, self.running, self.swapped):
             for group in queue:
                 if group.request_id == request_id:
                     queue.remove(group)
@@ -95,8 +100,9 @@ class Scheduler:
         return None
 
     def finish_seq(self, seq: Sequence, reason: FinishReason) -> None:
+        pool = self.swap.bm if seq.status is SequenceStatus.SWAPPED else self.bm
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
-        self.bm.free(seq)
+        pool.free(seq)
 
     def finish_group(self, group: SequenceGroup, reason: FinishReason) -> None:
         for seq in group.unfinished():
@@ -105,6 +111,9 @@ class Scheduler:
 
     def remove_finished(self) -> None:
         self.running = [g for g in self.running if not g.is_finished]
+
+    def swapped_seqs(self) -> list[Sequence]:
+        return [s for g in self.swapped for s in g.unfinished()]
 
     def live_seqs(self) -> list[Sequence]:
         """Every sequence holding blocks: running, reserved and pinned."""
@@ -121,8 +130,21 @@ class Scheduler:
             if not self._reserve_running(group, out):
                 continue
             budget = self._schedule_group(group, budget, out)
-        self._admit_waiting(budget, out)
+        budget = self._swap_in(budget, out)
+        if not self.swapped:                 # swapped groups go before new ones
+            self._admit_waiting(budget, out)
         return out
+
+    def _swap_in(self, budget: int, out: SchedulerOutput) -> int:
+        while self.swapped and budget > 0 and self.swapped[0] not in out.preempted:
+            group = self.swapped[0]
+            if not self.swap.can_swap_in(group, self.bm, self.watermark if self.running else 0):
+                break
+            self.swapped.popleft()
+            out.swap_in += self.swap.swap_in(group, self.bm)
+            self.running.append(group)
+            budget = self._schedule_group(group, budget, out)
+        return budget
 
     def _reserve_running(self, group: SequenceGroup, out: SchedulerOutput) -> bool:
         """Preempt later groups until `group` can append; False if `group` itself had to go."""
@@ -151,14 +173,19 @@ class Scheduler:
         return budget
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        """Take `group` off the batch: to the swap pool, or (recompute) back to waiting."""
         self.running.remove(group)
         out.scheduled = [s for s in out.scheduled if s.group is not group]
+        out.preempted.append(group)
+        self.num_preemptions += 1
+        if self.swap is not None and self.swap.should_swap(group, self.bm):
+            out.swap_out += self.swap.swap_out(group, self.bm)
+            self.swapped.append(group)
+            return
         for seq in group.unfinished():
             self.bm.free(seq)
             seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(group)
-        out.preempted.append(group)
-        self.num_preemptions += 1
 
     def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
         preempted = set(map(id, out.preempted))

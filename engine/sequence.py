@@ -14,6 +14,7 @@ from engine.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"        # no KV blocks; (re)prefills when admitted
     RUNNING = "running"        # holds blocks; prefilling in chunks or decoding
+    SWAPPED = "swapped"        # its blocks sit in the swap pool; swapped back in before running
     FINISHED = "finished"      # blocks freed
 
 
@@ -36,6 +37,7 @@ class Sequence:
     num_computed_tokens: int = 0                  # tokens whose K/V are in this sequence's blocks
     block_table: list[int] = field(default_factory=list)   # logical block i -> physical block id
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full computed blocks
+    num_registered_blocks: int = 0                # leading blocks already offered to the prefix cache
     finish_reason: FinishReason | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)   # per generated token
     text: str = ""                                # detokenized output, stop strings cut
@@ -64,7 +66,8 @@ class Sequence:
         """A sibling with the same tokens and (shared, by the block manager) blocks."""
         child = Sequence(list(self.token_ids), self.num_prompt_tokens, index=index, status=self.status,
                          num_computed_tokens=self.num_computed_tokens, logprobs=list(self.logprobs),
-                         text=self.text, block_hashes=list(self.block_hashes))
+                         text=self.text, block_hashes=list(self.block_hashes),
+                         num_registered_blocks=self.num_registered_blocks)
         if self.generator is not None:
             child.generator = torch.Generator().set_state(self.generator.get_state())
         return child
