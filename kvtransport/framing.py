@@ -77,7 +77,8 @@ class Framer:
     def _verified(self, frames: list[memoryview]) -> list[memoryview]:
         if not 2 <= len(frames) <= 3 or len(frames[-1]) != MAC_LEN:
             raise FrameError(DropReason.BAD_MAC, "missing MAC")
-        if len(frames[0]) > MAX_HEADER_BYTES or (len(frames) == 3 and len(frames[1]) > self.max_payload_bytes):
+        payload_len = len(frames[1]) if len(frames) == 3 else 0
+        if len(frames[0]) > MAX_HEADER_BYTES or payload_len > self.max_payload_bytes:
             raise FrameError(DropReason.OVERSIZE, "frame above the cap")
         payload = frames[1] if len(frames) == 3 else None
         if not hmac.compare_digest(self._mac(frames[0], payload), frames[-1]):

@@ -5,7 +5,8 @@ peer) and `tick()` (expire leases and dead peers), and supplies `send(peer, fram
 replies (HelloAck, Heartbeat, Abort) and a `PayloadSink` that moves a block's bytes into the pool.
 
   1. Hello            -> check_compatible; HelloAck(accepted | refused, naming the field)
-  2. any other message from a peer without an accepted Hello is dropped (NOT_PAIRED)
+  2. any other message from a peer without an accepted Hello is dropped (NOT_PAIRED); a
+     Heartbeat is answered with HelloAck(accepted=False) so a sender learns of a restart at once
   3. BlockFrame       -> ledger.check_block -> sink.write into the reserved block -> mark_written
   4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
   5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
@@ -126,6 +127,8 @@ class ReceiverCore:
             return self._hello(peer, msg.identity)
         session = self._sessions.get(peer)
         if session is None:
+            if type(msg) is Heartbeat:   # e.g. this node restarted: tell the sender at once
+                self._reply(peer, HelloAck(self.identity, False, "not paired"))
             raise FrameError(DropReason.NOT_PAIRED, type(msg).__name__)
         session.last_seen = self._clock()
         if type(msg) is BlockFrame:

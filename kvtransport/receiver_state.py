@@ -202,8 +202,8 @@ class ReceiveLedger:
         """The live transfer xfer_id if peer may touch it (it is unclaimed or peer's)."""
         t = self._live.get(xfer_id)
         if t is None:
-            reason = DropReason.FINISHED_XFER if xfer_id in self._finished else DropReason.UNKNOWN_XFER
-            raise FrameError(reason, xfer_id)
+            late = xfer_id in self._finished
+            raise FrameError(DropReason.FINISHED_XFER if late else DropReason.UNKNOWN_XFER, xfer_id)
         if not self._may_touch(peer, t):
             raise FrameError(DropReason.WRONG_PEER, xfer_id)
         return t

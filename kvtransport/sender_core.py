@@ -6,7 +6,8 @@ A backend moves bytes; this class decides what to send and when a receiver count
   open    xfer_id -> endpoint, from begin() until commit() / abort() / failure
   tick    every heartbeat_interval each link gets Heartbeat(epoch, open xfers on that link);
           a link silent for peer_timeout is lost and its open transfers fail (PEER_DEAD);
-          a receiver answering with a new epoch restarted (PEER_RESTARTED)
+          a receiver answering with a new epoch, or no longer knowing us, restarted
+          (PEER_RESTARTED); the node must connect() again
 """
 from __future__ import annotations
 
@@ -116,6 +117,10 @@ class SenderCore:
         link.last_seen = self._clock()
         if type(msg) is Heartbeat and msg.epoch != link.remote.epoch:
             self._lose(endpoint, FailReason.PEER_RESTARTED, f"epoch {msg.epoch}")
+        elif type(msg) is HelloAck and not msg.accepted:       # the receiver forgot us
+            restarted = msg.identity.epoch != link.remote.epoch
+            reason = FailReason.PEER_RESTARTED if restarted else FailReason.PEER_DEAD
+            self._lose(endpoint, reason, msg.reason)
         elif type(msg) is Abort and self._open.get(msg.xfer_id) == endpoint:
             self._fail(msg.xfer_id, FailReason.PEER_ABORTED, msg.reason)
 

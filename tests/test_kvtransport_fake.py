@@ -279,6 +279,18 @@ def test_restarted_sender_fails_old_transfers():
     assert [e.reason for e in env.recv.poll()] == [FailReason.PEER_RESTARTED]
 
 
+def test_restarted_receiver_fails_senders_transfers_at_once():
+    """A receiver back with a new epoch answers the next heartbeat 'not paired'; P fails x1 once."""
+    env = Env()
+    env.reserve()
+    env.recv.close()
+    reborn = FakeReceiver(env.net, "d0", env.dst, make_identity(env.dst, "d0"))
+    events = env.send.poll() + env.run(1.0) + env.send.poll()
+    assert events == [TransferFailed("x1", FailReason.PEER_RESTARTED, "not paired")]
+    assert reborn.metrics.drops == Counter({DropReason.NOT_PAIRED: 1})
+    env.send.connect(reborn.endpoint)                    # pairs again with the new epoch
+
+
 def test_fully_cached_prompt_commits_on_commit_alone():
     """With every block cached, only the Commit travels and the transfer commits."""
     env = Env()
