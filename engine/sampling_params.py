@@ -24,6 +24,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None         # top-n logprobs per generated token (plus the chosen one)
     skip_special_tokens: bool = True
+    beam_width: int = 0                 # > 0: beam search with this many beams (returns the best n)
+    length_penalty: float = 1.0         # beam search: score = logprob sum / length ** length_penalty
+    early_stopping: bool | str = False  # beam search: True, False or "never", as in transformers
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -55,6 +58,16 @@ class SamplingParams:
         _require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                  "stop_token_ids must be non-negative integers")
         _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _require(isinstance(self.beam_width, int) and 0 <= self.beam_width <= 64,
+                 f"beam_width must be an integer in [0, 64], got {self.beam_width!r}")
+        _require(self.beam_width == 0 or self.n <= self.beam_width,
+                 f"n ({self.n}) must not exceed beam_width ({self.beam_width})")
+        _require(self.early_stopping in (True, False, "never"),
+                 f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
+
+    @property
+    def use_beam_search(self) -> bool:
+        return self.beam_width > 0
 
     @property
     def greedy(self) -> bool:

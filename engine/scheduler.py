@@ -164,6 +164,12 @@ class Scheduler:
         return sum(self.bm.blocks_to_append(s) for s in group.unfinished())
 
     def _schedule_group(self, group: SequenceGroup, budget: int, out: SchedulerOutput) -> int:
+        if group.beam is not None:
+            # Beams step together: all of a beam group's tokens or none (unless it is alone).
+            needed = sum(s.num_uncomputed_tokens for s in group.unfinished())
+            if needed > budget and budget < self.config.max_num_batched_tokens:
+                return budget
+            budget = max(budget, needed)
         for seq in group.unfinished():
             num_new = min(seq.num_uncomputed_tokens, budget)
             out.copies += self.bm.append_slots(seq)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.beam_search import BeamState
 
 
 class SequenceStatus(enum.Enum):
@@ -82,6 +86,7 @@ class SequenceGroup:
     params: SamplingParams
     arrival: float                                # monotonic seconds, for FCFS order
     forked: bool = False                          # n > 1 groups fork once after the prefill
+    beam: "BeamState | None" = None               # beam search state (engine/beam_search.py)
 
     @property
     def prompt_token_ids(self) -> list[int]:
