@@ -37,6 +37,10 @@ class _SamplingRequest(BaseModel):
     repetition_penalty: float | None = None        # extension
     min_tokens: int = 0                            # extension
     ignore_eos: bool = False                       # extension
+    use_beam_search: bool = False                  # extension: beam search, width beam_width or n
+    beam_width: int | None = None                  # extension
+    length_penalty: float = 1.0                    # extension (beam search)
+    early_stopping: bool | Literal["never"] = False  # extension (beam search)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None                        # accepted, ignored
@@ -60,6 +64,8 @@ class _SamplingRequest(BaseModel):
             n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens, seed=self.seed,
             stop=_as_tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, logprobs=logprobs,
+            beam_width=(self.beam_width or self.n) if self.use_beam_search else 0,
+            length_penalty=self.length_penalty, early_stopping=self.early_stopping,
             **{k: v for k, v in given.items() if v is not None})
 
 
