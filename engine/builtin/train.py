@@ -211,6 +211,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_len: int):
         additional_special_tokens=[USER, ASSISTANT, SYSTEM],
         model_max_length=max_len,
         clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
     )
     hf.chat_template = CHAT_TEMPLATE
     return hf
@@ -228,6 +229,8 @@ def save_tokenizer(hf, out: Path) -> None:
     cfg["chat_template"] = CHAT_TEMPLATE
     cfg["add_bos_token"] = True
     cfg["add_eos_token"] = False
+    # Without this, transformers 4.x returns token_type_ids, which generate() rejects.
+    cfg["model_input_names"] = ["input_ids", "attention_mask"]
     extra = cfg.pop("extra_special_tokens", None)
     if isinstance(extra, list):  # v5 writes a list; v4 expects a dict here
         cfg["additional_special_tokens"] = extra
