@@ -11,10 +11,13 @@ class RouterConfig:
     api_key: str | None = None              # when set, /v1/* needs `Authorization: Bearer <api_key>`
     served_model_name: str | None = None    # name clients use; None: the backend's model name
     default_max_tokens: int = 16            # /v1/completions default (OpenAI's); chat defaults to the context
-    heartbeat_timeout_s: float = 10.0       # a node silent this long is taken out of the pools
+    heartbeat_timeout_s: float = 3.0        # a node silent this long is taken out of the pools
     affinity_blocks_per_node: int = 8192    # LRU capacity of block hashes remembered per prefill node
     prefill_load_weight: float = 1.0        # queued blocks vs. prefix-cache hits in the prefill choice
     policy_seed: int = 0                    # seeds the decode node's power-of-two choice
+    control_endpoint: str = "tcp://127.0.0.1:0"  # disaggregated: where nodes connect; port 0 = any free
+    admission_timeout_s: float = 30.0       # disaggregated: longest wait for a decode reservation
+    max_retries: int = 3                    # disaggregated: new attempts of a request after failures
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host must be a non-empty string")
@@ -30,6 +33,11 @@ class RouterConfig:
                  f"affinity_blocks_per_node must be >= 1, got {self.affinity_blocks_per_node}")
         _require(self.prefill_load_weight >= 0,
                  f"prefill_load_weight must be >= 0, got {self.prefill_load_weight}")
+        _require(self.control_endpoint.startswith(("tcp://", "ipc://")),
+                 f"control_endpoint must be a tcp:// or ipc:// address, got {self.control_endpoint!r}")
+        _require(self.admission_timeout_s > 0,
+                 f"admission_timeout_s must be > 0, got {self.admission_timeout_s}")
+        _require(self.max_retries >= 0, f"max_retries must be >= 0, got {self.max_retries}")
 
 
 def _require(ok: bool, message: str) -> None:
