@@ -1,0 +1,232 @@
+"""The router's end of the control plane: one ZMQ ROUTER socket, node membership and liveness.
+
+    node DEALER (routing id = node_id) ──[node_id, payload]──▶ ROUTER socket (here)
+                                       ◀──[node_id, payload]──
+
+1. every frame is decoded with kvtransport.control; a malformed frame, a router-to-node kind, or
+   a message from a node that has not said hello is dropped and counted, never raised
+2. NodeHello registers the node and is answered "ok"; a hello with a new epoch from a known
+   node_id is a restarted node: the old one is lost first (its requests fail over)
+3. NodeStatus is the heartbeat: answered "ok", "register" (unknown node or stale epoch) or
+   "leave" (drained and idle)
+4. request messages (Reserved, Busy, FirstToken, TokenDelta, RequestFailed) go to the listener
+5. a node silent for heartbeat_timeout_s is removed and the listener told that it is lost
+
+Everything runs on the event loop that called start(); nothing here blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+from prometheus_client import Counter
+
+from kvtransport import control
+from kvtransport.control import FirstToken, NodeCommand, NodeHello, NodeStatus, RequestFailed, TokenDelta
+from kvtransport.messages import Busy, Reserved
+from kvtransport.schema import ProtocolError
+from router.backend import NodeMetrics
+from router.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
+
+log = logging.getLogger(__name__)
+
+REQUEST_MESSAGES = (Reserved, Busy, FirstToken, TokenDelta, RequestFailed)
+_SEND_HWM = 10_000      # queued messages per node before the socket drops (a wedged node)
+_CLOSE_LINGER_MS = 200
+
+
+class ControlListener(Protocol):
+    def on_request_message(self, node_id: str, msg: Any) -> bool:
+        """A request message from a registered node; False if nobody waits for it (dropped)."""
+
+    def on_node_lost(self, node_id: str, reason: str) -> None:
+        """The node died, restarted or left: whatever it was doing will not finish."""
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    hello: NodeHello                  # what the node said when it registered (this epoch)
+    status: NodeStatus | None = None  # its latest heartbeat
+
+
+class ControlServer:
+    def __init__(self, registry: NodeRegistry, listener: ControlListener,
+                 bind: str = "tcp://127.0.0.1:0", expire_interval_s: float = 0.25):
+        self.registry = registry
+        self._listener = listener
+        self._bind = bind
+        self._expire_interval_s = expire_interval_s
+        self._nodes: dict[str, NodeInfo] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._drops: dict[str, int] = {}      # per reason, to keep a flood of garbage out of the log
+        self.endpoint: str | None = None      # the bound address, once started
+        self.dropped = Counter("pdserve_router_dropped_control_frames",
+                               "Control frames the router dropped, by reason.", ["reason"], registry=None)
+
+    async def start(self) -> str:
+        """Binds the socket and starts serving on the running loop; returns the endpoint. Idempotent."""
+        if self._sock is None:
+            self._ctx = zmq.asyncio.Context()
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a restarted node takes its id back
+            self._sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.bind(self._bind)
+            self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._tasks = [asyncio.create_task(self._receive_loop(), name="pdserve-control-recv"),
+                           asyncio.create_task(self._expire_loop(), name="pdserve-control-expire")]
+        return self.endpoint
+
+    def close(self) -> None:
+        """Stops serving and closes the socket; idempotent."""
+        for task in self._tasks:
+            if not task.done() and not task.get_loop().is_closed():
+                task.cancel()
+        self._tasks = []
+        if self._sock is not None:
+            self._sock.close(linger=_CLOSE_LINGER_MS)    # lets the last AbortRequests go out
+            self._ctx.term()
+            self._sock = self._ctx = None
+
+    def send(self, node_id: str, msg: Any) -> None:
+        """Queues msg for the node; a node that is gone never gets it (ROUTER drops it)."""
+        if self._sock is None:
+            return
+        sent = self._sock.send_multipart([node_id.encode("ascii"), control.encode(msg)])
+        sent.add_done_callback(_log_send_failure)
+
+    def drain(self, node_id: str) -> None:
+        """No new work for the node; it is told to leave at its first idle heartbeat."""
+        self.registry.drain(node_id)
+        self.send(node_id, NodeCommand("drain"))
+
+    # ------------------------------------------------------------ what the backend reads
+
+    def info(self, node_id: str) -> NodeInfo | None:
+        return self._nodes.get(node_id)
+
+    @property
+    def block_size(self) -> int | None:
+        """The nodes' KV block size (they must agree); None before any node registered."""
+        return next((i.hello.block_size for i in self._nodes.values()), None)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The smallest context of the registered nodes; None before any registered."""
+        return min((i.hello.max_model_len for i in self._nodes.values()), default=None)
+
+    def count(self, role: NodeRole) -> int:
+        """Live nodes of `role` that take new work."""
+        return len(self.registry.candidates(role))
+
+    def node_metrics(self) -> list[NodeMetrics]:
+        out = []
+        for node in self.registry.nodes():
+            info = self._nodes.get(node.node_id)
+            s = info.status if info is not None else None
+            out.append(NodeMetrics(node.node_id, node.role.value, node.load.num_running,
+                                   node.load.num_waiting, node.load.kv_usage,
+                                   s.prefix_hit_rate if s else 0.0, s.num_preemptions if s else 0))
+        return out
+
+    # ------------------------------------------------------------ loops
+
+    async def _receive_loop(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart()
+            try:
+                self._handle(frames)
+            except Exception:   # noqa: BLE001 -- one bad message must not stop the control plane
+                log.exception("control message handling failed")
+                self.dropped.labels("error").inc()
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._expire_interval_s)
+            for node_id in self.registry.expire():
+                self._lose(node_id, "heartbeat timeout")
+
+    # ------------------------------------------------------------ one frame
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            return self._drop("malformed", f"{len(frames)} frames")
+        try:
+            node_id = frames[0].decode("ascii")
+            msg = control.decode(frames[1])
+        except (UnicodeDecodeError, ProtocolError) as err:
+            return self._drop("malformed", str(err))
+        if isinstance(msg, NodeHello):
+            return self._on_hello(node_id, msg)
+        if isinstance(msg, NodeStatus):
+            return self._on_status(node_id, msg)
+        if not isinstance(msg, REQUEST_MESSAGES):
+            return self._drop("unexpected", f"{type(msg).__name__} from {node_id!r}")
+        if node_id not in self._nodes:
+            return self._drop("unknown_node", f"{type(msg).__name__} from {node_id!r}")
+        if not self._listener.on_request_message(node_id, msg):
+            self.dropped.labels("stray").inc()
+
+    def _on_hello(self, node_id: str, hello: NodeHello) -> None:
+        if hello.node_id != node_id:
+            return self._drop("unexpected", f"hello from {node_id!r} names {hello.node_id!r}")
+        known = self._nodes.get(node_id)
+        if known is not None and known.hello.epoch != hello.epoch:
+            self._lose(node_id, "restarted")
+            known = None
+        if known is not None and known.hello.role != hello.role:
+            return self._drop("unexpected", f"{node_id!r} changed role within epoch {hello.epoch}")
+        if hello.role == NodeRole.DECODE.value and not hello.kv_endpoint:
+            self.dropped.labels("incompatible").inc()
+            log.error("decode node %s has no kv_endpoint: told to leave", node_id)
+            return self.send(node_id, NodeCommand("leave"))
+        others = {i.hello.block_size for n, i in self._nodes.items() if n != node_id}
+        if others and hello.block_size not in others:
+            log.error("node %s uses block size %d, the others %s: told to leave", node_id,
+                      hello.block_size, sorted(others))
+            self.dropped.labels("incompatible").inc()
+            return self.send(node_id, NodeCommand("leave"))
+        self.registry.register(node_id, NodeRole(hello.role), hello.kv_endpoint)
+        self._nodes[node_id] = NodeInfo(hello)
+        if known is None:
+            log.info("%s node %s registered (epoch %s, %d blocks of %d)", hello.role, node_id,
+                     hello.epoch, hello.num_blocks, hello.block_size)
+        self.send(node_id, NodeCommand("ok"))
+
+    def _on_status(self, node_id: str, status: NodeStatus) -> None:
+        if status.node_id != node_id:
+            return self._drop("unexpected", f"status from {node_id!r} names {status.node_id!r}")
+        info = self._nodes.get(node_id)
+        if info is None or info.hello.epoch != status.epoch:
+            return self.send(node_id, NodeCommand("register"))
+        reply = self.registry.heartbeat(node_id, NodeLoad(status.num_running, status.num_waiting,
+                                                          status.kv_usage))
+        info.status = status
+        if reply is not HeartbeatReply.OK:
+            self._nodes.pop(node_id)
+            self._listener.on_node_lost(node_id, "left" if reply is HeartbeatReply.LEAVE else "expired")
+        self.send(node_id, NodeCommand({HeartbeatReply.OK: "ok", HeartbeatReply.LEAVE: "leave",
+                                        HeartbeatReply.UNKNOWN: "register"}[reply]))
+
+    def _lose(self, node_id: str, reason: str) -> None:
+        self.registry.remove(node_id)
+        if self._nodes.pop(node_id, None) is not None:
+            log.warning("node %s lost: %s", node_id, reason)
+            self._listener.on_node_lost(node_id, reason)
+
+    def _drop(self, reason: str, detail: str) -> None:
+        n = self._drops[reason] = self._drops.get(reason, 0) + 1
+        if n & (n - 1) == 0:    # the 1st, 2nd, 4th, 8th ... of a kind
+            log.warning("dropped a control frame (%s, %d so far): %s", reason, n, detail)
+        self.dropped.labels(reason).inc()
+
+
+def _log_send_failure(sent: asyncio.Future) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.warning("control send failed: %r", sent.exception())
