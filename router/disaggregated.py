@@ -1,0 +1,531 @@
+"""Disaggregated mode: prefill and decode on separate node processes, over the control plane.
+
+Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
+
+    1. pick a decode node D (KV usage, power of two choices) and a prefill node P (prefix
+       affinity, then load)
+    2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait retry_after_ms;
+       no reservation within admission_timeout_s fails the request (503)
+    3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router
+    4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
+       offset, so a token D re-sends is not emitted twice
+    5. P or D fails or dies (RequestFailed, heartbeat timeout, new epoch): AbortRequest to both,
+       then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
+       and min_tokens less those tokens: a retry before the first token, a migration after it
+    6. client gone / generator closed / abort(): AbortRequest to the nodes of the attempt
+
+An attempt is one try on one (P, D) pair. Its wire rid is the choice's rid, then `rid~k` for try k,
+so a late message from an earlier attempt is never taken for the current one's.
+
+    choice's tokens: [0 .......... base) [base ...................... base + n)
+                      earlier attempts    this attempt's token i is choice token base + i
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterable, NamedTuple
+
+from prometheus_client import Counter
+
+from engine.block_hash import chain_hashes
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, PrefillRequest, RequestFailed,
+                                 TokenDelta)
+from kvtransport.messages import Busy, Reserved
+from kvtransport.schema import MAX_RID_LEN
+from router.backend import Backend, NodeMetrics
+from router.config import RouterConfig
+from router.control_server import ControlServer
+from router.policy import DecodePolicy, NoNodeAvailable, PrefillChoice, PrefillPolicy, PrefixAffinity
+from router.registry import Node, NodeRegistry, NodeRole
+
+log = logging.getLogger(__name__)
+
+_ABORTED = object()         # put in a request's events by abort(): its stream ends
+_POLL_S = 0.05              # how often a failed-over request looks for a live node
+_MIN_BUSY_WAIT_S = 0.01     # least wait after every decode node said Busy
+
+
+class _Lost(NamedTuple):
+    """In an attempt's inbox: one of its nodes died, restarted or left."""
+    node_id: str
+    reason: str
+
+
+class _Failure(NamedTuple):
+    """Why an attempt ended early."""
+    node_id: str            # the node to avoid on the next attempt
+    reason: str
+    retryable: bool
+
+
+@dataclass(slots=True, eq=False)
+class _Attempt:
+    """One try of a choice on one (P, D) pair."""
+    wire_rid: str
+    prompt_ids: list[int]           # the request's prompt + the tokens emitted before this attempt
+    params: SamplingParams          # n = 1; max_tokens and min_tokens less the emitted tokens
+    base: int                       # tokens emitted before: token i here is choice token base + i
+    text_base: int                  # characters of text emitted before this attempt's text
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)    # (node_id, msg) | _Lost
+    prefill: PrefillChoice | None = None
+    decode_id: str = ""
+    first_token: bool = False       # P's FirstToken merged: D's deltas may follow it
+    decode_done: bool = False       # D sent its last delta: nothing is left to abort
+    held: list[TokenDelta] = field(default_factory=list)        # D's deltas that would leave a gap
+    contacted: set[str] = field(default_factory=set)            # nodes that got a request
+    begun: dict[str, int] = field(default_factory=dict)         # registry.begin() blocks to undo
+    ended: bool = False
+
+    @property
+    def prefill_id(self) -> str:
+        return self.prefill.node.node_id if self.prefill is not None else ""
+
+
+@dataclass(slots=True, eq=False)
+class _Choice:
+    """One completion of a request, cumulative across attempts: exactly what the client saw."""
+    index: int
+    rid: str
+    params: SamplingParams          # n = 1, this choice's seed
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None
+    attempt: _Attempt | None = None
+    num_attempts: int = 0
+    avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
+
+    def output(self) -> CompletionOutput:
+        logprobs = None if self.logprobs is None else list(self.logprobs)
+        return CompletionOutput(self.index, self.text, list(self.token_ids), logprobs, self.finish_reason)
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    choices: list[_Choice]
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)   # choice index | exception | _ABORTED
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def output(self) -> RequestOutput:
+        finished = all(c.finish_reason is not None for c in self.choices)
+        return RequestOutput(self.request_id, list(self.prompt_ids), [c.output() for c in self.choices],
+                             finished)
+
+
+class DisaggregatedBackend(Backend):
+    """Serves through prefill and decode nodes; call `await start()` on the serving loop first
+    (generate() starts it too). The nodes connect to `control_endpoint` and say hello."""
+
+    def __init__(self, tokenizer: Any, model_name: str, max_model_len: int,
+                 config: RouterConfig = RouterConfig(), vocab_size: int | None = None):
+        self._tokenizer = tokenizer
+        self._model_name = model_name
+        self._model_max_len = max_model_len
+        self._vocab_size = vocab_size
+        self._config = config
+        self._registry = NodeRegistry(config.heartbeat_timeout_s)
+        self._server = ControlServer(self._registry, self, config.control_endpoint,
+                                     expire_interval_s=min(0.25, config.heartbeat_timeout_s / 4))
+        self._affinity = PrefixAffinity(config.affinity_blocks_per_node)
+        self._prefill_policy = PrefillPolicy(self._affinity, config.prefill_load_weight)
+        self._decode_policy = DecodePolicy(config.policy_seed)
+        self._requests: dict[str, _Request] = {}
+        self._attempts: dict[str, _Attempt] = {}
+        self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
+                                "token after a node failed.", registry=None)
+        self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after "
+                                   "tokens were emitted.", registry=None)
+        self._busy = Counter("pdserve_router_busy_replies", "Busy replies from decode nodes.",
+                             registry=None)
+
+    @classmethod
+    def from_model(cls, path: str, config: RouterConfig = RouterConfig()) -> DisaggregatedBackend:
+        """Tokenizer, name and context from the local model folder the nodes serve."""
+        from transformers import AutoTokenizer
+
+        from engine.config import ModelConfig
+        model = ModelConfig.from_pretrained(path)
+        return cls(AutoTokenizer.from_pretrained(path), path.rstrip("/").split("/")[-1],
+                   model.max_model_len, config, model.vocab_size)
+
+    async def start(self) -> str:
+        """Binds the control socket on the running loop; returns its endpoint. Idempotent."""
+        return await self._server.start()
+
+    @property
+    def control_endpoint(self) -> str | None:
+        return self._server.endpoint
+
+    @property
+    def server(self) -> ControlServer:
+        return self._server
+
+    # ------------------------------------------------------------ Backend
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        nodes = self._server.max_model_len
+        return self._model_max_len if nodes is None else min(nodes, self._model_max_len)
+
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        request = self._new_request(request_id, prompt, params)
+        self._requests[request_id] = request
+        yielded = False
+        try:
+            await self.start()
+            request.tasks = [asyncio.create_task(self._run_choice(request, c)) for c in request.choices]
+            while True:
+                for event in await _drain(request.events):
+                    if event is _ABORTED:
+                        return
+                    if isinstance(event, BaseException):
+                        raise event if not yielded or not isinstance(event, ValueError) \
+                            else RuntimeError(str(event))
+                output = request.output()
+                yielded = True
+                yield output
+                if output.finished:
+                    return
+        finally:
+            self._stop(request)
+
+    async def abort(self, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is not None:
+            request.events.put_nowait(_ABORTED)
+            self._stop(request)
+
+    def metrics(self) -> list[NodeMetrics]:
+        return self._server.node_metrics()
+
+    def is_healthy(self) -> bool:
+        return self._server.count(NodeRole.PREFILL) > 0 and self._server.count(NodeRole.DECODE) > 0
+
+    def collectors(self) -> Iterable[Any]:
+        return (self._retries, self._migrations, self._busy, self._server.dropped)
+
+    def close(self) -> None:
+        for request in list(self._requests.values()):
+            request.events.put_nowait(RuntimeError("the router is shutting down"))
+            self._stop(request)
+        self._server.close()
+
+    # ------------------------------------------------------------ control plane (ControlListener)
+
+    def on_request_message(self, node_id: str, msg: Any) -> bool:
+        att = self._attempts.get(msg.rid)
+        if att is None or node_id not in (att.prefill_id, att.decode_id):
+            return False
+        att.inbox.put_nowait((node_id, msg))
+        return True
+
+    def on_node_lost(self, node_id: str, reason: str) -> None:
+        self._affinity.forget(node_id)
+        for att in self._attempts.values():
+            if node_id in (att.prefill_id, att.decode_id):
+                att.inbox.put_nowait(_Lost(node_id, reason))
+
+    # ------------------------------------------------------------ a request
+
+    def _new_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> _Request:
+        """Validates; raises ValueError for a request the nodes would refuse."""
+        if not request_id or len(request_id) > MAX_RID_LEN - 8:
+            raise ValueError(f"request id must have 1 to {MAX_RID_LEN - 8} characters")
+        if request_id in self._requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        prompt_ids = self._prompt_ids(prompt)
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context is {self.max_model_len} "
+                             "tokens, including at least one output token")
+        choices = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            choice = _Choice(i, request_id if params.n == 1 else f"{request_id}#{i}",
+                             dataclasses.replace(params, n=1, seed=seed))
+            choice.logprobs = None if params.logprobs is None else []
+            choices.append(choice)
+        return _Request(request_id, prompt_ids, choices)
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self._tokenizer is None:
+                raise ValueError("the router has no tokenizer: pass token ids")
+            ids = list(self._tokenizer.encode(prompt))
+        elif isinstance(prompt, (list, tuple)) and all(type(t) is int for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError("prompt must be a string or a list of token ids")
+        if not ids:
+            raise ValueError("prompt is empty")
+        vocab = self._vocab_size or (1 << 31)
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        return ids
+
+    def _stop(self, request: _Request) -> None:
+        """Cancels the request's choices and aborts their attempts on the nodes; idempotent."""
+        self._requests.pop(request.request_id, None)
+        for task in request.tasks:
+            task.cancel()
+        for choice in request.choices:
+            if choice.attempt is not None:
+                self._end_attempt(choice.attempt)
+
+    # ------------------------------------------------------------ a choice: attempts until it ends
+
+    async def _run_choice(self, request: _Request, choice: _Choice) -> None:
+        try:
+            while choice.finish_reason is None:
+                att = self._next_attempt(request, choice)
+                if att is None:
+                    break
+                try:
+                    failure = await self._admit(choice, att) or await self._stream(request, choice, att)
+                finally:
+                    self._end_attempt(att)
+                if failure is not None:
+                    self._after_failure(choice, failure)
+        except Exception as err:    # noqa: BLE001 -- handed to generate(), which raises it
+            request.events.put_nowait(err)
+
+    def _next_attempt(self, request: _Request, choice: _Choice) -> _Attempt | None:
+        """The next try from what was emitted; None (and the choice finished) if nothing is left."""
+        emitted = len(choice.token_ids)
+        params = choice.params
+        if params.max_tokens is not None:
+            params = dataclasses.replace(params, max_tokens=params.max_tokens - emitted)
+        if (params.max_tokens is not None and params.max_tokens < 1) \
+                or len(request.prompt_ids) + emitted >= self.max_model_len:
+            choice.finish_reason = "length"
+            request.events.put_nowait(choice.index)
+            return None
+        params = dataclasses.replace(params, min_tokens=max(0, params.min_tokens - emitted))
+        k = choice.num_attempts
+        choice.num_attempts += 1
+        att = _Attempt(choice.rid if k == 0 else f"{choice.rid}~{k}",
+                       request.prompt_ids + choice.token_ids, params, emitted, len(choice.text))
+        choice.attempt = self._attempts[att.wire_rid] = att
+        return att
+
+    def _end_attempt(self, att: _Attempt) -> None:
+        """Unregisters the attempt, undoes its in-flight counts and, unless D finished it, aborts it
+        on every node it reached; idempotent."""
+        if att.ended:
+            return
+        att.ended = True
+        self._attempts.pop(att.wire_rid, None)
+        for node_id, blocks in att.begun.items():
+            self._registry.end(node_id, blocks)
+        att.begun.clear()
+        if not att.decode_done:
+            for node_id in sorted(att.contacted):
+                self._server.send(node_id, AbortRequest(att.wire_rid))
+
+    def _after_failure(self, choice: _Choice, failure: _Failure) -> None:
+        """Raises if the choice may not run again; else counts the retry or migration."""
+        if not failure.retryable:
+            raise (RuntimeError if choice.token_ids else ValueError)(failure.reason)
+        if choice.num_attempts > self._config.max_retries:
+            raise RuntimeError(f"request failed after {choice.num_attempts} attempts: {failure.reason}")
+        choice.avoid.add(failure.node_id)
+        (self._migrations if choice.token_ids else self._retries).inc()
+        log.warning("%s: %s; %s after %d tokens", choice.rid, failure.reason,
+                    "migrating" if choice.token_ids else "retrying", len(choice.token_ids))
+
+    # ------------------------------------------------------------ steps 1-2: admission
+
+    async def _admit(self, choice: _Choice, att: _Attempt) -> _Failure | None:
+        """Picks P and D and gets D's reservation. Raises NoNodeAvailable when that cannot happen."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.admission_timeout_s
+        busy: dict[str, float] = {}     # decode nodes that said Busy this round: retry_after in s
+        while True:
+            await self._wait_for_nodes(choice, deadline)
+            decode = self._choose_decode(choice, busy)
+            if decode is None:          # every decode node is busy: wait, then ask them again
+                await asyncio.sleep(min(max(min(busy.values()), _MIN_BUSY_WAIT_S),
+                                        max(0.0, deadline - loop.time())))
+                busy.clear()
+                continue
+            if att.prefill is None or self._registry.get(att.prefill_id) is None:
+                att.prefill = self._choose_prefill(choice, att)
+            reply = await self._reserve(att, decode, deadline)
+            if not isinstance(reply, Busy):
+                return reply
+            self._busy.inc()
+            busy[decode.node_id] = reply.retry_after_ms / 1000
+
+    async def _wait_for_nodes(self, choice: _Choice, deadline: float) -> None:
+        """Until both pools have a live node. A fresh request does not wait: 503 at once; one that
+        is failing over waits until the deadline."""
+        loop = asyncio.get_running_loop()
+        while not self.is_healthy():
+            if choice.num_attempts <= 1 and not choice.token_ids:
+                raise NoNodeAvailable("no live prefill and decode nodes")
+            if loop.time() >= deadline:
+                raise NoNodeAvailable("no live prefill and decode nodes within the admission timeout")
+            await asyncio.sleep(_POLL_S)
+        if loop.time() >= deadline:
+            raise NoNodeAvailable(f"no decode node had room within {self._config.admission_timeout_s} s")
+
+    def _choose_decode(self, choice: _Choice, busy: dict[str, float]) -> Node | None:
+        nodes = [n for n in _prefer(self._registry.candidates(NodeRole.DECODE), choice.avoid)
+                 if n.node_id not in busy]
+        return self._decode_policy.choose(nodes) if nodes else None
+
+    def _choose_prefill(self, choice: _Choice, att: _Attempt) -> PrefillChoice:
+        nodes = _prefer(self._registry.candidates(NodeRole.PREFILL), choice.avoid)
+        block_size = self._server.block_size
+        hashes = chain_hashes(att.prompt_ids, block_size)
+        return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // block_size))
+
+    async def _reserve(self, att: _Attempt, decode: Node, deadline: float) -> Reserved | Busy | _Failure:
+        """Step 2: DecodeRequest to D, and its answer."""
+        att.decode_id = decode.node_id
+        att.contacted.add(decode.node_id)
+        self._server.send(decode.node_id, DecodeRequest(att.wire_rid, att.prompt_ids, att.params,
+                                                        att.prefill_id))
+        while True:
+            try:
+                event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                raise NoNodeAvailable(f"decode node {decode.node_id} did not answer within the "
+                                      f"admission timeout") from None
+            if isinstance(event, _Lost):
+                return _Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
+            node_id, msg = event
+            if node_id != att.decode_id:
+                continue
+            if isinstance(msg, RequestFailed):
+                return _Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
+            if isinstance(msg, Busy):
+                att.contacted.discard(node_id)
+                att.decode_id = ""
+                return msg
+            if isinstance(msg, Reserved):
+                self._begin(att, node_id, len(msg.dst_block_ids))
+                self._send_prefill(att, decode, msg)
+                return None
+
+    def _send_prefill(self, att: _Attempt, decode: Node, reserved: Reserved) -> None:
+        """Step 3: PrefillRequest to P, shipping into D's reservation."""
+        att.contacted.add(att.prefill_id)
+        self._begin(att, att.prefill_id, att.prefill.new_blocks)
+        self._server.send(att.prefill_id, PrefillRequest(
+            att.wire_rid, att.prompt_ids, att.params, decode.endpoint, reserved.xfer_id,
+            reserved.dst_block_ids, reserved.cached_prefix_blocks))
+
+    def _begin(self, att: _Attempt, node_id: str, blocks: int) -> None:
+        self._registry.begin(node_id, blocks)
+        att.begun[node_id] = att.begun.get(node_id, 0) + blocks
+
+    # ------------------------------------------------------------ step 4: tokens
+
+    async def _stream(self, request: _Request, choice: _Choice, att: _Attempt) -> _Failure | None:
+        """Merges P's first token and D's deltas into the choice until it finishes or fails."""
+        while choice.finish_reason is None:
+            before = (len(choice.token_ids), len(choice.text))
+            failure = self._on_event(choice, att, await att.inbox.get())
+            if failure is not None:
+                return failure
+            if (len(choice.token_ids), len(choice.text)) != before or choice.finish_reason is not None:
+                request.events.put_nowait(choice.index)
+        return None
+
+    def _on_event(self, choice: _Choice, att: _Attempt, event: Any) -> _Failure | None:
+        if isinstance(event, _Lost):
+            if event.node_id == att.prefill_id and att.first_token:
+                return None     # P's part is done; D goes on (if the transfer broke, D says so)
+            return _Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
+        node_id, msg = event
+        if isinstance(msg, RequestFailed):
+            if node_id == att.prefill_id and att.first_token:
+                log.info("%s: prefill node %s failed after its first token: %s", att.wire_rid,
+                         node_id, msg.reason)
+                return None
+            return _Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
+        if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
+            self._on_first_token(choice, att, msg)
+        elif isinstance(msg, TokenDelta) and node_id == att.decode_id:
+            att.held.append(msg)
+        if att.first_token:
+            self._merge_held(choice, att)
+        return None
+
+    def _on_first_token(self, choice: _Choice, att: _Attempt, msg: FirstToken) -> None:
+        att.first_token = True
+        self._registry.end(att.prefill_id, att.begun.pop(att.prefill_id, 0))
+        logprobs = None if msg.logprobs is None else (msg.logprobs,)
+        _merge(choice, att, 0, (msg.token_id,), 0, msg.text, logprobs, msg.finish_reason)
+
+    def _merge_held(self, choice: _Choice, att: _Attempt) -> None:
+        """Merges every held delta that no longer leaves a gap, in any order they came."""
+        progress = True
+        while progress and att.held and choice.finish_reason is None:
+            progress = False
+            for delta in list(att.held):
+                if _merge(choice, att, delta.index, delta.token_ids, delta.text_offset, delta.text,
+                          delta.logprobs, delta.finish_reason):
+                    att.held.remove(delta)
+                    att.decode_done = att.decode_done or bool(delta.finish_reason)
+                    progress = True
+
+
+def _merge(choice: _Choice, att: _Attempt, index: int, token_ids: tuple[int, ...], text_offset: int,
+           text: str, logprobs: tuple | None, finish_reason: str) -> bool:
+    """Merges the attempt's tokens [index, index + len(token_ids)) and the text at text_offset into
+    the choice, skipping what it already has. False, merging nothing, if that would leave a gap.
+
+    logprobs has one entry per token, or fewer: then the entries belong to the last tokens.
+    """
+    start, text_start = att.base + index, att.text_base + text_offset
+    if start > len(choice.token_ids) or text_start > len(choice.text):
+        return False
+    unlogged = len(token_ids) - len(logprobs or ())     # leading tokens without an entry
+    for k in range(len(choice.token_ids) - start, len(token_ids)):
+        choice.token_ids.append(token_ids[k])
+        if choice.logprobs is not None:
+            choice.logprobs.append(_top(logprobs[k - unlogged]) if k >= unlogged else
+                                   _missing_logprob(token_ids[k]))
+    choice.text += text[len(choice.text) - text_start:]
+    if finish_reason:
+        choice.finish_reason = finish_reason
+    return True
+
+
+def _top(entry: Any) -> dict[int, float]:
+    return {int(token): float(logprob) for token, logprob in entry}
+
+
+def _missing_logprob(token_id: int) -> dict[int, float]:
+    log.warning("no logprob for generated token %d; reporting 0.0", token_id)
+    return {token_id: 0.0}
+
+
+def _prefer(nodes: list[Node], avoid: set[str]) -> list[Node]:
+    """The nodes not to avoid, or all of them if none is left."""
+    return [n for n in nodes if n.node_id not in avoid] or nodes
+
+
+async def _drain(queue: asyncio.Queue) -> list[Any]:
+    """The next item and any that are already waiting behind it."""
+    items = [await queue.get()]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
