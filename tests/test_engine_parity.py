@@ -80,3 +80,17 @@ def test_prefix_cache_hit_gives_same_tokens(model_dir, make_llm):
     second = llm.generate([b], GREEDY)
     assert llm.engine.block_manager.stats.hit_tokens == 32
     assert _tokens(first + second) == [hf_greedy(hf, a, 24), hf_greedy(hf, b, 24)]
+
+
+def test_builtin_model_matches_transformers(make_llm):
+    """The shipped Shakespeare model (run in float32) decodes "ROMEO:" as transformers does."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.builtin import BUILTIN_MODEL_PATH
+    hf = AutoModelForCausalLM.from_pretrained(BUILTIN_MODEL_PATH, dtype=torch.float32).eval()
+    llm = make_llm(BUILTIN_MODEL_PATH, dtype="float32", num_blocks=64)
+    prompts = [llm.engine.tokenizer.encode(t) for t in ("ROMEO:\n", "JULIET:\nO Romeo, Romeo,")]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    assert _tokens(outs) == [hf_greedy(hf, p, 40) for p in prompts]
+    assert "\n" in outs[0].outputs[0].text
