@@ -1,0 +1,66 @@
+"""The tensor-parallel process group: rank 0 (the engine process) hosts a TCPStore on loopback,
+the workers join it, and every rank builds two groups on it:
+
+    control  gloo, CPU tensors: rank 0 broadcasts each step's message (no CUDA-side timeout
+             while workers sit idle waiting for the next step)
+    compute  the all-reduces inside the model: NCCL for CUDA ranks, else the control group
+
+The groups are built directly (no torch.distributed default group), so several engines can live
+in one process.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+import torch.distributed as dist
+
+STORE_HOST = "127.0.0.1"
+OP_TIMEOUT = datetime.timedelta(minutes=5)       # one collective inside a step
+IDLE_TIMEOUT = datetime.timedelta(days=3650)     # a worker waiting for the next step
+
+
+def host_store(timeout: float) -> tuple[dist.TCPStore, int]:
+    """Rank 0's store on a free loopback port (bound before the store takes it: no race)."""
+    sock = socket.create_server((STORE_HOST, 0))
+    port = sock.getsockname()[1]
+    store = dist.TCPStore(STORE_HOST, port, is_master=True, wait_for_workers=False,
+                          master_listen_fd=sock.detach(), timeout=datetime.timedelta(seconds=timeout))
+    return store, port
+
+
+def join_store(port: int, timeout: float) -> dist.TCPStore:
+    return dist.TCPStore(STORE_HOST, port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+
+
+class TPGroup:
+    """One rank's view of the tp ranks. Every rank must call the same collectives in the same order."""
+
+    def __init__(self, store: dist.Store, rank: int, world: int, device: torch.device):
+        self.rank, self.world = rank, world
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=STORE_HOST)]
+        opts._timeout = OP_TIMEOUT
+        self.control = dist.ProcessGroupGloo(dist.PrefixStore("pdserve-tp/control", store), rank, world, opts)
+        self.compute = self.control
+        if device.type == "cuda":
+            self.compute = dist.ProcessGroupNCCL(dist.PrefixStore("pdserve-tp/compute", store), rank, world)
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        """Sum `t` in place over every rank."""
+        self.compute.allreduce([t]).wait()
+
+    def broadcast(self, t: torch.Tensor, idle: bool = False) -> None:
+        """Rank 0's CPU tensor `t` into every rank's `t`; `idle`: the worker may wait indefinitely."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.timeout = IDLE_TIMEOUT if idle else OP_TIMEOUT
+        self.control.broadcast([t], opts).wait()
+
+    def close(self) -> None:
+        for pg in [self.control] + ([self.compute] if self.compute is not self.control else []):
+            try:
+                pg.shutdown()
+            except Exception:   # noqa: BLE001 - backends differ in what shutdown supports
+                pass

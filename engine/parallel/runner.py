@@ -1,0 +1,189 @@
+"""Rank 0's side of tensor parallelism: `TPModelRunner` has ModelRunner's interface, so LLMEngine
+(one scheduler, one BlockManager, in rank 0's process) drives tp ranks without knowing it.
+
+Each step:
+  1. copy_blocks / swap_blocks / enable_swap: rank 0 acts on its shard at once and logs the call;
+     the log rides along with the next message and each worker replays it before its forward
+  2. execute: build the ForwardBatch, broadcast it and the logged block ops to the workers
+  3. every rank runs its shard of the model over its shard of the pool; the row-parallel
+     all-reduces keep the hidden states identical (replicated) on every rank
+  4. rank 0 alone computes logits and returns them to the engine, which samples
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import time
+import weakref
+
+import torch
+
+from engine.block_manager import BlockCopy
+from engine.config import EngineConfig, ModelConfig
+from engine.forward_batch import ForwardBatch
+from engine.kv_pool import allocate_kv_cache
+from engine.model_runner import ModelRunner
+from engine.parallel.group import TPGroup, host_store
+from engine.parallel.sharding import check_shardable, shard_model
+from engine.parallel.step_message import BlockOp, batch_to, send_shutdown, send_step
+from engine.parallel.worker import WorkerSpec, load_rank, to_argv
+from engine.scheduler import ScheduledSeq
+from engine.swap import BlockMove
+from engine.weights import load_model
+
+STARTUP_TIMEOUT_S = 600.0    # workers loading their model
+SHUTDOWN_TIMEOUT_S = 10.0
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make_runner(config: EngineConfig, model_config: ModelConfig, num_blocks: int) -> ModelRunner | TPModelRunner:
+    """A ModelRunner for tensor_parallel_size 1, else a TPModelRunner over that many ranks."""
+    bs = config.cache.block_size
+    if config.tensor_parallel_size == 1:
+        device = config.torch_device
+        kv_cache = allocate_kv_cache(model_config, num_blocks, bs, device)
+        return ModelRunner(load_model(model_config, device), kv_cache, bs)
+    return TPModelRunner(config, model_config, num_blocks)
+
+
+def close_runner(runner: ModelRunner | TPModelRunner) -> None:
+    """Stop a runner's worker processes, if it has any (idempotent)."""
+    if isinstance(runner, TPModelRunner):
+        runner.close()
+
+
+class TPModelRunner:
+    """Runs the model over `tp` ranks: this process is rank 0, ranks 1..tp-1 are worker processes.
+    A failed worker or collective raises RuntimeError from execute; the engine cannot step after."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, num_blocks: int):
+        tp = config.tensor_parallel_size
+        check_shardable(model_config, tp)
+        device = _rank0_device(config.torch_device, tp)
+        self.block_size = bs = config.cache.block_size
+        self._store, port = host_store(STARTUP_TIMEOUT_S)
+        spec = WorkerSpec(os.path.abspath(model_config.path), config.dtype, config.max_model_len, num_blocks, bs,
+                          device.type, tp, port, STARTUP_TIMEOUT_S)
+        self._workers = [_spawn(dataclasses.replace(spec, rank=r)) for r in range(1, tp)]
+        self._finalizer = weakref.finalize(self, _kill, self._workers)
+        try:
+            model, self.kv_cache = load_rank(model_config, num_blocks, bs, tp, device)
+            _wait_ready(self._store, self._workers)
+            self.group = TPGroup(self._store, 0, tp, device)
+        except BaseException:
+            self._finalizer()
+            raise
+        self.model = shard_model(model, 0, tp, self.group.all_reduce)
+        # kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads // tp, head_dim], rank 0's heads
+        self._local = ModelRunner(self.model, self.kv_cache, bs)
+        self._block_ops: list[tuple[int, int, int]] = []   # (BlockOp, a, b): done here, not yet on the workers
+        self._closed = False
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.group.world
+
+    @property
+    def swap_cache(self) -> torch.Tensor | None:
+        return self._local.swap_cache          # rank 0's heads of the host swap pool
+
+    def copy_blocks(self, copies: list[BlockCopy]) -> None:
+        """Copy here now; the workers copy at the start of the next message, before any forward."""
+        self._local.copy_blocks(copies)
+        self._log(BlockOp.COPY, copies)
+
+    def enable_swap(self, num_blocks: int) -> None:
+        self._local.enable_swap(num_blocks)
+        self._block_ops.append((BlockOp.ENABLE_SWAP, num_blocks, 0))
+
+    def swap_blocks(self, out: list[BlockMove], into: list[BlockMove]) -> None:
+        """Swap out, then in, here now; the workers likewise at the start of the next message."""
+        self._local.swap_blocks(out, into)
+        self._log(BlockOp.SWAP_OUT, out)
+        self._log(BlockOp.SWAP_IN, into)
+
+    def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
+        return self._local.build_batch(scheduled)
+
+    def execute(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
+        """Logits [R, vocab] (float32) for the scheduled sequences that sample, in order."""
+        self._check_workers()
+        batch = self.build_batch(scheduled)
+        block_ops = torch.tensor(self._block_ops, dtype=torch.long).view(-1, 3).T   # [3, N]
+        self._block_ops = []
+        send_step(self.group, batch_to(batch, torch.device("cpu")), block_ops)
+        return self.model.compute_logits(self.model(batch, self.kv_cache))
+
+    def close(self) -> None:
+        """Tell the workers to exit and wait for them (killed after a timeout); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if all(p.poll() is None for p in self._workers):    # else some may sit in a collective: kill
+            try:
+                send_shutdown(self.group)
+                for p in self._workers:
+                    p.wait(SHUTDOWN_TIMEOUT_S)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass
+        self._finalizer()                                     # kills whoever is left
+        self.group.close()
+
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._workers]
+
+    def worker_exit_codes(self) -> list[int | None]:
+        """Ranks 1..tp-1: None while running."""
+        return [p.poll() for p in self._workers]
+
+    def _log(self, kind: BlockOp, moves: list[BlockCopy] | list[BlockMove]) -> None:
+        self._block_ops += [(kind, m.src, m.dst) for m in moves]
+
+    def _check_workers(self) -> None:
+        if self._closed:
+            raise RuntimeError("this tensor-parallel runner is closed")
+        for rank, p in enumerate(self._workers, start=1):
+            if p.poll() is not None:
+                raise RuntimeError(f"tensor-parallel worker rank {rank} exited with code {p.returncode}")
+
+
+def _rank0_device(device: torch.device, tp: int) -> torch.device:
+    if device.type != "cuda":
+        return torch.device("cpu")
+    if torch.cuda.device_count() < tp:
+        raise ValueError(f"tensor_parallel_size {tp} needs {tp} CUDA devices, "
+                         f"found {torch.cuda.device_count()}")
+    return torch.device("cuda", 0)
+
+
+def _spawn(spec: WorkerSpec) -> subprocess.Popen:
+    path = os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(to_argv(spec), stdin=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
+
+
+def _wait_ready(store, workers: list[subprocess.Popen]) -> None:
+    """Until every worker has loaded; a worker that exits first (or a timeout) raises RuntimeError."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    for rank, p in enumerate(workers, start=1):
+        while not store.check([f"ready/{rank}"]):
+            if p.poll() is not None:
+                raise RuntimeError(f"tensor-parallel worker rank {rank} exited with code "
+                                   f"{p.returncode} while loading")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tensor-parallel worker rank {rank} not ready after {STARTUP_TIMEOUT_S} s")
+            time.sleep(0.02)
+
+
+def _kill(workers: list[subprocess.Popen]) -> None:
+    """Kill the workers still running and close their stdin pipes (a finalizer: holds no runner)."""
+    for p in workers:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if p.stdin is not None:
+            p.stdin.close()
