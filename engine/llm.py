@@ -13,6 +13,7 @@ from tqdm import tqdm
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.parallel import close_runner
 from engine.sampling_params import SamplingParams
 
 
@@ -21,11 +22,23 @@ class LLM:
                  num_blocks: int | None = None, kv_cache_gib: float = 1.0,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
-                 max_model_len: int | None = None, device: str = "auto", seed: int = 0):
+                 max_model_len: int | None = None, device: str = "auto", seed: int = 0,
+                 tensor_parallel_size: int = 1):
         cache = CacheConfig(block_size, num_blocks, kv_cache_gib, enable_prefix_caching)
         sched = SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        self.engine = LLMEngine(EngineConfig(model, dtype, max_model_len, device, seed, cache, sched))
+        self.engine = LLMEngine(EngineConfig(model, dtype, max_model_len, device, seed, cache, sched,
+                                             tensor_parallel_size))
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (idempotent); no generate after."""
+        close_runner(self.engine.runner)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(self, prompts: str | list[int] | list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None,

@@ -21,6 +21,7 @@ from engine.detokenizer import DecodeState, Detokenizer, find_stop
 from engine.kv_pool import allocate_kv_cache, num_blocks_for
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, EngineMetrics, RequestOutput
+from engine.parallel import make_runner
 from engine.sampler import Sampler, SampledToken, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
@@ -47,8 +48,7 @@ class LLMEngine:
         self.max_model_len = min(self.model_config.max_model_len, num_blocks * bs)
         self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        kv_cache = allocate_kv_cache(self.model_config, num_blocks, bs, device)
-        self.runner = ModelRunner(load_model(self.model_config, device), kv_cache, bs)
+        self.runner = make_runner(config, self.model_config, num_blocks)   # tp > 1: engine.parallel
         self.sampler = Sampler(config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)
         self._groups: dict[str, SequenceGroup] = {}
