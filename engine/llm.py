@@ -23,9 +23,10 @@ class LLM:
                  enable_prefix_caching: bool = True, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  max_model_len: int | None = None, device: str = "auto", seed: int = 0,
-                 tensor_parallel_size: int = 1):
-        cache = CacheConfig(block_size, num_blocks, kv_cache_gib, enable_prefix_caching)
-        sched = SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+                 tensor_parallel_size: int = 1, swap_space_gib: float = 0.0,
+                 preemption_mode: str = "auto"):
+        cache = CacheConfig(block_size, num_blocks, kv_cache_gib, enable_prefix_caching, swap_space_gib)
+        sched = SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, preemption_mode)
         self.engine = LLMEngine(EngineConfig(model, dtype, max_model_len, device, seed, cache, sched,
                                              tensor_parallel_size))
         self._ids = itertools.count()

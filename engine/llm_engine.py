@@ -15,18 +15,18 @@ from typing import Protocol
 
 import torch
 
+from engine.beam_group import advance_beams, beam_outputs, new_beam_state
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import DecodeState, Detokenizer, find_stop
-from engine.kv_pool import allocate_kv_cache, num_blocks_for
-from engine.model_runner import ModelRunner
+from engine.kv_pool import block_bytes, num_blocks_for
 from engine.outputs import CompletionOutput, EngineMetrics, RequestOutput
 from engine.parallel import make_runner
 from engine.sampler import Sampler, SampledToken, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
-from engine.weights import load_model
+from engine.swap import PreemptionMode, SwapPool
 
 
 class StepObserver(Protocol):
@@ -42,17 +42,25 @@ class LLMEngine:
         path = config.model_path
         self.model_config = ModelConfig.from_pretrained(path, config.dtype, config.max_model_len)
         self.tokenizer = _load_tokenizer(path)
-        device = config.torch_device
         bs = config.cache.block_size
         num_blocks = num_blocks_for(self.model_config, config.cache)
         self.max_model_len = min(self.model_config.max_model_len, num_blocks * bs)
         self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.runner = make_runner(config, self.model_config, num_blocks)   # tp > 1: engine.parallel
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self._swap_pool(config))
         self.sampler = Sampler(config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)
         self._groups: dict[str, SequenceGroup] = {}
         self._decode: dict[int, DecodeState] = {}      # seq_id -> incremental detokenizer state
+
+    def _swap_pool(self, config: EngineConfig) -> SwapPool | None:
+        if config.cache.swap_space_gib <= 0:
+            return None
+        bs = config.cache.block_size
+        num = int(config.cache.swap_space_gib * 2**30) // block_bytes(self.model_config, bs)
+        self.runner.enable_swap(num)
+        sched = config.scheduler
+        return SwapPool(num, bs, PreemptionMode(sched.preemption_mode), sched.swap_min_blocks)
 
     @property
     def model_name(self) -> str:
@@ -69,8 +77,8 @@ class LLMEngine:
         """Decode side of a disaggregated request: hold blocks for a prompt another node
         prefills. Returns (block table, leading blocks already cached here), or None when there
         is no room for the prompt plus `growth_tokens` (busy). Raises ValueError like add_request."""
-        if params.n != 1:
-            raise ValueError("a disaggregated request carries one completion (n = 1)")
+        if params.n != 1 or params.use_beam_search:
+            raise ValueError("a disaggregated request carries one completion (n = 1, no beam search)")
         group = self._new_group(request_id, prompt_ids, params)
         cached = self.scheduler.reserve(group, growth_tokens)
         if cached is None:
@@ -114,6 +122,8 @@ class LLMEngine:
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         group = SequenceGroup(request_id, [seq], params, time.monotonic())
+        if params.use_beam_search:
+            group.beam = new_beam_state(params, len(ids), self.max_model_len, self.model_config.eos_token_ids)
         self._groups[request_id] = group
         self._decode[seq.seq_id] = self.detokenizer.start(ids)
         return group
@@ -149,6 +159,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         touched: dict[str, SequenceGroup] = {g.request_id: g for g in plan.finished}
+        self.runner.swap_blocks(plan.swap_out, plan.swap_in)   # even if nothing runs this step
         if plan.scheduled:
             self.runner.copy_blocks(plan.copies)
             logits = self.runner.execute(plan.scheduled)
@@ -168,12 +179,23 @@ class LLMEngine:
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq],
                 touched: dict[str, SequenceGroup]) -> None:
+        beam_rows: dict[str, list[int]] = {}
         pairs: list[tuple[Sequence, SequenceGroup]] = []
         rows: list[int] = []
         for row, item in enumerate(sampling):
+            if item.group.beam is not None:
+                beam_rows.setdefault(item.group.request_id, []).append(row)
+                continue
             new = self._fork(item.group) if not item.group.forked else [item.seq]
             pairs += [(seq, item.group) for seq in new]
             rows += [row] * len(new)
+        for rid, group_rows in beam_rows.items():
+            group = self._groups[rid]
+            advance_beams(group, logits[group_rows], self.block_manager, self.scheduler)
+            if group.is_finished:
+                touched[rid] = group
+        if not pairs:
+            return
         if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
             logits = logits[rows]
         samples = self.sampler(logits, [self._sampling_row(s, g) for s, g in pairs])
@@ -221,6 +243,9 @@ class LLMEngine:
             self.scheduler.finish_seq(seq, reason)
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
+        if group.beam is not None:
+            return RequestOutput(group.request_id, group.prompt_token_ids,
+                                 beam_outputs(group, self.tokenizer), group.is_finished)
         outs = [CompletionOutput(s.index, s.text, s.output_token_ids,
                                  s.logprobs if group.params.logprobs is not None else None,
                                  s.finish_reason.value if s.finish_reason else None)
@@ -243,7 +268,10 @@ class LLMEngine:
             num_preemptions=sched.num_preemptions, wasted_slots=bm.wasted_slots(live))
 
     def check_integrity(self) -> None:
+        """Block conservation in the device pool and, with swap, in the swap pool."""
         self.block_manager.check_integrity(self.scheduler.live_seqs())
+        if self.scheduler.swap is not None:
+            self.scheduler.swap.bm.check_integrity(self.scheduler.swapped_seqs())
 
 
 def _load_tokenizer(path: str):
