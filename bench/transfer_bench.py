@@ -69,8 +69,8 @@ def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret) ->
                 return
             recv.register(Reservation(cmd, tuple(range(num_blocks))))
         for ev in recv.poll(0.001):
-            assert isinstance(ev, TransferCommitted), ev
-            conn.send((ev.xfer_id, ev.nbytes, ev.transfer_seconds))
+            ok = isinstance(ev, TransferCommitted)
+            conn.send((ev.xfer_id, ev.nbytes, ev.transfer_seconds) if ok else ("failed", ev))
 
 
 def run_case(block_size: int, tokens: int, repeats: int, bind: str, secret) -> dict:
@@ -93,7 +93,7 @@ def run_case(block_size: int, tokens: int, repeats: int, bind: str, secret) -> d
         for b in range(num_blocks):
             send.send_block(xfer_id, b, b, src, b)
         send.commit(xfer_id, 1, tokens)
-        _, nbytes, recv_seconds = conn.recv()
+        _, nbytes, recv_seconds = _reply(conn, proc)
         if rep:
             walls.append(time.perf_counter() - start)
             recv_secs.append(recv_seconds)
@@ -106,6 +106,18 @@ def run_case(block_size: int, tokens: int, repeats: int, bind: str, secret) -> d
             "gbps": nbytes / wall / 1e9, "best_gbps": nbytes / min(walls) / 1e9,
             "recv_side_gbps": nbytes / statistics.median(recv_secs) / 1e9,
             "sender_send_s_per_block": send.metrics.send_seconds / send.metrics.blocks_sent}
+
+
+def _reply(conn, proc, timeout: float = 120.0):
+    """The decode process's report of one transfer; raises if it failed or the process died."""
+    deadline = time.monotonic() + timeout
+    while not conn.poll(1.0):
+        if not proc.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"decode process gone or silent (exit code {proc.exitcode})")
+    reply = conn.recv()
+    if reply[0] == "failed":
+        raise RuntimeError(f"transfer failed: {reply[1]}")
+    return reply
 
 
 def main() -> None:

@@ -100,7 +100,7 @@ _leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.f
                   st.text(max_size=20), st.binary(max_size=20))
 _tree = st.recursive(
     _leaf, lambda c: st.lists(c, max_size=6) | st.dictionaries(st.text(max_size=5), c, max_size=4),
-    max_leaves=30)
+    max_leaves=15)
 
 
 @settings(max_examples=400, deadline=None)
