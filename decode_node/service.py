@@ -86,7 +86,10 @@ class DecodeService:
         return self.link.leave
 
     def close(self) -> None:
-        self.receiver.close()
+        for failed in self.receiver.close() or ():      # transfers still open: free their blocks
+            rid = self.xfer_rid.pop(failed.xfer_id, None)
+            if rid is not None:
+                self.engine.abort_request(rid)
         self.link.close()
 
     # -- requests ---------------------------------------------------------------------------
