@@ -147,13 +147,17 @@ class DisaggregatedBackend(Backend):
 
     @classmethod
     def from_model(cls, path: str, config: RouterConfig = RouterConfig()) -> DisaggregatedBackend:
-        """Tokenizer, name and context from the local model folder the nodes serve."""
+        """Tokenizer, name and context from the local model folder the nodes serve (a folder
+        without a tokenizer serves token-id prompts only)."""
         from transformers import AutoTokenizer
 
         from engine.config import ModelConfig
         model = ModelConfig.from_pretrained(path)
-        return cls(AutoTokenizer.from_pretrained(path), path.rstrip("/").split("/")[-1],
-                   model.max_model_len, config, model.vocab_size)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, TypeError):
+            tokenizer = None
+        return cls(tokenizer, path.rstrip("/").split("/")[-1], model.max_model_len, config, model.vocab_size)
 
     async def start(self) -> str:
         """Binds the control socket on the running loop; returns its endpoint. Idempotent."""
@@ -210,6 +214,14 @@ class DisaggregatedBackend(Backend):
         if request is not None:
             request.events.put_nowait(_ABORTED)
             self._stop(request)
+
+    def placement(self, request_id: str) -> list[tuple[str, str]]:
+        """(prefill node, decode node) each choice of the request runs on now; [] if unknown."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return []
+        return [(c.attempt.prefill_id, c.attempt.decode_id) if c.attempt else ("", "")
+                for c in request.choices]
 
     def metrics(self) -> list[NodeMetrics]:
         return self._server.node_metrics()
@@ -492,7 +504,8 @@ def _merge(choice: _Choice, att: _Attempt, index: int, token_ids: tuple[int, ...
     """Merges the attempt's tokens [index, index + len(token_ids)) and the text at text_offset into
     the choice, skipping what it already has. False, merging nothing, if that would leave a gap.
 
-    logprobs has one entry per token, or fewer: then the entries belong to the last tokens.
+    logprobs has one entry per token, or fewer: then the entries belong to the last tokens. An
+    empty entry has no logprob (D's for the first token, which P's FirstToken carries).
     """
     start, text_start = att.base + index, att.text_base + text_offset
     if start > len(choice.token_ids) or text_start > len(choice.text):
@@ -501,8 +514,8 @@ def _merge(choice: _Choice, att: _Attempt, index: int, token_ids: tuple[int, ...
     for k in range(len(choice.token_ids) - start, len(token_ids)):
         choice.token_ids.append(token_ids[k])
         if choice.logprobs is not None:
-            choice.logprobs.append(_top(logprobs[k - unlogged]) if k >= unlogged else
-                                   _missing_logprob(token_ids[k]))
+            entry = logprobs[k - unlogged] if k >= unlogged else None
+            choice.logprobs.append(_top(entry) if entry else _missing_logprob(token_ids[k]))
     choice.text += text[len(choice.text) - text_start:]
     if finish_reason:
         choice.finish_reason = finish_reason
