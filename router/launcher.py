@@ -1,0 +1,274 @@
+"""`pdserve`: start a disaggregated deployment on this machine, or the colocated server.
+
+    pdserve up [--model DIR] [--prefill N] [--decode M] [--host H] [--port P] [node flags]
+    pdserve colocated [flags of `python -m router`]
+
+`pdserve up`:
+  1. this process binds the router's control socket and spawns N prefill and M decode node
+     processes (`python -m prefill_node|decode_node --router ENDPOINT --node-id ...`); each is
+     in its own session, so Ctrl-C reaches only this process, and (Linux) gets SIGTERM if this
+     process dies, however it dies
+  2. it waits until every node has registered (a node that exits first is an error)
+  3. it serves the OpenAI API (FastAPI under uvicorn, on a uvloop event loop) and prints the URL
+  4. on Ctrl-C or SIGTERM it stops serving and terminates the nodes (SIGKILL after a grace period)
+
+Flags come from the config dataclasses: RouterConfig's (--port, --api-key, ...), ClusterConfig's
+(--prefill, --decode, --startup-timeout-s) and the node's own (engine.node_config.NodeConfig:
+--dtype, --block-size, --kv-cache-gib, --max-num-seqs, ...), passed to every node only if given.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import typing
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+from router.cli import add_dataclass_args, build_dataclass
+from router.config import RouterConfig
+
+# NodeConfig fields the launcher sets itself, per node, instead of taking them as flags
+_PER_NODE_FIELDS = ("router", "node_id", "kv_bind")
+_STOP_GRACE_S = 10.0
+# Run as `python -c SHIM PARENT_PID ARGV...`: ask Linux for SIGTERM when the parent dies, then
+# become ARGV. PR_SET_PDEATHSIG (1) survives exec; the ppid check closes the race with an early death.
+_PARENT_DEATH_SHIM = ("import ctypes, os, sys; ctypes.CDLL(None, use_errno=True).prctl(1, 15); "
+                      "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    prefill: int = 1                    # prefill node processes
+    decode: int = 1                     # decode node processes
+    startup_timeout_s: float = 600.0    # longest wait for every node to register
+
+    def __post_init__(self) -> None:
+        if self.prefill < 1 or self.decode < 1:
+            raise ValueError(f"need >= 1 prefill and decode node, got {self.prefill} and {self.decode}")
+        if self.startup_timeout_s <= 0:
+            raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+
+
+@dataclass(slots=True)
+class NodeProcess:
+    node_id: str
+    role: str                           # "prefill" | "decode"
+    process: subprocess.Popen
+    reported: bool = False              # its exit has been reported
+
+
+class UpArgs(NamedTuple):
+    router: RouterConfig
+    cluster: ClusterConfig
+    model: str | None           # --model as given; None: the built-in model
+    node_flags: list[str]       # the node flags given, as node argv, --model aside
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["colocated"]:
+        from router.cli import main as colocated
+        return colocated(argv[1:])
+    args = parse_up(argv)
+    model = _model_path(args.model)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
+    sys.exit(up(model, args.router, args.cluster, ["--model", model, *args.node_flags]))
+
+
+def parse_up(argv: Sequence[str]) -> UpArgs:
+    """`up` and its flags; exits with a usage error for bad ones."""
+    parser = _parser()
+    args = vars(parser.parse_args(argv))
+    try:
+        router = build_dataclass(RouterConfig, args)
+        cluster = build_dataclass(ClusterConfig, args)
+    except ValueError as err:
+        parser.error(str(err))
+    return UpArgs(router, cluster, args.get("node_model"), _node_flags(args))
+
+
+def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: list[str]) -> int:
+    """Runs the deployment until Ctrl-C or SIGTERM; returns the exit status."""
+    import uvloop
+
+    nodes: list[NodeProcess] = []
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        return uvloop.run(_serve(model, router, cluster, node_flags, nodes))
+    except KeyboardInterrupt:
+        print("\npdserve: shutting down", flush=True)
+        return 0
+    finally:
+        stop_nodes(nodes)
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_flags: list[str],
+                 nodes: list[NodeProcess]) -> int:
+    import uvicorn
+
+    from router.app import create_app
+    from router.disaggregated import DisaggregatedBackend
+
+    backend = DisaggregatedBackend.from_model(model, config)
+    try:
+        endpoint = await backend.start()
+        print(f"pdserve: router control plane at {endpoint}; starting {cluster.prefill} prefill and "
+              f"{cluster.decode} decode node(s) of {model}", flush=True)
+        nodes.extend(spawn_nodes(endpoint, cluster, node_flags))
+        if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
+            return 1
+        server = uvicorn.Server(uvicorn.Config(create_app(backend, config), host=config.host,
+                                               port=config.port, log_level="info"))
+        serving = asyncio.create_task(server.serve())
+        watching = asyncio.create_task(_watch(nodes))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            _print_ready(config, backend.model_name)
+        await serving
+        watching.cancel()
+        return 0 if server.started else 1
+    finally:
+        backend.close()
+
+
+def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str]) -> list[NodeProcess]:
+    roles = ["prefill"] * cluster.prefill + ["decode"] * cluster.decode
+    counts = {"prefill": 0, "decode": 0}
+    nodes = []
+    for role in roles:
+        node_id = f"{role}-{counts[role]}"
+        counts[role] += 1
+        argv = [sys.executable, "-m", f"{role}_node", "--router", endpoint, "--node-id", node_id, *node_flags]
+        process = subprocess.Popen(_with_parent_death_signal(argv), start_new_session=True)
+        nodes.append(NodeProcess(node_id, role, process))
+    return nodes
+
+
+def stop_nodes(nodes: list[NodeProcess], grace_s: float = _STOP_GRACE_S) -> None:
+    """SIGTERM to every node's process group, SIGKILL to those still there after grace_s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for node in nodes:
+            if node.process.poll() is None:
+                _signal_group(node.process, sig)
+        for node in nodes:
+            try:
+                node.process.wait(grace_s if sig == signal.SIGTERM else None)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+async def _wait_registered(backend: Any, nodes: list[NodeProcess], timeout_s: float) -> bool:
+    """Until every node has said hello; False (after saying why) if one exits or time runs out."""
+    loop = asyncio.get_running_loop()
+    deadline, shown = loop.time() + timeout_s, None
+    while True:
+        registered = [n for n in nodes if backend.server.info(n.node_id) is not None]
+        progress = {r: sum(n.role == r for n in registered) for r in ("prefill", "decode")}
+        if progress != shown:
+            shown = progress
+            total = {r: sum(n.role == r for n in nodes) for r in ("prefill", "decode")}
+            print(f"pdserve: nodes registered: prefill {progress['prefill']}/{total['prefill']}, "
+                  f"decode {progress['decode']}/{total['decode']}", flush=True)
+        if len(registered) == len(nodes):
+            return True
+        for node in nodes:
+            if node.process.poll() is not None:
+                print(f"pdserve: {node.node_id} exited with status {node.process.returncode} before "
+                      "registering (its log is above)", file=sys.stderr, flush=True)
+                return False
+        if loop.time() > deadline:
+            print(f"pdserve: nodes did not register within {timeout_s} s", file=sys.stderr, flush=True)
+            return False
+        await asyncio.sleep(0.1)
+
+
+async def _watch(nodes: list[NodeProcess]) -> None:
+    """Reports a node process that exits while the router serves."""
+    while True:
+        for node in nodes:
+            if not node.reported and node.process.poll() is not None:
+                node.reported = True
+                print(f"pdserve: {node.node_id} exited with status {node.process.returncode}",
+                      file=sys.stderr, flush=True)
+        await asyncio.sleep(1.0)
+
+
+def _print_ready(config: RouterConfig, model_name: str) -> None:
+    url = f"http://{config.host}:{config.port}"
+    auth = f" -H 'Authorization: Bearer {config.api_key}'" if config.api_key else ""
+    body = f'{{"model": "{config.served_model_name or model_name}", "prompt": "ROMEO:", "max_tokens": 32}}'
+    print(f"\npdserve is up at {url}  (Ctrl-C stops it and its nodes)\n"
+          f"  curl {url}/v1/completions -H 'Content-Type: application/json'{auth} -d '{body}'\n",
+          flush=True)
+
+
+# ------------------------------------------------------------ flags
+
+
+def _parser() -> argparse.ArgumentParser:
+    from engine.node_config import NodeConfig
+
+    parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,colocated}")
+    up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine")
+    add_dataclass_args(up_parser, RouterConfig)
+    add_dataclass_args(up_parser, ClusterConfig)
+    nodes = up_parser.add_argument_group("node flags (passed to every node when given)")
+    hints = typing.get_type_hints(NodeConfig)
+    for field in dataclasses.fields(NodeConfig):
+        if field.name not in _PER_NODE_FIELDS:
+            kind = typing.get_args(hints[field.name])[0] if typing.get_args(hints[field.name]) \
+                else hints[field.name]
+            nodes.add_argument("--" + field.name.replace("_", "-"), dest=f"node_{field.name}", type=kind,
+                               metavar=field.name.upper(),
+                               default=argparse.SUPPRESS, help=f"node default: {field.default}")
+    sub.add_parser("colocated", help="one process, prefill and decode together (python -m router)")
+    return parser
+
+
+def _node_flags(args: dict[str, Any]) -> list[str]:
+    """The node flags given, as node argv (the model is passed separately)."""
+    flags = []
+    for key, value in args.items():
+        if key.startswith("node_") and key != "node_model":
+            flags += ["--" + key[len("node_"):].replace("_", "-"), str(value)]
+    return flags
+
+
+def _model_path(given: str | None) -> str:
+    from engine.builtin import BUILTIN_MODEL_PATH
+
+    path = os.path.abspath(given or BUILTIN_MODEL_PATH)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        hint = "" if given else " (build the built-in model with `python -m engine.builtin.train`)"
+        sys.exit(f"pdserve: no model at {path}{hint}; pass --model DIR, a local Hugging Face folder")
+    return path
+
+
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-c", _PARENT_DEATH_SHIM, str(os.getpid()), *argv]
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)     # the node and anything it started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""`pdserve up`'s flags, node command lines and process cleanup, without starting a model."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from router import launcher
+from router.config import RouterConfig
+from router.launcher import ClusterConfig, NodeProcess, parse_up, spawn_nodes, stop_nodes
+
+
+def test_flags_reach_router_cluster_and_nodes():
+    """Router and cluster flags build their configs; node flags given (only those) go to the nodes."""
+    args = parse_up(["up", "--port", "9000", "--prefill", "2", "--decode", "3", "--model", "/m",
+                     "--dtype", "float32", "--max-num-seqs", "4", "--heartbeat-timeout-s", "1.5"])
+    assert (args.router.port, args.router.heartbeat_timeout_s) == (9000, 1.5)
+    assert args.cluster == ClusterConfig(prefill=2, decode=3)
+    assert args.model == "/m"
+    assert args.node_flags == ["--dtype", "float32", "--max-num-seqs", "4"]
+    assert parse_up(["up"]) == (RouterConfig(), ClusterConfig(), None, [])
+
+
+def test_invalid_flags_are_usage_errors():
+    """No decode node, a bad router value or a per-node flag (--kv-bind) is a usage error."""
+    for argv in (["up", "--decode", "0"], ["up", "--port", "-1"], ["up", "--kv-bind", "tcp://x:1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_up(argv)
+        assert exit_info.value.code == 2
+
+
+def test_node_command_lines(monkeypatch):
+    """Each node runs `python -m <role>_node --router EP --node-id <role>-<i>` plus the node flags."""
+    started = []
+
+    class FakePopen:
+        def __init__(self, argv, **kwargs):
+            started.append((argv, kwargs))
+            self.pid = 0
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
+    nodes = spawn_nodes("tcp://127.0.0.1:5555", ClusterConfig(prefill=2, decode=1), ["--dtype", "float32"])
+    assert [(n.node_id, n.role) for n in nodes] == [("prefill-0", "prefill"), ("prefill-1", "prefill"),
+                                                    ("decode-0", "decode")]
+    for (argv, kwargs), node in zip(started, nodes):
+        assert argv[-9:] == [sys.executable, "-m", f"{node.role}_node", "--router", "tcp://127.0.0.1:5555",
+                             "--node-id", node.node_id, "--dtype", "float32"]
+        assert kwargs == {"start_new_session": True}
+
+
+def test_stop_nodes_kills_a_node_that_ignores_sigterm():
+    """A node still running after the grace period is killed; stop_nodes returns with none left."""
+    process = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(15, signal.SIG_IGN); "
+                                "print(1, flush=True); time.sleep(60)"], stdout=subprocess.PIPE,
+                               start_new_session=True)
+    process.stdout.readline()
+    start = time.monotonic()
+    stop_nodes([NodeProcess("decode-0", "decode", process)], grace_s=0.3)
+    assert process.poll() is not None and time.monotonic() - start < 10
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_node_dies_with_its_launcher_even_on_sigkill():
+    """A node started through the parent-death shim gets SIGTERM when its launcher dies abruptly."""
+    script = ("import os, subprocess, sys; from router.launcher import _with_parent_death_signal; "
+              "p = subprocess.Popen(_with_parent_death_signal([sys.executable, '-c', 'import time; time.sleep(60)'])); "
+              "print(p.pid, flush=True); import time; time.sleep(1.0); os._exit(0)")
+    middle = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    node_pid = int(middle.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(node_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(node_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
