@@ -1,0 +1,160 @@
+"""The disaggregated router with real prefill and decode node processes on CPU, and `pdserve up`."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from engine.builtin import BUILTIN_MODEL_PATH
+from engine.sampling_params import SamplingParams
+from router.config import RouterConfig
+from router.disaggregated import DisaggregatedBackend
+from router.launcher import ClusterConfig, spawn_nodes, stop_nodes
+from tests.model_factory import hf_greedy
+
+NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "96", "--max-num-seqs", "8", "--block-size", "16"]
+PROMPTS = [[1, 17, 33, 2, 250, 9, 9, 100, 41, 7, 7, 7, 300, 12, 13, 14, 15, 16, 200], [1, 5, 6], [3] * 40]
+
+
+async def _registered(backend: DisaggregatedBackend, nodes, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(backend.server.info(n.node_id) is None for n in nodes):
+        assert all(n.process.poll() is None for n in nodes), "a node process exited"
+        assert time.monotonic() < deadline, "nodes did not register"
+        await asyncio.sleep(0.1)
+
+
+async def _collect(backend: DisaggregatedBackend, rid: str, prompt, params: SamplingParams, on_output=None):
+    final = None
+    async for final in backend.generate(rid, prompt, params):
+        if on_output is not None:
+            on_output(final)
+    return final
+
+
+def _with_cluster(model_path: str, config: RouterConfig, cluster: ClusterConfig, test) -> None:
+    async def main():
+        backend = DisaggregatedBackend.from_model(model_path, config)
+        nodes = []
+        try:
+            nodes = spawn_nodes(await backend.start(), cluster, ["--model", model_path, *NODE_FLAGS])
+            await _registered(backend, nodes)
+            await asyncio.wait_for(test(backend, nodes), 120)
+        finally:
+            backend.close()
+            stop_nodes(nodes)
+    asyncio.run(main())
+
+
+def test_greedy_output_over_real_nodes_equals_transformers(model_dir):
+    """Concurrent greedy requests through a real prefill and decode node equal transformers' greedy."""
+    path, hf_model = model_dir
+
+    async def test(backend, nodes):
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+        outs = await asyncio.gather(*(_collect(backend, f"r{i}", p, params) for i, p in enumerate(PROMPTS)))
+        for prompt, out in zip(PROMPTS, outs):
+            assert out.finished and out.outputs[0].finish_reason == "length"
+            assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, 24)
+        n2 = await _collect(backend, "n2", PROMPTS[0], SamplingParams(n=2, seed=3, max_tokens=5, ignore_eos=True))
+        assert [len(c.token_ids) for c in n2.outputs] == [5, 5]
+        assert [n.inflight_requests for n in backend.server.registry.nodes()] == [0, 0]
+    _with_cluster(path, RouterConfig(), ClusterConfig(1, 1), test)
+
+
+def test_decode_node_frozen_mid_stream_is_migrated_with_identical_greedy_output(model_dir):
+    """A decode node that stops (SIGSTOP, no heartbeats) mid-request: the router migrates the
+    request to the other decode node and the client still gets transformers' exact greedy output."""
+    path, hf_model = model_dir
+    prompt, max_tokens = PROMPTS[0], 160
+
+    async def test(backend, nodes):
+        frozen: list[subprocess.Popen] = []
+
+        def freeze_decode_node(output) -> None:
+            if not frozen and output.outputs[0].token_ids:
+                decode_id = backend.placement("m")[0][1]
+                process = next(n.process for n in nodes if n.node_id == decode_id)
+                process.send_signal(signal.SIGSTOP)
+                frozen.append(process)
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        out = await _collect(backend, "m", prompt, params, freeze_decode_node)
+        frozen[0].kill()
+        assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, max_tokens)
+        migrations = backend.collectors()[1]
+        assert [s.value for m in migrations.collect() for s in m.samples if s.name.endswith("_total")] == [1]
+    _with_cluster(path, RouterConfig(heartbeat_timeout_s=1.0), ClusterConfig(1, 2), test)
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(BUILTIN_MODEL_PATH, "config.json")),
+                    reason="the built-in model is not built")
+def test_pdserve_up_serves_and_stops_its_nodes_on_sigterm(tmp_path):
+    """`pdserve up` serves completions over HTTP; SIGTERM ends it with status 0 and no node left."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "pdserve.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "router.launcher", "up", "--port", str(port),
+                                 "--kv-cache-gib", "0.05"], stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(port, proc)
+        children = _children(proc.pid)
+        assert len(children) == 2
+        body = json.dumps({"prompt": "ROMEO:", "max_tokens": 8, "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(req, timeout=60))
+        assert answer["usage"]["completion_tokens"] == 8 and answer["choices"][0]["text"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        for pid in children:
+            assert not _alive(pid), f"node process {pid} outlived the launcher"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = log_path.read_text(errors="replace")
+    assert "pdserve is up at" in log and "curl" in log
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "pdserve exited early"
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("pdserve did not become healthy")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
