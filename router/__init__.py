@@ -16,6 +16,9 @@
     registry.py     NodeRegistry: prefill/decode nodes, heartbeats, drain, in-flight counts
     policy.py       PrefillPolicy (prefix affinity vs load), DecodePolicy (power of two choices)
     cli.py          `python -m router`: the colocated server, flags from the config dataclasses
+    control_server.py  ControlServer: the nodes' ZMQ ROUTER socket, hello/heartbeat, expiry
+    disaggregated.py   DisaggregatedBackend: reserve on D, prefill on P, stream, retry, migrate
+    launcher.py     `pdserve up`: router + prefill/decode node processes; `pdserve colocated`
 
 Import from the modules; this package file imports nothing, so node processes can use the
 registry and policies without loading the HTTP stack.

@@ -292,7 +292,8 @@ class DisaggregatedBackend(Backend):
 
     def _stop(self, request: _Request) -> None:
         """Cancels the request's choices and aborts their attempts on the nodes; idempotent."""
-        self._requests.pop(request.request_id, None)
+        if self._requests.get(request.request_id) is request:
+            del self._requests[request.request_id]
         for task in request.tasks:
             task.cancel()
         for choice in request.choices:
@@ -319,17 +320,17 @@ class DisaggregatedBackend(Backend):
     def _next_attempt(self, request: _Request, choice: _Choice) -> _Attempt | None:
         """The next try from what was emitted; None (and the choice finished) if nothing is left."""
         emitted = len(choice.token_ids)
-        params = choice.params
-        if params.max_tokens is not None:
-            params = dataclasses.replace(params, max_tokens=params.max_tokens - emitted)
-        if (params.max_tokens is not None and params.max_tokens < 1) \
-                or len(request.prompt_ids) + emitted >= self.max_model_len:
+        max_tokens = None if choice.params.max_tokens is None else choice.params.max_tokens - emitted
+        if (max_tokens is not None and max_tokens < 1) or len(request.prompt_ids) + emitted >= self.max_model_len:
             choice.finish_reason = "length"
             request.events.put_nowait(choice.index)
             return None
-        params = dataclasses.replace(params, min_tokens=max(0, params.min_tokens - emitted))
+        params = dataclasses.replace(choice.params, max_tokens=max_tokens,
+                                     min_tokens=max(0, choice.params.min_tokens - emitted))
         k = choice.num_attempts
         choice.num_attempts += 1
+        if k > 0:
+            (self._migrations if emitted else self._retries).inc()
         att = _Attempt(choice.rid if k == 0 else f"{choice.rid}~{k}",
                        request.prompt_ids + choice.token_ids, params, emitted, len(choice.text))
         choice.attempt = self._attempts[att.wire_rid] = att
@@ -350,13 +351,12 @@ class DisaggregatedBackend(Backend):
                 self._server.send(node_id, AbortRequest(att.wire_rid))
 
     def _after_failure(self, choice: _Choice, failure: _Failure) -> None:
-        """Raises if the choice may not run again; else counts the retry or migration."""
+        """Raises if the choice may not run again; else notes the node to avoid."""
         if not failure.retryable:
             raise (RuntimeError if choice.token_ids else ValueError)(failure.reason)
         if choice.num_attempts > self._config.max_retries:
             raise RuntimeError(f"request failed after {choice.num_attempts} attempts: {failure.reason}")
         choice.avoid.add(failure.node_id)
-        (self._migrations if choice.token_ids else self._retries).inc()
         log.warning("%s: %s; %s after %d tokens", choice.rid, failure.reason,
                     "migrating" if choice.token_ids else "retrying", len(choice.token_ids))
 

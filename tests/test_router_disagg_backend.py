@@ -344,6 +344,25 @@ def test_prefill_failure_before_first_token_retries_on_another_prefill_node():
     run(test)
 
 
+def test_retries_are_bounded():
+    """With max_retries = 1 a request whose prefill fails twice raises RuntimeError after 2 attempts."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, max_retries=1)) as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            out = c.generate()
+            for rid in ("r1", "r1~1"):
+                await d.expect(DecodeRequest)
+                d.send(Reserved(rid, "x1", (3, 4), 0))
+                await p.expect(PrefillRequest)
+                p.send(RequestFailed(rid, "out of memory", True))
+                assert (await d.expect(AbortRequest)).rid == rid
+                assert (await p.expect(AbortRequest)).rid == rid
+            err = await out.next()
+            assert isinstance(err, RuntimeError) and "after 2 attempts" in str(err)
+            await d.assert_silent()
+    run(test)
+
+
 def test_non_retryable_failure_before_any_token_is_a_rejection():
     """A node's non-retryable RequestFailed before any output raises ValueError (HTTP 400)."""
     async def test():
@@ -405,6 +424,23 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
     run(test)
 
 
+def test_decode_death_after_the_last_token_finishes_with_length():
+    """D lost after sending all max_tokens tokens but no finish: the choice ends 'length', unmigrated."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            out = c.generate(max_tokens=2)
+            await _admit(d, p)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, ""))
+            assert view(await out.next()) == ([([11, 12], "ab", None)], False)
+            d.die()
+            assert view(await out.next(timeout=3.0)) == ([([11, 12], "ab", "length")], True)
+            assert counter(c.backend.collectors()[1]) == 0      # nothing was left to migrate
+    run(test)
+
+
 def test_prefill_death_after_first_token_changes_nothing():
     """P lost after its FirstToken: D goes on and the request completes on the same attempt."""
     async def test():
@@ -448,6 +484,23 @@ def test_client_abort_reaches_both_nodes(how):
             assert (await p.expect(AbortRequest)).rid == "r1"
             assert (await d.expect(AbortRequest)).rid == "r1"
             assert [n.inflight_requests for n in c.backend.server.registry.nodes()] == [0, 0]
+    run(test)
+
+
+def test_request_id_is_free_again_after_abort():
+    """After abort(rid) the id may be reused at once, and the old stream's cleanup leaves the new one be."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            old = c.generate()
+            await d.expect(DecodeRequest)
+            await c.backend.abort("r1")
+            await d.expect(AbortRequest)
+            new = c.generate(max_tokens=1)
+            assert await old.next() is _END
+            await _admit(d, p)
+            p.send(FirstToken("r1", 4, "x", None, "length"))
+            assert view(await new.next()) == ([([4], "x", "length")], True)
     run(test)
 
 
