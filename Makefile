@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: run test bench install clean
+.PHONY: run demo test bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/pdserve up
+
+demo: $(STAMP)
 	$(BIN)/python -m engine.demo
 
 test: $(STAMP)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -132,6 +133,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
             await asyncio.sleep(0.05)
         if server.started:
             _print_ready(config, backend.model_name)
+            greeting = asyncio.create_task(_first_request(config, backend.model_name))
         await serving
         watching.cancel()
         return 0 if server.started else 1
@@ -199,6 +201,26 @@ async def _watch(nodes: list[NodeProcess]) -> None:
                 print(f"pdserve: {node.node_id} exited with status {node.process.returncode}",
                       file=sys.stderr, flush=True)
         await asyncio.sleep(1.0)
+
+
+async def _first_request(config: RouterConfig, model_name: str) -> None:
+    """Shows a newcomer the system working: one streamed completion, printed as it arrives."""
+    import httpx
+
+    url = f"http://{config.host}:{config.port}/v1/completions"
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    body = {"model": config.served_model_name or model_name, "prompt": "ROMEO:\n", "max_tokens": 64,
+            "temperature": 0.8, "seed": 0, "stream": True}
+    print("pdserve: a first request, ROMEO:", flush=True)
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", url, json=body, headers=headers) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        print(json.loads(line[6:])["choices"][0]["text"], end="", flush=True)
+        print("\n", flush=True)
+    except (httpx.HTTPError, KeyError, ValueError) as e:
+        print(f"pdserve: the first request failed: {e}", file=sys.stderr, flush=True)
 
 
 def _print_ready(config: RouterConfig, model_name: str) -> None:

@@ -1,4 +1,4 @@
-"""The shipped built-in model (engine/builtin/model) loads and behaves in plain transformers."""
+"""The shipped built-in model (engine/builtin/shakespeare-6m) loads and behaves in plain transformers."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """pdserve's built-in model: a ~6M-parameter Llama trained on Shakespeare's plays.
 
-It ships inside the package (engine/builtin/model/) so that `make run` works on a
+It ships inside the package (engine/builtin/shakespeare-6m/) so that `make run` works on a
 fresh machine with no download. Rebuild it with `python -m engine.builtin.train`;
 see docs/builtin_model.md.
 """
@@ -8,6 +8,6 @@ see docs/builtin_model.md.
 from pathlib import Path
 
 #: Absolute path of the Hugging Face folder (config.json, model.safetensors, tokenizer).
-BUILTIN_MODEL_PATH: str = str(Path(__file__).resolve().parent / "model")
+BUILTIN_MODEL_PATH: str = str(Path(__file__).resolve().parent / "shakespeare-6m")
 
 __all__ = ["BUILTIN_MODEL_PATH"]

