@@ -25,19 +25,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable, NamedTuple
+from typing import Any, AsyncIterator, Iterable
 
 from prometheus_client import Counter
 
 from engine.block_hash import chain_hashes
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, PrefillRequest, RequestFailed,
                                  TokenDelta)
 from kvtransport.messages import Busy, Reserved
 from kvtransport.schema import MAX_RID_LEN
 from router.backend import Backend, NodeMetrics
+from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, merge
 from router.config import RouterConfig
 from router.control_server import ControlServer
 from router.policy import DecodePolicy, NoNodeAvailable, PrefillChoice, PrefillPolicy, PrefixAffinity
@@ -48,75 +48,6 @@ log = logging.getLogger(__name__)
 _ABORTED = object()         # put in a request's events by abort(): its stream ends
 _POLL_S = 0.05              # how often a failed-over request looks for a live node
 _MIN_BUSY_WAIT_S = 0.01     # least wait after every decode node said Busy
-
-
-class _Lost(NamedTuple):
-    """In an attempt's inbox: one of its nodes died, restarted or left."""
-    node_id: str
-    reason: str
-
-
-class _Failure(NamedTuple):
-    """Why an attempt ended early."""
-    node_id: str            # the node to avoid on the next attempt
-    reason: str
-    retryable: bool
-
-
-@dataclass(slots=True, eq=False)
-class _Attempt:
-    """One try of a choice on one (P, D) pair."""
-    wire_rid: str
-    prompt_ids: list[int]           # the request's prompt + the tokens emitted before this attempt
-    params: SamplingParams          # n = 1; max_tokens and min_tokens less the emitted tokens
-    base: int                       # tokens emitted before: token i here is choice token base + i
-    text_base: int                  # characters of text emitted before this attempt's text
-    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)    # (node_id, msg) | _Lost
-    prefill: PrefillChoice | None = None
-    decode_id: str = ""
-    first_token: bool = False       # P's FirstToken merged: D's deltas may follow it
-    decode_done: bool = False       # D sent its last delta: nothing is left to abort
-    held: list[TokenDelta] = field(default_factory=list)        # D's deltas that would leave a gap
-    contacted: set[str] = field(default_factory=set)            # nodes that got a request
-    begun: dict[str, int] = field(default_factory=dict)         # registry.begin() blocks to undo
-    ended: bool = False
-
-    @property
-    def prefill_id(self) -> str:
-        return self.prefill.node.node_id if self.prefill is not None else ""
-
-
-@dataclass(slots=True, eq=False)
-class _Choice:
-    """One completion of a request, cumulative across attempts: exactly what the client saw."""
-    index: int
-    rid: str
-    params: SamplingParams          # n = 1, this choice's seed
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[dict[int, float]] | None = None
-    finish_reason: str | None = None
-    attempt: _Attempt | None = None
-    num_attempts: int = 0
-    avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
-
-    def output(self) -> CompletionOutput:
-        logprobs = None if self.logprobs is None else list(self.logprobs)
-        return CompletionOutput(self.index, self.text, list(self.token_ids), logprobs, self.finish_reason)
-
-
-@dataclass(slots=True, eq=False)
-class _Request:
-    request_id: str
-    prompt_ids: list[int]
-    choices: list[_Choice]
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)   # choice index | exception | _ABORTED
-    tasks: list[asyncio.Task] = field(default_factory=list)
-
-    def output(self) -> RequestOutput:
-        finished = all(c.finish_reason is not None for c in self.choices)
-        return RequestOutput(self.request_id, list(self.prompt_ids), [c.output() for c in self.choices],
-                             finished)
 
 
 class DisaggregatedBackend(Backend):
@@ -136,8 +67,8 @@ class DisaggregatedBackend(Backend):
         self._affinity = PrefixAffinity(config.affinity_blocks_per_node)
         self._prefill_policy = PrefillPolicy(self._affinity, config.prefill_load_weight)
         self._decode_policy = DecodePolicy(config.policy_seed)
-        self._requests: dict[str, _Request] = {}
-        self._attempts: dict[str, _Attempt] = {}
+        self._requests: dict[str, PendingRequest] = {}
+        self._attempts: dict[str, Attempt] = {}
         self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
                                 "token after a node failed.", registry=None)
         self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after "
@@ -251,11 +182,11 @@ class DisaggregatedBackend(Backend):
         self._affinity.forget(node_id)
         for att in self._attempts.values():
             if node_id in (att.prefill_id, att.decode_id):
-                att.inbox.put_nowait(_Lost(node_id, reason))
+                att.inbox.put_nowait(Lost(node_id, reason))
 
     # ------------------------------------------------------------ a request
 
-    def _new_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> _Request:
+    def _new_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> PendingRequest:
         """Validates; raises ValueError for a request the nodes would refuse."""
         if not request_id or len(request_id) > MAX_RID_LEN - 8:
             raise ValueError(f"request id must have 1 to {MAX_RID_LEN - 8} characters")
@@ -268,11 +199,11 @@ class DisaggregatedBackend(Backend):
         choices = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
-            choice = _Choice(i, request_id if params.n == 1 else f"{request_id}#{i}",
+            choice = Choice(i, request_id if params.n == 1 else f"{request_id}#{i}",
                              dataclasses.replace(params, n=1, seed=seed))
             choice.logprobs = None if params.logprobs is None else []
             choices.append(choice)
-        return _Request(request_id, prompt_ids, choices)
+        return PendingRequest(request_id, prompt_ids, choices)
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -290,7 +221,7 @@ class DisaggregatedBackend(Backend):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         return ids
 
-    def _stop(self, request: _Request) -> None:
+    def _stop(self, request: PendingRequest) -> None:
         """Cancels the request's choices and aborts their attempts on the nodes; idempotent."""
         if self._requests.get(request.request_id) is request:
             del self._requests[request.request_id]
@@ -302,7 +233,7 @@ class DisaggregatedBackend(Backend):
 
     # ------------------------------------------------------------ a choice: attempts until it ends
 
-    async def _run_choice(self, request: _Request, choice: _Choice) -> None:
+    async def _run_choice(self, request: PendingRequest, choice: Choice) -> None:
         try:
             while choice.finish_reason is None:
                 att = self._next_attempt(request, choice)
@@ -317,7 +248,7 @@ class DisaggregatedBackend(Backend):
         except Exception as err:    # noqa: BLE001 -- handed to generate(), which raises it
             request.events.put_nowait(err)
 
-    def _next_attempt(self, request: _Request, choice: _Choice) -> _Attempt | None:
+    def _next_attempt(self, request: PendingRequest, choice: Choice) -> Attempt | None:
         """The next try from what was emitted; None (and the choice finished) if nothing is left."""
         emitted = len(choice.token_ids)
         max_tokens = None if choice.params.max_tokens is None else choice.params.max_tokens - emitted
@@ -331,12 +262,12 @@ class DisaggregatedBackend(Backend):
         choice.num_attempts += 1
         if k > 0:
             (self._migrations if emitted else self._retries).inc()
-        att = _Attempt(choice.rid if k == 0 else f"{choice.rid}~{k}",
+        att = Attempt(choice.rid if k == 0 else f"{choice.rid}~{k}",
                        request.prompt_ids + choice.token_ids, params, emitted, len(choice.text))
         choice.attempt = self._attempts[att.wire_rid] = att
         return att
 
-    def _end_attempt(self, att: _Attempt) -> None:
+    def _end_attempt(self, att: Attempt) -> None:
         """Unregisters the attempt, undoes its in-flight counts and, unless D finished it, aborts it
         on every node it reached; idempotent."""
         if att.ended:
@@ -350,7 +281,7 @@ class DisaggregatedBackend(Backend):
             for node_id in sorted(att.contacted):
                 self._server.send(node_id, AbortRequest(att.wire_rid))
 
-    def _after_failure(self, choice: _Choice, failure: _Failure) -> None:
+    def _after_failure(self, choice: Choice, failure: Failure) -> None:
         """Raises if the choice may not run again; else notes the node to avoid."""
         if not failure.retryable:
             raise (RuntimeError if choice.token_ids else ValueError)(failure.reason)
@@ -362,7 +293,7 @@ class DisaggregatedBackend(Backend):
 
     # ------------------------------------------------------------ steps 1-2: admission
 
-    async def _admit(self, choice: _Choice, att: _Attempt) -> _Failure | None:
+    async def _admit(self, choice: Choice, att: Attempt) -> Failure | None:
         """Picks P and D and gets D's reservation. Raises NoNodeAvailable when that cannot happen."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._config.admission_timeout_s
@@ -383,7 +314,7 @@ class DisaggregatedBackend(Backend):
             self._busy.inc()
             busy[decode.node_id] = reply.retry_after_ms / 1000
 
-    async def _wait_for_nodes(self, choice: _Choice, deadline: float) -> None:
+    async def _wait_for_nodes(self, choice: Choice, deadline: float) -> None:
         """Until both pools have a live node. A fresh request does not wait: 503 at once; one that
         is failing over waits until the deadline."""
         loop = asyncio.get_running_loop()
@@ -396,18 +327,18 @@ class DisaggregatedBackend(Backend):
         if loop.time() >= deadline:
             raise NoNodeAvailable(f"no decode node had room within {self._config.admission_timeout_s} s")
 
-    def _choose_decode(self, choice: _Choice, busy: dict[str, float]) -> Node | None:
+    def _choose_decode(self, choice: Choice, busy: dict[str, float]) -> Node | None:
         nodes = [n for n in _prefer(self._registry.candidates(NodeRole.DECODE), choice.avoid)
                  if n.node_id not in busy]
         return self._decode_policy.choose(nodes) if nodes else None
 
-    def _choose_prefill(self, choice: _Choice, att: _Attempt) -> PrefillChoice:
+    def _choose_prefill(self, choice: Choice, att: Attempt) -> PrefillChoice:
         nodes = _prefer(self._registry.candidates(NodeRole.PREFILL), choice.avoid)
         block_size = self._server.block_size
         hashes = chain_hashes(att.prompt_ids, block_size)
         return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // block_size))
 
-    async def _reserve(self, att: _Attempt, decode: Node, deadline: float) -> Reserved | Busy | _Failure:
+    async def _reserve(self, att: Attempt, decode: Node, deadline: float) -> Reserved | Busy | Failure:
         """Step 2: DecodeRequest to D, and its answer."""
         att.decode_id = decode.node_id
         att.contacted.add(decode.node_id)
@@ -419,13 +350,13 @@ class DisaggregatedBackend(Backend):
             except TimeoutError:
                 raise NoNodeAvailable(f"decode node {decode.node_id} did not answer within the "
                                       f"admission timeout") from None
-            if isinstance(event, _Lost):
-                return _Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
+            if isinstance(event, Lost):
+                return Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
             node_id, msg = event
             if node_id != att.decode_id:
                 continue
             if isinstance(msg, RequestFailed):
-                return _Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
+                return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
             if isinstance(msg, Busy):
                 att.contacted.discard(node_id)
                 att.decode_id = ""
@@ -435,7 +366,7 @@ class DisaggregatedBackend(Backend):
                 self._send_prefill(att, decode, msg)
                 return None
 
-    def _send_prefill(self, att: _Attempt, decode: Node, reserved: Reserved) -> None:
+    def _send_prefill(self, att: Attempt, decode: Node, reserved: Reserved) -> None:
         """Step 3: PrefillRequest to P, shipping into D's reservation."""
         att.contacted.add(att.prefill_id)
         self._begin(att, att.prefill_id, att.prefill.new_blocks)
@@ -443,13 +374,13 @@ class DisaggregatedBackend(Backend):
             att.wire_rid, att.prompt_ids, att.params, decode.endpoint, reserved.xfer_id,
             reserved.dst_block_ids, reserved.cached_prefix_blocks))
 
-    def _begin(self, att: _Attempt, node_id: str, blocks: int) -> None:
+    def _begin(self, att: Attempt, node_id: str, blocks: int) -> None:
         self._registry.begin(node_id, blocks)
         att.begun[node_id] = att.begun.get(node_id, 0) + blocks
 
     # ------------------------------------------------------------ step 4: tokens
 
-    async def _stream(self, request: _Request, choice: _Choice, att: _Attempt) -> _Failure | None:
+    async def _stream(self, request: PendingRequest, choice: Choice, att: Attempt) -> Failure | None:
         """Merges P's first token and D's deltas into the choice until it finishes or fails."""
         while choice.finish_reason is None:
             before = (len(choice.token_ids), len(choice.text))
@@ -460,18 +391,18 @@ class DisaggregatedBackend(Backend):
                 request.events.put_nowait(choice.index)
         return None
 
-    def _on_event(self, choice: _Choice, att: _Attempt, event: Any) -> _Failure | None:
-        if isinstance(event, _Lost):
+    def _on_event(self, choice: Choice, att: Attempt, event: Any) -> Failure | None:
+        if isinstance(event, Lost):
             if event.node_id == att.prefill_id and att.first_token:
                 return None     # P's part is done; D goes on (if the transfer broke, D says so)
-            return _Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
+            return Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
         node_id, msg = event
         if isinstance(msg, RequestFailed):
             if node_id == att.prefill_id and att.first_token:
                 log.info("%s: prefill node %s failed after its first token: %s", att.wire_rid,
                          node_id, msg.reason)
                 return None
-            return _Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
+            return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
         if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
             self._on_first_token(choice, att, msg)
         elif isinstance(msg, TokenDelta) and node_id == att.decode_id:
@@ -480,55 +411,23 @@ class DisaggregatedBackend(Backend):
             self._merge_held(choice, att)
         return None
 
-    def _on_first_token(self, choice: _Choice, att: _Attempt, msg: FirstToken) -> None:
+    def _on_first_token(self, choice: Choice, att: Attempt, msg: FirstToken) -> None:
         att.first_token = True
         self._registry.end(att.prefill_id, att.begun.pop(att.prefill_id, 0))
         logprobs = None if msg.logprobs is None else (msg.logprobs,)
-        _merge(choice, att, 0, (msg.token_id,), 0, msg.text, logprobs, msg.finish_reason)
+        merge(choice, att, 0, (msg.token_id,), 0, msg.text, logprobs, msg.finish_reason)
 
-    def _merge_held(self, choice: _Choice, att: _Attempt) -> None:
+    def _merge_held(self, choice: Choice, att: Attempt) -> None:
         """Merges every held delta that no longer leaves a gap, in any order they came."""
         progress = True
         while progress and att.held and choice.finish_reason is None:
             progress = False
             for delta in list(att.held):
-                if _merge(choice, att, delta.index, delta.token_ids, delta.text_offset, delta.text,
+                if merge(choice, att, delta.index, delta.token_ids, delta.text_offset, delta.text,
                           delta.logprobs, delta.finish_reason):
                     att.held.remove(delta)
                     att.decode_done = att.decode_done or bool(delta.finish_reason)
                     progress = True
-
-
-def _merge(choice: _Choice, att: _Attempt, index: int, token_ids: tuple[int, ...], text_offset: int,
-           text: str, logprobs: tuple | None, finish_reason: str) -> bool:
-    """Merges the attempt's tokens [index, index + len(token_ids)) and the text at text_offset into
-    the choice, skipping what it already has. False, merging nothing, if that would leave a gap.
-
-    logprobs has one entry per token, or fewer: then the entries belong to the last tokens. An
-    empty entry has no logprob (D's for the first token, which P's FirstToken carries).
-    """
-    start, text_start = att.base + index, att.text_base + text_offset
-    if start > len(choice.token_ids) or text_start > len(choice.text):
-        return False
-    unlogged = len(token_ids) - len(logprobs or ())     # leading tokens without an entry
-    for k in range(len(choice.token_ids) - start, len(token_ids)):
-        choice.token_ids.append(token_ids[k])
-        if choice.logprobs is not None:
-            entry = logprobs[k - unlogged] if k >= unlogged else None
-            choice.logprobs.append(_top(entry) if entry else _missing_logprob(token_ids[k]))
-    choice.text += text[len(choice.text) - text_start:]
-    if finish_reason:
-        choice.finish_reason = finish_reason
-    return True
-
-
-def _top(entry: Any) -> dict[int, float]:
-    return {int(token): float(logprob) for token, logprob in entry}
-
-
-def _missing_logprob(token_id: int) -> dict[int, float]:
-    log.warning("no logprob for generated token %d; reporting 0.0", token_id)
-    return {token_id: 0.0}
 
 
 def _prefer(nodes: list[Node], avoid: set[str]) -> list[Node]:

@@ -136,6 +136,8 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
             greeting = asyncio.create_task(_first_request(config, backend.model_name))
         await serving
         watching.cancel()
+        if server.started:
+            greeting.cancel()
         return 0 if server.started else 1
     finally:
         backend.close()

@@ -1,0 +1,116 @@
+"""The per-request records of the disaggregated backend, and how a node's tokens merge into what
+the client has seen (router/disaggregated.py runs the lifecycle)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+from kvtransport.control import TokenDelta
+from router.policy import PrefillChoice
+
+log = logging.getLogger(__name__)
+
+
+class Lost(NamedTuple):
+    """In an attempt's inbox: one of its nodes died, restarted or left."""
+    node_id: str
+    reason: str
+
+
+class Failure(NamedTuple):
+    """Why an attempt ended early."""
+    node_id: str            # the node to avoid on the next attempt
+    reason: str
+    retryable: bool
+
+
+@dataclass(slots=True, eq=False)
+class Attempt:
+    """One try of a choice on one (P, D) pair."""
+    wire_rid: str
+    prompt_ids: list[int]           # the request's prompt + the tokens emitted before this attempt
+    params: SamplingParams          # n = 1; max_tokens and min_tokens less the emitted tokens
+    base: int                       # tokens emitted before: token i here is choice token base + i
+    text_base: int                  # characters of text emitted before this attempt's text
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)    # (node_id, msg) | Lost
+    prefill: PrefillChoice | None = None
+    decode_id: str = ""
+    first_token: bool = False       # P's FirstToken merged: D's deltas may follow it
+    decode_done: bool = False       # D sent its last delta: nothing is left to abort
+    held: list[TokenDelta] = field(default_factory=list)        # D's deltas that would leave a gap
+    contacted: set[str] = field(default_factory=set)            # nodes that got a request
+    begun: dict[str, int] = field(default_factory=dict)         # registry.begin() blocks to undo
+    ended: bool = False
+
+    @property
+    def prefill_id(self) -> str:
+        return self.prefill.node.node_id if self.prefill is not None else ""
+
+
+@dataclass(slots=True, eq=False)
+class Choice:
+    """One completion of a request, cumulative across attempts: exactly what the client saw."""
+    index: int
+    rid: str
+    params: SamplingParams          # n = 1, this choice's seed
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None
+    attempt: Attempt | None = None
+    num_attempts: int = 0
+    avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
+
+    def output(self) -> CompletionOutput:
+        logprobs = None if self.logprobs is None else list(self.logprobs)
+        return CompletionOutput(self.index, self.text, list(self.token_ids), logprobs, self.finish_reason)
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    request_id: str
+    prompt_ids: list[int]
+    choices: list[Choice]
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)   # choice index | exception | the abort marker
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def output(self) -> RequestOutput:
+        finished = all(c.finish_reason is not None for c in self.choices)
+        return RequestOutput(self.request_id, list(self.prompt_ids), [c.output() for c in self.choices],
+                             finished)
+
+
+def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], text_offset: int,
+           text: str, logprobs: tuple | None, finish_reason: str) -> bool:
+    """Merges the attempt's tokens [index, index + len(token_ids)) and the text at text_offset into
+    the choice, skipping what it already has. False, merging nothing, if that would leave a gap.
+
+    logprobs has one entry per token, or fewer: then the entries belong to the last tokens. An
+    empty entry has no logprob (D's for the first token, which P's FirstToken carries).
+    """
+    start, text_start = att.base + index, att.text_base + text_offset
+    if start > len(choice.token_ids) or text_start > len(choice.text):
+        return False
+    unlogged = len(token_ids) - len(logprobs or ())     # leading tokens without an entry
+    for k in range(len(choice.token_ids) - start, len(token_ids)):
+        choice.token_ids.append(token_ids[k])
+        if choice.logprobs is not None:
+            entry = logprobs[k - unlogged] if k >= unlogged else None
+            choice.logprobs.append(top_logprobs(entry) if entry else missing_logprob(token_ids[k]))
+    choice.text += text[len(choice.text) - text_start:]
+    if finish_reason:
+        choice.finish_reason = finish_reason
+    return True
+
+
+def top_logprobs(entry: Any) -> dict[int, float]:
+    return {int(token): float(logprob) for token, logprob in entry}
+
+
+def missing_logprob(token_id: int) -> dict[int, float]:
+    log.warning("no logprob for generated token %d; reporting 0.0", token_id)
+    return {token_id: 0.0}
