@@ -18,6 +18,7 @@ from typing import Any
 import msgpack
 
 from engine.sampling_params import SamplingParams
+from kvtransport import messages
 from kvtransport.messages import Busy, Reserved
 from kvtransport.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
                                 check_bool, check_id, check_int, check_ints, check_seq, check_str)
@@ -229,20 +230,4 @@ def encode(msg: Any) -> bytes:
 
 def decode(buf: bytes | memoryview) -> Any:
     """The message in buf; raises ProtocolError (only) for anything that is not one."""
-    if len(buf) > MAX_CONTROL_BYTES:
-        raise ProtocolError(f"control message of {len(buf)} bytes exceeds {MAX_CONTROL_BYTES}")
-    try:
-        obj = msgpack.unpackb(buf, raw=False, use_list=True, strict_map_key=True)
-    except Exception as e:   # msgpack raises several unrelated types for bad input
-        raise ProtocolError(f"not msgpack: {type(e).__name__}") from None
-    if type(obj) is not list or len(obj) != 3 or obj[0] != PROTOCOL_VERSION or type(obj[0]) is not int:
-        raise ProtocolError("envelope must be [version, kind, fields] of this protocol version")
-    cls = KINDS.get(obj[1]) if type(obj[1]) is str else None
-    if cls is None or type(obj[2]) is not list or len(obj[2]) != len(fields(cls)):
-        raise ProtocolError(f"unknown kind or wrong field count: {obj[1]!r}")
-    try:
-        return cls(*obj[2])
-    except ProtocolError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ProtocolError(f"bad {obj[1]}: {e}") from None
+    return messages.decode(buf, KINDS, MAX_CONTROL_BYTES)

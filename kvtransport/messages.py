@@ -184,10 +184,14 @@ def encode(msg: Message) -> bytes:
                          use_bin_type=True)
 
 
-def decode(buf: bytes | memoryview) -> Message:
-    """The message in buf; raises ProtocolError (only) for anything that is not a valid message."""
-    if len(buf) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header of {len(buf)} bytes exceeds {MAX_HEADER_BYTES}")
+def decode(buf: bytes | memoryview, kinds: dict[str, type] | None = None,
+           max_bytes: int = MAX_HEADER_BYTES) -> Message:
+    """The message in buf; raises ProtocolError (only) for anything that is not a valid message.
+    `kinds` (default: this module's) maps kind names to message classes: the control plane
+    decodes its own set the same way."""
+    kinds = KINDS if kinds is None else kinds
+    if len(buf) > max_bytes:
+        raise ProtocolError(f"header of {len(buf)} bytes exceeds {max_bytes}")
     try:
         obj = msgpack.unpackb(buf, raw=False, use_list=True, strict_map_key=True)
     except Exception as e:  # msgpack raises several unrelated types for bad input
@@ -197,11 +201,12 @@ def decode(buf: bytes | memoryview) -> Message:
     version, kind, values = obj
     if version != PROTOCOL_VERSION or type(version) is not int:
         raise ProtocolError(f"protocol version {version!r} != {PROTOCOL_VERSION}")
-    cls = KINDS.get(kind) if type(kind) is str else None
+    cls = kinds.get(kind) if type(kind) is str else None
     if cls is None:
         raise ProtocolError(f"unknown message kind {kind!r}")
-    if type(values) is not list or len(values) != _NUM_FIELDS[cls]:
-        raise ProtocolError(f"{kind} needs {_NUM_FIELDS[cls]} fields")
+    num_fields = _NUM_FIELDS.get(cls) or len(fields(cls))
+    if type(values) is not list or len(values) != num_fields:
+        raise ProtocolError(f"{kind} needs {num_fields} fields")
     try:
         return cls(*values)
     except ProtocolError:
