@@ -1,0 +1,59 @@
+"""The router <-> node control plane: every message round-trips; anything else is ProtocolError."""
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engine import SamplingParams
+from kvtransport import control
+from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
+                                 PrefillRequest, RequestFailed, TokenDelta)
+from kvtransport.schema import ProtocolError
+
+PARAMS = SamplingParams(temperature=0.7, top_k=5, stop=("\n\n",), seed=3, max_tokens=9, logprobs=2)
+MESSAGES = [
+    NodeHello("decode-0", "abc123", "decode", "tcp://127.0.0.1:5555", 128, 16, 2048),
+    NodeStatus("prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64), NodeCommand("drain"),
+    DecodeRequest("r1", (1, 2, 3), PARAMS, "prefill-0"),
+    PrefillRequest("r1", (1, 2, 3), PARAMS, "tcp://127.0.0.1:5555", "x.1", (4, 5), 1),
+    FirstToken("r1", 42, "hi", ((42, -0.1), (7, -2.5)), ""),
+    TokenDelta("r1", 1, (5, 6), 2, " there", ((), ((6, -0.3),)), "length"),
+    RequestFailed("r1", "busy", True), AbortRequest("r1"),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(msg):
+    """encode then decode gives back an equal message (sampling parameters included)."""
+    back = control.decode(control.encode(msg))
+    assert type(back) is type(msg)
+    assert control.encode(back) == control.encode(msg)
+
+
+@pytest.mark.parametrize("fields", [
+    ["d", "e", "decode", "x", 0, 16, 10],                       # num_blocks 0
+    ["d", "e", "mystery", "x", 1, 16, 10],                      # unknown role
+    ["d", "e", "decode", "x", True, 16, 10],                    # a bool is not an int
+])
+def test_bad_hello_fields_are_protocol_errors(fields):
+    """Out-of-range or mistyped fields are refused with ProtocolError naming the problem."""
+    with pytest.raises(ProtocolError):
+        control.decode(msgpack.packb([1, "node_hello", fields]))
+
+
+def test_hostile_sampling_params_are_refused():
+    """Unknown or out-of-range sampling fields in a request are ProtocolErrors, not crashes."""
+    for params in ({"temperature": -1.0}, {"evil": 1}, {"stop": 5}, "greedy"):
+        with pytest.raises(ProtocolError):
+            control.decode(msgpack.packb([1, "decode_request", ["r", [1], params, "p0"]]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_only_raise_protocol_error(data):
+    """Random bytes never make the decoder raise anything but ProtocolError."""
+    try:
+        control.decode(data)
+    except ProtocolError:
+        pass
