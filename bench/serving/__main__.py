@@ -21,7 +21,7 @@ from bench.serving.servers import SYSTEMS, Knobs
 from bench.serving.workloads import WORKLOADS
 
 QUICK = dict(workload="alpaca", num_requests=12, rates="1,4", deadline_s=90.0)
-FULL = dict(workload="sharegpt", num_requests=24, rates="0.25,0.5,1,2", deadline_s=240.0)
+FULL = dict(workload="sharegpt", num_requests=24, rates="0.25,0.5,1,2", deadline_s=180.0)
 TUNE_GRID = "256x64,512x64,1024x64,2048x64,4096x64,1024x8,4096x8"
 
 
@@ -104,7 +104,7 @@ def _report_compare(path: str, publish: bool) -> None:
     from bench.serving import plots, report
     with open(path) as f:
         result = json.load(f)
-    stem = os.path.splitext(path)[0]
+    stem = os.path.splitext(os.path.abspath(path))[0]
     made = plots.plot_compare(result, stem, publish)
     print("\n" + report.compare_markdown(result))
     print(f"\nwrote {path}\n" + "\n".join(f"      {p}" for p in made))
@@ -129,7 +129,7 @@ def _plot(args) -> None:
         result = json.load(f)
     if result["bench"] == "serving_tuning":
         from bench.serving import plots, report
-        print(plots.plot_tuning(result, os.path.splitext(args.result)[0]))
+        print(plots.plot_tuning(result, os.path.splitext(os.path.abspath(args.result))[0]))
         print(report.tuning_table(result))
     else:
         _report_compare(args.result, True)

@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.serving.record import PLOTS, RESULTS  # noqa: E402
+from bench.serving.record import PLOTS  # noqa: E402
 
 
 def _systems(result: dict) -> dict[str, dict]:
@@ -95,12 +95,12 @@ def goodput_bars(result: dict, path: str) -> None:
 
 def tuning(result: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for cfg in result["configs"]:
-        m = cfg["metrics"]
+    for i, cfg in enumerate(result["configs"]):
+        m, color = cfg["metrics"], f"C{i % 10}"
         label = f"tok {cfg['max_num_batched_tokens']}, seqs {cfg['max_num_seqs']}"
-        ax.plot([m["output_throughput"]] * 2, [m["ttft"]["p50"], m["ttft"]["p99"]], color="0.7", zorder=1)
-        ax.scatter(m["output_throughput"], m["ttft"]["p50"], marker="o", zorder=2)
-        ax.scatter(m["output_throughput"], m["ttft"]["p99"], marker="^", zorder=2)
+        ax.plot([m["output_throughput"]] * 2, [m["ttft"]["p50"], m["ttft"]["p99"]], color=color, alpha=0.4)
+        ax.scatter(m["output_throughput"], m["ttft"]["p50"], marker="o", color=color)
+        ax.scatter(m["output_throughput"], m["ttft"]["p99"], marker="^", color=color)
         ax.annotate(label, (m["output_throughput"], m["ttft"]["p99"]), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
     ax.set(xlabel="output throughput (tokens/s)", ylabel="TTFT (ms): o P50, ^ P99", yscale="log",
@@ -116,11 +116,12 @@ def _save(fig, path: str) -> None:
 
 
 def plot_compare(result: dict, stem: str, publish: bool = True) -> list[str]:
-    """All comparison plots; with `publish`, copied to bench/plots/ under stable names."""
+    """All comparison plots as `<stem>_<kind>.png`; with `publish`, copied to bench/plots/ under
+    stable names."""
     workload = result["sweep"]["workload"]
     made = []
     for kind, draw in (("normalized_latency", normalized_latency), ("cdf", cdfs), ("goodput", goodput_bars)):
-        path = os.path.join(RESULTS, f"{stem}_{kind}.png")
+        path = f"{stem}_{kind}.png"
         draw(result, path)
         made.append(path)
         if publish:
@@ -130,7 +131,7 @@ def plot_compare(result: dict, stem: str, publish: bool = True) -> list[str]:
 
 
 def plot_tuning(result: dict, stem: str, publish: bool = True) -> str:
-    path = os.path.join(RESULTS, f"{stem}_tuning.png")
+    path = f"{stem}_tuning.png"
     tuning(result, path)
     if publish:
         os.makedirs(PLOTS, exist_ok=True)

@@ -32,10 +32,10 @@ def workload_line(result: dict) -> str:
 def sweep_table(result: dict) -> str:
     rows = ["| system | offered req/s | sent req/s | done | req/s | output tok/s | TTFT p50 / p99 ms | "
             "TPOT p50 / p99 ms | ITL p50 / p99 ms | E2EL p50 ms | norm. latency ms/tok | goodput req/s | "
-            "SLO attain. |", "|" + "---|" * 13]
+            "SLO attain. | load avg |", "|" + "---|" * 14]
     for name, s in result["systems"].items():
         if not s.get("points"):
-            rows.append(f"| {name} | {s['status']} |" + " |" * 11)
+            rows.append(f"| {name} | {s['status'][:120]} |" + " |" * 12)
             continue
         for p in s["points"]:
             m = p["metrics"]
@@ -44,7 +44,8 @@ def sweep_table(result: dict) -> str:
                 f"{_f(m['request_throughput'], 2)} | {_f(m['output_throughput'])} | {_f(m['ttft']['p50'])} / "
                 f"{_f(m['ttft']['p99'])} | {_f(m['tpot']['p50'], 1)} / {_f(m['tpot']['p99'], 1)} | "
                 f"{_f(m['itl']['p50'], 1)} / {_f(m['itl']['p99'], 1)} | {_f(m['e2el']['p50'])} | "
-                f"{_f(m['normalized_latency_s'] * 1000, 1)} | {_f(m['goodput'], 2)} | {m['slo_attainment']:.0%} |")
+                f"{_f(m['normalized_latency_s'] * 1000, 1)} | {_f(m['goodput'], 2)} | {m['slo_attainment']:.0%} | "
+                f"{p['loadavg_before'][0]:.1f} |")
     return "\n".join(rows)
 
 
