@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # both systems, before torch loads (engine/__init__.py)
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.machine import machine_info  # noqa: E402

@@ -147,11 +147,14 @@ def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str]) ->
     roles = ["prefill"] * cluster.prefill + ["decode"] * cluster.decode
     counts = {"prefill": 0, "decode": 0}
     nodes = []
+    # The nodes share this machine's cores: split them rather than oversubscribe (unless set).
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(roles))))
     for role in roles:
         node_id = f"{role}-{counts[role]}"
         counts[role] += 1
         argv = [sys.executable, "-m", f"{role}_node", "--router", endpoint, "--node-id", node_id, *node_flags]
-        process = subprocess.Popen(_with_parent_death_signal(argv), start_new_session=True)
+        process = subprocess.Popen(_with_parent_death_signal(argv), start_new_session=True, env=env)
         nodes.append(NodeProcess(node_id, role, process))
     return nodes
 
