@@ -48,7 +48,10 @@ def test_node_command_lines(monkeypatch):
     for (argv, kwargs), node in zip(started, nodes):
         assert argv[-9:] == [sys.executable, "-m", f"{node.role}_node", "--router", "tcp://127.0.0.1:5555",
                              "--node-id", node.node_id, "--dtype", "float32"]
-        assert kwargs == {"start_new_session": True}
+        assert kwargs["start_new_session"] is True
+        assert kwargs["env"]["OMP_WAIT_POLICY"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+        expected_threads = str(max(1, (os.cpu_count() or 1) // 3))
+        assert kwargs["env"]["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", expected_threads)
 
 
 def test_stop_nodes_kills_a_node_that_ignores_sigterm():
