@@ -103,7 +103,9 @@ def main() -> None:
 
 def report(results: dict, args) -> None:
     ours = results["pdserve"]
-    print(f"\nworkload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
+    print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end (other "
+          f"processes slow every system here alike)")
+    print(f"workload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
           f"tokens, greedy, {args.dtype}; model: random Llama {PEER_SHAPE}")
     for name, tps in results.items():
         ratio = f"pdserve = {ours / tps:.2f}x" if tps and name != "pdserve" else ""

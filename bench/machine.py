@@ -10,7 +10,8 @@ def machine_info() -> dict:
     import transformers
     info = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
+            "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
+            "load_avg_1m": os.getloadavg()[0], "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
     try:
         with open("/proc/meminfo") as f:
             info["mem_total_kib"] = int(f.readline().split()[1])
