@@ -26,7 +26,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/python bench/engine_throughput.py
+	$(BIN)/python bench/engine_throughput.py --vllm
 
 clean:
 	rm -rf $(VENV) .pytest_cache
