@@ -69,6 +69,8 @@ def _sweep_args(ap: argparse.ArgumentParser, systems: str) -> None:
     ap.add_argument("--kv-cache-gib", type=float, default=Knobs().kv_cache_gib)
     ap.add_argument("--max-num-seqs", type=int, default=Knobs().max_num_seqs)
     ap.add_argument("--max-num-batched-tokens", type=int, default=Knobs().max_num_batched_tokens)
+    ap.add_argument("--pdserve-flags", default="", help='extra flags for both pdserve servers, e.g. '
+                    '"--heartbeat-timeout-s 10"')
     ap.add_argument("--no-publish", action="store_true", help="do not copy plots to bench/plots/")
 
 
@@ -80,7 +82,8 @@ def _spec(args, defaults: dict):
         rates=tuple(float(r) for r in str(pick("rates")).split(",")), burstiness=args.burstiness,
         max_concurrency=args.max_concurrency, seed=args.seed, deadline_s=pick("deadline_s"),
         output_cap=args.output_cap, slo=SLO(args.slo_ttft_ms, args.slo_tpot_ms),
-        knobs=Knobs(args.dtype, args.kv_cache_gib, args.max_num_seqs, args.max_num_batched_tokens))
+        knobs=Knobs(args.dtype, args.kv_cache_gib, args.max_num_seqs, args.max_num_batched_tokens),
+        pdserve_flags=tuple(args.pdserve_flags.split()))
 
 
 def _model():

@@ -14,7 +14,7 @@ import asyncio
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from bench.serving import record as rec
 from bench.serving.loadgen import LoadSpec, RunResult, run_load
@@ -36,6 +36,7 @@ class SweepSpec:
     output_cap: int | None = None
     slo: SLO = SLO(ttft_ms=1000.0, tpot_ms=100.0)
     knobs: Knobs = Knobs()
+    pdserve_flags: tuple[str, ...] = ()     # extra flags for both pdserve servers
 
     def workload_at(self, point: int) -> WorkloadSpec:
         return WorkloadSpec(self.workload, self.num_requests, self.seed + point,
@@ -67,6 +68,8 @@ def run_sweep(spec: SweepSpec, model: str, vocab: list[str], bench: str = "servi
 
 def run_system(name: str, spec: SweepSpec, model: str, vocab: list[str], knobs: Knobs | None = None) -> dict:
     server = SYSTEMS[name](model, free_port(), knobs or spec.knobs)
+    if name.startswith("pdserve") and spec.pdserve_flags:
+        server = replace(server, argv=server.argv + spec.pdserve_flags)
     out = {"status": "ok", "server": server.record(), "knobs": asdict(knobs or spec.knobs), "points": []}
     log = os.path.join(rec.RESULTS, "logs", f"{name}_{int(time.time())}.log")
     t0 = time.perf_counter()

@@ -135,5 +135,6 @@ def plot_tuning(result: dict, stem: str, publish: bool = True) -> str:
     tuning(result, path)
     if publish:
         os.makedirs(PLOTS, exist_ok=True)
-        shutil.copy(path, os.path.join(PLOTS, f"tuning_{result['system']}_{result['workload_name']}.png"))
+        shutil.copy(path, os.path.join(PLOTS, f"tuning_{result['system']}_{result['workload_name']}_"
+                                              f"{result['rate']:g}rps.png"))
     return path

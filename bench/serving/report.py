@@ -21,10 +21,13 @@ def context(result: dict) -> str:
 
 
 def workload_line(result: dict) -> str:
-    s, w = result["sweep"], result["workload"][0]
+    s, ws = result["sweep"], result["workload"]
+    mean = lambda key: sum(w[key] for w in ws) / len(ws)    # noqa: E731 -- equal-sized points
     return (f"Workload `{s['workload']}`: {s['num_requests']} requests per rate (seed {s['seed']} + rate index), "
-            f"prompt mean {w['prompt_mean']:.0f} (p99 {w['prompt_p99']:.0f}), output mean {w['output_mean']:.0f} "
-            f"(p99 {w['output_p99']:.0f}) tokens, gamma arrivals with burstiness {s['burstiness']:g}, "
+            f"over all points prompt mean {mean('prompt_mean'):.0f} (max {max(w['prompt_max'] for w in ws)}), "
+            f"output mean {mean('output_mean'):.0f} (max {max(w['output_max'] for w in ws)}) tokens, "
+            f"{mean('kv_bytes_shipped_mean') / 2**20:.1f} MiB of KV per prompt, "
+            f"gamma arrivals with burstiness {s['burstiness']:g}, "
             f"exact output lengths (EOS ignored). SLOs: TTFT <= {s['slo']['ttft_ms']:g} ms, "
             f"TPOT <= {s['slo']['tpot_ms']:g} ms.")
 
@@ -69,14 +72,34 @@ def goodput_table(result: dict) -> str:
 
 def tuning_table(result: dict) -> str:
     rows = ["| max_num_batched_tokens | max_num_seqs | done | output tok/s | TTFT p50 ms | TTFT p99 ms | "
-            "TPOT p50 ms | ITL p99 ms |", "|---|---|---|---|---|---|---|---|"]
+            "TPOT p50 ms | ITL p99 ms | prefix hit rate | load avg |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["configs"]:
         m = c["metrics"]
+        hits = [v["max"] for k, v in c["prometheus"].get("gauges", {}).items() if "hit_rate" in k]
         rows.append(f"| {c['max_num_batched_tokens']} | {c['max_num_seqs']} | {m['completed']}/{m['num_sent']} | "
                     f"{_f(m['output_throughput'])} | {_f(m['ttft']['p50'])} | {_f(m['ttft']['p99'])} | "
-                    f"{_f(m['tpot']['p50'], 1)} | {_f(m['itl']['p99'], 1)} |")
+                    f"{_f(m['tpot']['p50'], 1)} | {_f(m['itl']['p99'], 1)} | "
+                    f"{_f(max(hits) * 100) + ' %' if hits else '—'} | {c['point']['loadavg_before'][0]:.1f} |")
     return "\n".join(rows)
 
 
 def compare_markdown(result: dict) -> str:
-    return "\n\n".join([context(result), workload_line(result), goodput_table(result), sweep_table(result)])
+    parts = [context(result), workload_line(result), goodput_table(result), sweep_table(result)]
+    kinds = {r["kind"] for s in result["systems"].values() for p in s.get("points", []) for r in p["requests"]}
+    return "\n\n".join(parts + ([kind_table(result)] if len(kinds) > 1 else []))
+
+
+def kind_table(result: dict) -> str:
+    """Latencies split by request kind (e.g. chats vs long prompts in the mixed workload)."""
+    import numpy as np
+    rows = ["| system | offered req/s | kind | done | TTFT p50 / p99 ms | ITL p50 / p99 ms |", "|---|---|---|---|---|---|"]
+    for name, s in result["systems"].items():
+        for p in s.get("points", []):
+            for kind in sorted({r["kind"] for r in p["requests"]}):
+                done = [r for r in p["requests"] if r["kind"] == kind and r["success"]]
+                ttft = [r["ttft_ms"] for r in done] or [float("nan")]
+                itl = [g for r in done for g in r["itl_ms"]] or [float("nan")]
+                rows.append(f"| {name} | {p['rate']:g} | {kind} | {len(done)} | {_f(np.percentile(ttft, 50))} / "
+                            f"{_f(np.percentile(ttft, 99))} | {_f(np.percentile(itl, 50), 1)} / "
+                            f"{_f(np.percentile(itl, 99), 1)} |")
+    return "\n".join(rows)
