@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
-from kvtransport.control import TokenDelta
+from kvtransport.control import FirstToken, RequestFailed, TokenDelta
 from router.policy import PrefillChoice
 
 log = logging.getLogger(__name__)
@@ -114,3 +114,40 @@ def top_logprobs(entry: Any) -> dict[int, float]:
 def missing_logprob(token_id: int) -> dict[int, float]:
     log.warning("no logprob for generated token %d; reporting 0.0", token_id)
     return {token_id: 0.0}
+
+
+def apply_event(choice: Choice, att: Attempt, event: Any) -> Failure | None:
+    """Takes one message (or node loss) of the attempt into the choice; a Failure ends the attempt."""
+    if isinstance(event, Lost):
+        if event.node_id == att.prefill_id and att.first_token:
+            return None     # P's part is done; D goes on (if the transfer broke, D says so)
+        return Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
+    node_id, msg = event
+    if isinstance(msg, RequestFailed):
+        if node_id == att.prefill_id and att.first_token:
+            log.info("%s: prefill node %s failed after its first token: %s", att.wire_rid,
+                     node_id, msg.reason)
+            return None
+        return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
+    if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
+        att.first_token = True
+        logprobs = None if msg.logprobs is None else (msg.logprobs,)
+        merge(choice, att, 0, (msg.token_id,), 0, msg.text, logprobs, msg.finish_reason)
+    elif isinstance(msg, TokenDelta) and node_id == att.decode_id:
+        att.held.append(msg)
+    if att.first_token:
+        _merge_held(choice, att)
+    return None
+
+
+def _merge_held(choice: Choice, att: Attempt) -> None:
+    """Merges every held delta that no longer leaves a gap, in any order they came."""
+    progress = True
+    while progress and att.held and choice.finish_reason is None:
+        progress = False
+        for delta in list(att.held):
+            if merge(choice, att, delta.index, delta.token_ids, delta.text_offset, delta.text,
+                     delta.logprobs, delta.finish_reason):
+                att.held.remove(delta)
+                att.decode_done = att.decode_done or bool(delta.finish_reason)
+                progress = True

@@ -32,12 +32,11 @@ from prometheus_client import Counter
 from engine.block_hash import chain_hashes
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, PrefillRequest, RequestFailed,
-                                 TokenDelta)
+from kvtransport.control import AbortRequest, DecodeRequest, PrefillRequest, RequestFailed
 from kvtransport.messages import Busy, Reserved
 from kvtransport.schema import MAX_RID_LEN
 from router.backend import Backend, NodeMetrics
-from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, merge
+from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, apply_event
 from router.config import RouterConfig
 from router.control_server import ControlServer
 from router.policy import DecodePolicy, NoNodeAvailable, PrefillChoice, PrefillPolicy, PrefixAffinity
@@ -384,50 +383,15 @@ class DisaggregatedBackend(Backend):
         """Merges P's first token and D's deltas into the choice until it finishes or fails."""
         while choice.finish_reason is None:
             before = (len(choice.token_ids), len(choice.text))
-            failure = self._on_event(choice, att, await att.inbox.get())
+            had_first = att.first_token
+            failure = apply_event(choice, att, await att.inbox.get())
+            if att.first_token and not had_first:    # P's part is done: its load goes
+                self._registry.end(att.prefill_id, att.begun.pop(att.prefill_id, 0))
             if failure is not None:
                 return failure
             if (len(choice.token_ids), len(choice.text)) != before or choice.finish_reason is not None:
                 request.events.put_nowait(choice.index)
         return None
-
-    def _on_event(self, choice: Choice, att: Attempt, event: Any) -> Failure | None:
-        if isinstance(event, Lost):
-            if event.node_id == att.prefill_id and att.first_token:
-                return None     # P's part is done; D goes on (if the transfer broke, D says so)
-            return Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
-        node_id, msg = event
-        if isinstance(msg, RequestFailed):
-            if node_id == att.prefill_id and att.first_token:
-                log.info("%s: prefill node %s failed after its first token: %s", att.wire_rid,
-                         node_id, msg.reason)
-                return None
-            return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
-        if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
-            self._on_first_token(choice, att, msg)
-        elif isinstance(msg, TokenDelta) and node_id == att.decode_id:
-            att.held.append(msg)
-        if att.first_token:
-            self._merge_held(choice, att)
-        return None
-
-    def _on_first_token(self, choice: Choice, att: Attempt, msg: FirstToken) -> None:
-        att.first_token = True
-        self._registry.end(att.prefill_id, att.begun.pop(att.prefill_id, 0))
-        logprobs = None if msg.logprobs is None else (msg.logprobs,)
-        merge(choice, att, 0, (msg.token_id,), 0, msg.text, logprobs, msg.finish_reason)
-
-    def _merge_held(self, choice: Choice, att: Attempt) -> None:
-        """Merges every held delta that no longer leaves a gap, in any order they came."""
-        progress = True
-        while progress and att.held and choice.finish_reason is None:
-            progress = False
-            for delta in list(att.held):
-                if merge(choice, att, delta.index, delta.token_ids, delta.text_offset, delta.text,
-                          delta.logprobs, delta.finish_reason):
-                    att.held.remove(delta)
-                    att.decode_done = att.decode_done or bool(delta.finish_reason)
-                    progress = True
 
 
 def _prefer(nodes: list[Node], avoid: set[str]) -> list[Node]:
