@@ -8,6 +8,7 @@ from engine.block_manager import BlockCopy
 from engine.config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.model import CausalLM
+from engine.packed_linear import pack_linears
 from engine.scheduler import ScheduledSeq
 from engine.swap import BlockMove
 
@@ -15,6 +16,7 @@ from engine.swap import BlockMove
 class ModelRunner:
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int):
         self.model = model
+        pack_linears(model)             # CPU: oneDNN-packed weights (after any tp sharding)
         self.kv_cache = kv_cache        # [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
         self.block_size = block_size
         self.device = kv_cache.device

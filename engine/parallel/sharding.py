@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
@@ -50,13 +49,15 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, rank: int, tp: int, all_reduce: AllReduce):
         super().__init__()
-        self.weight = nn.Parameter(_slice(linear.weight, 1, [(0, linear.in_features)], rank, tp),
-                                   requires_grad=False)    # [out_features, in_features / tp]
+        weight = _slice(linear.weight, 1, [(0, linear.in_features)], rank, tp)   # [out, in / tp]
+        self.local = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype,
+                               device=weight.device)    # a plain nn.Linear: engine.packed_linear may pack it
+        self.local.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = linear.bias
         self.all_reduce = all_reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
+        out = self.local(x)
         self.all_reduce(out)
         return out if self.bias is None else out + self.bias
 

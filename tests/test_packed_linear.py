@@ -1,0 +1,56 @@
+"""engine.packed_linear: oneDNN-packed CPU linears equal nn.Linear; pack_linears swaps them in."""
+import pytest
+import torch
+from torch import nn
+
+from engine.packed_linear import PackedLinear, can_pack, pack_linears
+from engine.parallel.sharding import RowParallelLinear
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 32, 300])
+def test_packed_equals_linear(dtype, atol, bias, rows):
+    if not can_pack(dtype, torch.device("cpu")):
+        pytest.fail(f"oneDNN cannot pack {dtype} on this CPU")   # this machine kind packs both
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias, dtype=dtype)
+    x = torch.randn(rows, 96, dtype=dtype)
+    expected = linear(x).float()
+    got = PackedLinear(linear)(x)
+    assert got.dtype == dtype and got.shape == (rows, 200)
+    torch.testing.assert_close(got.float(), expected, atol=atol, rtol=atol)
+
+
+def test_packed_keeps_leading_dims_and_non_contiguous_input():
+    linear = nn.Linear(64, 48)
+    x = torch.randn(5, 3, 128)[..., ::2]          # [5, 3, 64], stride 2 in the last dim
+    torch.testing.assert_close(PackedLinear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+def test_pack_linears_replaces_every_plain_linear_including_row_parallel_ones():
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Sequential(nn.Linear(32, 8)))
+    row = RowParallelLinear(nn.Linear(32, 8), rank=0, tp=2, all_reduce=lambda t: None)
+    model.append(row)
+    x = torch.randn(4, 16)
+    before = model[:3](x)
+    assert pack_linears(model) == 3
+    assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
+    assert isinstance(row.local, PackedLinear) and row.local.in_features == 16
+    torch.testing.assert_close(model[:3](x), before, atol=1e-5, rtol=1e-5)
+    assert not any(type(m) is nn.Linear for m in model.modules())
+
+
+def test_pack_linears_off_switch_and_unsupported_dtype(monkeypatch):
+    model = nn.Sequential(nn.Linear(8, 8, dtype=torch.float64))
+    assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
+    monkeypatch.setenv("PDSERVE_PACKED_LINEAR", "0")
+    model = nn.Sequential(nn.Linear(8, 8))
+    assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
+
+
+def test_engine_packs_its_cpu_linears(make_llm, model_dir):
+    llm = make_llm(model_dir[0])
+    model = llm.engine.runner.model
+    assert isinstance(model.lm_head, PackedLinear)
+    assert all(isinstance(layer.mlp.down_proj, PackedLinear) for layer in model.layers)
