@@ -1,12 +1,11 @@
-"""Paged attention on CPU tensors with plain PyTorch ops (no per-token Python loops).
+"""Paged attention on CPU tensors (no per-token Python loops).
 
-Two paths, both built on `scaled_dot_product_attention`:
-
-1. decode rows (q_len == 1): sequences are sorted by length and taken in chunks; each chunk's
-   K and V blocks are gathered by one `index_select` (see _gather) into a buffer that stays
-   in cache while SDPA reads it, the GQA group is folded into SDPA's query-length
-   dimension ([c, Hkv, G, D] against [c, Hkv, L, D]: no K/V expansion), and a length mask
-   hides the padded tail of the chunk.
+1. decode rows (q_len == 1): the C kernel of kernels/cpu_decode.py, which reads K/V in place
+   from the pool, when it is built and takes the tensors. Otherwise (the PyTorch path)
+   sequences are sorted by length and taken in chunks; each chunk's K and V blocks are
+   gathered by one `index_select` (see _gather) into a buffer that stays in cache while SDPA
+   reads it, the GQA group is folded into SDPA's query-length dimension ([c, Hkv, G, D]
+   against [c, Hkv, L, D]: no K/V expansion), and a length mask hides the padded tail.
 2. prefill rows (q_len > 1, possibly after a cached prefix): one SDPA per sequence, causal
    mask offset by the cached prefix (is_causal=True when the whole sequence is new); GQA by
    a stride-0 expand of K/V.
@@ -18,6 +17,8 @@ on a loaded machine every join can wait a whole scheduler time slice for a preem
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu_decode
 
 # Target size in bytes of one chunk's gathered K (V is the same): small enough to stay in
 # cache between the gather and SDPA, big enough to keep the number of ops low.
@@ -39,7 +40,14 @@ def paged_attention_cpu(
     lens = seq_lens.tolist()
     q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
     decode = [i for i, n in enumerate(q_lens) if n == 1]
-    if decode:
+    if decode and out.stride()[1:] == (query.shape[2], 1) and cpu_decode.supports(query, k_cache, v_cache):
+        if len(decode) == len(lens):
+            tables, dec_lens, rows = block_tables, seq_lens, cu_seqlens_q[:-1]
+        else:
+            pick = torch.tensor(decode)
+            tables, dec_lens, rows = block_tables[pick], seq_lens[pick], cu_seqlens_q[pick]
+        cpu_decode.paged_decode_c(out, query, k_cache, v_cache, tables, dec_lens, rows, scale)
+    elif decode:
         _decode(out, query, k_cache, v_cache, block_tables, cu, lens, decode, scale)
     for i, n in enumerate(q_lens):
         if n > 1:

@@ -1,9 +1,15 @@
-"""kernels/ public launchers vs the plain-PyTorch reference (CPU; CUDA too when present)."""
+"""kernels/ public launchers vs the plain-PyTorch reference (CPU; CUDA too when present).
+
+"cpu" runs decode rows through the C kernel (kernels/csrc/paged_decode.c), "cpu-torch" through
+the PyTorch fallback (gather + SDPA) that hosts without a C compiler use."""
+from unittest import mock
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from kernels import cpu_decode
+from kernels.cpu_kernels import build_error, paged_decode_lib
 from kernels import copy_blocks, gather_blocks, paged_attention, scatter_blocks, store_kv
 from kernels.reference import (
     copy_blocks_ref, gather_blocks_ref, paged_attention_ref, scatter_blocks_ref, store_kv_ref,
@@ -11,21 +17,25 @@ from kernels.reference import (
 from kernels.testing import make_paged_batch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+ATTN_DEVICES = DEVICES + ["cpu-torch"]
 # Stated tolerances (max abs error; inputs ~N(0,1), outputs are convex mixes of V rows).
 ATOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 
 
 def _run_and_compare(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device):
+    torch_path = device == "cpu-torch"
+    device = "cpu" if torch_path else device
     b = make_paged_batch(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device)
-    out = paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q, b.seq_lens,
-                          b.scale, b.max_seqlen_q, b.max_seqlen_k)
+    with mock.patch.object(cpu_decode, "supports", lambda *a: False) if torch_path else mock.MagicMock():
+        out = paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q, b.seq_lens,
+                              b.scale, b.max_seqlen_q, b.max_seqlen_k)
     ref = paged_attention_ref(b.query.cpu(), b.k_cache.cpu(), b.v_cache.cpu(), b.block_tables.cpu(),
                               b.cu_seqlens_q.cpu(), b.seq_lens.cpu(), b.scale)
     assert out.dtype == dtype and out.shape == b.query.shape
     torch.testing.assert_close(out.cpu().float(), ref.float(), atol=ATOL[dtype], rtol=0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ATTN_DEVICES)
 @pytest.mark.parametrize("kv_heads", [8, 4, 2, 1])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_decode_batch_matches_reference(device, kv_heads, block_size):
@@ -34,7 +44,7 @@ def test_decode_batch_matches_reference(device, kv_heads, block_size):
     _run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, 64, block_size, torch.float32, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ATTN_DEVICES)
 @pytest.mark.parametrize("kv_heads", [4, 1])
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
 def test_mixed_prefill_decode_matches_reference(device, kv_heads, head_dim):
@@ -44,20 +54,43 @@ def test_mixed_prefill_decode_matches_reference(device, kv_heads, head_dim):
     _run_and_compare(seq_lens, q_lens, 8, kv_heads, head_dim, 16, torch.float32, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ATTN_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_within_stated_tolerance(device, dtype):
     """bf16/fp16 inputs give the fp32-accumulated reference within ATOL[dtype]."""
     _run_and_compare([33, 1, 64, 80], [1, 1, 20, 80], 8, 2, 64, 16, dtype, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ATTN_DEVICES)
 @pytest.mark.parametrize("uniform", [False, True])
 def test_engine_sized_decode_batch(device, uniform):
     """The benchmark shape (batch 32, 8 heads, head_dim 64, contexts up to 256) is exact,
     ragged (masked chunks) or all of one length (unmasked chunks)."""
     seq_lens = torch.randint(1, 257, (32,), generator=torch.Generator().manual_seed(1)).tolist()
     _run_and_compare([250] * 32 if uniform else seq_lens, [1] * 32, 8, 8, 64, 16, torch.float32, device)
+
+
+def test_c_decode_kernel_builds_and_takes_pool_views():
+    """This machine kind has a C compiler: the kernel must build and accept the engine's pool views."""
+    assert paged_decode_lib() is not None, build_error()
+    b = make_paged_batch([5, 40], [1, 1], 8, 2, 64, 16, torch.float32, "cpu")
+    assert cpu_decode.supports(b.query, b.k_cache, b.v_cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_seqs", [1, 3])
+def test_c_decode_splits_heads_when_few_sequences(dtype, num_seqs):
+    """Batch 1-3 (kv heads split over tasks) equals the reference, GQA 2, every dtype."""
+    _run_and_compare([70, 16, 3][:num_seqs], [1] * num_seqs, 16, 8, 64, 16, dtype, "cpu")
+
+
+def test_kv_heads_per_task():
+    assert cpu_decode._kv_heads_per_task(32, 8, 2) == 8     # enough sequences: whole rows
+    assert cpu_decode._kv_heads_per_task(4, 8, 2) == 4      # 4 seqs x 2 splits = 8 tasks
+    assert cpu_decode._kv_heads_per_task(1, 8, 2) == 1
+    assert cpu_decode._kv_heads_per_task(1, 6, 2) == 1
+    assert cpu_decode._kv_heads_per_task(2, 6, 2) == 1      # 2 x 3 = 6 < 8: down to 1 head
+    assert cpu_decode._kv_heads_per_task(3, 6, 1) == 3      # 3 x 2 = 6 >= 4
 
 
 @st.composite

@@ -1,0 +1,153 @@
+/* Paged decode attention on CPU: one query token per sequence, K and V read in place from the
+ * paged pool through the block table (no gather into a contiguous copy).
+ *
+ * One task per (sequence, kv head), spread over OpenMP threads. A task:
+ *   1. scores[g][t] = scale * q[g] . K[t]   for the group's G query heads, t < seq_len
+ *   2. softmax per query head (max-subtracted, float32)
+ *   3. out[g] = sum_t p[g][t] * V[t]
+ * K and V are each read once per task; 16-bit rows are widened to float32 one row at a time.
+ * Built by kernels/cpu_kernels.py with the host compiler; called through ctypes.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* A row of n elements as float32: fp32 rows are used in place, 16-bit rows widened into tmp. */
+static inline const float *as_f32(const void *src, float *tmp, int n, int dtype) {
+    if (dtype == DT_F32) return (const float *)src;
+    if (dtype == DT_BF16) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int i = 0; i < n; i++) tmp[i] = bf16_to_f32(s[i]);
+    } else {
+        const _Float16 *s = (const _Float16 *)src;
+        for (int i = 0; i < n; i++) tmp[i] = (float)s[i];
+    }
+    return tmp;
+}
+
+static inline void store_row(void *dst, const float *src, float mul, int n, int dtype) {
+    if (dtype == DT_F32) {
+        float *d = (float *)dst;
+        for (int i = 0; i < n; i++) d[i] = src[i] * mul;
+    } else if (dtype == DT_BF16) {
+        uint16_t *d = (uint16_t *)dst;
+        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i] * mul);
+    } else {
+        _Float16 *d = (_Float16 *)dst;
+        for (int i = 0; i < n; i++) d[i] = (_Float16)(src[i] * mul);
+    }
+}
+
+/* Attention of one sequence's query heads [h0 * group, h1 * group) (kv heads [h0, h1)) over its
+ * ctx cached tokens. scratch: (h1 - h0) * group * (ctx + 2 * head_dim) + head_dim floats. */
+static void attend(const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride,
+                   const int32_t *table, int ctx, char *out_row, int h0, int h1, int group, int head_dim,
+                   int block_size, float scale, int dtype, int esize, float *scratch) {
+    const int nq = (h1 - h0) * group;                /* query heads of this task */
+    float *scores = scratch;                         /* [nq][ctx] */
+    float *qf = scores + (size_t)nq * ctx;           /* [nq][head_dim], pre-scaled */
+    float *acc = qf + (size_t)nq * head_dim;         /* [nq][head_dim] */
+    float *tmp = acc + (size_t)nq * head_dim;        /* [head_dim]: a widened 16-bit row */
+    for (int j = 0; j < nq; j++) {
+        const float *row = as_f32(q_row + (int64_t)(h0 * group + j) * head_dim * esize, tmp, head_dim, dtype);
+        for (int d = 0; d < head_dim; d++) qf[j * head_dim + d] = row[d] * scale;
+    }
+    /* K pass: block by block, token by token; a token's kv heads h0..h1 are adjacent in memory */
+    for (int t0 = 0; t0 < ctx; t0 += block_size) {
+        const char *blk = k + ((int64_t)table[t0 / block_size] * block_stride + (int64_t)h0 * head_dim) * esize;
+        const int n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        for (int i = 0; i < n; i++) {
+            for (int h = 0; h < h1 - h0; h++) {
+                const char *src = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
+                const float *kr = as_f32(src, tmp, head_dim, dtype);
+                for (int g = 0; g < group; g++) {
+                    const float *qg = qf + (size_t)(h * group + g) * head_dim;
+                    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+                    for (int d = 0; d < head_dim; d++) dot += qg[d] * kr[d];
+                    scores[(size_t)(h * group + g) * ctx + t0 + i] = dot;
+                }
+            }
+        }
+    }
+    float inv_sum[nq];
+    for (int j = 0; j < nq; j++) {
+        float *sj = scores + (size_t)j * ctx, m = -INFINITY, sum = 0.f;
+        for (int t = 0; t < ctx; t++) m = sj[t] > m ? sj[t] : m;
+        for (int t = 0; t < ctx; t++) {
+            sj[t] = expf(sj[t] - m);
+            sum += sj[t];
+        }
+        inv_sum[j] = 1.f / sum;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)nq * head_dim);
+    for (int t0 = 0; t0 < ctx; t0 += block_size) {
+        const char *blk = v + ((int64_t)table[t0 / block_size] * block_stride + (int64_t)h0 * head_dim) * esize;
+        const int n = ctx - t0 < block_size ? ctx - t0 : block_size;
+        for (int i = 0; i < n; i++) {
+            for (int h = 0; h < h1 - h0; h++) {
+                const char *src = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
+                const float *vr = as_f32(src, tmp, head_dim, dtype);
+                for (int g = 0; g < group; g++) {
+                    const float p = scores[(size_t)(h * group + g) * ctx + t0 + i];
+                    float *ag = acc + (size_t)(h * group + g) * head_dim;
+#pragma omp simd
+                    for (int d = 0; d < head_dim; d++) ag[d] += p * vr[d];
+                }
+            }
+        }
+    }
+    for (int j = 0; j < nq; j++)
+        store_row(out_row + (int64_t)(h0 * group + j) * head_dim * esize, acc + (size_t)j * head_dim, inv_sum[j],
+                  head_dim, dtype);
+}
+
+/* Strides are in elements. q/out rows: rows[s] is sequence s's row; a row holds num_heads
+ * heads of head_dim contiguous elements. Cache token t of sequence s lives in block
+ * tables[s * table_stride + t / block_size], at offset (t % block_size) * token_stride,
+ * kv head h at h * head_dim. A task is one sequence and a range of kv_per_task kv heads
+ * (all of them when there are enough sequences to keep the threads busy: a token's heads are
+ * one contiguous row, read in one stream). Returns 0, or -1 if scratch allocation failed. */
+int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void *v, int64_t block_stride,
+                 int64_t token_stride, const int32_t *tables, int64_t table_stride, const int32_t *seq_lens,
+                 const int64_t *rows, void *out, int64_t out_row_stride, int num_seqs, int num_heads,
+                 int num_kv_heads, int head_dim, int block_size, float scale, int dtype, int num_threads,
+                 int kv_per_task) {
+    const int group = num_heads / num_kv_heads;
+    const int esize = dtype == DT_F32 ? 4 : 2;
+    const int splits = num_kv_heads / kv_per_task;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int task = 0; task < num_seqs * splits; task++) {
+        const int s = task / splits, h0 = (task % splits) * kv_per_task;
+        const int ctx = seq_lens[s], nq = kv_per_task * group;
+        float *scratch = malloc(sizeof(float) * ((size_t)nq * ctx + 2 * (size_t)nq * head_dim + head_dim));
+        if (scratch == NULL) {
+            failed = 1;
+            continue;
+        }
+        attend((const char *)q + rows[s] * q_row_stride * esize, k, v, block_stride, token_stride,
+               tables + (int64_t)s * table_stride, ctx, (char *)out + rows[s] * out_row_stride * esize, h0,
+               h0 + kv_per_task, group, head_dim, block_size, scale, dtype, esize, scratch);
+        free(scratch);
+    }
+    return failed ? -1 : 0;
+}
