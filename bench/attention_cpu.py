@@ -4,8 +4,10 @@
 
 For each case the same K/V is laid out twice: paged (random blocks of a multi-layer pool,
 as the engine holds it) and contiguous ([B, Hkv, L_max, D], padded, length mask) — the
-best plain-SDPA call on an unpaged cache. Prints median times and paged/contiguous ratios
-(bar: <= 1.3x) and writes bench/results/attention_cpu.json.
+best plain-SDPA call on an unpaged cache. The paged layout runs through `paged_attention`
+as the engine calls it (decode rows: the C kernel) and through the PyTorch fallback
+(gather + SDPA, what hosts without a C compiler run). Prints median times and
+paged/contiguous ratios (bar: <= 1.3x) and writes bench/results/attention_cpu.json.
 """
 
 import argparse
@@ -17,8 +19,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from unittest import mock
 
-from kernels import paged_attention
+from kernels import cpu_decode, paged_attention
 from kernels.reference import gather_sequence_kv
 from kernels.testing import make_paged_batch
 
@@ -87,16 +90,21 @@ def main():
     info, rows = machine(), []
     print(info)
     print("median (min) ms over interleaved runs; ratio = paged / contiguous")
-    print(f"{'case':30s} {'paged':>15s} {'contiguous':>15s} {'ratio':>11s}")
+    print(f"{'case':30s} {'paged':>15s} {'torch path':>15s} {'contiguous':>15s} {'ratio':>11s} {'torch ratio':>11s}")
     for name, seq_lens, q_lens in CASES:
         b = make_paged_batch(seq_lens, q_lens, 8, 8, 64, 16, num_layers=8)
         paged = lambda: paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q,
                                         b.seq_lens, b.scale, b.max_seqlen_q, b.max_seqlen_k)
-        (p_med, p_min), (c_med, c_min) = timings_ms([paged, contiguous_sdpa(b)], args.repeats)
-        rows.append(dict(case=name, paged_ms=p_med, contiguous_ms=c_med, ratio=p_med / c_med,
-                         paged_min_ms=p_min, contiguous_min_ms=c_min, ratio_min=p_min / c_min))
-        print(f"{name:30s} {p_med:7.2f} ({p_min:5.2f}) {c_med:7.2f} ({c_min:5.2f}) "
-              f"{p_med / c_med:5.2f} ({p_min / c_min:.2f})")
+        def torch_path():
+            with mock.patch.object(cpu_decode, "supports", lambda *a: False):
+                return paged()
+        (p_med, p_min), (t_med, t_min), (c_med, c_min) = timings_ms([paged, torch_path, contiguous_sdpa(b)],
+                                                                    args.repeats)
+        rows.append(dict(case=name, paged_ms=p_med, torch_path_ms=t_med, contiguous_ms=c_med, ratio=p_med / c_med,
+                         torch_path_ratio=t_med / c_med, paged_min_ms=p_min, torch_path_min_ms=t_min,
+                         contiguous_min_ms=c_min, ratio_min=p_min / c_min))
+        print(f"{name:30s} {p_med:7.2f} ({p_min:5.2f}) {t_med:7.2f} ({t_min:5.2f}) {c_med:7.2f} ({c_min:5.2f}) "
+              f"{p_med / c_med:5.2f} ({p_min / c_min:.2f}) {t_med / c_med:5.2f} ({t_min / c_min:.2f})")
     out = Path(__file__).parent / "results" / "attention_cpu.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(dict(machine=info, results=rows), indent=1))

@@ -29,12 +29,19 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)                           # [P, D]
         self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)     # [P, D]
         self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)     # [P, D]
+        self._rows: tuple | None = None     # (positions, its version, cos rows, sin rows): every layer reuses them
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         # positions: [T]; q: [T, H, D]; k: [T, Hkv, D]
-        cos = self.cos[positions].unsqueeze(1)                            # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self._rows_for(positions)                               # [T, 1, D] each
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def _rows_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._rows
+        if rows is None or rows[0] is not positions or rows[1] != positions._version:
+            rows = self._rows = (positions, positions._version, self.cos[positions].unsqueeze(1),
+                                 self.sin[positions].unsqueeze(1))
+        return rows[2], rows[3]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

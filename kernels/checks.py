@@ -37,3 +37,23 @@ def require_ids_in_range(name: str, ids: torch.Tensor, limit: int) -> None:
 
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class CheckMemo:
+    """Remembers the arguments a launcher's checks last passed, so the model's layers, which
+    call a kernel with the same batch tensors one after another, pay for the checks once per
+    step. Index tensors are compared by identity and in-place version (a write to one makes
+    it unseen again, as does a new tensor); `meta` holds whatever else the checks read
+    (shapes, dtypes, devices). Holds strong references to the last tensors only."""
+
+    def __init__(self) -> None:
+        self._last: tuple | None = None
+
+    def seen(self, tensors: tuple[torch.Tensor, ...], meta: tuple) -> bool:
+        last = self._last
+        return (last is not None and len(last[0]) == len(tensors)
+                and all(a is b for a, b in zip(last[0], tensors))
+                and last[1] == tuple(t._version for t in tensors) and last[2] == meta)
+
+    def remember(self, tensors: tuple[torch.Tensor, ...], meta: tuple) -> None:
+        self._last = (tensors, tuple(t._version for t in tensors), meta)

@@ -6,7 +6,9 @@
 
 import torch
 
-from kernels.checks import FLOAT_DTYPES, require, require_dtype, require_same_device, require_shape
+from kernels.checks import FLOAT_DTYPES, CheckMemo, require, require_dtype, require_same_device, require_shape
+
+_checked = CheckMemo()
 
 
 def store_kv(
@@ -21,7 +23,10 @@ def store_kv(
     Slots >= 0 must be distinct and < num_blocks * block_size (range checked on CPU only);
     key/value must have the cache's dtype. Raises ValueError on bad arguments.
     """
-    _check(key, value, k_cache, v_cache, slot_mapping)
+    meta = tuple((t.shape, t.dtype, t.device) for t in (key, value, k_cache, v_cache))
+    if not _checked.seen((slot_mapping,), meta):
+        _check(key, value, k_cache, v_cache, slot_mapping)
+        _checked.remember((slot_mapping,), meta)
     if key.shape[0] == 0:
         return
     if key.is_cuda:

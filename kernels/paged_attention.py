@@ -14,8 +14,10 @@ plain PyTorch (kernels/cpu_attention.py).
 
 import torch
 
-from kernels.checks import FLOAT_DTYPES, require, require_dtype, require_same_device, require_shape
+from kernels.checks import FLOAT_DTYPES, CheckMemo, require, require_dtype, require_same_device, require_shape
 from kernels.cpu_attention import paged_attention_cpu
+
+_checked = CheckMemo()
 
 
 def paged_attention(
@@ -35,9 +37,14 @@ def paged_attention(
     ceil(seq_lens[i] / block_size) are never read. Raises ValueError on bad shapes, dtypes,
     devices and (for CPU tensors) bad index values.
     """
-    _check_shapes(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
+    index = (block_tables, cu_seqlens_q, seq_lens)
+    meta = tuple((t.shape, t.dtype, t.device) for t in (query, k_cache, v_cache))
+    if not _checked.seen(index, meta):
+        _check_shapes(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
+        if not query.is_cuda:
+            _check_values(query, k_cache, block_tables, cu_seqlens_q, seq_lens)
+        _checked.remember(index, meta)
     if not query.is_cuda:
-        _check_values(query, k_cache, block_tables, cu_seqlens_q, seq_lens)
         return paged_attention_cpu(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale)
     from kernels.triton_paged_attention import paged_attention_triton
 

@@ -200,6 +200,27 @@ def test_paged_attention_rejects_bad_arguments(case):
         paged_attention(**args)
 
 
+def test_checks_run_once_per_batch_but_again_after_any_change():
+    """Layers reuse one batch's index tensors: checked once; an in-place write or new tensor is checked."""
+    args = _attention_args()
+    paged_attention(**args)
+    paged_attention(**args)                               # seen: skips the checks, still correct
+    args["block_tables"].fill_(10_000)                    # same tensor, new version
+    with pytest.raises(ValueError):
+        paged_attention(**args)
+    args = _attention_args()
+    paged_attention(**args)
+    args["seq_lens"] = torch.tensor([20, 90], dtype=torch.int32)   # a new tensor
+    with pytest.raises(ValueError):
+        paged_attention(**args)
+    kv = torch.zeros(4, 2, 2, 8, 2, 16)
+    slots = torch.tensor([0, 1])
+    store_kv(torch.zeros(2, 2, 16), torch.zeros(2, 2, 16), kv[:, 0, 0], kv[:, 0, 1], slots)
+    slots.fill_(64)                                       # past the 4 * 8 slots
+    with pytest.raises(ValueError):
+        store_kv(torch.zeros(2, 2, 16), torch.zeros(2, 2, 16), kv[:, 0, 0], kv[:, 0, 1], slots)
+
+
 def test_block_launchers_reject_bad_arguments():
     """Block ids out of range, of the wrong dtype, duplicated, or a wrong buffer raise ValueError."""
     kv = torch.zeros(4, 2, 2, 8, 2, 16)
