@@ -6,7 +6,9 @@ Request lifecycle:
      the answer is Reserved(xfer_id, block table, cached leading blocks) or Busy (backpressure:
      nothing is prefilled in vain)
   2. the KV receiver writes each arriving block straight into its reserved block, after checking
-     it against the reservation (only P may write it, only those blocks, right size and dtype)
+     it against the reservation (only P may write it, only those blocks, right size and dtype);
+     a block arrives with every kv head, so at tp > 1 rank 0 keeps its heads and the other
+     ranks get theirs with the next step, before it runs (TPModelRunner.write_blocks)
   3. when every expected block and the Commit (first token) arrived, the engine adopts the
      blocks and the sequence joins the running batch
   4. each step streams TokenDeltas to the router; preemption recomputes locally
@@ -22,12 +24,14 @@ from engine.llm_engine import LLMEngine
 from engine.node_config import NodeConfig
 from engine.node_runtime import kv_identity, node_status
 from engine.outputs import RequestOutput
+from engine.parallel import TPModelRunner, close_runner
 from engine.router_link import RouterLink
 from decode_node.streamer import Streamer
 from kvtransport.control import AbortRequest, DecodeRequest, NodeHello, RequestFailed
 from kvtransport.events import TransferCommitted, TransferFailed
 from kvtransport.handshake import new_epoch
 from kvtransport.messages import Busy, Reserved
+from kvtransport.payload import BlockWriterSink
 from kvtransport.receiver_state import Reservation
 from kvtransport.zmq_receiver import ZmqReceiver
 
@@ -40,8 +44,11 @@ class DecodeService:
         self.config = config
         self.epoch = new_epoch()
         self.engine = e = LLMEngine(config.engine_config())
-        self.receiver = ZmqReceiver(e.runner.kv_cache, kv_identity(e, config.node_id, self.epoch),
-                                    bind=config.kv_bind)
+        identity = kv_identity(e, config.node_id, self.epoch)
+        # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
+        sharded = isinstance(e.runner, TPModelRunner)
+        sink = BlockWriterSink(e.runner.write_blocks, identity.layout) if sharded else None
+        self.receiver = ZmqReceiver(e.runner.kv_cache, identity, bind=config.kv_bind, sink=sink)
         self.streamer = Streamer()
         self.xfer_rid: dict[str, str] = {}          # open transfers: xfer_id -> rid
         self.aborted: set[str] = set()              # rids the router aborted mid-transfer
@@ -91,6 +98,7 @@ class DecodeService:
             if rid is not None:
                 self.engine.abort_request(rid)
         self.link.close()
+        close_runner(self.engine.runner)      # tp > 1: stop the worker processes
 
     # -- requests ---------------------------------------------------------------------------
     def _reserve(self, req: DecodeRequest) -> None:

@@ -2,6 +2,10 @@
 
     python -m prefill_node --router tcp://127.0.0.1:7100 --node-id prefill-0 [--model DIR] ...
     python -m decode_node  --router tcp://127.0.0.1:7100 --node-id decode-0 --kv-bind tcp://127.0.0.1:0
+
+--tensor-parallel-size N splits a node's model and KV heads over N ranks (engine.parallel). Each
+node picks its own: blocks travel between nodes with every kv head, so a prefill node of one tp
+ships to a decode node of any other.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ class NodeConfig:
     kv_bind: str = "tcp://127.0.0.1:0"   # decode nodes: where the KV receiver listens
     heartbeat_s: float = 0.5
     lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
+    tensor_parallel_size: int = 1        # ranks (processes) sharing this node's heads; any mix of P and D
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):
@@ -37,15 +42,19 @@ class NodeConfig:
             raise ValueError(f"router must be a tcp:// or ipc:// endpoint, got {self.router!r}")
         if self.heartbeat_s <= 0 or self.lease_s <= 0:
             raise ValueError("heartbeat_s and lease_s must be > 0")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 
     def engine_config(self) -> EngineConfig:
         cache = CacheConfig(self.block_size, self.num_blocks, self.kv_cache_gib)
         sched = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens)
-        return EngineConfig(self.model, self.dtype, None, self.device, self.seed, cache, sched)
+        return EngineConfig(self.model, self.dtype, None, self.device, self.seed, cache, sched,
+                            self.tensor_parallel_size)
 
     @classmethod
     def from_argv(cls, prog: str, argv: list[str] | None = None) -> "NodeConfig":
-        parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+        parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
         for f in dataclasses.fields(cls):
             required = f.default is dataclasses.MISSING
             kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)

@@ -12,7 +12,11 @@ import signal
 import threading
 from typing import Any, Protocol
 
+import torch
+
+from engine.config import ModelConfig
 from engine.llm_engine import LLMEngine
+from engine.model import CausalLM
 from kvtransport.control import NodeStatus
 from kvtransport.handshake import KVLayout, PeerIdentity, model_fingerprint
 
@@ -38,12 +42,21 @@ class NodeService(Protocol):
 
 
 def kv_identity(engine: LLMEngine, node_id: str, epoch: str, transport: str = "zmq") -> PeerIdentity:
-    """This node's KV identity: its model's fingerprint (config and weight shapes) and pool layout."""
+    """This node's KV identity: its model's fingerprint (config and whole weight shapes) and the
+    layout of a block with every kv head, as it travels; neither depends on the node's tp."""
     with open(os.path.join(engine.model_config.path, "config.json")) as f:
         config = {k: v for k, v in json.load(f).items() if not k.startswith("_") and k != "transformers_version"}
-    weights = [(name, tuple(p.shape)) for name, p in engine.runner.model.named_parameters()]
-    layout = KVLayout.for_pool(engine.runner.kv_cache, model_fingerprint(config, weights))
+    model_id = model_fingerprint(config, _weight_shapes(engine.model_config))
+    layout = KVLayout.for_pool(engine.runner.kv_cache, model_id, engine.config.tensor_parallel_size)
     return PeerIdentity(node_id, epoch, transport, layout)
+
+
+def _weight_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """Every weight's name and whole shape, from a model built on the meta device (no memory):
+    a tensor-parallel rank's own model holds slices."""
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
 
 
 def node_status(engine: LLMEngine, node_id: str, epoch: str) -> NodeStatus:

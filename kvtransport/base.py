@@ -29,7 +29,8 @@ class TransportError(RuntimeError):
 
 
 class KVSender(ABC):
-    """Ships blocks of this node's pool `kv_cache: [num_blocks, L, 2, block_size, H, D]`."""
+    """Ships blocks `kv_cache: [num_blocks, L, 2, block_size, H, D]` with every kv head: this node's
+    pool at tp = 1, a gathered copy of its ranks' heads at tp > 1 (TPModelRunner.gather_blocks)."""
 
     metrics: SenderMetrics
 
@@ -53,6 +54,7 @@ class KVSender(ABC):
     def send_block(self, xfer_id: str, index: int, dst_block_id: int, kv_cache: torch.Tensor,
                    src_block_id: int) -> None:
         """Ship kv_cache[src_block_id] into the receiver's block dst_block_id (block `index`).
+        ValueError if kv_cache's blocks are not the identity's layout (e.g. one tp rank's heads).
 
         Does not copy on CPU: the source block must stay unchanged until is_sent(xfer_id).
         Blocks only while the transport's high-water mark is reached, then raises
@@ -85,7 +87,8 @@ class KVSender(ABC):
 
 
 class KVReceiver(ABC):
-    """Receives blocks straight into reserved blocks of `kv_cache: [num_blocks, L, 2, bs, H, D]`."""
+    """Receives blocks (every kv head) into reserved blocks of `kv_cache: [num_blocks, L, 2, bs, H, D]`:
+    straight in, or through a sink that maps heads when the pool holds a tp rank's share."""
 
     endpoint: str                     # where senders connect
     metrics: ReceiverMetrics

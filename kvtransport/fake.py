@@ -66,9 +66,9 @@ class FakeReceiver(KVReceiver):
                  peer_timeout: float = 10.0) -> None:
         self.endpoint = SCHEME + name
         self._network = network
-        framer = Framer(secret, max_payload_bytes=kv_cache[0].numel() * kv_cache.element_size())
-        self._core = ReceiverCore(kv_cache, identity, framer, InlineSink(kv_cache), self._reply,
-                                  peer_timeout, network.clock)
+        framer = Framer(secret, max_payload_bytes=identity.layout.block_nbytes)
+        self._core = ReceiverCore(kv_cache.shape[0], identity, framer, InlineSink(kv_cache, identity.layout),
+                                  self._reply, peer_timeout, network.clock)
         self._delayed: list[tuple[float, str, list[bytes]]] = []
         self.metrics = self._core.metrics
         network.receivers[name] = self

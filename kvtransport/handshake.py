@@ -1,9 +1,14 @@
 """Who a peer is and what its KV pool looks like; two nodes pair only if every field agrees.
 
 A prefill node P and a decode node D exchange `PeerIdentity` in Hello / HelloAck. Blocks are
-shipped as raw bytes, so P and D must hold the same model, KV dtype, block size and pool layout;
+shipped as raw bytes, so P and D must hold the same model, KV dtype, block size and block layout;
 `check_compatible` refuses the pairing and names the first field that differs. The epoch is a
 fresh random id per process start: a restarted peer is a new peer, never the old one.
+
+The layout describes a block as it travels, with every kv head, which is what a tp = 1 pool
+holds. A node running tensor parallelism (each rank holding num_kv_heads / tp heads) gathers its
+ranks' heads into such a block before it sends and spreads a received one over its ranks, so P
+and D of any two tensor_parallel_size values pair: the heads are mapped, never refused.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from kvtransport.schema import (PROTOCOL_VERSION, MAX_ID_LEN, ProtocolError, che
                                check_str)
 
 # One tensor per node for all layers, block-major, so one block (all layers' K and V) is one
-# contiguous region:  kv_cache[b] == the frame payload of block b.
+# contiguous region:  kv_cache[b] == the frame payload of block b (on a tp = 1 node; a tp > 1
+# node's rank r holds heads [r*H/tp, (r+1)*H/tp) of that region's last-but-one axis).
 POOL_LAYOUT = "num_blocks,num_layers,2,block_size,num_kv_heads,head_dim"
 
 KV_DTYPES: dict[str, torch.dtype] = {
@@ -63,12 +69,13 @@ def new_epoch() -> str:
 
 @dataclass(frozen=True, slots=True)
 class KVLayout:
-    """The shape of a node's KV pool and what it holds. Equal layouts can exchange blocks."""
+    """The shape of a block on the wire (all kv heads) and what it holds. Equal layouts can
+    exchange blocks, whatever each node's tensor_parallel_size."""
     model_id: str                     # model_fingerprint(config, weights)
     kv_dtype: str                     # a KV_DTYPES key, e.g. "bfloat16"
     block_size: int                   # tokens per block
     num_layers: int
-    num_kv_heads: int
+    num_kv_heads: int                 # the model's, all of them (not one tp rank's share)
     head_dim: int
     pool_layout: str = POOL_LAYOUT
     protocol_version: int = PROTOCOL_VERSION
@@ -84,14 +91,15 @@ class KVLayout:
         check_int(self.protocol_version, "protocol_version", lo=0, hi=1 << 16)
 
     @classmethod
-    def for_pool(cls, kv_cache: torch.Tensor, model_id: str) -> KVLayout:
-        """The layout of a pool `kv_cache: [num_blocks, num_layers, 2, block_size, H, D]`."""
+    def for_pool(cls, kv_cache: torch.Tensor, model_id: str, tensor_parallel_size: int = 1) -> KVLayout:
+        """The wire layout of a pool `kv_cache: [num_blocks, num_layers, 2, block_size, H / tp, D]`
+        holding one tp rank's share of the H kv heads (all of them when tp is 1)."""
         if kv_cache.dim() != 6 or kv_cache.shape[2] != 2:
             raise ValueError(f"kv_cache must be [N, L, 2, bs, H, D], got {tuple(kv_cache.shape)}")
         if not kv_cache.is_contiguous():
             raise ValueError("kv_cache must be contiguous (one block is one region)")
         _, layers, _, bs, heads, dim = kv_cache.shape
-        return cls(model_id, dtype_name(kv_cache.dtype), bs, layers, heads, dim)
+        return cls(model_id, dtype_name(kv_cache.dtype), bs, layers, heads * tensor_parallel_size, dim)
 
     @property
     def block_shape(self) -> tuple[int, ...]:

@@ -4,14 +4,23 @@ kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim], conti
 kv_cache[b] is one region of block_nbytes bytes. Bytes go through a uint8 view because numpy
 has no bfloat16. On CUDA the bytes are staged through host memory (the zmq path is host-to-host;
 the torch.distributed backend moves device tensors directly).
+
+A block travels with every kv head (handshake.KVLayout). A pool holding all of them takes the
+bytes straight in (InlineSink); one holding a tensor-parallel rank's share takes the block as a
+tensor and spreads its heads over the ranks (BlockWriterSink + TPModelRunner.write_blocks).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import torch
 
+from kvtransport.handshake import KV_DTYPES, KVLayout, dtype_name
 from kvtransport.messages import BlockFrame
 from kvtransport.receiver_core import PayloadSink
+
+WriteBlocks = Callable[[list[int], torch.Tensor], None]   # (pool block ids, blocks [n, L, 2, bs, H, D])
 
 
 def block_view(kv_cache: torch.Tensor, block_id: int) -> torch.Tensor:
@@ -41,12 +50,42 @@ def write_block(kv_cache: torch.Tensor, block_id: int, payload: bytes | memoryvi
         dst.copy_(torch.from_numpy(src.copy()))
 
 
+def check_whole_blocks(kv_cache: torch.Tensor, layout: KVLayout) -> None:
+    """ValueError unless a pool block is exactly a wire block (every head, same dtype), as
+    writing payload bytes straight into the pool needs."""
+    pool = (tuple(kv_cache.shape[1:]), dtype_name(kv_cache.dtype))
+    if pool != (layout.block_shape, layout.kv_dtype):
+        raise ValueError(f"pool blocks {pool} are not wire blocks {(layout.block_shape, layout.kv_dtype)}: "
+                         "a pool holding some of the kv heads (tensor parallelism) needs a BlockWriterSink")
+
+
+def block_tensor(payload: memoryview, layout: KVLayout) -> torch.Tensor:
+    """One block's payload (exactly layout.block_nbytes bytes, checked by the caller) as a tensor
+    [num_layers, 2, block_size, num_kv_heads, head_dim]; it aliases a writable payload."""
+    raw = payload if not payload.readonly else bytearray(payload)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(KV_DTYPES[layout.kv_dtype]).view(layout.block_shape)
+
+
 class InlineSink(PayloadSink):
     """The payload is the BlockFrame's second frame (zmq, fake): copy it into the pool."""
     inline = True
 
-    def __init__(self, kv_cache: torch.Tensor) -> None:
+    def __init__(self, kv_cache: torch.Tensor, layout: KVLayout) -> None:
+        check_whole_blocks(kv_cache, layout)
         self._kv_cache = kv_cache
 
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         write_block(self._kv_cache, dst, payload)
+
+
+class BlockWriterSink(PayloadSink):
+    """The payload is the BlockFrame's second frame, handed on as a block tensor (every head) to
+    `write_blocks([dst], block[None])`, which must copy it before returning: for a pool the bytes
+    cannot go straight into, e.g. a tensor-parallel one (TPModelRunner.write_blocks)."""
+    inline = True
+
+    def __init__(self, write_blocks: WriteBlocks, layout: KVLayout) -> None:
+        self._write_blocks, self._layout = write_blocks, layout
+
+    def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
+        self._write_blocks([dst], block_tensor(payload, self._layout)[None])

@@ -19,8 +19,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import torch
-
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Buffer, Framer, FrameError
 from kvtransport.handshake import HandshakeError, PeerIdentity, check_compatible
@@ -34,7 +32,8 @@ SendFn = Callable[[str, list[Buffer]], None]   # (peer, frames); must not block
 
 
 class PayloadSink(ABC):
-    """Moves one block's payload into the pool; the backends differ only here."""
+    """Moves one block's payload into the pool; the backends, and pools that hold only some of
+    the heads (tensor parallelism, see payload.BlockWriterSink), differ only here."""
     inline: bool = True    # the payload is the BlockFrame's second frame (else it comes out of band)
 
     def paired(self, peer: str, identity: PeerIdentity, reply: Callable[[Message], None]) -> None:
@@ -71,11 +70,11 @@ class _Session:
 class ReceiverCore:
     """Dispatches received messages of every peer into one ReceiveLedger."""
 
-    def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, framer: Framer,
+    def __init__(self, num_blocks: int, identity: PeerIdentity, framer: Framer,
                  sink: PayloadSink, send: SendFn, peer_timeout: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.identity = identity
-        self.ledger = ReceiveLedger(kv_cache, ReceiverMetrics(), clock)
+        self.ledger = ReceiveLedger(identity.layout, num_blocks, ReceiverMetrics(), clock)
         self._framer, self._sink, self._send = framer, sink, send
         self._peer_timeout, self._clock = peer_timeout, clock
         self._sessions: dict[str, _Session] = {}

@@ -2,7 +2,9 @@
 
 Backend-free: a backend decodes frames and calls `check_block` -> (writes the payload into the
 returned block) -> `mark_written`, `on_commit`, `on_abort`, `renew`, `fail_peer`, `expire`.
-Every registered transfer ends in exactly one event from `take_events()`.
+Every registered transfer ends in exactly one event from `take_events()`. Frames are checked
+against the layout this node announced at handshake (a block with every kv head), not against
+the pool tensor: on a tensor-parallel node the pool holds only rank 0's heads.
 
     dst_block_ids:   [ b0 | b1 | b2 | b3 | b4 ]        the prompt's block table in D's pool
                        └cached┘ └─ shipped ──────┘      index >= cached_prefix_blocks
@@ -14,11 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
 from kvtransport.events import FailReason, TransferCommitted, TransferEvent, TransferFailed
 from kvtransport.framing import FrameError
-from kvtransport.handshake import dtype_name
+from kvtransport.handshake import KVLayout
 from kvtransport.messages import Abort, BlockFrame, Commit, Reserved
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.schema import MAX_BLOCKS, check_id
@@ -77,14 +77,13 @@ class _Inbound:
 class ReceiveLedger:
     """All live reservations of one pool. Not thread-safe; the backend's poll thread owns it."""
 
-    def __init__(self, kv_cache: torch.Tensor, metrics: ReceiverMetrics | None = None,
+    def __init__(self, layout: KVLayout, num_blocks: int, metrics: ReceiverMetrics | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.kv_cache = kv_cache                    # [num_blocks, L, 2, block_size, H, D]
+        self.layout = layout                        # what every block frame must be
+        self.num_blocks = num_blocks                # of the pool: block ids are in [0, num_blocks)
         self.metrics = metrics or ReceiverMetrics()
         self.clock = clock
-        self.block_nbytes = kv_cache[0].numel() * kv_cache.element_size()
-        self._block_shape = tuple(kv_cache.shape[1:])
-        self._dtype = dtype_name(kv_cache.dtype)
+        self.block_nbytes = layout.block_nbytes
         self._live: dict[str, _Inbound] = {}
         self._reserved_blocks: set[int] = set()     # shipped blocks of live transfers
         self._finished: OrderedDict[str, TransferState] = OrderedDict()   # tombstones
@@ -95,7 +94,7 @@ class ReceiveLedger:
         """Start expecting res's blocks; raises ValueError for a reused id or a block already held."""
         if res.xfer_id in self._live or res.xfer_id in self._finished:
             raise ValueError(f"xfer id {res.xfer_id} already used")
-        bad = [b for b in res.dst_block_ids if not 0 <= b < self.kv_cache.shape[0]]
+        bad = [b for b in res.dst_block_ids if not 0 <= b < self.num_blocks]
         if bad:
             raise ValueError(f"block ids {bad} outside the pool")
         shipped = {res.dst_block_ids[i] for i in res.expected}
@@ -130,9 +129,9 @@ class ReceiveLedger:
             raise FrameError(DropReason.NOT_RESERVED, f"index {frame.index} block {frame.block_id}")
         if frame.index not in t.missing:
             raise FrameError(DropReason.DUPLICATE, f"index {frame.index}")
-        if frame.dtype != self._dtype:
+        if frame.dtype != self.layout.kv_dtype:
             raise FrameError(DropReason.BAD_DTYPE, frame.dtype)
-        if frame.shape != self._block_shape:
+        if frame.shape != self.layout.block_shape:
             raise FrameError(DropReason.BAD_SHAPE, str(frame.shape))
         if frame.nbytes != self.block_nbytes or payload_len not in (None, frame.nbytes):
             raise FrameError(DropReason.BAD_NBYTES, f"{frame.nbytes} / {payload_len}")
@@ -154,7 +153,7 @@ class ReceiveLedger:
         if t.commit is not None:
             raise FrameError(DropReason.DUPLICATE, "second commit")
         n = len(t.res.dst_block_ids)
-        block_size = self.kv_cache.shape[3]
+        block_size = self.layout.block_size
         if not (n - 1) * block_size < msg.num_tokens <= n * block_size:
             raise FrameError(DropReason.BAD_COMMIT, f"{msg.num_tokens} tokens in {n} blocks")
         self._progress(t, peer)

@@ -88,9 +88,14 @@ class SenderCore:
 
     def block_header(self, xfer_id: str, index: int, dst_block_id: int,
                      kv_cache: torch.Tensor) -> BlockFrame:
-        block = kv_cache[0]
-        return BlockFrame(xfer_id, index, dst_block_id, block.numel() * block.element_size(),
-                          dtype_name(kv_cache.dtype), tuple(block.shape))
+        """The header of a block of kv_cache; ValueError unless its blocks are this node's wire
+        blocks (every kv head: a tensor-parallel node ships gathered copies, not its pool)."""
+        block, layout = kv_cache[0], self.identity.layout
+        shape, dtype = tuple(block.shape), dtype_name(kv_cache.dtype)
+        if (shape, dtype) != (layout.block_shape, layout.kv_dtype):
+            raise ValueError(f"blocks ship as {layout.block_shape} {layout.kv_dtype} (every kv head), "
+                             f"got {shape} {dtype}")
+        return BlockFrame(xfer_id, index, dst_block_id, block.numel() * block.element_size(), dtype, shape)
 
     def commit_frames(self, xfer_id: str, first_token: int, num_tokens: int) -> list[Buffer]:
         frames = self.framer.pack(Commit(xfer_id, first_token, num_tokens))

@@ -31,7 +31,7 @@ from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Buffer, FrameError
 from kvtransport.handshake import PeerIdentity
 from kvtransport.messages import BlockFrame, Message, P2PJoin
-from kvtransport.payload import block_view
+from kvtransport.payload import block_view, check_whole_blocks
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_receiver import DEFAULT_BIND, ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
@@ -147,6 +147,7 @@ class DistReceiver(ZmqReceiver):
                  p2p_host: str = "127.0.0.1") -> None:
         if identity.transport != "torch_dist":
             raise ValueError("a DistReceiver's identity must have transport='torch_dist'")
+        check_whole_blocks(kv_cache, identity.layout)     # payloads land straight in the pool
         sink = _DistSink(kv_cache, p2p_host, peer_timeout)
         super().__init__(kv_cache, identity, bind, secret, peer_timeout, hwm, sink)
 

@@ -30,12 +30,14 @@ _DRAIN_BATCH = 256      # messages handled per wake-up before leases and peers a
 
 
 class ZmqReceiver(KVReceiver):
-    """Receives blocks from any number of ZmqSenders into `kv_cache`."""
+    """Receives blocks from any number of ZmqSenders into `kv_cache`: straight in when its blocks
+    are wire blocks (every kv head), else through `sink` (e.g. a BlockWriterSink)."""
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, bind: str = DEFAULT_BIND,
                  secret: bytes | None = None, peer_timeout: float = 10.0, hwm: int = 64,
                  sink: PayloadSink | None = None) -> None:
-        block_nbytes = kv_cache[0].numel() * kv_cache.element_size()
+        sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
+        block_nbytes = identity.layout.block_nbytes
         self._ctx = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -46,8 +48,7 @@ class ZmqReceiver(KVReceiver):
         self._sock.bind(bind)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         framer = Framer(secret, max_payload_bytes=block_nbytes)
-        self._core = ReceiverCore(kv_cache, identity, framer, sink or InlineSink(kv_cache),
-                                  self._send, peer_timeout)
+        self._core = ReceiverCore(kv_cache.shape[0], identity, framer, sink, self._send, peer_timeout)
         self.metrics = self._core.metrics
 
     @property

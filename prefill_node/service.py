@@ -20,6 +20,7 @@ from engine.llm_engine import LLMEngine
 from engine.node_config import NodeConfig
 from engine.node_runtime import kv_identity, node_status
 from engine.outputs import RequestOutput
+from engine.parallel import close_runner
 from engine.sampling_params import SamplingParams
 from engine.router_link import RouterLink
 from kvtransport.control import AbortRequest, FirstToken, NodeHello, PrefillRequest, RequestFailed
@@ -83,6 +84,7 @@ class PrefillService:
     def close(self) -> None:
         self.sender.close()
         self.link.close()
+        close_runner(self.engine.runner)      # tp > 1: stop the worker processes
 
     # -- requests ---------------------------------------------------------------------------
     def _start(self, req: PrefillRequest) -> None:

@@ -6,14 +6,19 @@ Called by the engine after every step that computed part of a tracked prompt (a 
       block:      0 (cached at D)   1 (full)       2 (partial: 5 tokens)
       shipped:    never             when computed  after the last chunk, before the first token
 
-Sends are zero-copy from the pool: every shipped block is pinned (an extra reference) until the
-transport says its bytes have left the process, so eviction cannot rewrite it mid-send.
+A block ships with every kv head. At tp = 1 that is the pool's own block: sends are zero-copy,
+and every shipped block is pinned (an extra reference) until the transport says its bytes have
+left the process, so eviction cannot rewrite it mid-send. At tp > 1 each rank holds some heads:
+the runner gathers them into a host copy (one collective per step and prompt), kept until sent.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from engine.llm_engine import LLMEngine
+from engine.parallel import TPModelRunner
 from engine.sequence import Sequence, SequenceGroup
 from kvtransport.base import KVSender
 
@@ -25,8 +30,9 @@ class Shipment:
     dst_block_ids: tuple[int, ...]      # D's whole block table for the prompt
     prompt_len: int
     next_index: int                     # first block not shipped yet (starts past D's cached prefix)
-    pins: list[Sequence] = field(default_factory=list)
-    closed: bool = False                # committed or aborted: only pins remain to release
+    pins: list[Sequence] = field(default_factory=list)       # tp = 1: pool blocks held until sent
+    staged: list[torch.Tensor] = field(default_factory=list)  # tp > 1: gathered copies held until sent
+    closed: bool = False                # committed or aborted: only pins / staged copies remain
 
 
 class BlockShipper:
@@ -50,12 +56,19 @@ class BlockShipper:
         end = len(s.dst_block_ids) if done else min(seq.num_computed_tokens // bs, len(s.dst_block_ids))
         if end <= s.next_index:
             return
-        blocks = seq.block_table[s.next_index:end]
-        s.pins.append(self.engine.pin_blocks(blocks))
-        kv_cache = self.engine.runner.kv_cache
-        for index, src in zip(range(s.next_index, end), blocks):
+        kv_cache, sources = self._full_head_blocks(s, seq.block_table[s.next_index:end])
+        for index, src in zip(range(s.next_index, end), sources):
             self.sender.send_block(s.xfer_id, index, s.dst_block_ids[index], kv_cache, src)
         s.next_index = end
+
+    def _full_head_blocks(self, s: Shipment, blocks: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Where to send `blocks` from, with every kv head: (tensor [n, L, 2, bs, H, D], its ids)."""
+        runner = self.engine.runner
+        if isinstance(runner, TPModelRunner):
+            s.staged.append(runner.gather_blocks(blocks))
+            return s.staged[-1], list(range(len(blocks)))
+        s.pins.append(self.engine.pin_blocks(blocks))
+        return runner.kv_cache, blocks
 
     def close(self, rid: str) -> Shipment | None:
         """The request is over here (committed or aborted); its pins go once sent."""

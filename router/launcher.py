@@ -1,6 +1,7 @@
 """`pdserve`: start a disaggregated deployment on this machine, or the colocated server.
 
-    pdserve up [--model DIR] [--prefill N] [--decode M] [--host H] [--port P] [node flags]
+    pdserve up [--model DIR] [--prefill N] [--decode M] [--prefill-tp A] [--decode-tp B]
+               [--host H] [--port P] [node flags]
     pdserve colocated [flags of `python -m router`]
 
 `pdserve up`:
@@ -13,8 +14,11 @@
   4. on Ctrl-C or SIGTERM it stops serving and terminates the nodes (SIGKILL after a grace period)
 
 Flags come from the config dataclasses: RouterConfig's (--port, --api-key, ...), ClusterConfig's
-(--prefill, --decode, --startup-timeout-s) and the node's own (engine.node_config.NodeConfig:
---dtype, --block-size, --kv-cache-gib, --max-num-seqs, ...), passed to every node only if given.
+(--prefill, --decode, --prefill-tp, --decode-tp, --startup-timeout-s) and the node's own
+(engine.node_config.NodeConfig: --dtype, --block-size, --kv-cache-gib, --max-num-seqs, ...),
+passed to every node only if given. --prefill-tp / --decode-tp set each kind's
+--tensor-parallel-size (each node then runs that many processes); any two values pair, since
+blocks travel between nodes with every kv head.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from router.cli import add_dataclass_args, build_dataclass
 from router.config import RouterConfig
 
 # NodeConfig fields the launcher sets itself, per node, instead of taking them as flags
-_PER_NODE_FIELDS = ("router", "node_id", "kv_bind")
+_PER_NODE_FIELDS = ("router", "node_id", "kv_bind", "tensor_parallel_size")
 _STOP_GRACE_S = 10.0
 # Run as `python -c SHIM PARENT_PID ARGV...`: ask Linux for SIGTERM when the parent dies, then
 # become ARGV. PR_SET_PDEATHSIG (1) survives exec; the ppid check closes the race with an early death.
@@ -47,11 +51,15 @@ _PARENT_DEATH_SHIM = ("import ctypes, os, sys; ctypes.CDLL(None, use_errno=True)
 class ClusterConfig:
     prefill: int = 1                    # prefill node processes
     decode: int = 1                     # decode node processes
+    prefill_tp: int = 1                 # tensor_parallel_size of each prefill node
+    decode_tp: int = 1                  # tensor_parallel_size of each decode node
     startup_timeout_s: float = 600.0    # longest wait for every node to register
 
     def __post_init__(self) -> None:
         if self.prefill < 1 or self.decode < 1:
             raise ValueError(f"need >= 1 prefill and decode node, got {self.prefill} and {self.decode}")
+        if self.prefill_tp < 1 or self.decode_tp < 1:
+            raise ValueError(f"tp must be >= 1, got prefill_tp {self.prefill_tp} and decode_tp {self.decode_tp}")
         if self.startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
 
@@ -120,8 +128,9 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
     backend = DisaggregatedBackend.from_model(model, config)
     try:
         endpoint = await backend.start()
-        print(f"pdserve: router control plane at {endpoint}; starting {cluster.prefill} prefill and "
-              f"{cluster.decode} decode node(s) of {model}", flush=True)
+        print(f"pdserve: router control plane at {endpoint}; starting {cluster.prefill} prefill "
+              f"(tp {cluster.prefill_tp}) and {cluster.decode} decode (tp {cluster.decode_tp}) node(s) "
+              f"of {model}", flush=True)
         nodes.extend(spawn_nodes(endpoint, cluster, node_flags))
         if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
@@ -154,6 +163,9 @@ def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str]) ->
         node_id = f"{role}-{counts[role]}"
         counts[role] += 1
         argv = [sys.executable, "-m", f"{role}_node", "--router", endpoint, "--node-id", node_id, *node_flags]
+        tp = cluster.prefill_tp if role == "prefill" else cluster.decode_tp
+        if tp > 1:
+            argv += ["--tensor-parallel-size", str(tp)]
         process = subprocess.Popen(_with_parent_death_signal(argv), start_new_session=True, env=env)
         nodes.append(NodeProcess(node_id, role, process))
     return nodes
@@ -245,7 +257,8 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{up,colocated}")
-    up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine")
+    up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine",
+                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
     add_dataclass_args(up_parser, ClusterConfig)
     nodes = up_parser.add_argument_group("node flags (passed to every node when given)")

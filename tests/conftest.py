@@ -17,7 +17,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def make_llm():
-    """Builds offline LLMs; after the test, every block of every one of them is accounted for."""
+    """Builds offline LLMs; after the test, every block of every one of them is accounted for,
+    and each is closed (a tensor-parallel one's worker processes stopped)."""
     built: list[LLM] = []
 
     def build(path: str, **kwargs) -> LLM:
@@ -26,6 +27,10 @@ def make_llm():
         return llm
 
     yield build
-    for llm in built:
-        llm.engine.check_integrity()
-        assert not llm.engine.scheduler.running, "a request was left running"
+    try:
+        for llm in built:
+            llm.engine.check_integrity()
+            assert not llm.engine.scheduler.running, "a request was left running"
+    finally:
+        for llm in built:
+            llm.close()

@@ -29,14 +29,14 @@ class Result:
 
 
 class NodeHarness:
-    def __init__(self, model_path: str, **node_kwargs):
+    def __init__(self, model_path: str, prefill_tp: int = 1, decode_tp: int = 1, **node_kwargs):
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.bind("tcp://127.0.0.1:0")
         endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         cfg = dict(router=endpoint, model=model_path, **node_kwargs)
-        self.prefill = PrefillService(NodeConfig(node_id="prefill-0", **cfg))
-        self.decode = DecodeService(NodeConfig(node_id="decode-0", **cfg))
+        self.prefill = PrefillService(NodeConfig(node_id="prefill-0", tensor_parallel_size=prefill_tp, **cfg))
+        self.decode = DecodeService(NodeConfig(node_id="decode-0", tensor_parallel_size=decode_tp, **cfg))
         self.hellos: dict[str, NodeHello] = {}
         self.results: dict[str, Result] = {}
         self.threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in (self.prefill, self.decode)]

@@ -1,11 +1,15 @@
-"""Pairing: two nodes pair only with equal layouts; the refusal names the field."""
+"""Pairing: two nodes pair only with equal layouts; the refusal names the field. A layout is
+that of a block on the wire, every kv head, whatever a node's tensor_parallel_size."""
 import dataclasses
 
 import pytest
 import torch
 
+from kvtransport.framing import Framer
 from kvtransport.handshake import (HandshakeError, KVLayout, PeerIdentity, check_compatible,
                                    model_fingerprint, new_epoch)
+from kvtransport.payload import InlineSink
+from kvtransport.sender_core import SenderCore
 from kvtransport.testing import make_pool
 
 CONFIG = {"hidden_size": 512, "num_hidden_layers": 8, "rope_theta": 10000.0}
@@ -70,3 +74,21 @@ def test_layout_from_pool():
     assert layout.block_nbytes == pool[0].numel() * 2 == 8 * 2 * 16 * 8 * 64 * 2
     with pytest.raises(ValueError):
         KVLayout.for_pool(pool.transpose(0, 1), LAYOUT.model_id)
+
+
+def test_tp_rank_pool_announces_the_full_head_layout():
+    """A pool holding one of tp = 2 ranks' heads announces a tp = 1 pool's layout, so the two
+    pair, while a model of other head counts is still refused naming num_kv_heads; the shard's
+    own blocks can neither be shipped nor take wire bytes straight in."""
+    whole, shard = make_pool(num_kv_heads=4), make_pool(num_kv_heads=2)
+    layout = KVLayout.for_pool(shard, LAYOUT.model_id, tensor_parallel_size=2)
+    assert layout == KVLayout.for_pool(whole, LAYOUT.model_id) and layout.num_kv_heads == 4
+    check_compatible(_peer(layout), _peer(KVLayout.for_pool(whole, LAYOUT.model_id)))
+    with pytest.raises(HandshakeError, match="num_kv_heads differs") as e:
+        check_compatible(_peer(layout), _peer(KVLayout.for_pool(shard, LAYOUT.model_id)))
+    assert e.value.field == "num_kv_heads"
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        InlineSink(shard, layout)
+    with pytest.raises(ValueError, match="every kv head"):
+        SenderCore(_peer(layout), Framer()).block_header("x0", 0, 0, shard)
+    assert SenderCore(_peer(layout), Framer()).block_header("x0", 0, 0, whole).shape == layout.block_shape

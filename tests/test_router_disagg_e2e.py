@@ -70,6 +70,20 @@ def test_greedy_output_over_real_nodes_equals_transformers(model_dir):
     _with_cluster(path, RouterConfig(), ClusterConfig(1, 1), test)
 
 
+def test_prefill_node_of_tp2_serves_a_decode_node_of_tp1(model_dir):
+    """`--prefill-tp 2 --decode-tp 1`: the prefill node process runs one tp worker, the decode
+    node none; blocks gathered from P's two ranks decode on D to transformers' greedy output."""
+    path, hf_model = model_dir
+
+    async def test(backend, nodes):
+        assert [len(_children(n.process.pid)) for n in nodes] == [1, 0]       # prefill-0, decode-0
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        outs = await asyncio.gather(*(_collect(backend, f"r{i}", p, params) for i, p in enumerate(PROMPTS)))
+        for prompt, out in zip(PROMPTS, outs):
+            assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, 12)
+    _with_cluster(path, RouterConfig(), ClusterConfig(1, 1, prefill_tp=2, decode_tp=1), test)
+
+
 def test_decode_node_frozen_mid_stream_is_migrated_with_identical_greedy_output(model_dir):
     """A decode node that stops (SIGSTOP, no heartbeats) mid-request: the router migrates the
     request to the other decode node and the client still gets transformers' exact greedy output."""

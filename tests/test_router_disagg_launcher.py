@@ -16,24 +16,28 @@ from router.launcher import ClusterConfig, NodeProcess, parse_up, spawn_nodes, s
 def test_flags_reach_router_cluster_and_nodes():
     """Router and cluster flags build their configs; node flags given (only those) go to the nodes."""
     args = parse_up(["up", "--port", "9000", "--prefill", "2", "--decode", "3", "--model", "/m",
-                     "--dtype", "float32", "--max-num-seqs", "4", "--heartbeat-timeout-s", "1.5"])
+                     "--dtype", "float32", "--max-num-seqs", "4", "--heartbeat-timeout-s", "1.5",
+                     "--decode-tp", "2"])
     assert (args.router.port, args.router.heartbeat_timeout_s) == (9000, 1.5)
-    assert args.cluster == ClusterConfig(prefill=2, decode=3)
+    assert args.cluster == ClusterConfig(prefill=2, decode=3, prefill_tp=1, decode_tp=2)
     assert args.model == "/m"
     assert args.node_flags == ["--dtype", "float32", "--max-num-seqs", "4"]
     assert parse_up(["up"]) == (RouterConfig(), ClusterConfig(), None, [])
 
 
 def test_invalid_flags_are_usage_errors():
-    """No decode node, a bad router value or a per-node flag (--kv-bind) is a usage error."""
-    for argv in (["up", "--decode", "0"], ["up", "--port", "-1"], ["up", "--kv-bind", "tcp://x:1"]):
+    """No decode node, a tp below 1, a bad router value or a per-node flag (--kv-bind; the node's
+    --tensor-parallel-size, which --prefill-tp / --decode-tp set per kind) is a usage error."""
+    for argv in (["up", "--decode", "0"], ["up", "--prefill-tp", "0"], ["up", "--port", "-1"],
+                 ["up", "--kv-bind", "tcp://x:1"], ["up", "--tensor-parallel-size", "2"]):
         with pytest.raises(SystemExit) as exit_info:
             parse_up(argv)
         assert exit_info.value.code == 2
 
 
 def test_node_command_lines(monkeypatch):
-    """Each node runs `python -m <role>_node --router EP --node-id <role>-<i>` plus the node flags."""
+    """Each node runs `python -m <role>_node --router EP --node-id <role>-<i>` plus the node flags,
+    and `--tensor-parallel-size N` where its kind's tp is above 1."""
     started = []
 
     class FakePopen:
@@ -42,12 +46,14 @@ def test_node_command_lines(monkeypatch):
             self.pid = 0
 
     monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
-    nodes = spawn_nodes("tcp://127.0.0.1:5555", ClusterConfig(prefill=2, decode=1), ["--dtype", "float32"])
+    nodes = spawn_nodes("tcp://127.0.0.1:5555", ClusterConfig(prefill=2, decode=1, decode_tp=2),
+                        ["--dtype", "float32"])
     assert [(n.node_id, n.role) for n in nodes] == [("prefill-0", "prefill"), ("prefill-1", "prefill"),
                                                     ("decode-0", "decode")]
     for (argv, kwargs), node in zip(started, nodes):
-        assert argv[-9:] == [sys.executable, "-m", f"{node.role}_node", "--router", "tcp://127.0.0.1:5555",
-                             "--node-id", node.node_id, "--dtype", "float32"]
+        tp = ["--tensor-parallel-size", "2"] if node.role == "decode" else []
+        assert argv[-9 - len(tp):] == [sys.executable, "-m", f"{node.role}_node", "--router", "tcp://127.0.0.1:5555",
+                                       "--node-id", node.node_id, "--dtype", "float32", *tp]
         assert kwargs["start_new_session"] is True
         assert kwargs["env"]["OMP_WAIT_POLICY"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
         expected_threads = str(max(1, (os.cpu_count() or 1) // 3))

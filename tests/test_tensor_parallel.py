@@ -23,21 +23,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 PROMPTS = [[1, 17, 99, 4, 250], list(range(10, 26)), [(i * 37) % 500 + 3 for i in range(53)]]
 
 
-@pytest.fixture
-def make_tp_llm(make_llm):
-    """make_llm, and every LLM built is closed (its worker processes stopped) after the test."""
-    built: list[LLM] = []
-
-    def build(path: str, **kwargs) -> LLM:
-        llm = make_llm(path, **kwargs)
-        built.append(llm)
-        return llm
-
-    yield build
-    for llm in built:
-        llm.close()
-
-
 def _tokens(outputs) -> list[list[int]]:
     return [c.token_ids for o in outputs for c in o.outputs]
 
@@ -90,13 +75,13 @@ def test_heads_not_divisible_by_tp_raise(model_dir):
         EngineConfig(tensor_parallel_size=0)
 
 
-def test_tp2_chunked_mixed_batch_matches_tp1(model_dir, make_llm, make_tp_llm):
+def test_tp2_chunked_mixed_batch_matches_tp1(model_dir, make_llm):
     """tp = 2 on gloo, 7-token steps (chunked prefill mixed with decodes), a mixed-length batch
     and an n = 2 request (copy-on-write) decode token for token what tp = 1 and transformers
     decode; close() then stops the worker with exit code 0, and again is a no-op."""
     path, hf = model_dir
     kwargs = dict(block_size=8, num_blocks=64, max_num_batched_tokens=7)
-    tp1, tp2 = make_llm(path, **kwargs), make_tp_llm(path, tensor_parallel_size=2, **kwargs)
+    tp1, tp2 = make_llm(path, **kwargs), make_llm(path, tensor_parallel_size=2, **kwargs)
     assert tuple(tp2.engine.runner.kv_cache.shape) == (64, 2, 2, 8, 1, 16)   # 2 kv heads / 2 ranks
     copies = []
     copy_blocks = tp2.engine.runner.copy_blocks
@@ -111,10 +96,10 @@ def test_tp2_chunked_mixed_batch_matches_tp1(model_dir, make_llm, make_tp_llm):
     assert tp2.engine.runner.worker_exit_codes() == [0]
 
 
-def test_dead_worker_fails_the_step(model_dir, make_tp_llm):
+def test_dead_worker_fails_the_step(model_dir, make_llm):
     """A worker that dies makes the next step raise RuntimeError naming its rank (no hang)."""
     path, _ = model_dir
-    llm = make_tp_llm(path, block_size=8, num_blocks=16, tensor_parallel_size=2)
+    llm = make_llm(path, block_size=8, num_blocks=16, tensor_parallel_size=2)
     os.kill(llm.engine.runner.worker_pids()[0], signal.SIGKILL)
     while llm.engine.runner.worker_exit_codes() == [None]:
         time.sleep(0.01)

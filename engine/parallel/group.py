@@ -2,7 +2,8 @@
 the workers join it, and every rank builds two groups on it:
 
     control  gloo, CPU tensors: rank 0 broadcasts each step's message (no CUDA-side timeout
-             while workers sit idle waiting for the next step)
+             while workers sit idle waiting for the next step) and scatters / gathers the head
+             slices of KV blocks that travel between nodes
     compute  the all-reduces inside the model: NCCL for CUDA ranks, else the control group
 
 The groups are built directly (no torch.distributed default group), so several engines can live
@@ -57,6 +58,24 @@ class TPGroup:
         opts.rootRank = 0
         opts.timeout = IDLE_TIMEOUT if idle else OP_TIMEOUT
         self.control.broadcast([t], opts).wait()
+
+    def gather(self, t: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's CPU tensor `t` (one shape and dtype on every rank), in rank order, on rank 0;
+        None elsewhere. Moved as bytes, so any dtype goes (gloo lacks some, e.g. float8)."""
+        raw = t.contiguous().view(torch.uint8)
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
+        parts = [torch.empty_like(raw) for _ in range(self.world)] if self.rank == 0 else None
+        self.control.gather([parts] if parts else [], [raw], opts).wait()
+        return None if parts is None else [p.view(t.dtype) for p in parts]
+
+    def scatter(self, out: torch.Tensor, parts: list[torch.Tensor] | None = None) -> None:
+        """Rank 0's CPU tensor parts[r] into rank r's contiguous `out`; `parts` on rank 0 only.
+        Moved as bytes, like gather."""
+        opts = dist.ScatterOptions()
+        opts.rootRank = 0
+        raw = [[p.contiguous().view(torch.uint8) for p in parts]] if self.rank == 0 else []
+        self.control.scatter([out.view(torch.uint8)], raw, opts).wait()
 
     def close(self) -> None:
         for pg in [self.control] + ([self.compute] if self.compute is not self.control else []):

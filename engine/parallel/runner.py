@@ -2,12 +2,20 @@
 (one scheduler, one BlockManager, in rank 0's process) drives tp ranks without knowing it.
 
 Each step:
-  1. copy_blocks / swap_blocks / enable_swap: rank 0 acts on its shard at once and logs the call;
-     the log rides along with the next message and each worker replays it before its forward
+  1. copy_blocks / swap_blocks / enable_swap / write_blocks: rank 0 acts on its shard at once and
+     logs the call (block_log.py); the log rides along with the next message and each worker
+     replays it before its forward
   2. execute: build the ForwardBatch, broadcast it and the logged block ops to the workers
   3. every rank runs its shard of the model over its shard of the pool; the row-parallel
      all-reduces keep the hidden states identical (replicated) on every rank
   4. rank 0 alone computes logits and returns them to the engine, which samples
+
+Blocks between nodes travel with all heads (what a tp = 1 pool holds), whatever either side's tp:
+
+    gather_blocks  prefill node: every rank's heads of some blocks, assembled on rank 0
+                   rank 0 [h0 h1] + rank 1 [h2 h3]  ->  [h0 h1 h2 h3]   (a GATHER message)
+    write_blocks   decode node: rank 0 keeps its heads now, each worker gets its own with the
+                   next message (a SCATTER op); a received block is read only by a later step
 """
 from __future__ import annotations
 
@@ -24,9 +32,11 @@ from engine.config import EngineConfig, ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import allocate_kv_cache
 from engine.model_runner import ModelRunner
+from engine.parallel.block_log import BlockLog
 from engine.parallel.group import TPGroup, host_store
 from engine.parallel.sharding import check_shardable, shard_model
-from engine.parallel.step_message import BlockOp, batch_to, send_shutdown, send_step
+from engine.parallel.step_message import (BlockOp, batch_to, send_gather, send_scattered, send_shutdown,
+                                          send_step)
 from engine.parallel.worker import WorkerSpec, load_rank, to_argv
 from engine.scheduler import ScheduledSeq
 from engine.swap import BlockMove
@@ -77,7 +87,7 @@ class TPModelRunner:
         self.model = shard_model(model, 0, tp, self.group.all_reduce)
         # kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads // tp, head_dim], rank 0's heads
         self._local = ModelRunner(self.model, self.kv_cache, bs)
-        self._block_ops: list[tuple[int, int, int]] = []   # (BlockOp, a, b): done here, not yet on the workers
+        self._log = BlockLog()         # block ops done here, not yet on the workers
         self._closed = False
 
     @property
@@ -89,23 +99,52 @@ class TPModelRunner:
         return self.group.world
 
     @property
+    def _full_block_shape(self) -> tuple[int, ...]:
+        """One block with every rank's heads: [num_layers, 2, block_size, num_kv_heads, head_dim]."""
+        layers, two, bs, heads, dim = self.kv_cache.shape[1:]
+        return (layers, two, bs, heads * self.group.world, dim)
+
+    @property
     def swap_cache(self) -> torch.Tensor | None:
         return self._local.swap_cache          # rank 0's heads of the host swap pool
 
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
         """Copy here now; the workers copy at the start of the next message, before any forward."""
         self._local.copy_blocks(copies)
-        self._log(BlockOp.COPY, copies)
+        self._log.add(BlockOp.COPY, [(c.src, c.dst) for c in copies])
 
     def enable_swap(self, num_blocks: int) -> None:
         self._local.enable_swap(num_blocks)
-        self._block_ops.append((BlockOp.ENABLE_SWAP, num_blocks, 0))
+        self._log.add(BlockOp.ENABLE_SWAP, [(num_blocks, 0)])
 
     def swap_blocks(self, out: list[BlockMove], into: list[BlockMove]) -> None:
         """Swap out, then in, here now; the workers likewise at the start of the next message."""
         self._local.swap_blocks(out, into)
-        self._log(BlockOp.SWAP_OUT, out)
-        self._log(BlockOp.SWAP_IN, into)
+        self._log.add(BlockOp.SWAP_OUT, [(m.src, m.dst) for m in out])
+        self._log.add(BlockOp.SWAP_IN, [(m.src, m.dst) for m in into])
+
+    def write_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
+        """Pool blocks `block_ids` take `blocks` [n, num_layers, 2, block_size, num_kv_heads, head_dim],
+        all heads (a block from another node): rank 0's heads now, the workers' at the start of
+        the next message, before any forward. ValueError unless shape and dtype fit the pool."""
+        expected = (len(block_ids),) + self._full_block_shape
+        if tuple(blocks.shape) != expected or blocks.dtype != self.kv_cache.dtype:
+            raise ValueError(f"write_blocks takes {expected} {self.kv_cache.dtype}, "
+                             f"got {tuple(blocks.shape)} {blocks.dtype}")
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.kv_cache.device)
+        self.kv_cache[ids] = blocks[..., :self.kv_cache.shape[4], :].to(self.kv_cache.device)
+        self._log.add_written(block_ids, blocks)
+
+    def gather_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """A host copy of pool blocks with every rank's heads:
+        [n, num_layers, 2, block_size, num_kv_heads, head_dim] (a collective with the workers)."""
+        self._check_workers()
+        ids = torch.tensor(block_ids, dtype=torch.long)
+        ops, written = self._log.take()
+        send_gather(self.group, ids, ops)
+        send_scattered(self.group, written)
+        shards = self.group.gather(self.kv_cache[ids.to(self.kv_cache.device)].cpu())
+        return torch.cat(shards, dim=4)      # rank r holds heads [r*H/tp, (r+1)*H/tp)
 
     def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         return self._local.build_batch(scheduled)
@@ -114,9 +153,9 @@ class TPModelRunner:
         """Logits [R, vocab] (float32) for the scheduled sequences that sample, in order."""
         self._check_workers()
         batch = self.build_batch(scheduled)
-        block_ops = torch.tensor(self._block_ops, dtype=torch.long).view(-1, 3).T   # [3, N]
-        self._block_ops = []
-        send_step(self.group, batch_to(batch, torch.device("cpu")), block_ops)
+        ops, written = self._log.take()
+        send_step(self.group, batch_to(batch, torch.device("cpu")), ops)
+        send_scattered(self.group, written)
         return self.model.compute_logits(self.model(batch, self.kv_cache))
 
     def close(self) -> None:
@@ -140,9 +179,6 @@ class TPModelRunner:
     def worker_exit_codes(self) -> list[int | None]:
         """Ranks 1..tp-1: None while running."""
         return [p.poll() for p in self._workers]
-
-    def _log(self, kind: BlockOp, moves: list[BlockCopy] | list[BlockMove]) -> None:
-        self._block_ops += [(kind, m.src, m.dst) for m in moves]
 
     def _check_workers(self) -> None:
         if self._closed:

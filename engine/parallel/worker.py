@@ -4,9 +4,10 @@ Lifecycle:
   1. join rank 0's TCPStore; load the whole model and allocate this rank's KV pool shard
   2. set `ready/<rank>` in the store (rank 0 waits for every worker, watching for early exits)
   3. build the tp groups, keep this rank's slice of the weights (`shard_model`)
-  4. loop: receive a step message, replay its block ops (copies, swaps) through a ModelRunner
-     of this rank's shard, run the batch (its all-reduces pair with the other ranks'); no
-     logits, rank 0 alone samples
+  4. loop: receive a message, replay its block ops (copies, swaps, this rank's heads of blocks
+     written from another node) through a ModelRunner of this rank's shard, then either run
+     the batch (its all-reduces pair with the other ranks'; no logits, rank 0 alone samples)
+     or send rank 0 this rank's heads of the blocks it gathers
   5. SHUTDOWN ends the loop; EOF on stdin (rank 0's process is gone) exits at once
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from engine.model import CausalLM
 from engine.model_runner import ModelRunner
 from engine.parallel.group import TPGroup, join_store
 from engine.parallel.sharding import shard_model
-from engine.parallel.step_message import BlockOp, Op, batch_to, receive
+from engine.parallel.step_message import BlockOp, Op, batch_to, receive, receive_scattered
 from engine.swap import BlockMove
 from engine.weights import load_model
 
@@ -58,17 +59,24 @@ def load_rank(cfg: ModelConfig, num_blocks: int, block_size: int, world: int,
 
 
 def serve(runner: ModelRunner, group: TPGroup) -> None:
-    """Run rank 0's steps on this rank's shard until SHUTDOWN."""
-    while (msg := receive(group)).op is Op.STEP:
-        replay(runner, msg.block_ops)
-        runner.model(batch_to(msg.batch, runner.device), runner.kv_cache)
+    """Run rank 0's messages on this rank's shard until SHUTDOWN."""
+    while (msg := receive(group)).op is not Op.SHUTDOWN:
+        replay(runner, msg.block_ops, receive_scattered(group, msg, runner.kv_cache))
+        if msg.op is Op.STEP:
+            runner.model(batch_to(msg.batch, runner.device), runner.kv_cache)
+        else:
+            group.gather(runner.kv_cache[msg.block_ids.to(runner.device)].cpu())
 
 
-def replay(runner: ModelRunner, block_ops: torch.Tensor) -> None:
-    """Make rank 0's runner calls [3, N] (kind, a, b) on this runner, in order."""
+def replay(runner: ModelRunner, block_ops: torch.Tensor, scattered: torch.Tensor | None = None) -> None:
+    """Make rank 0's runner calls [3, N] (kind, a, b) on this runner, in order; SCATTER ops
+    take their block from `scattered` [K, L, 2, block_size, H/tp, D], this rank's heads."""
     for kind, run in itertools.groupby(zip(*block_ops.tolist()), key=lambda op: BlockOp(op[0])):
         pairs = [(a, b) for _, a, b in run]
-        if kind is BlockOp.COPY:
+        if kind is BlockOp.SCATTER:
+            dst, src = zip(*pairs)
+            runner.kv_cache[torch.tensor(dst, device=runner.device)] = scattered[list(src)].to(runner.device)
+        elif kind is BlockOp.COPY:
             runner.copy_blocks([BlockCopy(a, b) for a, b in pairs])
         elif kind is BlockOp.SWAP_OUT:
             runner.swap_blocks([BlockMove(a, b) for a, b in pairs], [])
