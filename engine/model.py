@@ -22,6 +22,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:        # one fused op; same math as below for float32
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -41,11 +43,12 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding, batch: ForwardBatch,
                 kv_layer: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden]; kv_layer: [num_blocks, 2, block_size, num_kv_heads, head_dim]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)                   # [T, H, D]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)                # [T, Hkv, D]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rope(batch.positions, q, k)
+        qkv = self.qkv_proj(x)
+        q_size, kv_size, _ = self.split
+        qk = qkv[:, :q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = rope(batch.positions, qk)                                  # q and k heads rotated together
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]          # [T, H, D], [T, Hkv, D]
+        v = qkv[:, q_size + kv_size:].view(-1, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_layer[:, 0], kv_layer[:, 1]
         kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = kernels.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q,

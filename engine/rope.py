@@ -31,10 +31,10 @@ class RotaryEmbedding:
         self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)     # [P, D]
         self._rows: tuple | None = None     # (positions, its version, cos rows, sin rows): every layer reuses them
 
-    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # positions: [T]; q: [T, H, D]; k: [T, Hkv, D]
+    def __call__(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] rotated by each row's position (q and k heads can go in together)."""
         cos, sin = self._rows_for(positions)                               # [T, 1, D] each
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return x * cos + _rotate_half(x) * sin
 
     def _rows_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self._rows
