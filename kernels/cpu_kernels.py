@@ -1,6 +1,6 @@
 """The C kernels of kernels/csrc, built for this CPU on first use and called through ctypes.
 
-    kernels/csrc/paged_decode.c --cc -O3 -march=native -fopenmp--> <cache>/paged_decode-<key>.so
+    kernels/csrc/paged_decode.c --cc -O3 -march=native -fopenmp ...--> <cache>/paged_decode-<key>.so
 
 The key hashes the source, the flags, the compiler's version and this CPU's feature flags, so an
 edited kernel, another compiler or another machine sharing the cache never loads a stale build.
@@ -27,7 +27,7 @@ import tempfile
 log = logging.getLogger(__name__)
 
 _SRC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 _error: str | None = None
 
 c_int, c_i64, c_float, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p

@@ -5,7 +5,7 @@
  *   1. scores[g][t] = scale * q[g] . K[t]   for the group's G query heads, t < seq_len
  *   2. softmax per query head (max-subtracted, float32)
  *   3. out[g] = sum_t p[g][t] * V[t]
- * K and V are each read once per task; 16-bit rows are widened to float32 one row at a time.
+ * K and V are each read once per task; 16-bit elements are widened to float32 as they are read.
  * Built by kernels/cpu_kernels.py with the host compiler; called through ctypes.
  */
 #include <math.h>
@@ -30,17 +30,69 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN stay
     return (uint16_t)(u >> 16);
 }
 
-/* A row of n elements as float32: fp32 rows are used in place, 16-bit rows widened into tmp. */
-static inline const float *as_f32(const void *src, float *tmp, int n, int dtype) {
-    if (dtype == DT_F32) return (const float *)src;
-    if (dtype == DT_BF16) {
-        const uint16_t *s = (const uint16_t *)src;
-        for (int i = 0; i < n; i++) tmp[i] = bf16_to_f32(s[i]);
+/* q . row and acc += p * row for a K/V row of the given dtype, read as float32. Always inlined
+ * with a constant dtype (see the attend_* wrappers): each copy is one typed, vectorized loop. */
+static inline __attribute__((always_inline)) float dot_row(const float *q, const void *row, int n, int dtype) {
+    float dot = 0.f;
+    if (dtype == DT_F32) {
+        const float *r = (const float *)row;
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < n; d++) dot += q[d] * r[d];
+    } else if (dtype == DT_BF16) {
+        const uint16_t *r = (const uint16_t *)row;
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < n; d++) dot += q[d] * bf16_to_f32(r[d]);
     } else {
-        const _Float16 *s = (const _Float16 *)src;
-        for (int i = 0; i < n; i++) tmp[i] = (float)s[i];
+        const _Float16 *r = (const _Float16 *)row;
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < n; d++) dot += q[d] * (float)r[d];
     }
-    return tmp;
+    return dot;
+}
+
+static inline __attribute__((always_inline)) void axpy_row(float *restrict acc, float p, const void *row, int n,
+                                                           int dtype) {
+    if (dtype == DT_F32) {
+        const float *r = (const float *)row;
+#pragma omp simd
+        for (int d = 0; d < n; d++) acc[d] += p * r[d];
+    } else if (dtype == DT_BF16) {
+        const uint16_t *r = (const uint16_t *)row;
+#pragma omp simd
+        for (int d = 0; d < n; d++) acc[d] += p * bf16_to_f32(r[d]);
+    } else {
+        const _Float16 *r = (const _Float16 *)row;
+#pragma omp simd
+        for (int d = 0; d < n; d++) acc[d] += p * (float)r[d];
+    }
+}
+
+/* e^x for x <= 0 (max-subtracted scores), vectorizable unlike libm's expf, which the softmax
+ * loop otherwise spends most of a 16-bit task on. x = (k + f) / log2(e) with k integer and
+ * |f| <= 1/2; 2^f by its degree-6 Taylor polynomial (relative error < 2e-7 on that range);
+ * 2^k added to the exponent bits. Below -87, where expf is subnormal or 0, it gives ~1e-38. */
+static inline float exp_neg(float x) {
+    x = x < -87.f ? -87.f : x;
+    const float t = x * 1.44269504088896341f;
+    const float k = rintf(t), f = t - k;
+    float p = 1.5403530393381610e-4f;
+    p = p * f + 1.3333558146428443e-3f;
+    p = p * f + 9.6181291076284772e-3f;
+    p = p * f + 5.5504108664821580e-2f;
+    p = p * f + 2.4022650695910071e-1f;
+    p = p * f + 6.9314718055994531e-1f;
+    p = p * f + 1.f;
+    int32_t bits;
+    memcpy(&bits, &p, 4);
+    bits += (int32_t)k << 23;
+    memcpy(&p, &bits, 4);
+    return p;
+}
+
+static inline float load_elem(const void *row, int d, int dtype) {
+    if (dtype == DT_F32) return ((const float *)row)[d];
+    if (dtype == DT_BF16) return bf16_to_f32(((const uint16_t *)row)[d]);
+    return (float)((const _Float16 *)row)[d];
 }
 
 static inline void store_row(void *dst, const float *src, float mul, int n, int dtype) {
@@ -57,18 +109,18 @@ static inline void store_row(void *dst, const float *src, float mul, int n, int 
 }
 
 /* Attention of one sequence's query heads [h0 * group, h1 * group) (kv heads [h0, h1)) over its
- * ctx cached tokens. scratch: (h1 - h0) * group * (ctx + 2 * head_dim) + head_dim floats. */
-static void attend(const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride,
-                   const int32_t *table, int ctx, char *out_row, int h0, int h1, int group, int head_dim,
-                   int block_size, float scale, int dtype, int esize, float *scratch) {
+ * ctx cached tokens. scratch: (h1 - h0) * group * (ctx + 2 * head_dim) floats. */
+static inline __attribute__((always_inline)) void attend(
+    const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride, const int32_t *table,
+    int ctx, char *out_row, int h0, int h1, int group, int head_dim, int block_size, float scale, int dtype, int esize,
+    float *scratch) {
     const int nq = (h1 - h0) * group;                /* query heads of this task */
     float *scores = scratch;                         /* [nq][ctx] */
     float *qf = scores + (size_t)nq * ctx;           /* [nq][head_dim], pre-scaled */
     float *acc = qf + (size_t)nq * head_dim;         /* [nq][head_dim] */
-    float *tmp = acc + (size_t)nq * head_dim;        /* [head_dim]: a widened 16-bit row */
     for (int j = 0; j < nq; j++) {
-        const float *row = as_f32(q_row + (int64_t)(h0 * group + j) * head_dim * esize, tmp, head_dim, dtype);
-        for (int d = 0; d < head_dim; d++) qf[j * head_dim + d] = row[d] * scale;
+        const char *row = q_row + (int64_t)(h0 * group + j) * head_dim * esize;
+        for (int d = 0; d < head_dim; d++) qf[j * head_dim + d] = load_elem(row, d, dtype) * scale;
     }
     /* K pass: block by block, token by token; a token's kv heads h0..h1 are adjacent in memory */
     for (int t0 = 0; t0 < ctx; t0 += block_size) {
@@ -76,24 +128,21 @@ static void attend(const char *q_row, const char *k, const char *v, int64_t bloc
         const int n = ctx - t0 < block_size ? ctx - t0 : block_size;
         for (int i = 0; i < n; i++) {
             for (int h = 0; h < h1 - h0; h++) {
-                const char *src = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
-                const float *kr = as_f32(src, tmp, head_dim, dtype);
-                for (int g = 0; g < group; g++) {
-                    const float *qg = qf + (size_t)(h * group + g) * head_dim;
-                    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-                    for (int d = 0; d < head_dim; d++) dot += qg[d] * kr[d];
-                    scores[(size_t)(h * group + g) * ctx + t0 + i] = dot;
-                }
+                const char *kr = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
+                for (int g = 0; g < group; g++)
+                    scores[(size_t)(h * group + g) * ctx + t0 + i] =
+                        dot_row(qf + (size_t)(h * group + g) * head_dim, kr, head_dim, dtype);
             }
         }
     }
     float inv_sum[nq];
     for (int j = 0; j < nq; j++) {
         float *sj = scores + (size_t)j * ctx, m = -INFINITY, sum = 0.f;
+#pragma omp simd reduction(max : m)
         for (int t = 0; t < ctx; t++) m = sj[t] > m ? sj[t] : m;
+#pragma omp simd reduction(+ : sum)
         for (int t = 0; t < ctx; t++) {
-            sj[t] = expf(sj[t] - m);
+            sj[t] = exp_neg(sj[t] - m);
             sum += sj[t];
         }
         inv_sum[j] = 1.f / sum;
@@ -104,14 +153,10 @@ static void attend(const char *q_row, const char *k, const char *v, int64_t bloc
         const int n = ctx - t0 < block_size ? ctx - t0 : block_size;
         for (int i = 0; i < n; i++) {
             for (int h = 0; h < h1 - h0; h++) {
-                const char *src = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
-                const float *vr = as_f32(src, tmp, head_dim, dtype);
-                for (int g = 0; g < group; g++) {
-                    const float p = scores[(size_t)(h * group + g) * ctx + t0 + i];
-                    float *ag = acc + (size_t)(h * group + g) * head_dim;
-#pragma omp simd
-                    for (int d = 0; d < head_dim; d++) ag[d] += p * vr[d];
-                }
+                const char *vr = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
+                for (int g = 0; g < group; g++)
+                    axpy_row(acc + (size_t)(h * group + g) * head_dim, scores[(size_t)(h * group + g) * ctx + t0 + i],
+                             vr, head_dim, dtype);
             }
         }
     }
@@ -119,6 +164,26 @@ static void attend(const char *q_row, const char *k, const char *v, int64_t bloc
         store_row(out_row + (int64_t)(h0 * group + j) * head_dim * esize, acc + (size_t)j * head_dim, inv_sum[j],
                   head_dim, dtype);
 }
+
+#define ATTEND_ARGS                                                                                     \
+    const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride,          \
+        const int32_t *table, int ctx, char *out_row, int h0, int h1, int group, int head_dim, int block_size, \
+        float scale, int esize, float *scratch
+#define ATTEND_PASS_HD(HD) \
+    q_row, k, v, block_stride, token_stride, table, ctx, out_row, h0, h1, group, HD, block_size, scale
+/* One copy per dtype, and within it per common head size: constant trip counts unroll fully. */
+#define ATTEND_DT(NAME, DT)                                                                           \
+    static void NAME(ATTEND_ARGS) {                                                                   \
+        if (head_dim == 64)                                                                           \
+            attend(ATTEND_PASS_HD(64), DT, esize, scratch);                                           \
+        else if (head_dim == 128)                                                                     \
+            attend(ATTEND_PASS_HD(128), DT, esize, scratch);                                          \
+        else                                                                                          \
+            attend(ATTEND_PASS_HD(head_dim), DT, esize, scratch);                                     \
+    }
+ATTEND_DT(attend_f32, DT_F32)
+ATTEND_DT(attend_bf16, DT_BF16)
+ATTEND_DT(attend_f16, DT_F16)
 
 /* Strides are in elements. q/out rows: rows[s] is sequence s's row; a row holds num_heads
  * heads of head_dim contiguous elements. Cache token t of sequence s lives in block
@@ -134,19 +199,20 @@ int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void 
     const int group = num_heads / num_kv_heads;
     const int esize = dtype == DT_F32 ? 4 : 2;
     const int splits = num_kv_heads / kv_per_task;
+    void (*attend_dt)(ATTEND_ARGS) = dtype == DT_F32 ? attend_f32 : dtype == DT_BF16 ? attend_bf16 : attend_f16;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int task = 0; task < num_seqs * splits; task++) {
         const int s = task / splits, h0 = (task % splits) * kv_per_task;
         const int ctx = seq_lens[s], nq = kv_per_task * group;
-        float *scratch = malloc(sizeof(float) * ((size_t)nq * ctx + 2 * (size_t)nq * head_dim + head_dim));
+        float *scratch = malloc(sizeof(float) * ((size_t)nq * ctx + 2 * (size_t)nq * head_dim));
         if (scratch == NULL) {
             failed = 1;
             continue;
         }
-        attend((const char *)q + rows[s] * q_row_stride * esize, k, v, block_stride, token_stride,
-               tables + (int64_t)s * table_stride, ctx, (char *)out + rows[s] * out_row_stride * esize, h0,
-               h0 + kv_per_task, group, head_dim, block_size, scale, dtype, esize, scratch);
+        attend_dt((const char *)q + rows[s] * q_row_stride * esize, k, v, block_stride, token_stride,
+                  tables + (int64_t)s * table_stride, ctx, (char *)out + rows[s] * out_row_stride * esize, h0,
+                  h0 + kv_per_task, group, head_dim, block_size, scale, esize, scratch);
         free(scratch);
     }
     return failed ? -1 : 0;
