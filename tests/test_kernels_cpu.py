@@ -102,6 +102,27 @@ def test_c_decode_splits_heads_when_few_sequences(dtype, num_seqs):
     _run_and_compare([70, 16, 3][:num_seqs], [1] * num_seqs, 16, 8, 64, 16, dtype, "cpu")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_similar_chunked_prefills_batched_into_one_sdpa(dtype, kv_heads):
+    """Equal and nearly equal chunks over cached prefixes (the batched SDPA path) are exact."""
+    _run_and_compare([256, 256, 250, 240, 33], [64, 64, 60, 64, 33], 8, kv_heads, 64, 16, dtype, "cpu")
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_equal_fresh_prefills_batched_causal(kv_heads):
+    """Fresh prompts of one length (one is_causal SDPA) next to decode rows are exact."""
+    _run_and_compare([48, 48, 48, 7], [48, 48, 48, 1], 8, kv_heads, 64, 16, torch.float32, "cpu")
+
+
+def test_prefill_grouping_bounds_padding():
+    from kernels.cpu_prefill import _similar
+    cu = [0, 64, 128, 192, 256, 258]           # q_lens 64, 64, 64, 64, 2
+    lens = [256, 256, 250, 240, 3000]
+    assert _similar([3, 2, 0, 1, 4], cu, lens) == [3, 2, 0, 1]   # the long-context 2-row chunk runs alone
+    assert _similar([4], cu, lens) == [4]
+
+
 def test_kv_heads_per_task():
     assert cpu_decode._kv_heads_per_task(32, 8, 2) == 8     # enough sequences: whole rows
     assert cpu_decode._kv_heads_per_task(4, 8, 2) == 4      # 4 seqs x 2 splits = 8 tasks
