@@ -5,13 +5,15 @@
 The key hashes the source, the flags, the compiler's version and this CPU's feature flags, so an
 edited kernel, another compiler or another machine sharing the cache never loads a stale build.
 The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
-~/.cache/pdserve/kernels; if that is not writable, a directory in the system's temp dir. Builds go to a temporary file that is renamed into place, so nodes
-starting together race harmlessly. No compiler, or a failed build, leaves `paged_decode_lib()`
+~/.cache/pdserve/kernels; if that is not writable, a directory in the system's temp dir.
+Builds go to a temporary file that is renamed into place, so nodes starting together race
+harmlessly. No compiler, or a failed build, leaves `paged_decode_lib()`
 returning None (the reason in `build_error()`) and callers use their PyTorch path;
 PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
 ctypes releases the GIL for the call; the kernel parallelizes itself with OpenMP over
-(sequence, kv head) using as many threads as torch does.
+(sequence, kv-head range) using as many threads as torch does. It shares torch's OpenMP
+runtime (libgomp is loaded once per process), so OMP_WAIT_POLICY applies to both.
 """
 from __future__ import annotations
 

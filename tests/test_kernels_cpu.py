@@ -137,7 +137,8 @@ def _ragged_batches(draw):
     """(seq_lens, q_lens, kv_heads, group, block_size): any mix of decode and (chunked) prefill."""
     seq_lens = draw(st.lists(st.integers(1, 70), min_size=1, max_size=6))
     q_lens = [draw(st.sampled_from([0, 1, 1, s, max(1, s // 3)])) for s in seq_lens]
-    return seq_lens, q_lens, draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([8, 16]))
+    kv_heads, group, block_size = (draw(st.sampled_from(c)) for c in ([1, 2], [1, 2, 4], [8, 16]))
+    return seq_lens, q_lens, kv_heads, group, block_size
 
 
 @settings(max_examples=40, deadline=None)
