@@ -1,0 +1,181 @@
+"""Scripted node peers for DisaggregatedBackend tests: test doubles of the node processes that speak
+the real control protocol over real ZMQ DEALER sockets, so the router side runs exactly as served."""
+from __future__ import annotations
+
+import asyncio
+
+import uvloop
+import zmq
+import zmq.asyncio
+
+from engine.sampling_params import SamplingParams
+from kvtransport import control
+from kvtransport.control import DecodeRequest, NodeCommand, NodeHello, NodeStatus, PrefillRequest
+from kvtransport.messages import Reserved
+from router.config import RouterConfig
+from router.disaggregated import DisaggregatedBackend
+
+
+BLOCK = 4
+PROMPT = [5, 6, 7, 8, 9, 10]            # 2 blocks of 4
+CONFIG = RouterConfig(heartbeat_timeout_s=0.5, admission_timeout_s=5.0)
+BEAT_S = 0.05
+END = object()
+
+
+class ScriptedNode:
+    """A node process as the router sees it: a DEALER whose routing id is the node id, saying hello,
+    heartbeating, and answering requests as each test scripts it."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str, role: str, epoch: str = "e1"):
+        self.node_id, self.role, self.epoch = node_id, role, epoch
+        self.kv_endpoint = f"tcp://127.0.0.1:{7000 + len(node_id)}/{node_id}" if role == "decode" else ""
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, node_id.encode())
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.commands: list[str] = []
+        self.kv_usage = 0.0
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> ScriptedNode:
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._beat())]
+        await self.hello()
+        return self
+
+    async def hello(self, epoch: str | None = None, block_size: int = BLOCK) -> None:
+        self.epoch = epoch or self.epoch
+        before = len(self.commands)
+        self.send(NodeHello(self.node_id, self.epoch, self.role, self.kv_endpoint, 64, block_size, 256))
+        await until(lambda: len(self.commands) > before)
+
+    def send(self, msg) -> None:
+        self.sock.send(control.encode(msg))
+
+    async def expect(self, cls: type, timeout: float = 5.0):
+        msg = await asyncio.wait_for(self.inbox.get(), timeout)
+        assert isinstance(msg, cls), f"{self.node_id} expected {cls.__name__}, got {msg!r}"
+        return msg
+
+    async def assert_silent(self, wait: float = 0.2) -> None:
+        await asyncio.sleep(wait)
+        assert self.inbox.empty(), f"{self.node_id} got {self.inbox.get_nowait()!r}"
+
+    def stop_heartbeat(self) -> None:
+        self._tasks[1].cancel()
+
+    def die(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self.sock.close(linger=0)
+
+    async def _read(self) -> None:
+        while True:
+            msg = control.decode(await self.sock.recv())
+            if isinstance(msg, NodeCommand):
+                self.commands.append(msg.command)
+            else:
+                self.inbox.put_nowait(msg)
+
+    async def _beat(self) -> None:
+        while True:
+            self.send(NodeStatus(self.node_id, self.epoch, 1, 0, self.kv_usage, 0.25, 2, 10))
+            await asyncio.sleep(BEAT_S)
+
+
+class Consumer:
+    """Iterates a generate() stream on its own task, as the HTTP app does."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async for output in self.stream:
+                self.items.put_nowait(output)
+            self.items.put_nowait(END)
+        except Exception as err:    # noqa: BLE001 -- the test asserts on it
+            self.items.put_nowait(err)
+
+    async def next(self, timeout: float = 5.0):
+        return await asyncio.wait_for(self.items.get(), timeout)
+
+
+class Cluster:
+    """A started backend with scripted nodes; closes everything on exit."""
+
+    def __init__(self, config: RouterConfig = CONFIG):
+        self.backend = DisaggregatedBackend(None, "test-model", 256, config, vocab_size=512)
+        self.ctx = zmq.asyncio.Context()
+        self.nodes: dict[str, ScriptedNode] = {}
+
+    async def __aenter__(self) -> Cluster:
+        await self.backend.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.backend.close()
+        for node in self.nodes.values():
+            node.die()
+        self.ctx.term()
+
+    async def node(self, node_id: str, role: str, epoch: str = "e1") -> ScriptedNode:
+        node = ScriptedNode(self.ctx, self.backend.control_endpoint, node_id, role, epoch)
+        self.nodes[node_id] = node
+        return await node.start()
+
+    def generate(self, rid: str = "r1", prompt=None, **params) -> Consumer:
+        params = {"temperature": 0.0, "max_tokens": 8, **params}
+        return Consumer(self.backend.generate(rid, PROMPT if prompt is None else prompt,
+                                              SamplingParams(**params)))
+
+
+def run(test, loop: str = "asyncio"):
+    async def bounded():
+        return await asyncio.wait_for(test(), 20)
+    return uvloop.run(bounded()) if loop == "uvloop" else asyncio.run(bounded())
+
+
+async def until(ok, timeout: float = 5.0) -> None:
+    async def poll():
+        while not ok():
+            await asyncio.sleep(0.005)
+    await asyncio.wait_for(poll(), timeout)
+
+
+async def first_of(nodes: list[ScriptedNode], cls: type, timeout: float = 5.0):
+    """(node, message) from whichever node gets a message first; asserts its type."""
+    got: list = []
+
+    def ready() -> bool:
+        for node in nodes:
+            if not node.inbox.empty():
+                got.append((node, node.inbox.get_nowait()))
+                return True
+        return False
+    await until(ready, timeout)
+    node, msg = got[0]
+    assert isinstance(msg, cls), f"{node.node_id} expected {cls.__name__}, got {msg!r}"
+    return node, msg
+
+
+def view(output) -> tuple:
+    return [(c.token_ids, c.text, c.finish_reason) for c in output.outputs], output.finished
+
+
+def counter(collector, labels: dict | None = None) -> float:
+    for metric in collector.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and (labels is None or sample.labels == labels):
+                return sample.value
+    return 0.0
+
+
+async def admit(d: ScriptedNode, p: ScriptedNode, rid: str = "r1", xfer: str = "x1") -> PrefillRequest:
+    """D reserves blocks 3 and 4; returns P's PrefillRequest."""
+    await d.expect(DecodeRequest)
+    d.send(Reserved(rid, xfer, (3, 4), 0))
+    return await p.expect(PrefillRequest)

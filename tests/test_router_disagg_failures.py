@@ -1,0 +1,295 @@
+"""DisaggregatedBackend against scripted node peers (tests/disagg_harness.py) when things go wrong:
+node deaths and migration, client aborts, hostile frames, heartbeats, registry checks, metrics."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq
+
+from engine.sampling_params import SamplingParams
+from kvtransport import control
+from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
+                                 PrefillRequest, TokenDelta)
+from kvtransport.messages import Reserved
+from router.metrics import RouterMetrics
+from router.policy import NoNodeAvailable
+from router.registry import NodeRole
+from tests.disagg_harness import (BLOCK, PROMPT, BEAT_S, END, ScriptedNode, Consumer, Cluster, run, until,
+                                  first_of, view, counter, admit)
+
+
+@pytest.mark.parametrize("death", ["heartbeat", "new_epoch"])
+def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(death):
+    """D dies after 3 tokens: a new request with prompt + those tokens and max/min_tokens less 3
+    runs on the other D, and the client's stream continues exactly where it was."""
+    async def test():
+        async with Cluster() as c:
+            p = await c.node("prefill-0", "prefill")
+            ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
+            out = c.generate(max_tokens=8, min_tokens=4)
+            dead, _ = await first_of(ds, DecodeRequest)
+            dead.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            seen = []
+            for sender, msg in ((p, FirstToken("r1", 11, "a", None, "")),
+                                (dead, TokenDelta("r1", 0, (11, 12), 0, "ab", None, "")),
+                                (dead, TokenDelta("r1", 2, (13,), 2, "c", None, ""))):
+                sender.send(msg)
+                seen.append(view(await out.next()))
+            assert seen[-1] == ([([11, 12, 13], "abc", None)], False)
+            if death == "heartbeat":
+                dead.die()
+            else:
+                await dead.hello(epoch="e2")
+            live = ds[1 - ds.index(dead)]
+            req = await live.expect(DecodeRequest, timeout=3.0)
+            assert (req.rid, list(req.prompt_ids)) == ("r1~1", PROMPT + [11, 12, 13])
+            assert (req.params.max_tokens, req.params.min_tokens) == (5, 1)
+            assert (await p.expect(AbortRequest)).rid == "r1"   # it may still be shipping to the dead D
+            live.send(Reserved("r1~1", "x2", (7, 8), 0))
+            pre = await p.expect(PrefillRequest)
+            assert (pre.rid, pre.kv_endpoint) == ("r1~1", live.kv_endpoint)
+            p.send(FirstToken("r1~1", 14, "d", None, ""))
+            live.send(TokenDelta("r1~1", 0, (14, 15), 0, "de", None, ""))
+            live.send(TokenDelta("r1~1", 2, (16,), 2, "f", None, "stop"))
+            while (final := await out.next()) is not END and not final.finished:
+                seen.append(view(final))
+            seen.append(view(final))
+            assert seen[-1] == ([([11, 12, 13, 14, 15, 16], "abcdef", "stop")], True)
+            for (before, _), (after, _) in zip(seen, seen[1:]):      # each output extends the last
+                assert after[0][0][:len(before[0][0])] == before[0][0]
+                assert after[0][1].startswith(before[0][1])
+            assert counter(c.backend.collectors()[1]) == 1      # migrations
+            if death == "new_epoch":    # the restarted node is told to drop the old attempt
+                assert (await dead.expect(AbortRequest)).rid == "r1"
+    run(test)
+
+
+def test_decode_death_after_the_last_token_finishes_with_length():
+    """D lost after sending all max_tokens tokens but no finish: the choice ends 'length', unmigrated."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            out = c.generate(max_tokens=2)
+            await admit(d, p)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, ""))
+            assert view(await out.next()) == ([([11, 12], "ab", None)], False)
+            d.die()
+            assert view(await out.next(timeout=3.0)) == ([([11, 12], "ab", "length")], True)
+            assert counter(c.backend.collectors()[1]) == 0      # nothing was left to migrate
+    run(test)
+
+
+def test_prefill_death_after_first_token_changes_nothing():
+    """P lost after its FirstToken: D goes on and the request completes on the same attempt."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            out = c.generate(max_tokens=2)
+            await admit(d, p)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            await out.next()
+            p.die()
+            await until(lambda: not c.backend.server.count(NodeRole.PREFILL))
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+            assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
+            await d.assert_silent()
+    run(test)
+
+
+# ------------------------------------------------------------------ aborts
+
+
+@pytest.mark.parametrize("how", ["aclose", "abort", "cancel"])
+def test_client_abort_reaches_both_nodes(how):
+    """Closing the stream, abort(rid) or cancelling the consumer sends AbortRequest to P and D."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            stream = c.backend.generate("r1", PROMPT, SamplingParams(max_tokens=8))
+            out = Consumer(stream)
+            await admit(d, p)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            if how == "abort":
+                await c.backend.abort("r1")
+                assert await out.next() is END         # stops without a finished output
+            elif how == "cancel":
+                out.task.cancel()
+            else:
+                out.task.cancel()
+                await asyncio.gather(out.task, return_exceptions=True)
+                await stream.aclose()
+            assert (await p.expect(AbortRequest)).rid == "r1"
+            assert (await d.expect(AbortRequest)).rid == "r1"
+            assert [n.inflight_requests for n in c.backend.server.registry.nodes()] == [0, 0]
+    run(test)
+
+
+def test_request_id_is_free_again_after_abort():
+    """After abort(rid) the id may be reused at once, and the old stream's cleanup leaves the new one be."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            old = c.generate()
+            await d.expect(DecodeRequest)
+            await c.backend.abort("r1")
+            await d.expect(AbortRequest)
+            new = c.generate(max_tokens=1)
+            assert await old.next() is END
+            await admit(d, p)
+            p.send(FirstToken("r1", 4, "x", None, "length"))
+            assert view(await new.next()) == ([([4], "x", "length")], True)
+    run(test)
+
+
+def test_abort_before_reservation_reaches_only_decode_node():
+    """An abort while D has not answered: D gets AbortRequest; P, never asked, gets nothing."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            out = c.generate()
+            await d.expect(DecodeRequest)
+            await c.backend.abort("r1")
+            assert (await d.expect(AbortRequest)).rid == "r1"
+            d.send(Reserved("r1", "x1", (3, 4), 0))     # too late: dropped as stray
+            await p.assert_silent()
+            assert await out.next() is END
+    run(test)
+
+
+# ------------------------------------------------------------------ the control plane
+
+
+def test_garbage_frames_are_dropped_and_counted_while_a_request_completes():
+    """Malformed, unexpected, unregistered and stray frames are dropped without harm to live work."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            rogue = c.ctx.socket(zmq.DEALER)
+            rogue.setsockopt(zmq.IDENTITY, b"rogue")
+            rogue.setsockopt(zmq.LINGER, 0)
+            rogue.connect(c.backend.control_endpoint)
+            out = c.generate(max_tokens=2)
+            await admit(d, p)
+            for junk in (b"", b"\xc1", b"\x93\x01\xa3bad\x90", control.encode(NodeCommand("ok"))[:-1]):
+                p.sock.send(junk)
+            p.sock.send_multipart([b"two", b"frames"])
+            rogue.send(control.encode(FirstToken("r1", 99, "evil", None, "stop")))
+            p.send(NodeCommand("leave"))                                # a router-to-node kind
+            p.send(FirstToken("nobody", 1, "x", None, ""))              # no such request
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+            assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
+            dropped = c.backend.server.dropped
+            assert {r: counter(dropped, {"reason": r}) for r in ("malformed", "unexpected", "unknown_node",
+                                                               "stray")} == \
+                {"malformed": 5, "unexpected": 1, "unknown_node": 1, "stray": 1}
+            assert c.backend.is_healthy()
+            rogue.close(0)
+    run(test)
+
+
+def test_heartbeat_expiry_removes_a_node():
+    """A node silent for heartbeat_timeout_s leaves metrics and health; its next status gets 'register'."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            d.kv_usage = 0.5
+            await asyncio.sleep(3 * BEAT_S)
+            assert c.backend.is_healthy()
+            metrics = {m.node_id: m for m in c.backend.metrics()}
+            assert (metrics["decode-0"].role, metrics["decode-0"].kv_usage,
+                    metrics["decode-0"].num_running, metrics["decode-0"].num_preemptions) == ("decode", 0.5, 1, 2)
+            d.stop_heartbeat()
+            await until(lambda: [m.node_id for m in c.backend.metrics()] == ["prefill-0"], timeout=2.0)
+            assert not c.backend.is_healthy()
+            d.send(NodeStatus("decode-0", "e1", 0, 0, 0.0, 0.0, 0, 10))
+            await until(lambda: d.commands[-1] == "register")
+            await d.hello()
+            assert c.backend.is_healthy()
+    run(test)
+
+
+def test_status_from_a_stale_epoch_is_told_to_register():
+    """A heartbeat carrying an epoch other than the registered one is answered 'register'."""
+    async def test():
+        async with Cluster() as c:
+            d = await c.node("decode-0", "decode")
+            d.stop_heartbeat()
+            d.send(NodeStatus("decode-0", "old", 0, 0, 0.0, 0.0, 0, 10))
+            await until(lambda: d.commands[-1] == "register")
+    run(test)
+
+
+def test_node_with_another_block_size_is_refused():
+    """A node whose block size differs from the registered nodes' is told to leave, not registered."""
+    async def test():
+        async with Cluster() as c:
+            await c.node("prefill-0", "prefill")
+            odd = ScriptedNode(c.ctx, c.backend.control_endpoint, "decode-9", "decode")
+            c.nodes["decode-9"] = odd
+            odd._tasks = [asyncio.create_task(odd._read())]
+            await odd.hello(block_size=2 * BLOCK)
+            assert odd.commands == ["leave"]
+            assert c.backend.server.count(NodeRole.DECODE) == 0
+    run(test)
+
+
+def test_max_model_len_is_the_smallest_of_model_and_nodes():
+    """max_model_len comes from the model folder, lowered by what the nodes can hold."""
+    async def test():
+        async with Cluster() as c:
+            assert c.backend.max_model_len == 256
+            node = await c.node("prefill-0", "prefill")
+            node.send(NodeHello("prefill-0", "e1", "prefill", "", 64, BLOCK, 100))
+            await until(lambda: c.backend.max_model_len == 100)
+    run(test)
+
+
+# ------------------------------------------------------------------ rejections and metrics
+
+
+def test_rejections_raise_value_error_before_anything_is_sent():
+    """Empty or too long a prompt, bad token ids and duplicate ids raise ValueError; nodes hear nothing."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            first = c.generate("dup")
+            await d.expect(DecodeRequest)
+            for rid, prompt in (("a", []), ("b", [1] * 256), ("c", [512]), ("dup", PROMPT)):
+                err = await c.generate(rid, prompt).next()
+                assert isinstance(err, ValueError), (rid, err)
+            await d.assert_silent(), await p.assert_silent()
+            await c.backend.abort("dup")
+            assert await first.next() is END
+    run(test)
+
+
+def test_no_nodes_is_no_node_available_at_once():
+    """A fresh request with no live nodes fails with NoNodeAvailable (HTTP 503) without waiting."""
+    async def test():
+        async with Cluster() as c:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            err = await c.generate().next()
+            assert isinstance(err, NoNodeAvailable) and loop.time() - start < 1.0
+    run(test)
+
+
+def test_prometheus_exposes_router_counters_and_nodes():
+    """/metrics shows each node's gauges and the router's retry, migration, busy and drop counters."""
+    async def test():
+        async with Cluster() as c:
+            await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            await asyncio.sleep(2 * BEAT_S)
+            text = RouterMetrics(c.backend).render().decode()
+            for series in ("pdserve_router_retries_total", "pdserve_router_migrations_total",
+                           "pdserve_router_busy_replies_total",
+                           'pdserve_num_requests_running{node="decode-0",role="decode"} 1.0'):
+                assert series in text
+    run(test)
