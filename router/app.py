@@ -135,8 +135,9 @@ async def _serve(request: Request, body: Any, prompts: list[tuple[list[int], Sam
                  whole: Callable, stream: Callable, prefix: str) -> Response:
     state = request.app.state
     request_id = f"{prefix}-{uuid.uuid4().hex}"
+    hold = max((len(s) for _, params in prompts for s in params.stop), default=1) - 1
     meta = ResponseMeta(request_id, int(time.time()), state.model_name, body.n,
-                        [len(token_ids) for token_ids, _ in prompts])
+                        [len(token_ids) for token_ids, _ in prompts], hold)
     generation = Generation(state.backend, state.metrics, request_id, prompts)
     streaming = False
     try:

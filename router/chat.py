@@ -39,7 +39,7 @@ async def chat_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any
     for i in range(num_choices):
         opening = ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
         yield sse(_chunk(meta, [opening]), exclude)
-    cursors = [ChoiceCursor() for _ in range(num_choices)]
+    cursors = [ChoiceCursor(hold=meta.hold_chars) for _ in range(num_choices)]
     finals: dict[int, Any] = {}
     async for index, output in generation.outputs():
         finals[index] = output

@@ -35,7 +35,7 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, tokenize
         finals[index] = output
         for c in output.outputs:
             choice_index = index * meta.n + c.index
-            cursor = cursors.setdefault(choice_index, ChoiceCursor())
+            cursor = cursors.setdefault(choice_index, ChoiceCursor(hold=meta.hold_chars))
             delta = cursor.advance(c)
             if delta is None:
                 continue

@@ -118,6 +118,7 @@ class ResponseMeta(NamedTuple):
     model: str
     n: int                  # choices per prompt: choice index = prompt index * n + output index
     prompt_lens: list[int]  # tokens of each prompt, for usage
+    hold_chars: int = 0     # streaming: characters held back while a choice runs (longest stop - 1)
 
 
 def usage(meta: ResponseMeta, finals: dict[int, Any]) -> UsageInfo:

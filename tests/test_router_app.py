@@ -188,6 +188,15 @@ def test_completion_stream_exact_sse(client):
     assert strip_ids(events(body)) == [chunk("h", None), chunk("e", None), chunk("l", "length"), "[DONE]"]
 
 
+def test_stream_holds_back_what_could_start_a_stop_string(client):
+    """With stop strings, the last (longest stop - 1) characters wait until the next text or the end."""
+    with client.stream("POST", "/v1/completions", json={
+            "prompt": "abc", "max_tokens": 5, "stream": True, "stop": ["zz", "qqqq"]}) as r:
+        chunks = events(r.read().decode())
+    texts = [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks[:-1]]
+    assert texts == [("h", None), ("ello", "length")]        # "hello": 3 characters held while running
+
+
 def test_completion_stream_include_usage(client):
     """With include_usage every chunk has usage null and a last chunk carries the totals."""
     with client.stream("POST", "/v1/completions", json={

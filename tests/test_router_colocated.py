@@ -287,6 +287,41 @@ def test_streamed_greedy_completion_matches_engine(real_engine):
     assert not engine.has_unfinished_requests()
 
 
+def test_streamed_text_never_shows_part_of_a_stop_string(real_engine):
+    """A stop string taken from the middle of the greedy answer: every streamed prefix is a prefix of
+    the final text, which ends right before the stop string (the engine's own answer, cut)."""
+    from fastapi.testclient import TestClient
+
+    from router.app import create_app
+
+    engine = real_engine
+    prompt = "hello world, the quick brown fox"
+    answer = _engine_greedy(engine, engine.tokenizer.encode(prompt), 24)
+    reference = answer.text
+    # a 2-character stop string across a token boundary: its first character comes a token early
+    ends = [len(engine.tokenizer.decode(answer.token_ids[:i + 1])) for i in range(len(answer.token_ids))]
+    cut = next(b for a, b, c in zip(ends, ends[1:], ends[2:]) if b > a and c > b
+               and reference.find(reference[b - 1:b + 1]) == b - 1)
+    stop = reference[cut - 1:cut + 1]
+    final = reference[:cut - 1]
+    backend = ColocatedBackend(engine)
+    try:
+        client = TestClient(create_app(backend))
+        with client.stream("POST", "/v1/completions", json={
+                "prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stop": [stop],
+                "stream": True}) as r:
+            body = r.read().decode()
+    finally:
+        backend.close()
+    chunks = [json.loads(e[6:]) for e in body.strip().split("\n\n") if e != "data: [DONE]"]
+    streamed = ""
+    for c in chunks:
+        streamed += c["choices"][0]["text"]
+        assert final.startswith(streamed), (streamed, final)
+    assert streamed == final and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    engine.check_integrity()
+
+
 def test_chat_and_abort_over_real_engine(real_engine):
     """A chat completion is answered with exact usage, and a generation left early is aborted
     with every block returned."""

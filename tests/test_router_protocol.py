@@ -135,6 +135,18 @@ def test_cursor_sends_only_new_text_and_tokens():
     assert cur.advance(Choice("hello", [1, 2, 3, 4], None, "stop")) is None
 
 
+def test_cursor_holds_back_a_possible_stop_string_start():
+    """hold = longest stop - 1: sent text is always a prefix of the final, stop-cut text."""
+    cur = ChoiceCursor(hold=1)                                          # stop "\n\n"
+    assert cur.advance(Choice("Hi", [1])) == ("H", [1], None, None)
+    assert cur.advance(Choice("Hi\n", [1, 2])) == ("i", [2], None, None)   # "\n" held
+    assert cur.advance(Choice("Hi", [1, 2, 3], None, "stop")) == ("", [3], None, "stop")
+    cur = ChoiceCursor(hold=1)
+    assert cur.advance(Choice("a\n", [1, 2])) == ("a", [1, 2], None, None)
+    assert cur.advance(Choice("a\nb", [1, 2, 3])) == ("\n", [3], None, None)   # not a stop after all
+    assert cur.advance(Choice("a\nbc", [1, 2, 3, 4], None, "length")) == ("bc", [4], None, "length")
+
+
 def test_cursor_slices_logprobs_with_tokens():
     """Logprobs are sliced along with the token ids they belong to."""
     cur = ChoiceCursor()
