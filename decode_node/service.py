@@ -55,7 +55,7 @@ class DecodeService:
         self._xfer_ids = itertools.count()
         hello = NodeHello(config.node_id, self.epoch, "decode", self.receiver.endpoint,
                           e.block_manager.num_blocks, e.block_manager.block_size, e.max_model_len)
-        self.link = RouterLink(config.router, hello, lambda: node_status(e, config.node_id, self.epoch),
+        self.link = RouterLink(config.router, hello, lambda: node_status(e, config.node_id, self.epoch, self.receiver.metrics),
                                config.heartbeat_s)
 
     # -- the loop's hooks -------------------------------------------------------------------

@@ -104,12 +104,24 @@ class NodeStatus:
     prefix_hit_rate: float       # 0..1
     num_preemptions: int
     num_free_blocks: int
+    # KV transfer counters since the node started (a prefill node sends, a decode node receives)
+    kv_blocks_sent: int = 0
+    kv_bytes_sent: int = 0
+    kv_blocks_received: int = 0
+    kv_bytes_received: int = 0
+    kv_transfers_done: int = 0       # committed: sent (P) or adopted-ready (D)
+    kv_transfers_failed: int = 0
+    kv_frames_dropped: int = 0       # malformed or hostile frames a decode node dropped
 
     def __post_init__(self) -> None:
         check_id(self.node_id, "node_id"), check_id(self.epoch, "epoch")
-        for name in ("num_running", "num_waiting", "num_preemptions", "num_free_blocks"):
+        for name in ("num_running", "num_waiting", "num_preemptions", "num_free_blocks", *KV_COUNTERS):
             check_int(getattr(self, name), name)
         _float(self.kv_usage, "kv_usage", hi=1.0), _float(self.prefix_hit_rate, "prefix_hit_rate", hi=1.0)
+
+
+KV_COUNTERS = ("kv_blocks_sent", "kv_bytes_sent", "kv_blocks_received", "kv_bytes_received", "kv_transfers_done",
+               "kv_transfers_failed", "kv_frames_dropped")
 
 
 @dataclass(frozen=True, slots=True)

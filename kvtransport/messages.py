@@ -5,7 +5,8 @@ Wire form of a message (no pickle anywhere):
     msgpack [PROTOCOL_VERSION, kind, [field, field, ...]]      fields in declaration order
 
 Each dataclass validates its fields in `__post_init__`, so a message that exists is valid, and
-`decode` raises nothing but `ProtocolError` whatever bytes it is given.
+`decode` raises nothing but `ProtocolError` whatever bytes it is given. Fields with a default
+may be missing at the end of the list (a peer from before they were added): they take it.
 
   handshake      Hello(P -> D), HelloAck(D -> P), P2PJoin(D -> P, torch.distributed only)
   transfer       BlockFrame (+ one raw payload frame), Commit, Abort, Heartbeat (both ways)
@@ -13,7 +14,7 @@ Each dataclass validates its fields in `__post_init__`, so a message that exists
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Union
 
 import msgpack
@@ -177,6 +178,11 @@ _KIND_OF: dict[type, str] = {cls: kind for kind, cls in KINDS.items()}
 _NUM_FIELDS: dict[type, int] = {cls: len(fields(cls)) for cls in KINDS.values()}
 
 
+def _num_required(cls: type) -> int:
+    """Fields before the first one with a default: what every encoding of cls must carry."""
+    return next((i for i, f in enumerate(fields(cls)) if f.default is not MISSING), len(fields(cls)))
+
+
 def encode(msg: Message) -> bytes:
     """The msgpack bytes of msg."""
     kind = _KIND_OF[type(msg)]
@@ -205,7 +211,7 @@ def decode(buf: bytes | memoryview, kinds: dict[str, type] | None = None,
     if cls is None:
         raise ProtocolError(f"unknown message kind {kind!r}")
     num_fields = _NUM_FIELDS.get(cls) or len(fields(cls))
-    if type(values) is not list or len(values) != num_fields:
+    if type(values) is not list or not _num_required(cls) <= len(values) <= num_fields:
         raise ProtocolError(f"{kind} needs {num_fields} fields")
     try:
         return cls(*values)

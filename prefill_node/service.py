@@ -43,7 +43,7 @@ class PrefillService:
         e = self.engine
         hello = NodeHello(config.node_id, self.epoch, "prefill", "", e.block_manager.num_blocks,
                           e.block_manager.block_size, e.max_model_len)
-        self.link = RouterLink(config.router, hello, lambda: node_status(e, config.node_id, self.epoch),
+        self.link = RouterLink(config.router, hello, lambda: node_status(e, config.node_id, self.epoch, self.sender.metrics),
                                config.heartbeat_s)
 
     # -- the loop's hooks -------------------------------------------------------------------

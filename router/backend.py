@@ -23,6 +23,7 @@ class NodeMetrics:
     kv_usage: float             # fraction of KV blocks in use, 0..1
     prefix_hit_rate: float      # fraction of prompt tokens served from the prefix cache, 0..1
     num_preemptions: int        # since the node started
+    kv: tuple[int, ...] = ()    # disaggregated nodes: NodeStatus's KV_COUNTERS (transfer totals), in order
 
 
 class Backend(ABC):

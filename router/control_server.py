@@ -26,7 +26,8 @@ import zmq.asyncio
 from prometheus_client import Counter
 
 from kvtransport import control
-from kvtransport.control import FirstToken, NodeCommand, NodeHello, NodeStatus, RequestFailed, TokenDelta
+from kvtransport.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeHello, NodeStatus, RequestFailed,
+                                 TokenDelta)
 from kvtransport.messages import Busy, Reserved
 from kvtransport.schema import ProtocolError
 from router.backend import NodeMetrics
@@ -132,7 +133,8 @@ class ControlServer:
             s = info.status if info is not None else None
             out.append(NodeMetrics(node.node_id, node.role.value, node.load.num_running,
                                    node.load.num_waiting, node.load.kv_usage,
-                                   s.prefix_hit_rate if s else 0.0, s.num_preemptions if s else 0))
+                                   s.prefix_hit_rate if s else 0.0, s.num_preemptions if s else 0,
+                                   tuple(getattr(s, name) for name in KV_COUNTERS) if s else ()))
         return out
 
     # ------------------------------------------------------------ loops

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvtransport.control import KV_COUNTERS
 from router.backend import Backend
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -105,7 +106,17 @@ class _NodeCollector:
             "num_preemptions": CounterMetricFamily("pdserve_num_preemptions", "Preemptions.",
                                                    labels=labels),
         }
+        kv = [CounterMetricFamily(f"pdserve_{name}", help_text, labels=labels)
+              for name, help_text in zip(KV_COUNTERS, _KV_HELP)]
         for node in self._backend.metrics():
             for field, family in families.items():
                 family.add_metric([node.node_id, node.role], getattr(node, field))
+            for family, value in zip(kv, node.kv):        # disaggregated nodes only
+                family.add_metric([node.node_id, node.role], value)
         yield from families.values()
+        yield from kv
+
+
+_KV_HELP = ("KV blocks a prefill node sent.", "KV bytes a prefill node sent.", "KV blocks a decode node received.",
+            "KV bytes a decode node received.", "KV transfers committed.", "KV transfers failed.",
+            "Malformed or hostile KV frames a decode node dropped.")

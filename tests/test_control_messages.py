@@ -15,12 +15,24 @@ PARAMS = SamplingParams(temperature=0.7, top_k=5, stop=("\n\n",), seed=3, max_to
 MESSAGES = [
     NodeHello("decode-0", "abc123", "decode", "tcp://127.0.0.1:5555", 128, 16, 2048),
     NodeStatus("prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64), NodeCommand("drain"),
+    NodeStatus("decode-0", "e1", 3, 1, 0.5, 0.25, 2, 64, 0, 0, 12, 3 << 33, 4, 1, 7),
     DecodeRequest("r1", (1, 2, 3), PARAMS, "prefill-0"),
     PrefillRequest("r1", (1, 2, 3), PARAMS, "tcp://127.0.0.1:5555", "x.1", (4, 5), 1),
     FirstToken("r1", 42, "hi", ((42, -0.1), (7, -2.5)), ""),
     TokenDelta("r1", 1, (5, 6), 2, " there", ((), ((6, -0.3),)), "length"),
     RequestFailed("r1", "busy", True), AbortRequest("r1"),
 ]
+
+
+def test_a_status_without_the_newer_counters_still_decodes():
+    """A node from before the KV counters sends 8 fields: they read as 0; fewer than 8 is refused."""
+    envelope = lambda values: msgpack.packb([control.PROTOCOL_VERSION, "node_status", values])
+    old = control.decode(envelope(["prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64]))
+    assert isinstance(old, NodeStatus) and old.kv_bytes_sent == old.kv_frames_dropped == 0
+    for values in (["prefill-0", "e1", 3, 1, 0.5, 0.25, 2], ["prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64] + [0] * 8,
+                   ["prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64, -1]):
+        with pytest.raises(ProtocolError):
+            control.decode(envelope(values))
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)

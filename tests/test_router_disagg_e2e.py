@@ -67,7 +67,26 @@ def test_greedy_output_over_real_nodes_equals_transformers(model_dir):
         n2 = await _collect(backend, "n2", PROMPTS[0], SamplingParams(n=2, seed=3, max_tokens=5, ignore_eos=True))
         assert [len(c.token_ids) for c in n2.outputs] == [5, 5]
         assert [n.inflight_requests for n in backend.server.registry.nodes()] == [0, 0]
+        await _transfer_counters_agree(backend)
     _with_cluster(path, RouterConfig(), ClusterConfig(1, 1), test)
+
+
+async def _transfer_counters_agree(backend: DisaggregatedBackend, timeout: float = 10.0) -> None:
+    """The nodes' heartbeats carry their KV transfer counters: what P sent, D received, and both
+    count the same committed transfers (one per prompt and choice: 3 + 2 here); nothing failed or
+    was dropped."""
+    from kvtransport.control import KV_COUNTERS
+    deadline = time.monotonic() + timeout
+    while True:
+        kv = {m.role: dict(zip(KV_COUNTERS, m.kv)) for m in backend.metrics()}
+        p, d = kv.get("prefill", {}), kv.get("decode", {})
+        if p.get("kv_transfers_done") == 5 and d.get("kv_transfers_done") == 5:
+            break
+        assert time.monotonic() < deadline, f"counters never settled: {kv}"
+        await asyncio.sleep(0.1)
+    assert p["kv_bytes_sent"] == d["kv_bytes_received"] > 0
+    assert p["kv_blocks_sent"] == d["kv_blocks_received"] > 0
+    assert p["kv_transfers_failed"] == d["kv_transfers_failed"] == d["kv_frames_dropped"] == 0
 
 
 def test_prefill_node_of_tp2_serves_a_decode_node_of_tp1(model_dir):

@@ -282,14 +282,21 @@ def test_no_nodes_is_no_node_available_at_once():
 
 
 def test_prometheus_exposes_router_counters_and_nodes():
-    """/metrics shows each node's gauges and the router's retry, migration, busy and drop counters."""
+    """/metrics shows each node's gauges, its KV transfer counters, and the router's retry,
+    migration, busy and drop counters."""
     async def test():
         async with Cluster() as c:
-            await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
-            await asyncio.sleep(2 * BEAT_S)
+            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p.kv_counters = (6, 6 << 30, 0, 0, 2, 0, 0)
+            d.kv_counters = (0, 0, 6, 6 << 30, 2, 1, 3)
+            await asyncio.sleep(3 * BEAT_S)
             text = RouterMetrics(c.backend).render().decode()
             for series in ("pdserve_router_retries_total", "pdserve_router_migrations_total",
                            "pdserve_router_busy_replies_total",
-                           'pdserve_num_requests_running{node="decode-0",role="decode"} 1.0'):
-                assert series in text
+                           'pdserve_num_requests_running{node="decode-0",role="decode"} 1.0',
+                           'pdserve_kv_bytes_sent_total{node="prefill-0",role="prefill"} 6.442450944e+09',
+                           'pdserve_kv_blocks_received_total{node="decode-0",role="decode"} 6.0',
+                           'pdserve_kv_transfers_failed_total{node="decode-0",role="decode"} 1.0',
+                           'pdserve_kv_frames_dropped_total{node="decode-0",role="decode"} 3.0'):
+                assert series in text, series
     run(test)
