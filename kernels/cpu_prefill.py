@@ -68,10 +68,16 @@ def _prefill_batch(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, s
     q = query[rows.flatten()].view(n, Q, num_kv_heads, group, head_dim)
     q = q.permute(0, 2, 3, 1, 4).reshape(n, num_kv_heads, group * Q, head_dim)       # rows (g, j)
     pos = (seq_lens - q_lens)[:, None] + torch.where(valid, j, 0)                     # [n, Q] position of row j
-    keep = (torch.arange(L) <= pos[:, :, None]).repeat(1, group, 1)[:, None]          # [n, 1, G * Q, L]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask(keep, query.dtype), scale=scale)
+    keep = torch.arange(L) <= pos[:, None, :, None]                                   # [n, 1, Q, L]
+    mask = torch.where(keep, 0.0, float("-inf")).to(query.dtype)                      # additive
+    if group > 1:
+        mask = mask.repeat(1, 1, group, 1)                                            # [n, 1, G * Q, L]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     o = o.view(n, num_kv_heads, group, Q, head_dim).permute(0, 3, 1, 2, 4).reshape(n * Q, -1, head_dim)
-    out.index_copy_(0, rows.flatten()[valid.flatten()], o[valid.flatten()])
+    if bool(valid.all()):
+        out.index_copy_(0, rows.flatten(), o)
+    else:
+        out.index_copy_(0, rows.flatten()[valid.flatten()], o[valid.flatten()])
 
 
 def prefill_one(
