@@ -6,7 +6,7 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
        affinity, then load)
     2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait retry_after_ms;
        no reservation within admission_timeout_s fails the request (503)
-    3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router
+    3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router   (steps 1-3: admission.py)
     4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
        offset, so a token D re-sends is not emitted twice
     5. P or D fails or dies (RequestFailed, heartbeat timeout, new epoch): AbortRequest to both,
@@ -29,24 +29,21 @@ from typing import Any, AsyncIterator, Iterable
 
 from prometheus_client import Counter
 
-from engine.block_hash import chain_hashes
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from kvtransport.control import AbortRequest, DecodeRequest, PrefillRequest, RequestFailed
-from kvtransport.messages import Busy, Reserved
+from kvtransport.control import AbortRequest
 from kvtransport.schema import MAX_RID_LEN
+from router.admission import Admission
 from router.backend import Backend, NodeMetrics
 from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, apply_event
 from router.config import RouterConfig
 from router.control_server import ControlServer
-from router.policy import DecodePolicy, NoNodeAvailable, PrefillChoice, PrefillPolicy, PrefixAffinity
-from router.registry import Node, NodeRegistry, NodeRole
+from router.policy import PrefixAffinity
+from router.registry import NodeRegistry, NodeRole
 
 log = logging.getLogger(__name__)
 
 _ABORTED = object()         # put in a request's events by abort(): its stream ends
-_POLL_S = 0.05              # how often a failed-over request looks for a live node
-_MIN_BUSY_WAIT_S = 0.01     # least wait after every decode node said Busy
 
 
 class DisaggregatedBackend(Backend):
@@ -64,16 +61,13 @@ class DisaggregatedBackend(Backend):
         self._server = ControlServer(self._registry, self, config.control_endpoint,
                                      expire_interval_s=min(0.25, config.heartbeat_timeout_s / 4))
         self._affinity = PrefixAffinity(config.affinity_blocks_per_node)
-        self._prefill_policy = PrefillPolicy(self._affinity, config.prefill_load_weight)
-        self._decode_policy = DecodePolicy(config.policy_seed)
+        self._admission = Admission(config, self._registry, self._server, self._affinity, self.is_healthy)
         self._requests: dict[str, PendingRequest] = {}
         self._attempts: dict[str, Attempt] = {}
         self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
                                 "token after a node failed.", registry=None)
         self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after "
                                    "tokens were emitted.", registry=None)
-        self._busy = Counter("pdserve_router_busy_replies", "Busy replies from decode nodes.",
-                             registry=None)
 
     @classmethod
     def from_model(cls, path: str, config: RouterConfig = RouterConfig()) -> DisaggregatedBackend:
@@ -160,7 +154,7 @@ class DisaggregatedBackend(Backend):
         return self._server.count(NodeRole.PREFILL) > 0 and self._server.count(NodeRole.DECODE) > 0
 
     def collectors(self) -> Iterable[Any]:
-        return (self._retries, self._migrations, self._busy, self._server.dropped)
+        return (self._retries, self._migrations, self._admission.busy, self._server.dropped)
 
     def close(self) -> None:
         for request in list(self._requests.values()):
@@ -239,7 +233,8 @@ class DisaggregatedBackend(Backend):
                 if att is None:
                     break
                 try:
-                    failure = await self._admit(choice, att) or await self._stream(request, choice, att)
+                    failure = (await self._admission.admit(choice, att)
+                               or await self._stream(request, choice, att))
                 finally:
                     self._end_attempt(att)
                 if failure is not None:
@@ -290,93 +285,6 @@ class DisaggregatedBackend(Backend):
         log.warning("%s: %s; %s after %d tokens", choice.rid, failure.reason,
                     "migrating" if choice.token_ids else "retrying", len(choice.token_ids))
 
-    # ------------------------------------------------------------ steps 1-2: admission
-
-    async def _admit(self, choice: Choice, att: Attempt) -> Failure | None:
-        """Picks P and D and gets D's reservation. Raises NoNodeAvailable when that cannot happen."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.admission_timeout_s
-        busy: dict[str, float] = {}     # decode nodes that said Busy this round: retry_after in s
-        while True:
-            await self._wait_for_nodes(choice, deadline)
-            decode = self._choose_decode(choice, busy)
-            if decode is None:          # every decode node is busy: wait, then ask them again
-                await asyncio.sleep(min(max(min(busy.values()), _MIN_BUSY_WAIT_S),
-                                        max(0.0, deadline - loop.time())))
-                busy.clear()
-                continue
-            if att.prefill is None or self._registry.get(att.prefill_id) is None:
-                att.prefill = self._choose_prefill(choice, att)
-            reply = await self._reserve(att, decode, deadline)
-            if not isinstance(reply, Busy):
-                return reply
-            self._busy.inc()
-            busy[decode.node_id] = reply.retry_after_ms / 1000
-
-    async def _wait_for_nodes(self, choice: Choice, deadline: float) -> None:
-        """Until both pools have a live node. A fresh request does not wait: 503 at once; one that
-        is failing over waits until the deadline."""
-        loop = asyncio.get_running_loop()
-        while not self.is_healthy():
-            if choice.num_attempts <= 1 and not choice.token_ids:
-                raise NoNodeAvailable("no live prefill and decode nodes")
-            if loop.time() >= deadline:
-                raise NoNodeAvailable("no live prefill and decode nodes within the admission timeout")
-            await asyncio.sleep(_POLL_S)
-        if loop.time() >= deadline:
-            raise NoNodeAvailable(f"no decode node had room within {self._config.admission_timeout_s} s")
-
-    def _choose_decode(self, choice: Choice, busy: dict[str, float]) -> Node | None:
-        nodes = [n for n in _prefer(self._registry.candidates(NodeRole.DECODE), choice.avoid)
-                 if n.node_id not in busy]
-        return self._decode_policy.choose(nodes) if nodes else None
-
-    def _choose_prefill(self, choice: Choice, att: Attempt) -> PrefillChoice:
-        nodes = _prefer(self._registry.candidates(NodeRole.PREFILL), choice.avoid)
-        block_size = self._server.block_size
-        hashes = chain_hashes(att.prompt_ids, block_size)
-        return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // block_size))
-
-    async def _reserve(self, att: Attempt, decode: Node, deadline: float) -> Reserved | Busy | Failure:
-        """Step 2: DecodeRequest to D, and its answer."""
-        att.decode_id = decode.node_id
-        att.contacted.add(decode.node_id)
-        self._server.send(decode.node_id, DecodeRequest(att.wire_rid, att.prompt_ids, att.params,
-                                                        att.prefill_id))
-        while True:
-            try:
-                event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
-            except TimeoutError:
-                raise NoNodeAvailable(f"decode node {decode.node_id} did not answer within the "
-                                      f"admission timeout") from None
-            if isinstance(event, Lost):
-                return Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
-            node_id, msg = event
-            if node_id != att.decode_id:
-                continue
-            if isinstance(msg, RequestFailed):
-                return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
-            if isinstance(msg, Busy):
-                att.contacted.discard(node_id)
-                att.decode_id = ""
-                return msg
-            if isinstance(msg, Reserved):
-                self._begin(att, node_id, len(msg.dst_block_ids))
-                self._send_prefill(att, decode, msg)
-                return None
-
-    def _send_prefill(self, att: Attempt, decode: Node, reserved: Reserved) -> None:
-        """Step 3: PrefillRequest to P, shipping into D's reservation."""
-        att.contacted.add(att.prefill_id)
-        self._begin(att, att.prefill_id, att.prefill.new_blocks)
-        self._server.send(att.prefill_id, PrefillRequest(
-            att.wire_rid, att.prompt_ids, att.params, decode.endpoint, reserved.xfer_id,
-            reserved.dst_block_ids, reserved.cached_prefix_blocks))
-
-    def _begin(self, att: Attempt, node_id: str, blocks: int) -> None:
-        self._registry.begin(node_id, blocks)
-        att.begun[node_id] = att.begun.get(node_id, 0) + blocks
-
     # ------------------------------------------------------------ step 4: tokens
 
     async def _stream(self, request: PendingRequest, choice: Choice, att: Attempt) -> Failure | None:
@@ -392,11 +300,6 @@ class DisaggregatedBackend(Backend):
             if (len(choice.token_ids), len(choice.text)) != before or choice.finish_reason is not None:
                 request.events.put_nowait(choice.index)
         return None
-
-
-def _prefer(nodes: list[Node], avoid: set[str]) -> list[Node]:
-    """The nodes not to avoid, or all of them if none is left."""
-    return [n for n in nodes if n.node_id not in avoid] or nodes
 
 
 async def _drain(queue: asyncio.Queue) -> list[Any]:
