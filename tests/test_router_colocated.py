@@ -13,6 +13,7 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from router.backend import NodeMetrics
 from router.colocated import ColocatedBackend
+from tests.tiny_chat_model import tiny_chat_model_folder
 
 
 @dataclass
@@ -194,36 +195,6 @@ def test_metrics_snapshot_and_close(engine_and_backend):
 
 # ---------------------------------------------------------------- end to end over the real engine
 
-_CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                  "{% if add_generation_prompt %}<s>assistant:{% endif %}")
-_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello router",
-           "prefill and decode nodes share paged KV blocks", "user: hi\nassistant: hello"] * 20
-
-
-def _tiny_model_folder(path) -> int:
-    """A random-weight 2-layer Llama and a byte-level BPE tokenizer saved to `path`; returns vocab size."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(_CORPUS, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>")
-    tokenizer.chat_template = _CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).float().save_pretrained(path, safe_serialization=True)
-    return len(tokenizer)
-
-
 @pytest.fixture(scope="module")
 def real_engine(tmp_path_factory):
     engine_mod = pytest.importorskip("engine")
@@ -232,7 +203,7 @@ def real_engine(tmp_path_factory):
     from engine import CacheConfig, EngineConfig, LLMEngine
 
     path = tmp_path_factory.mktemp("tiny-llama")
-    _tiny_model_folder(path)
+    tiny_chat_model_folder(path)
     return LLMEngine(EngineConfig(model=str(path), dtype="float32", device="cpu",
                                   cache=CacheConfig(block_size=16, num_blocks=64)))
 
