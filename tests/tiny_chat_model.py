@@ -3,9 +3,9 @@ a byte-level BPE tokenizer with a chat template, trained on a few lines."""
 from __future__ import annotations
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                  "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello router",
-           "prefill and decode nodes share paged KV blocks", "user: hi\nassistant: hello"] * 20
+          "prefill and decode nodes share paged KV blocks", "user: hi\nassistant: hello"] * 20
 
 
 def tiny_chat_model_folder(path) -> int:
