@@ -12,7 +12,6 @@ stands in for a trained model (beam dynamics depend on the model: say so when qu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.machine import machine_info  # noqa: E402
+from bench.machine import write_result  # noqa: E402
 from bench.random_model import make_random_llama  # noqa: E402
 from bench.serving.workloads import ALPACA, SHAREGPT  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
@@ -69,11 +68,7 @@ def main() -> None:
             print(f"{name:9s} beam width {width}: {100 * saving:5.1f}% of KV blocks saved "
                   f"({phys} physical vs {logi} logical block-steps, {time.perf_counter() - start:.1f} s)")
     llm.engine.check_integrity()
-    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    out = os.path.join(os.path.dirname(__file__), "results", f"beam_sharing_{int(time.time())}.json")
-    with open(out, "w") as f:
-        json.dump({"bench": "beam_sharing", "machine": machine_info(), "args": vars(args), "model": SMALL,
-                   "results": results}, f, indent=2)
+    out = write_result("beam_sharing", {"args": vars(args), "model": SMALL, "results": results})
     print(f"wrote {out}")
 
 

