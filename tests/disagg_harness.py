@@ -128,6 +128,10 @@ class Cluster:
         self.nodes[node_id] = node
         return await node.start()
 
+    async def pair(self) -> tuple[ScriptedNode, ScriptedNode]:
+        """The usual cast: prefill-0 and decode-0, both registered."""
+        return await self.node("prefill-0", "prefill"), await self.node("decode-0", "decode")
+
     def generate(self, rid: str = "r1", prompt=None, **params) -> Consumer:
         params = {"temperature": 0.0, "max_tokens": 8, **params}
         return Consumer(self.backend.generate(rid, PROMPT if prompt is None else prompt,

@@ -103,3 +103,12 @@ class NodeHarness:
             t.join(timeout=10)
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process pid exists and is not a zombie (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

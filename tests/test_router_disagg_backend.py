@@ -22,7 +22,7 @@ def test_first_token_then_deltas_give_exact_cumulative_outputs(loop):
     """P's first token is emitted before D sends anything; D's re-sent token 0 is not emitted twice."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             out = c.generate(max_tokens=4, logprobs=1)
             req = await d.expect(DecodeRequest)
             assert (req.rid, list(req.prompt_ids), req.prefill_node_id) == ("r1", PROMPT, "prefill-0")
@@ -51,7 +51,7 @@ def test_decode_delta_before_first_token_is_held_until_it():
     """A delta from D that overtakes P's FirstToken waits for it; every token is emitted once, in order."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             out = c.generate(max_tokens=3)
             await admit(d, p)
             d.send(TokenDelta("r1", 1, (12,), 1, "b", None, ""))
@@ -68,7 +68,7 @@ def test_first_token_that_finishes_aborts_the_decode_reservation():
     """A request finished by P's first token frees D's reserved blocks (AbortRequest to D)."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             out = c.generate(max_tokens=1)
             await admit(d, p)
             p.send(FirstToken("r1", 2, "", None, "stop"))
@@ -81,7 +81,7 @@ def test_n_fans_out_with_seeds_and_merges_by_index():
     """n = 2 runs rid#0 and rid#1 with seed and seed + 1, merged as outputs 0 and 1."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             out = c.generate(n=2, seed=7, temperature=1.0, max_tokens=1)
             reqs = {}
             for _ in range(2):
@@ -176,7 +176,7 @@ def test_retries_are_bounded():
     """With max_retries = 1 a request whose prefill fails twice raises RuntimeError after 2 attempts."""
     async def test():
         async with Cluster(dataclasses.replace(CONFIG, max_retries=1)) as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             out = c.generate()
             for rid in ("r1", "r1~1"):
                 await d.expect(DecodeRequest)

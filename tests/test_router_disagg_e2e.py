@@ -19,6 +19,7 @@ from router.config import RouterConfig
 from router.disaggregated import DisaggregatedBackend
 from router.launcher import ClusterConfig, spawn_nodes, stop_nodes
 from tests.model_factory import hf_greedy
+from tests.node_harness import process_alive
 
 NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "96", "--max-num-seqs", "8", "--block-size", "16"]
 PROMPTS = [[1, 17, 33, 2, 250, 9, 9, 100, 41, 7, 7, 7, 300, 12, 13, 14, 15, 16, 200], [1, 5, 6], [3] * 40]
@@ -151,7 +152,7 @@ def test_pdserve_up_serves_and_stops_its_nodes_on_sigterm(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         for pid in children:
-            assert not _alive(pid), f"node process {pid} outlived the launcher"
+            assert not process_alive(pid), f"node process {pid} outlived the launcher"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -183,11 +184,3 @@ def _children(pid: int) -> list[int]:
             except OSError:
                 pass
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

@@ -70,7 +70,7 @@ def test_decode_death_after_the_last_token_finishes_with_length():
     """D lost after sending all max_tokens tokens but no finish: the choice ends 'length', unmigrated."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             out = c.generate(max_tokens=2)
             await admit(d, p)
             p.send(FirstToken("r1", 11, "a", None, ""))
@@ -87,7 +87,7 @@ def test_prefill_death_after_first_token_changes_nothing():
     """P lost after its FirstToken: D goes on and the request completes on the same attempt."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             out = c.generate(max_tokens=2)
             await admit(d, p)
             p.send(FirstToken("r1", 11, "a", None, ""))
@@ -108,7 +108,7 @@ def test_client_abort_reaches_both_nodes(how):
     """Closing the stream, abort(rid) or cancelling the consumer sends AbortRequest to P and D."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             stream = c.backend.generate("r1", PROMPT, SamplingParams(max_tokens=8))
             out = Consumer(stream)
             await admit(d, p)
@@ -133,7 +133,7 @@ def test_request_id_is_free_again_after_abort():
     """After abort(rid) the id may be reused at once, and the old stream's cleanup leaves the new one be."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             old = c.generate()
             await d.expect(DecodeRequest)
             await c.backend.abort("r1")
@@ -150,7 +150,7 @@ def test_abort_before_reservation_reaches_only_decode_node():
     """An abort while D has not answered: D gets AbortRequest; P, never asked, gets nothing."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             out = c.generate()
             await d.expect(DecodeRequest)
             await c.backend.abort("r1")
@@ -168,7 +168,7 @@ def test_garbage_frames_are_dropped_and_counted_while_a_request_completes():
     """Malformed, unexpected, unregistered and stray frames are dropped without harm to live work."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             rogue = c.ctx.socket(zmq.DEALER)
             rogue.setsockopt(zmq.IDENTITY, b"rogue")
             rogue.setsockopt(zmq.LINGER, 0)
@@ -198,7 +198,7 @@ def test_heartbeat_expiry_removes_a_node():
     """A node silent for heartbeat_timeout_s leaves metrics and health; its next status gets 'register'."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             d.kv_usage = 0.5
             await asyncio.sleep(3 * BEAT_S)
             assert c.backend.is_healthy()
@@ -258,7 +258,7 @@ def test_rejections_raise_value_error_before_anything_is_sent():
     """Empty or too long a prompt, bad token ids and duplicate ids raise ValueError; nodes hear nothing."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             first = c.generate("dup")
             await d.expect(DecodeRequest)
             for rid, prompt in (("a", []), ("b", [1] * 256), ("c", [512]), ("dup", PROMPT)):
@@ -286,7 +286,7 @@ def test_prometheus_exposes_router_counters_and_nodes():
     migration, busy and drop counters."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await c.node("decode-0", "decode")
+            p, d = await c.pair()
             p.kv_counters = (6, 6 << 30, 0, 0, 2, 0, 0)
             d.kv_counters = (0, 0, 6, 6 << 30, 2, 1, 3)
             await asyncio.sleep(3 * BEAT_S)

@@ -11,6 +11,7 @@ import pytest
 from router import launcher
 from router.config import RouterConfig
 from router.launcher import ClusterConfig, NodeProcess, parse_up, spawn_nodes, stop_nodes
+from tests.node_harness import process_alive
 
 
 def test_flags_reach_router_cluster_and_nodes():
@@ -81,14 +82,6 @@ def test_node_dies_with_its_launcher_even_on_sigkill():
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     node_pid = int(middle.stdout.split()[0])
     deadline = time.monotonic() + 10
-    while _alive(node_pid) and time.monotonic() < deadline:
+    while process_alive(node_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(node_pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not process_alive(node_pid)
