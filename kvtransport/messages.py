@@ -14,6 +14,7 @@ may be missing at the end of the list (a peer from before they were added): they
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Union
 
@@ -178,6 +179,7 @@ _KIND_OF: dict[type, str] = {cls: kind for kind, cls in KINDS.items()}
 _NUM_FIELDS: dict[type, int] = {cls: len(fields(cls)) for cls in KINDS.values()}
 
 
+@functools.cache
 def _num_required(cls: type) -> int:
     """Fields before the first one with a default: what every encoding of cls must carry."""
     return next((i for i, f in enumerate(fields(cls)) if f.default is not MISSING), len(fields(cls)))
