@@ -3,9 +3,10 @@
 1. decode rows (q_len == 1): the C kernel of kernels/cpu_decode.py, which reads K/V in place
    from the pool, when it is built and takes the tensors. Otherwise (the PyTorch path)
    sequences are sorted by length and taken in chunks; each chunk's K and V blocks are
-   gathered by one `index_select` (cpu_gather.gather_kv) into a buffer that stays in cache while SDPA
-   reads it, the GQA group is folded into SDPA's query-length dimension ([c, Hkv, G, D]
-   against [c, Hkv, L, D]: no K/V expansion), and a length mask hides the padded tail.
+   gathered by one `index_select` (cpu_gather.gather_kv) into a buffer that stays in cache
+   while SDPA reads it, the GQA group is folded into SDPA's query-length dimension
+   ([c, Hkv, G, D] against [c, Hkv, L, D]: no K/V expansion), and a length mask hides the
+   padded tail.
 2. prefill rows (q_len > 1, possibly after a cached prefix): kernels/cpu_prefill.py, causal
    SDPA over gathered K/V, similar sequences batched into one call.
 
@@ -36,12 +37,12 @@ def paged_attention_cpu(
     scale: float,
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
     """Same contract as `kernels.paged_attention` for CPU tensors (inputs already checked)."""
-    out = torch.empty_like(query)
+    out = query.new_empty(query.shape)  # contiguous rows, whatever query's strides (the C kernel's contract)
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
     decode = [i for i, n in enumerate(q_lens) if n == 1]
-    if decode and out.stride()[1:] == (query.shape[2], 1) and cpu_decode.supports(query, k_cache, v_cache):
+    if decode and cpu_decode.supports(query, k_cache, v_cache):
         if len(decode) == len(lens):
             tables, dec_lens, rows = block_tables, seq_lens, cu_seqlens_q[:-1]
         else:
