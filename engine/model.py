@@ -6,7 +6,6 @@ Attention goes through `kernels`: store this step's K/V into their slots, then p
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import kernels
@@ -21,13 +20,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:        # one fused op; same math as below for float32
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """norm(x); with `residual`: residual += x in place first, and norm(residual)."""
+        return kernels.rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -46,7 +41,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         q_size, kv_size, _ = self.split
         qk = qkv[:, :q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = rope(batch.positions, qk)                                  # q and k heads rotated together
+        rope.rotate_(batch.positions, qk)                               # q and k heads, in place
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]          # [T, H, D], [T, Hkv, D]
         v = qkv[:, q_size + kv_size:].view(-1, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_layer[:, 0], kv_layer[:, 1]
@@ -63,8 +58,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=cfg.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -76,8 +70,11 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, rope, batch, kv_layer):
-        x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv_layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """x: the residual stream [T, hidden], updated in place and returned."""
+        h = self.self_attn(self.input_layernorm(x), rope, batch, kv_layer)
+        h = self.post_attention_layernorm(h, residual=x)                # x += attention; norm(x)
+        x += self.mlp(h)
+        return x
 
 
 class CausalLM(nn.Module):

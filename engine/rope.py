@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels import cpu_layer_ops
+
 
 def inv_freq_and_scale(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim // 2] (float32) and the cos/sin scaling of the config's RoPE."""
@@ -31,10 +33,14 @@ class RotaryEmbedding:
         self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)     # [P, D]
         self._rows: tuple | None = None     # (positions, its version, cos rows, sin rows): every layer reuses them
 
-    def __call__(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, D] rotated by each row's position (q and k heads can go in together)."""
+    def rotate_(self, positions: torch.Tensor, x: torch.Tensor) -> None:
+        """Rotate x [T, heads, D] in place by each row's position (q and k heads can go in
+        together). On CPU one C call (kernels/csrc/layer_ops.c) when x's heads are contiguous."""
+        if cpu_layer_ops.usable(x, self.cos) and cpu_layer_ops.rows_contiguous(x):
+            cpu_layer_ops.rotary_(x, positions, self.cos, self.sin)
+            return
         cos, sin = self._rows_for(positions)                               # [T, 1, D] each
-        return x * cos + _rotate_half(x) * sin
+        x.copy_(x * cos + _rotate_half(x) * sin)
 
     def _rows_for(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self._rows

@@ -1,18 +1,20 @@
 """The C kernels of kernels/csrc, built for this CPU on first use and called through ctypes.
 
     kernels/csrc/paged_decode.c --cc -O3 -march=native -fopenmp ...--> <cache>/paged_decode-<key>.so
+    kernels/csrc/layer_ops.c    --cc ... -ffp-contract=off -------------> <cache>/layer_ops-<key>.so
 
-The key hashes the source, the flags, the compiler's version and this CPU's feature flags, so an
-edited kernel, another compiler or another machine sharing the cache never loads a stale build.
+The key hashes the source, the shared header (csrc/common.h), the flags, the compiler's version
+and this CPU's feature flags, so an edited kernel, another compiler or another machine sharing
+the cache never loads a stale build.
 The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 ~/.cache/pdserve/kernels; if that is not writable, a directory in the system's temp dir.
 Builds go to a temporary file that is renamed into place, so nodes starting together race
-harmlessly. No compiler, or a failed build, leaves `paged_decode_lib()`
+harmlessly. No compiler, or a failed build, leaves `paged_decode_lib()` and `layer_ops_lib()`
 returning None (the reason in `build_error()`) and callers use their PyTorch path;
 PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
-ctypes releases the GIL for the call; the kernel parallelizes itself with OpenMP over
-(sequence, kv-head range) using as many threads as torch does. It shares torch's OpenMP
+ctypes releases the GIL for the call; the kernels parallelize themselves with OpenMP, using as
+many threads as torch does. It shares torch's OpenMP
 runtime (libgomp is loaded once per process), so OMP_WAIT_POLICY applies to both.
 """
 from __future__ import annotations
@@ -30,34 +32,57 @@ log = logging.getLogger(__name__)
 
 _SRC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
-_error: str | None = None
 
 c_int, c_i64, c_float, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_PAGED_DECODE_ARGS = [c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_void_p, c_i64, c_void_p, c_void_p,
-                      c_void_p, c_i64, c_int, c_int, c_int, c_int, c_int, c_float, c_int, c_int, c_int]
+_SIGNATURES = {    # library -> {function: (argtypes, restype)}
+    "paged_decode": {
+        "paged_decode": ([c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_void_p, c_i64, c_void_p, c_void_p,
+                          c_void_p, c_i64, c_int, c_int, c_int, c_int, c_int, c_float, c_int, c_int, c_int], c_int),
+    },
+    "layer_ops": {
+        "rms_norm": ([c_void_p, c_i64, c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_i64, c_float, c_int,
+                      c_int], None),
+        "silu_mul": ([c_void_p, c_i64, c_void_p, c_i64, c_i64, c_i64, c_int, c_int], None),
+        "rotary": ([c_void_p, c_i64, c_i64, c_i64, c_i64, c_void_p, c_void_p, c_void_p, c_i64, c_int, c_int], c_int),
+        "store_kv": ([c_void_p, c_i64, c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_void_p, c_i64, c_i64,
+                      c_i64, c_i64, c_int, c_int], c_int),
+    },
+}
+_EXTRA_FLAGS = {"layer_ops": ["-ffp-contract=off"]}    # a*b + c*d rounded as PyTorch's separate ops round it
+_errors: dict[str, str] = {}
 
 
-def build_error() -> str | None:
-    """Why the C kernels are unavailable, or None if they built (or were never asked for)."""
-    return _error
+def build_error(name: str = "paged_decode") -> str | None:
+    """Why library `name` is unavailable, or None if it built (or was never asked for)."""
+    return _errors.get(name)
 
 
 @functools.cache
 def paged_decode_lib() -> ctypes.CDLL | None:
     """The loaded paged_decode library (its `paged_decode` typed), or None if unavailable."""
-    global _error
+    return _load("paged_decode")
+
+
+@functools.cache
+def layer_ops_lib() -> ctypes.CDLL | None:
+    """The loaded layer_ops library (rms_norm, silu_mul, rotary, store_kv typed), or None."""
+    return _load("layer_ops")
+
+
+def _load(name: str) -> ctypes.CDLL | None:
     if os.environ.get("PDSERVE_CPU_KERNELS", "1") == "0":
-        _error = "disabled by PDSERVE_CPU_KERNELS=0"
+        _errors[name] = "disabled by PDSERVE_CPU_KERNELS=0"
         return None
     try:
-        lib = ctypes.CDLL(_build("paged_decode"))
+        lib = ctypes.CDLL(_build(name))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        _error = str(exc)
-        log.warning("C paged-decode kernel unavailable (%s); using the PyTorch path", exc)
+        _errors[name] = str(exc)
+        log.warning("C kernels %s unavailable (%s); using the PyTorch path", name, exc)
         return None
-    lib.paged_decode.argtypes = _PAGED_DECODE_ARGS
-    lib.paged_decode.restype = c_int
-    _error = None
+    for fn, (argtypes, restype) in _SIGNATURES[name].items():
+        getattr(lib, fn).argtypes = argtypes
+        getattr(lib, fn).restype = restype
+    _errors.pop(name, None)
     return lib
 
 
@@ -67,10 +92,13 @@ def _build(name: str) -> str:
     if cc is None:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     src = os.path.join(_SRC_DIR, name + ".c")
-    with open(src, "rb") as f:
-        source = f.read()
+    flags = _FLAGS + _EXTRA_FLAGS.get(name, [])
+    sources = []
+    for path in (src, os.path.join(_SRC_DIR, "common.h")):
+        with open(path, "rb") as f:
+            sources.append(f.read())
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.blake2b(b"\0".join([source, " ".join(_FLAGS).encode(), version.encode(), _cpu_flags()]),
+    key = hashlib.blake2b(b"\0".join([*sources, " ".join(flags).encode(), version.encode(), _cpu_flags()]),
                           digest_size=8).hexdigest()
     for cache in (_cache_dir(), os.path.join(tempfile.gettempdir(), f"pdserve-kernels-{os.getuid()}")):
         path = os.path.join(cache, f"{name}-{key}.so")
@@ -86,7 +114,7 @@ def _build(name: str) -> str:
         raise RuntimeError("no writable directory for the built kernels")
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_FLAGS, "-o", tmp, src, "-lm"], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([cc, *flags, "-o", tmp, src, "-lm"], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed on {name}.c: {proc.stderr.strip()[-2000:]}")
         os.replace(tmp, path)

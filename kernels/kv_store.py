@@ -6,6 +6,7 @@
 
 import torch
 
+from kernels import cpu_layer_ops
 from kernels.checks import FLOAT_DTYPES, CheckMemo, require, require_dtype, require_same_device, require_shape
 
 _checked = CheckMemo()
@@ -56,7 +57,12 @@ def _check(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 def _store_kv_cpu(key, value, k_cache, v_cache, slot_mapping) -> None:
-    """Advanced-index write straight into the strided cache views."""
+    """One C call (kernels/csrc/layer_ops.c) when every token row is contiguous; else an
+    advanced-index write straight into the strided cache views."""
+    if (cpu_layer_ops.usable(key, value, k_cache, v_cache) and v_cache.stride() == k_cache.stride()
+            and all(cpu_layer_ops.rows_contiguous(t) for t in (key, value, k_cache, v_cache))):
+        cpu_layer_ops.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        return
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]

@@ -94,3 +94,20 @@ def test_builtin_model_matches_transformers(make_llm):
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     assert _tokens(outs) == [hf_greedy(hf, p, 40) for p in prompts]
     assert "\n" in outs[0].outputs[0].text
+
+
+def test_without_the_c_kernels_output_is_the_same(model_dir, make_llm, monkeypatch):
+    """PDSERVE_CPU_KERNELS=0 (as on a host without a C compiler): every op takes its PyTorch
+    path (attention, KV store, RMSNorm, RoPE, SiLU), with chunked prefill and decode mixed in
+    one step; the tokens still equal transformers'."""
+    from kernels.cpu_kernels import layer_ops_lib, paged_decode_lib
+    path, hf = model_dir
+    monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
+    layer_ops_lib.cache_clear(), paged_decode_lib.cache_clear()
+    try:
+        assert layer_ops_lib() is None and paged_decode_lib() is None
+        llm = make_llm(path, block_size=8, num_blocks=64, enable_chunked_prefill=True, max_num_batched_tokens=20)
+        assert _tokens(llm.generate(PROMPTS, GREEDY)) == [hf_greedy(hf, p, 24) for p in PROMPTS]
+    finally:
+        monkeypatch.undo()
+        layer_ops_lib.cache_clear(), paged_decode_lib.cache_clear()

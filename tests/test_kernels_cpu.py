@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kernels import cpu_decode
+from kernels import cpu_decode, cpu_layer_ops
 from kernels.cpu_kernels import build_error, paged_decode_lib
 from kernels import copy_blocks, gather_blocks, paged_attention, scatter_blocks, store_kv
 from kernels.reference import (
@@ -169,10 +169,14 @@ def test_output_ignores_other_sequences_blocks(device):
     assert torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ATTN_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_store_kv_matches_reference_and_skips_negative_slots(device, dtype):
-    """store_kv writes exactly the reference's slots of one layer; slot -1 and other layers untouched."""
+def test_store_kv_matches_reference_and_skips_negative_slots(device, dtype, monkeypatch):
+    """store_kv writes exactly the reference's slots of one layer; slot -1 and other layers
+    untouched. "cpu": the C path (kernels/csrc/layer_ops.c); "cpu-torch": the index_put path."""
+    if device == "cpu-torch":
+        monkeypatch.setattr(cpu_layer_ops, "usable", lambda *a: False)
+        device = "cpu"
     b = make_paged_batch([50], [1], 4, 2, 64, 16, dtype, device)
     key = torch.randn(6, 2, 64).to(dtype=dtype, device=device)
     value = torch.randn(6, 2, 64).to(dtype=dtype, device=device)

@@ -8,27 +8,9 @@
  * K and V are each read once per task; 16-bit elements are widened to float32 as they are read.
  * Built by kernels/cpu_kernels.py with the host compiler; called through ctypes.
  */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
-
-static inline float bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN stays NaN */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+#include "common.h"
 
 /* q . row and acc += p * row for a K/V row of the given dtype, read as float32. Always inlined
  * with a constant dtype (see the attend_* wrappers): each copy is one typed, vectorized loop. */
@@ -65,34 +47,6 @@ static inline __attribute__((always_inline)) void axpy_row(float *restrict acc, 
 #pragma omp simd
         for (int d = 0; d < n; d++) acc[d] += p * (float)r[d];
     }
-}
-
-/* e^x for x <= 0 (max-subtracted scores), vectorizable unlike libm's expf, which the softmax
- * loop otherwise spends most of a 16-bit task on. x = (k + f) / log2(e) with k integer and
- * |f| <= 1/2; 2^f by its degree-6 Taylor polynomial (relative error < 2e-7 on that range);
- * 2^k added to the exponent bits. Below -87, where expf is subnormal or 0, it gives ~1e-38. */
-static inline float exp_neg(float x) {
-    x = x < -87.f ? -87.f : x;
-    const float t = x * 1.44269504088896341f;
-    const float k = rintf(t), f = t - k;
-    float p = 1.5403530393381610e-4f;
-    p = p * f + 1.3333558146428443e-3f;
-    p = p * f + 9.6181291076284772e-3f;
-    p = p * f + 5.5504108664821580e-2f;
-    p = p * f + 2.4022650695910071e-1f;
-    p = p * f + 6.9314718055994531e-1f;
-    p = p * f + 1.f;
-    int32_t bits;
-    memcpy(&bits, &p, 4);
-    bits += (int32_t)k << 23;
-    memcpy(&p, &bits, 4);
-    return p;
-}
-
-static inline float load_elem(const void *row, int d, int dtype) {
-    if (dtype == DT_F32) return ((const float *)row)[d];
-    if (dtype == DT_BF16) return bf16_to_f32(((const uint16_t *)row)[d]);
-    return (float)((const _Float16 *)row)[d];
 }
 
 static inline void store_row(void *dst, const float *src, float mul, int n, int dtype) {
@@ -142,7 +96,7 @@ static inline __attribute__((always_inline)) void attend(
         for (int t = 0; t < ctx; t++) m = sj[t] > m ? sj[t] : m;
 #pragma omp simd reduction(+ : sum)
         for (int t = 0; t < ctx; t++) {
-            sj[t] = exp_neg(sj[t] - m);
+            sj[t] = fast_exp(sj[t] - m);
             sum += sj[t];
         }
         inv_sum[j] = 1.f / sum;
