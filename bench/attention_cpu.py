@@ -5,7 +5,7 @@
 For each case the same K/V is laid out twice: paged (random blocks of a multi-layer pool,
 as the engine holds it) and contiguous ([B, Hkv, L_max, D], padded, length mask) — the
 best plain-SDPA call on an unpaged cache. The paged layout runs through `paged_attention`
-as the engine calls it (decode rows: the C kernel) and through the PyTorch fallback
+as the engine calls it (the C kernels) and through the PyTorch fallback
 (gather + SDPA, what hosts without a C compiler run). Prints median times and
 paged/contiguous ratios (bar: <= 1.3x) and writes bench/results/attention_cpu.json.
 """
@@ -19,11 +19,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from unittest import mock
 
-from kernels import cpu_decode, paged_attention
+from kernels import paged_attention
 from kernels.reference import gather_sequence_kv
-from kernels.testing import make_paged_batch
+from kernels.testing import make_paged_batch, pytorch_attention
 
 # (name, seq_lens, q_lens): the engine benchmark's model is 8 heads, head_dim 64, fp32.
 CASES = [
@@ -32,7 +31,10 @@ CASES = [
     ("decode b32 ctx1-256 ragged", torch.randint(1, 257, (32,), generator=torch.Generator().manual_seed(0)).tolist(), [1] * 32),
     ("decode b8 ctx2048", [2048] * 8, [1] * 8),
     ("prefill 4x256", [256] * 4, [256] * 4),
+    ("prefill 16x128", [128] * 16, [128] * 16),
+    ("prefill 1x2048", [2048], [2048]),
     ("chunked prefill 4x(192+64)", [256] * 4, [64] * 4),
+    ("chunked prefill 1x(1536+512)", [2048], [512]),
 ]
 
 
@@ -97,7 +99,7 @@ def main():
         paged = lambda: paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q,
                                         b.seq_lens, b.scale, b.max_seqlen_q, b.max_seqlen_k)
         def torch_path():
-            with mock.patch.object(cpu_decode, "supports", lambda *a: False):
+            with pytorch_attention():
                 return paged()
         (p_med, p_min), (t_med, t_min), (c_med, c_min) = timings_ms([paged, torch_path, contiguous_sdpa(b)],
                                                                     args.repeats)

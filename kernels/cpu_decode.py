@@ -8,17 +8,22 @@ import torch
 
 from kernels.cpu_kernels import paged_decode_lib
 
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}    # dtype -> the C kernels' code
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the C kernel can take these tensors (dtype, head rows contiguous, K/V alike)."""
+    return layout_ok(query, k_cache, v_cache) and paged_decode_lib() is not None
+
+
+def layout_ok(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """The layout the C attention kernels read: one dtype they know, each query row's heads
+    contiguous, each cached token's kv heads one contiguous row, K and V strided alike."""
     head_dim, num_kv_heads = k_cache.shape[3], k_cache.shape[2]
-    return (query.dtype in _DTYPES and k_cache.dtype == query.dtype
+    return (query.dtype in DTYPES and k_cache.dtype == query.dtype
             and query.stride(2) == 1 and query.stride(1) == head_dim
             and k_cache.stride()[2:] == (head_dim, 1) and k_cache.stride(1) == num_kv_heads * head_dim
-            and v_cache.stride() == k_cache.stride()
-            and paged_decode_lib() is not None)
+            and v_cache.stride() == k_cache.stride())
 
 
 def paged_decode_c(
@@ -41,7 +46,7 @@ def paged_decode_c(
         query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
         k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), rows.data_ptr(),
         out.data_ptr(), out.stride(0), rows.numel(), query.shape[1], num_kv_heads, head_dim, block_size,
-        scale, _DTYPES[query.dtype], threads, _kv_heads_per_task(rows.numel(), num_kv_heads, threads))
+        scale, DTYPES[query.dtype], threads, _kv_heads_per_task(rows.numel(), num_kv_heads, threads))
     if rc != 0:
         raise MemoryError("paged_decode: could not allocate its scratch memory")
 

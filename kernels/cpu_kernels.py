@@ -1,6 +1,7 @@
 """The C kernels of kernels/csrc, built for this CPU on first use and called through ctypes.
 
     kernels/csrc/paged_decode.c --cc -O3 -march=native -fopenmp ...--> <cache>/paged_decode-<key>.so
+    kernels/csrc/paged_prefill.c ---------------------------------------> <cache>/paged_prefill-<key>.so
     kernels/csrc/layer_ops.c    --cc ... -ffp-contract=off -------------> <cache>/layer_ops-<key>.so
 
 The key hashes the source, the shared header (csrc/common.h), the flags, the compiler's version
@@ -9,13 +10,13 @@ the cache never loads a stale build.
 The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 ~/.cache/pdserve/kernels; if that is not writable, a directory in the system's temp dir.
 Builds go to a temporary file that is renamed into place, so nodes starting together race
-harmlessly. No compiler, or a failed build, leaves `paged_decode_lib()` and `layer_ops_lib()`
-returning None (the reason in `build_error()`) and callers use their PyTorch path;
-PDSERVE_CPU_KERNELS=0 does the same on purpose.
+harmlessly. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`
+and `layer_ops_lib()` returning None (the reason in `build_error(name)`) and callers use their
+PyTorch path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
 ctypes releases the GIL for the call; the kernels parallelize themselves with OpenMP, using as
-many threads as torch does. It shares torch's OpenMP
-runtime (libgomp is loaded once per process), so OMP_WAIT_POLICY applies to both.
+many threads as torch does. They share torch's OpenMP runtime (libgomp is loaded once per
+process), so OMP_WAIT_POLICY applies to both.
 """
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ _SIGNATURES = {    # library -> {function: (argtypes, restype)}
         "paged_decode": ([c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_void_p, c_i64, c_void_p, c_void_p,
                           c_void_p, c_i64, c_int, c_int, c_int, c_int, c_int, c_float, c_int, c_int, c_int], c_int),
     },
+    "paged_prefill": {
+        "paged_prefill": ([c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_void_p, c_i64, c_void_p, c_void_p,
+                           c_void_p, c_void_p, c_void_p, c_i64, c_int, c_int, c_int, c_int, c_int, c_float, c_int,
+                           c_int], c_int),
+    },
     "layer_ops": {
         "rms_norm": ([c_void_p, c_i64, c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_i64, c_float, c_int,
                       c_int], None),
@@ -61,6 +67,12 @@ def build_error(name: str = "paged_decode") -> str | None:
 def paged_decode_lib() -> ctypes.CDLL | None:
     """The loaded paged_decode library (its `paged_decode` typed), or None if unavailable."""
     return _load("paged_decode")
+
+
+@functools.cache
+def paged_prefill_lib() -> ctypes.CDLL | None:
+    """The loaded paged_prefill library (its `paged_prefill` typed), or None if unavailable."""
+    return _load("paged_prefill")
 
 
 @functools.cache

@@ -1,5 +1,8 @@
-"""Prefill rows (q_len > 1, possibly after a cached prefix) of CPU paged attention: causal SDPA
-over K/V gathered out of the pool.
+"""Prefill rows (q_len > 1, possibly after a cached prefix) of CPU paged attention.
+
+The C kernel (kernels/csrc/paged_prefill.c) reads K and V in place through the block tables,
+all prefill sequences in one call, when it is built and takes the tensors. Otherwise causal
+SDPA over K/V gathered out of the pool:
 
 Sequences of similar size go through one SDPA call: their K/V gathered into one padded batch,
 the GQA group folded into the query rows ([n, Hkv, G * Q, D] against [n, Hkv, L, D]) and an
@@ -13,11 +16,16 @@ runs alone, with is_causal=True when all its tokens are new.
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_decode import DTYPES, layout_ok
 from kernels.cpu_gather import additive_mask, block_ids, gather_kv
+from kernels.cpu_kernels import paged_prefill_lib
 
 
 def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
-    """Write the rows of sequences `seqs` (each q_len > 1) into out."""
+    """Write the rows of sequences `seqs` (each q_len > 1) into out (contiguous rows)."""
+    if supports(query, k_cache, v_cache):
+        _prefill_c(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale)
+        return
     seqs = sorted(seqs, key=lambda i: (lens[i], cu[i + 1] - cu[i]))
     while seqs:
         group = _similar(seqs, cu, lens)
@@ -28,6 +36,27 @@ def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -
         else:
             _prefill_batch(out, query, k_cache, v_cache, block_tables, cu, lens, group, scale)
         seqs = seqs[len(group):]
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the C kernel can take these tensors (its layout, head_dim a multiple of 16, <= 256)."""
+    return query.shape[2] % 16 == 0 and query.shape[2] <= 256 and layout_ok(query, k_cache, v_cache) and paged_prefill_lib() is not None
+
+
+def _prefill_c(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    tables = block_tables.contiguous()
+    table_rows = torch.tensor(seqs, dtype=torch.int64)
+    row0s = torch.tensor([cu[i] for i in seqs], dtype=torch.int64)
+    q_lens = torch.tensor([cu[i + 1] - cu[i] for i in seqs], dtype=torch.int32)
+    seq_lens = torch.tensor([lens[i] for i in seqs], dtype=torch.int32)
+    rc = paged_prefill_lib().paged_prefill(
+        query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
+        k_cache.stride(1), tables.data_ptr(), tables.stride(0), table_rows.data_ptr(), row0s.data_ptr(),
+        q_lens.data_ptr(), seq_lens.data_ptr(), out.data_ptr(), out.stride(0), len(seqs), query.shape[1],
+        num_kv_heads, head_dim, block_size, scale, DTYPES[query.dtype], torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("paged_prefill: could not allocate its scratch memory")
 
 
 def _similar(seqs, cu, lens) -> list[int]:

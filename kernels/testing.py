@@ -1,6 +1,8 @@
 """Random paged batches for tests and benchmarks (not used on the serving path)."""
 
+import contextlib
 from typing import NamedTuple
+from unittest import mock
 
 import torch
 
@@ -57,3 +59,13 @@ def make_paged_batch(
         torch.tensor(seq_lens, dtype=torch.int32, device=device), head_dim**-0.5,
         max(q_lens, default=0), max(seq_lens, default=0),
     )
+
+
+@contextlib.contextmanager
+def pytorch_attention():
+    """Within it, CPU paged attention takes its PyTorch path (gather + SDPA) for decode and
+    prefill rows, as on a host without a C compiler; the C kernels are not called."""
+    from kernels import cpu_decode, cpu_prefill
+    with mock.patch.object(cpu_decode, "supports", lambda *a: False), \
+            mock.patch.object(cpu_prefill, "supports", lambda *a: False):
+        yield

@@ -100,14 +100,17 @@ def test_without_the_c_kernels_output_is_the_same(model_dir, make_llm, monkeypat
     """PDSERVE_CPU_KERNELS=0 (as on a host without a C compiler): every op takes its PyTorch
     path (attention, KV store, RMSNorm, RoPE, SiLU), with chunked prefill and decode mixed in
     one step; the tokens still equal transformers'."""
-    from kernels.cpu_kernels import layer_ops_lib, paged_decode_lib
+    from kernels.cpu_kernels import layer_ops_lib, paged_decode_lib, paged_prefill_lib
+    libs = (layer_ops_lib, paged_decode_lib, paged_prefill_lib)
     path, hf = model_dir
     monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
-    layer_ops_lib.cache_clear(), paged_decode_lib.cache_clear()
+    for lib in libs:
+        lib.cache_clear()
     try:
-        assert layer_ops_lib() is None and paged_decode_lib() is None
+        assert all(lib() is None for lib in libs)
         llm = make_llm(path, block_size=8, num_blocks=64, enable_chunked_prefill=True, max_num_batched_tokens=20)
         assert _tokens(llm.generate(PROMPTS, GREEDY)) == [hf_greedy(hf, p, 24) for p in PROMPTS]
     finally:
         monkeypatch.undo()
-        layer_ops_lib.cache_clear(), paged_decode_lib.cache_clear()
+        for lib in libs:
+            lib.cache_clear()

@@ -1,20 +1,21 @@
 """kernels/ public launchers vs the plain-PyTorch reference (CPU; CUDA too when present).
 
-"cpu" runs decode rows through the C kernel (kernels/csrc/paged_decode.c), "cpu-torch" through
-the PyTorch fallback (gather + SDPA) that hosts without a C compiler use."""
-from unittest import mock
+"cpu" runs decode and prefill rows through the C kernels (kernels/csrc/paged_decode.c,
+paged_prefill.c), "cpu-torch" through the PyTorch fallback (gather + SDPA) that hosts without a
+C compiler use."""
+import contextlib
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from kernels import cpu_decode, cpu_layer_ops
-from kernels.cpu_kernels import build_error, paged_decode_lib
+from kernels.cpu_kernels import build_error, paged_decode_lib, paged_prefill_lib
 from kernels import copy_blocks, gather_blocks, paged_attention, scatter_blocks, store_kv
 from kernels.reference import (
     copy_blocks_ref, gather_blocks_ref, paged_attention_ref, scatter_blocks_ref, store_kv_ref,
 )
-from kernels.testing import make_paged_batch
+from kernels.testing import make_paged_batch, pytorch_attention
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 ATTN_DEVICES = DEVICES + ["cpu-torch"]
@@ -26,7 +27,7 @@ def _run_and_compare(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dt
     torch_path = device == "cpu-torch"
     device = "cpu" if torch_path else device
     b = make_paged_batch(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device)
-    with mock.patch.object(cpu_decode, "supports", lambda *a: False) if torch_path else mock.MagicMock():
+    with pytorch_attention() if torch_path else contextlib.nullcontext():
         out = paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q, b.seq_lens,
                               b.scale, b.max_seqlen_q, b.max_seqlen_k)
     ref = paged_attention_ref(b.query.cpu(), b.k_cache.cpu(), b.v_cache.cpu(), b.block_tables.cpu(),
@@ -70,29 +71,36 @@ def test_engine_sized_decode_batch(device, uniform):
     _run_and_compare([250] * 32 if uniform else seq_lens, [1] * 32, 8, 8, 64, 16, torch.float32, device)
 
 
-def test_c_decode_kernel_builds_and_takes_pool_views():
-    """This machine kind has a C compiler: the kernel must build and accept the engine's pool views."""
+def test_c_attention_kernels_build_and_take_pool_views():
+    """This machine kind has a C compiler: the kernels must build and accept the engine's pool views."""
+    from kernels import cpu_prefill
     assert paged_decode_lib() is not None, build_error()
+    assert paged_prefill_lib() is not None, build_error("paged_prefill")
     b = make_paged_batch([5, 40], [1, 1], 8, 2, 64, 16, torch.float32, "cpu")
-    assert cpu_decode.supports(b.query, b.k_cache, b.v_cache)
+    assert cpu_decode.supports(b.query, b.k_cache, b.v_cache) and cpu_prefill.supports(b.query, b.k_cache, b.v_cache)
 
 
-def test_without_the_c_kernel_attention_falls_back_to_pytorch(monkeypatch, tmp_path):
-    """Switched off (or no compiler): no library, a stated reason, and decode still exact."""
+def test_without_the_c_kernels_attention_falls_back_to_pytorch(monkeypatch, tmp_path):
+    """Switched off (or no compiler): no libraries, a stated reason, and attention still exact."""
+    libs = {"paged_decode": paged_decode_lib, "paged_prefill": paged_prefill_lib}
     monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
-    paged_decode_lib.cache_clear()
+    for lib in libs.values():
+        lib.cache_clear()
     try:
-        assert paged_decode_lib() is None and "PDSERVE_CPU_KERNELS" in build_error()
-        _run_and_compare([5, 40, 17], [1, 1, 1], 8, 2, 64, 16, torch.float32, "cpu")
+        for name, lib in libs.items():
+            assert lib() is None and "PDSERVE_CPU_KERNELS" in build_error(name)
+        _run_and_compare([5, 40, 17, 30], [1, 1, 1, 12], 8, 2, 64, 16, torch.float32, "cpu")
         monkeypatch.setenv("PDSERVE_CPU_KERNELS", "1")
         monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
         monkeypatch.setenv("PDSERVE_KERNEL_CACHE", str(tmp_path / "cache"))
-        paged_decode_lib.cache_clear()
-        assert paged_decode_lib() is None and "no-such-compiler" in build_error()
+        for name, lib in libs.items():
+            lib.cache_clear()
+            assert lib() is None and "no-such-compiler" in build_error(name)
     finally:
         monkeypatch.undo()
-        paged_decode_lib.cache_clear()
-    assert paged_decode_lib() is not None and build_error() is None
+        for lib in libs.values():
+            lib.cache_clear()
+    assert paged_decode_lib() is not None and paged_prefill_lib() is not None and build_error() is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -102,17 +110,34 @@ def test_c_decode_splits_heads_when_few_sequences(dtype, num_seqs):
     _run_and_compare([70, 16, 3][:num_seqs], [1] * num_seqs, 16, 8, 64, 16, dtype, "cpu")
 
 
+@pytest.mark.parametrize("device", ["cpu", "cpu-torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kv_heads", [8, 2])
-def test_similar_chunked_prefills_batched_into_one_sdpa(dtype, kv_heads):
-    """Equal and nearly equal chunks over cached prefixes (the batched SDPA path) are exact."""
-    _run_and_compare([256, 256, 250, 240, 33], [64, 64, 60, 64, 33], 8, kv_heads, 64, 16, dtype, "cpu")
+def test_similar_chunked_prefills_match_reference(device, dtype, kv_heads):
+    """Equal and nearly equal chunks over cached prefixes (on the PyTorch path: one batched
+    SDPA call) are exact."""
+    _run_and_compare([256, 256, 250, 240, 33], [64, 64, 60, 64, 33], 8, kv_heads, 64, 16, dtype, device)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cpu-torch"])
 @pytest.mark.parametrize("kv_heads", [8, 2])
-def test_equal_fresh_prefills_batched_causal(kv_heads):
-    """Fresh prompts of one length (one is_causal SDPA) next to decode rows are exact."""
-    _run_and_compare([48, 48, 48, 7], [48, 48, 48, 1], 8, kv_heads, 64, 16, torch.float32, "cpu")
+def test_equal_fresh_prefills_match_reference(device, kv_heads):
+    """Fresh prompts of one length (on the PyTorch path: one is_causal SDPA) next to decode rows
+    are exact."""
+    _run_and_compare([48, 48, 48, 7], [48, 48, 48, 1], 8, kv_heads, 64, 16, torch.float32, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads,head_dim", [(8, 64), (1, 64), (2, 96), (4, 128)])
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_c_prefill_long_contexts_match_reference(dtype, kv_heads, head_dim, block_size):
+    """The C prefill kernel where it tiles: a fresh prompt over many 64-key chunks and several
+    query tiles, a chunk starting mid-block after a cached prefix, a chunk one key past a chunk
+    boundary; GQA 8:1 (16-token tiles) to 1:1 (128-token tiles)."""
+    from kernels import cpu_prefill
+    b = make_paged_batch([300, 1, 2], [1, 1, 1], 8, kv_heads, head_dim, block_size, dtype, "cpu")
+    assert cpu_prefill.supports(b.query, b.k_cache, b.v_cache)
+    _run_and_compare([300, 229, 65, 5], [300, 200, 65, 1], 8, kv_heads, head_dim, block_size, dtype, "cpu")
 
 
 def test_prefill_grouping_bounds_padding():
