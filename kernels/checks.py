@@ -44,10 +44,12 @@ class CheckMemo:
     call a kernel with the same batch tensors one after another, pay for the checks once per
     step. Index tensors are compared by identity and in-place version (a write to one makes
     it unseen again, as does a new tensor); `meta` holds whatever else the checks read
-    (shapes, dtypes, devices). Holds strong references to the last tensors only."""
+    (shapes, dtypes, devices); `value` keeps what the caller derived from them (e.g. a plan
+    of the batch). Holds strong references to the last tensors only."""
 
     def __init__(self) -> None:
         self._last: tuple | None = None
+        self.value = None    # whatever the caller derived from the remembered tensors
 
     def seen(self, tensors: tuple[torch.Tensor, ...], meta: tuple) -> bool:
         last = self._last
@@ -55,5 +57,6 @@ class CheckMemo:
                 and all(a is b for a, b in zip(last[0], tensors))
                 and last[1] == tuple(t._version for t in tensors) and last[2] == meta)
 
-    def remember(self, tensors: tuple[torch.Tensor, ...], meta: tuple) -> None:
+    def remember(self, tensors: tuple[torch.Tensor, ...], meta: tuple, value=None) -> None:
         self._last = (tensors, tuple(t._version for t in tensors), meta)
+        self.value = value

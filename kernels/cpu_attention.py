@@ -15,10 +15,13 @@ Few big ops rather than many small ones: each multi-threaded op is an OpenMP for
 on a loaded machine every join can wait a whole scheduler time slice for a preempted thread.
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from kernels import cpu_decode
+from kernels.checks import CheckMemo
 from kernels.cpu_gather import additive_mask, block_ids, gather_kv
 from kernels.cpu_prefill import prefill
 
@@ -38,23 +41,44 @@ def paged_attention_cpu(
 ) -> torch.Tensor:  # [T, num_heads, head_dim]
     """Same contract as `kernels.paged_attention` for CPU tensors (inputs already checked)."""
     out = query.new_empty(query.shape)  # contiguous rows, whatever query's strides (the C kernel's contract)
-    cu = cu_seqlens_q.tolist()
-    lens = seq_lens.tolist()
+    plan = _plan(block_tables, cu_seqlens_q, seq_lens)
+    if plan.decode and cpu_decode.supports(query, k_cache, v_cache):
+        cpu_decode.paged_decode_c(out, query, k_cache, v_cache, *plan.decode_c, scale)
+    elif plan.decode:
+        _decode(out, query, k_cache, v_cache, block_tables, plan.cu, plan.lens, plan.decode, scale)
+    if plan.prefills:
+        prefill(out, query, k_cache, v_cache, block_tables, plan.cu, plan.lens, plan.prefills, scale)
+    return out
+
+
+class _Plan(NamedTuple):
+    """How one batch splits, worked out once per batch (the model's layers share it)."""
+    cu: list[int]                 # cu_seqlens_q
+    lens: list[int]               # seq_lens
+    decode: list[int]             # sequences with one new token
+    prefills: list[int]           # sequences with more
+    decode_c: tuple               # the decode sequences' (tables, seq_lens, int64 rows), contiguous
+
+
+_plans = CheckMemo()
+
+
+def _plan(block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor) -> _Plan:
+    index = (block_tables, cu_seqlens_q, seq_lens)
+    if _plans.seen(index, ()):
+        return _plans.value
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
     q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
     decode = [i for i, n in enumerate(q_lens) if n == 1]
-    if decode and cpu_decode.supports(query, k_cache, v_cache):
-        if len(decode) == len(lens):
-            tables, dec_lens, rows = block_tables, seq_lens, cu_seqlens_q[:-1]
-        else:
-            pick = torch.tensor(decode)
-            tables, dec_lens, rows = block_tables[pick], seq_lens[pick], cu_seqlens_q[pick]
-        cpu_decode.paged_decode_c(out, query, k_cache, v_cache, tables, dec_lens, rows, scale)
-    elif decode:
-        _decode(out, query, k_cache, v_cache, block_tables, cu, lens, decode, scale)
-    prefills = [i for i, n in enumerate(q_lens) if n > 1]
-    if prefills:
-        prefill(out, query, k_cache, v_cache, block_tables, cu, lens, prefills, scale)
-    return out
+    if len(decode) == len(lens):
+        tables, dec_lens, rows = block_tables, seq_lens, cu_seqlens_q[:-1]
+    else:
+        pick = torch.tensor(decode, dtype=torch.long)
+        tables, dec_lens, rows = block_tables[pick], seq_lens[pick], cu_seqlens_q[pick]
+    decode_c = (tables.contiguous(), dec_lens.contiguous(), rows.to(torch.int64).contiguous())
+    plan = _Plan(cu, lens, decode, [i for i, n in enumerate(q_lens) if n > 1], decode_c)
+    _plans.remember(index, (), plan)
+    return plan
 
 
 def _decode(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:

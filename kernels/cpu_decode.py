@@ -37,9 +37,7 @@ def paged_decode_c(
     scale: float,
 ) -> None:
     """One query token per listed sequence (callers check `supports` and the index ranges)."""
-    tables = block_tables.contiguous()
-    lens = seq_lens.contiguous()
-    rows = rows.to(torch.int64).contiguous()
+    tables, lens, rows = block_tables.contiguous(), seq_lens.contiguous(), rows.to(torch.int64).contiguous()
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     threads = torch.get_num_threads()
     rc = paged_decode_lib().paged_decode(

@@ -19,11 +19,13 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 def usable(*tensors: torch.Tensor | None) -> bool:
     """Whether the C ops can take these tensors: all on the CPU in one supported dtype, each
     with contiguous rows (last dim stride 1), and the library built."""
-    present = [t for t in tensors if t is not None]
-    dtype = present[0].dtype
-    return (dtype in _DTYPES
-            and all(t.device.type == "cpu" and t.dtype == dtype and t.stride(-1) == 1 for t in present)
-            and layer_ops_lib() is not None)
+    dtype = tensors[0].dtype
+    if dtype not in _DTYPES or layer_ops_lib() is None:
+        return False
+    for t in tensors:       # a plain loop: this runs several times per layer
+        if t is not None and (t.dtype != dtype or t.device.type != "cpu" or t.stride(-1) != 1):
+            return False
+    return True
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
