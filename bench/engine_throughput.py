@@ -43,39 +43,52 @@ def workload(args, repeat: int = 0) -> list[list[int]]:
     return [torch.randint(10, 30000, (args.input_len,), generator=g).tolist() for _ in range(args.num_requests)]
 
 
-def run_pdserve(path: str, args) -> list[float]:
+def pdserve_runner(path: str, args):
+    """Load pdserve's engine and warm it up; returns run(repeat) -> output tokens/s."""
     from engine import LLM, SamplingParams
     llm = LLM(path, dtype=args.dtype, max_num_seqs=args.num_requests, kv_cache_gib=2.0,
               max_num_batched_tokens=args.max_batched_tokens)
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate(workload(args, -1)[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm up
-    rates = []
-    for r in range(args.repeats):
-        prompts = workload(args, r)
+
+    def run(repeat: int) -> float:
+        prompts = workload(args, repeat)
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=True)
         elapsed = time.perf_counter() - start
         assert all(len(o.outputs[0].token_ids) == args.output_len for o in outs)
-        rates.append(args.num_requests * args.output_len / elapsed)
-    return rates
+        return args.num_requests * args.output_len / elapsed
+    return run
 
 
-def run_hf_static(path: str, args) -> list[float]:
+def hf_static_runner(path: str, args):
+    """Load the transformers model and warm it up; returns run(repeat) -> output tokens/s."""
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
     kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
-    rates = []
     with torch.inference_mode():
         warm = torch.tensor(workload(args, -1))[:2, :16]
         model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, min_new_tokens=4, **kwargs)
-        for r in range(args.repeats):
-            ids = torch.tensor(workload(args, r))
-            start = time.perf_counter()
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
-                                 min_new_tokens=args.output_len, **kwargs)
-            elapsed = time.perf_counter() - start
-            assert out.shape[1] == args.input_len + args.output_len
-            rates.append(args.num_requests * args.output_len / elapsed)
+
+    @torch.inference_mode()
+    def run(repeat: int) -> float:
+        ids = torch.tensor(workload(args, repeat))
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
+                             min_new_tokens=args.output_len, **kwargs)
+        elapsed = time.perf_counter() - start
+        assert out.shape[1] == args.input_len + args.output_len
+        return args.num_requests * args.output_len / elapsed
+    return run
+
+
+def run_interleaved(runners: dict, repeats: int) -> dict[str, list[float]]:
+    """Repeat r of every system back to back, then repeat r + 1: the VM's speed drifts by up
+    to ~10% over minutes, and interleaving makes each system's runs see the same drift."""
+    rates: dict[str, list[float]] = {name: [] for name in runners}
+    for r in range(repeats):
+        for name, run in runners.items():
+            rates[name].append(run(r))
     return rates
 
 
@@ -109,9 +122,10 @@ def main() -> None:
                     help="OpenMP threads spin this many iterations before sleeping (default: sleep at once)")
     args = ap.parse_args()
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
-    results = {"pdserve": run_pdserve(path, args)}
+    runners = {"pdserve": pdserve_runner(path, args)}
     if not args.skip_hf:
-        results["transformers_static"] = run_hf_static(path, args)
+        runners["transformers_static"] = hf_static_runner(path, args)
+    results = run_interleaved(runners, args.repeats)
     if args.vllm:
         results["vllm_cpu"] = run_vllm(path, args)
     report(results, args)
@@ -127,14 +141,22 @@ def report(runs: dict, args) -> None:
           f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}, {torch.get_num_threads()} threads")
     print(f"workload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
           f"tokens, greedy, {args.dtype}; model: random Llama {PEER_SHAPE}")
-    print(f"median of {args.repeats} timed runs per system, each on fresh prompts:")
+    print(f"median of {args.repeats} timed runs per system, each on fresh prompts (pdserve and transformers "
+          f"interleaved run by run; vLLM in its own process after them):")
+    paired = {}
     for name, tps in results.items():
         ratio = f"pdserve = {ours / tps:.2f}x" if tps and name != "pdserve" else ""
         each = ", ".join(f"{x:.0f}" for x in runs[name] or [])
         print(f"  {name:22s} {tps or float('nan'):8.1f} output tokens/s  {ratio:16s} (runs: {each})")
+        if name == "transformers_static" and runs[name]:
+            paired[name] = [a / b for a, b in zip(runs["pdserve"], runs[name])]
+    for name, ratios in paired.items():
+        print(f"  pdserve / {name}, run by run: " + ", ".join(f"{x:.2f}x" for x in ratios)
+              + f" (median {statistics.median(ratios):.2f}x)")
     omp = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     out = write_result("engine_throughput", {"args": vars(args), "openmp": omp, "model": PEER_SHAPE,
-                                             "output_tokens_per_s": results, "runs": runs}, tag=args.dtype)
+                                             "output_tokens_per_s": results, "runs": runs,
+                                             "paired_ratios": paired}, tag=args.dtype)
     print(f"wrote {out}")
 
 
