@@ -154,18 +154,21 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
 
 def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str]) -> list[NodeProcess]:
     roles = ["prefill"] * cluster.prefill + ["decode"] * cluster.decode
+    tps = {"prefill": cluster.prefill_tp, "decode": cluster.decode_tp}
     counts = {"prefill": 0, "decode": 0}
     nodes = []
-    # The nodes share this machine's cores: split them rather than oversubscribe (unless set).
-    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(roles))))
+    # The nodes' ranks share this machine's cores: an equal share per rank rather than
+    # oversubscribing (unless OMP_NUM_THREADS is set); a tp node's ranks split the node's threads.
+    per_rank = max(1, (os.cpu_count() or 1) // sum(tps[role] for role in roles))
+    base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     for role in roles:
         node_id = f"{role}-{counts[role]}"
         counts[role] += 1
         argv = [sys.executable, "-m", f"{role}_node", "--router", endpoint, "--node-id", node_id, *node_flags]
-        tp = cluster.prefill_tp if role == "prefill" else cluster.decode_tp
+        tp = tps[role]
         if tp > 1:
             argv += ["--tensor-parallel-size", str(tp)]
+        env = dict(base, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(per_rank * tp)))
         process = subprocess.Popen(_with_parent_death_signal(argv), start_new_session=True, env=env)
         nodes.append(NodeProcess(node_id, role, process))
     return nodes

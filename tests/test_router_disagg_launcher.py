@@ -38,7 +38,8 @@ def test_invalid_flags_are_usage_errors():
 
 def test_node_command_lines(monkeypatch):
     """Each node runs `python -m <role>_node --router EP --node-id <role>-<i>` plus the node flags,
-    and `--tensor-parallel-size N` where its kind's tp is above 1."""
+    and `--tensor-parallel-size N` where its kind's tp is above 1; every rank gets an equal share
+    of the cores (a tp node its ranks' shares, which its workers split)."""
     started = []
 
     class FakePopen:
@@ -57,7 +58,8 @@ def test_node_command_lines(monkeypatch):
                                        "--node-id", node.node_id, "--dtype", "float32", *tp]
         assert kwargs["start_new_session"] is True
         assert kwargs["env"]["OMP_WAIT_POLICY"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
-        expected_threads = str(max(1, (os.cpu_count() or 1) // 3))
+        per_rank = max(1, (os.cpu_count() or 1) // 4)        # 2 prefill ranks + 2 decode ranks
+        expected_threads = str(per_rank * (2 if node.role == "decode" else 1))
         assert kwargs["env"]["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", expected_threads)
 
 
