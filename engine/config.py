@@ -41,7 +41,10 @@ class ModelConfig:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
     @classmethod
-    def from_pretrained(cls, path: str, dtype: str = "auto", max_model_len: int | None = None) -> "ModelConfig":
+    def from_pretrained(cls, path: str, dtype: str = "auto", max_model_len: int | None = None,
+                        device_type: str = "cpu") -> "ModelConfig":
+        """Model facts from the folder's config.json; dtype "auto" is the saved dtype, except that
+        float16 checkpoints run in bfloat16 on CPU (`device_type`)."""
         from transformers import AutoConfig, GenerationConfig
 
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -62,7 +65,7 @@ class ModelConfig:
             rms_norm_eps=hf.rms_norm_eps, max_model_len=context,
             attention_bias=arch == "Qwen2ForCausalLM" or bool(getattr(hf, "attention_bias", False)),
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            dtype=_resolve_dtype(dtype, hf), bos_token_id=getattr(hf, "bos_token_id", None),
+            dtype=_resolve_dtype(dtype, hf, device_type), bos_token_id=getattr(hf, "bos_token_id", None),
             eos_token_ids=_eos_ids(path, hf, GenerationConfig), hf_config=hf,
         )
 
@@ -137,14 +140,15 @@ class EngineConfig:
         return torch.device(self.device)
 
 
-def _resolve_dtype(name: str, hf) -> torch.dtype:
+def _resolve_dtype(name: str, hf, device_type: str) -> torch.dtype:
     if name != "auto":
         if name not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {name!r}")
         return _DTYPES[name]
     saved = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
     saved = str(saved).replace("torch.", "") if saved is not None else "float32"
-    # On CPU, half-precision weights run in bfloat16: CPU float16 matmuls are slow and lossy.
+    if saved == "float16" and device_type == "cpu":
+        return torch.bfloat16     # as vLLM's CPU backend does: CPU float16 matmuls are slow (no native FMA)
     return _DTYPES.get(saved, torch.float32)
 
 

@@ -40,7 +40,8 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.observer = observer
         path = config.model_path
-        self.model_config = ModelConfig.from_pretrained(path, config.dtype, config.max_model_len)
+        self.model_config = ModelConfig.from_pretrained(path, config.dtype, config.max_model_len,
+                                                        config.torch_device.type)
         self.tokenizer = _load_tokenizer(path)
         bs = config.cache.block_size
         num_blocks = num_blocks_for(self.model_config, config.cache)

@@ -109,3 +109,19 @@ def test_abort_frees_blocks_at_once(model_dir, make_llm):
     llm.engine.check_integrity()
     assert not llm.engine.has_unfinished_requests()
     assert llm.engine.block_manager.num_free_blocks == 32
+
+
+@pytest.mark.parametrize("saved,device,expected", [("float16", "cpu", "bfloat16"), ("float16", "cuda", "float16"),
+                                                   ("bfloat16", "cpu", "bfloat16"), ("float32", "cpu", "float32")])
+def test_auto_dtype_is_the_saved_one_but_float16_runs_in_bfloat16_on_cpu(tmp_path, saved, device, expected):
+    """dtype "auto" keeps the checkpoint's dtype, except float16 on CPU (as vLLM's CPU backend)."""
+    import json
+    import torch
+    from engine import ModelConfig
+    from tests.model_factory import make_model
+    make_model(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["dtype"] = config["torch_dtype"] = saved
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert ModelConfig.from_pretrained(str(tmp_path), "auto", device_type=device).dtype == getattr(torch, expected)
+    assert ModelConfig.from_pretrained(str(tmp_path), "float16", device_type="cpu").dtype == torch.float16

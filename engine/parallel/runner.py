@@ -73,8 +73,8 @@ class TPModelRunner:
         device = _rank0_device(config.torch_device, tp)
         self.block_size = bs = config.cache.block_size
         self._store, port = host_store(STARTUP_TIMEOUT_S)
-        spec = WorkerSpec(os.path.abspath(model_config.path), config.dtype, config.max_model_len, num_blocks, bs,
-                          device.type, tp, port, STARTUP_TIMEOUT_S)
+        spec = WorkerSpec(os.path.abspath(model_config.path), _dtype_name(model_config.dtype), config.max_model_len,
+                          num_blocks, bs, device.type, tp, port, STARTUP_TIMEOUT_S)
         self._workers = [_spawn(dataclasses.replace(spec, rank=r)) for r in range(1, tp)]
         self._finalizer = weakref.finalize(self, _kill, self._workers)
         try:
@@ -223,3 +223,8 @@ def _kill(workers: list[subprocess.Popen]) -> None:
             p.wait()
         if p.stdin is not None:
             p.stdin.close()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """The engine's resolved dtype as a config string: every rank loads exactly that."""
+    return str(dtype).replace("torch.", "")

@@ -36,7 +36,7 @@ from engine.weights import load_model
 class WorkerSpec:
     """Everything a worker needs, passed as JSON on its command line."""
     model_path: str
-    dtype: str                      # EngineConfig.dtype ("auto" resolves alike on every rank)
+    dtype: str                      # the engine's resolved dtype ("float32", "bfloat16", "float16")
     max_model_len: int | None
     num_blocks: int
     block_size: int
