@@ -311,3 +311,25 @@ def test_block_launchers_reject_bad_arguments():
         with pytest.raises(ValueError):
             call()
             pytest.fail(f"case {i} did not raise")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", ["decode", "prefill"])
+def test_c_kernels_carry_every_16_bit_value_exactly(dtype, rows):
+    """A query that sees one key gets that key's V row back (softmax weight exactly 1), so every
+    16-bit value written into V (subnormals and infinities included) must come out exactly: the
+    kernels' widening to float32 and narrowing back lose nothing. (NaNs stay NaN; arithmetic
+    may quiet a signaling one.)"""
+    head_dim, heads, values = 64, 8, torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+    n = values.numel() // (heads * head_dim)                      # 128 sequences of 512 values
+    q_len = 1 if rows == "decode" else 2
+    b = make_paged_batch([q_len] * n, [q_len] * n, heads, heads, head_dim, 16, dtype, "cpu")
+    b.k_cache.zero_()                                             # every score 0: no NaN from K
+    v_rows = values.view(n, heads, head_dim).view(dtype)
+    for i in range(n):
+        b.v_cache[int(b.block_tables[i, 0]), 0] = v_rows[i]
+    out = paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q, b.seq_lens, b.scale)
+    first = out[b.cu_seqlens_q[:-1].long()]                       # each sequence's first row: sees key 0 only
+    nan = torch.isnan(v_rows)
+    assert torch.equal(torch.isnan(first), nan)
+    assert torch.equal(first[~nan], v_rows[~nan])                 # exact (as values: -0 == +0)

@@ -25,6 +25,23 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN stay
     return (uint16_t)(u >> 16);
 }
 
+/* float16 bits -> float32, exactly (subnormals, inf and NaN included), in integer and float ops
+ * that vectorize: gcc 12 converts `(float)` of a _Float16 one element at a time without
+ * AVX512-FP16. The exponent and mantissa are shifted into float32 position and the bias fixed
+ * by a multiply by 2^112 (which also normalizes subnormals); inf/NaN get the all-ones exponent. */
+static inline float f16_to_f32(uint16_t h) {
+    const uint32_t em = h & 0x7fffu;
+    uint32_t bits = em << 13;
+    float f;
+    memcpy(&f, &bits, 4);
+    f *= 0x1p112f;
+    memcpy(&bits, &f, 4);
+    bits |= em >= 0x7c00u ? 0x7f800000u : 0u;
+    bits |= (uint32_t)(h & 0x8000u) << 16;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 /* e^x, vectorizable unlike libm's expf (which the softmax and SiLU loops otherwise spend most
  * of their time in). x = (k + f) / log2(e) with k integer and |f| <= 1/2; 2^f by its degree-6
  * Taylor polynomial (relative error < 2e-7 on that range); 2^k added to the exponent bits.
@@ -52,7 +69,7 @@ static inline float fast_exp(float x) {
 static inline __attribute__((always_inline)) float load_elem(const void *row, int64_t i, int dtype) {
     if (dtype == DT_F32) return ((const float *)row)[i];
     if (dtype == DT_BF16) return bf16_to_f32(((const uint16_t *)row)[i]);
-    return (float)((const _Float16 *)row)[i];
+    return f16_to_f32(((const uint16_t *)row)[i]);
 }
 
 static inline __attribute__((always_inline)) void store_elem(void *row, int64_t i, float v, int dtype) {

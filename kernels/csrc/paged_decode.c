@@ -25,9 +25,9 @@ static inline __attribute__((always_inline)) float dot_row(const float *q, const
 #pragma omp simd reduction(+ : dot)
         for (int d = 0; d < n; d++) dot += q[d] * bf16_to_f32(r[d]);
     } else {
-        const _Float16 *r = (const _Float16 *)row;
+        const uint16_t *r = (const uint16_t *)row;
 #pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < n; d++) dot += q[d] * (float)r[d];
+        for (int d = 0; d < n; d++) dot += q[d] * f16_to_f32(r[d]);
     }
     return dot;
 }
@@ -43,9 +43,9 @@ static inline __attribute__((always_inline)) void axpy_row(float *restrict acc, 
 #pragma omp simd
         for (int d = 0; d < n; d++) acc[d] += p * bf16_to_f32(r[d]);
     } else {
-        const _Float16 *r = (const _Float16 *)row;
+        const uint16_t *r = (const uint16_t *)row;
 #pragma omp simd
-        for (int d = 0; d < n; d++) acc[d] += p * (float)r[d];
+        for (int d = 0; d < n; d++) acc[d] += p * f16_to_f32(r[d]);
     }
 }
 
