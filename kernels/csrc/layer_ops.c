@@ -106,7 +106,7 @@ int rotary(void *qk, int64_t row_stride, int64_t rows, int64_t heads, int64_t he
            const void *cos, const void *sin, int64_t num_positions, int dtype, int num_threads) {
     const int esize = dtype == DT_F32 ? 4 : 2;
     int bad = 0;
-#pragma omp parallel for num_threads(num_threads) if (rows * heads * head_dim >= PARALLEL_MIN)
+#pragma omp parallel for num_threads(num_threads) if (rows * heads * head_dim >= PARALLEL_MIN) reduction(| : bad)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t p = positions[r];
         if (p < 0 || p >= num_positions) {
@@ -128,7 +128,7 @@ int store_kv(const void *key, int64_t key_stride, const void *value, int64_t val
              void *v_cache, int64_t block_stride, int64_t token_stride, const int64_t *slots, int64_t rows,
              int64_t row_elems, int64_t block_size, int64_t num_slots, int esize, int num_threads) {
     int bad = 0;
-#pragma omp parallel for num_threads(num_threads) if (rows * row_elems >= PARALLEL_MIN)
+#pragma omp parallel for num_threads(num_threads) if (rows * row_elems >= PARALLEL_MIN) reduction(| : bad)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t s = slots[r];
         if (s < 0) continue;

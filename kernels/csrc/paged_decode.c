@@ -155,7 +155,7 @@ int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void 
     const int splits = num_kv_heads / kv_per_task;
     void (*attend_dt)(ATTEND_ARGS) = dtype == DT_F32 ? attend_f32 : dtype == DT_BF16 ? attend_bf16 : attend_f16;
     int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
     for (int task = 0; task < num_seqs * splits; task++) {
         const int s = task / splits, h0 = (task % splits) * kv_per_task;
         const int ctx = seq_lens[s], nq = kv_per_task * group;

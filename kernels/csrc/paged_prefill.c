@@ -179,7 +179,10 @@ int paged_prefill(const void *q, int64_t q_stride, const void *k, const void *v,
 #pragma omp parallel num_threads(num_threads)
     {
         char *scratch = aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
-        if (scratch == NULL) failed = 1;
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < first[num_seqs]; task++) {
             if (scratch == NULL) continue;
