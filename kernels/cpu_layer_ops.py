@@ -19,9 +19,10 @@ _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 def usable(*tensors: torch.Tensor | None) -> bool:
     """Whether the C ops can take these tensors: all on the CPU in one supported dtype, each
     with contiguous rows (last dim stride 1), and the library built."""
-    dtype = tensors[0].dtype
-    if dtype not in _DTYPES or layer_ops_lib() is None:
-        return False
+    first = tensors[0]
+    if first.device.type != "cpu" or first.dtype not in _DTYPES or layer_ops_lib() is None:
+        return False            # (the device first: a CUDA run never builds the library)
+    dtype = first.dtype
     for t in tensors:       # a plain loop: this runs several times per layer
         if t is not None and (t.dtype != dtype or t.device.type != "cpu" or t.stride(-1) != 1):
             return False

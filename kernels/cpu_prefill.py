@@ -40,7 +40,8 @@ def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the C kernel can take these tensors (its layout, head_dim a multiple of 16, <= 256)."""
-    return query.shape[2] % 16 == 0 and query.shape[2] <= 256 and layout_ok(query, k_cache, v_cache) and paged_prefill_lib() is not None
+    return (query.shape[2] % 16 == 0 and query.shape[2] <= 256 and layout_ok(query, k_cache, v_cache)
+            and paged_prefill_lib() is not None)
 
 
 def _prefill_c(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
