@@ -1,6 +1,7 @@
 """CPU paged attention vs contiguous SDPA on the same data.
 
     .venv/bin/python bench/attention_cpu.py [--repeats 50] [--threads N]
+    .venv/bin/python bench/attention_cpu.py --kv-heads 2 --dtype bfloat16 [--head-dim 128]
 
 For each case the same K/V is laid out twice: paged (random blocks of a multi-layer pool,
 as the engine holds it) and contiguous ([B, Hkv, L_max, D], padded, length mask) — the
@@ -24,7 +25,7 @@ from kernels import paged_attention
 from kernels.reference import gather_sequence_kv
 from kernels.testing import make_paged_batch, pytorch_attention
 
-# (name, seq_lens, q_lens): the engine benchmark's model is 8 heads, head_dim 64, fp32.
+# (name, seq_lens, q_lens): by default the engine benchmark's model, 8 heads, head_dim 64, fp32.
 CASES = [
     ("decode b32 ctx256", [256] * 32, [1] * 32),
     ("decode b32 ctx128", [128] * 32, [1] * 32),
@@ -87,15 +88,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--kv-heads", type=int, default=8, help="of 8 query heads (GQA below 8)")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     info, rows = machine(), []
-    print(info)
+    shape = dict(heads=8, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, block_size=16)
+    print(info, shape)
     print("median (min) ms over interleaved runs; ratio = paged / contiguous")
     print(f"{'case':30s} {'paged':>15s} {'torch path':>15s} {'contiguous':>15s} {'ratio':>11s} {'torch ratio':>11s}")
     for name, seq_lens, q_lens in CASES:
-        b = make_paged_batch(seq_lens, q_lens, 8, 8, 64, 16, num_layers=8)
+        b = make_paged_batch(seq_lens, q_lens, 8, args.kv_heads, args.head_dim, 16, dtype, num_layers=8)
         paged = lambda: paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q,
                                         b.seq_lens, b.scale, b.max_seqlen_q, b.max_seqlen_k)
         def torch_path():
@@ -108,9 +114,11 @@ def main():
                          contiguous_min_ms=c_min, ratio_min=p_min / c_min))
         print(f"{name:30s} {p_med:7.2f} ({p_min:5.2f}) {t_med:7.2f} ({t_min:5.2f}) {c_med:7.2f} ({c_min:5.2f}) "
               f"{p_med / c_med:5.2f} ({p_min / c_min:.2f}) {t_med / c_med:5.2f} ({t_min / c_min:.2f})")
-    out = Path(__file__).parent / "results" / "attention_cpu.json"
+    default = args.kv_heads == 8 and args.head_dim == 64 and args.dtype == "float32"
+    tag = "" if default else f"_kv{args.kv_heads}_d{args.head_dim}_{args.dtype}"
+    out = Path(__file__).parent / "results" / f"attention_cpu{tag}.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(dict(machine=info, results=rows), indent=1))
+    out.write_text(json.dumps(dict(machine=info, shape=shape, results=rows), indent=1))
     print(f"wrote {out}")
 
 
