@@ -39,22 +39,10 @@ def paged_decode_c(
     """One query token per listed sequence (callers check `supports` and the index ranges)."""
     tables, lens, rows = block_tables.contiguous(), seq_lens.contiguous(), rows.to(torch.int64).contiguous()
     _, block_size, num_kv_heads, head_dim = k_cache.shape
-    threads = torch.get_num_threads()
     rc = paged_decode_lib().paged_decode(
         query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
         k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), rows.data_ptr(),
         out.data_ptr(), out.stride(0), rows.numel(), query.shape[1], num_kv_heads, head_dim, block_size,
-        scale, DTYPES[query.dtype], threads, _kv_heads_per_task(rows.numel(), num_kv_heads, threads))
+        scale, DTYPES[query.dtype], torch.get_num_threads())
     if rc != 0:
         raise MemoryError("paged_decode: could not allocate its scratch memory")
-
-
-def _kv_heads_per_task(num_seqs: int, num_kv_heads: int, threads: int) -> int:
-    """All kv heads per task (one contiguous stream per token) unless that leaves fewer than
-    4 tasks per thread; then the largest divisor of num_kv_heads that gives enough tasks."""
-    per_task = num_kv_heads
-    while per_task > 1 and num_seqs * (num_kv_heads // per_task) < 4 * threads:
-        per_task -= 1
-        while num_kv_heads % per_task:
-            per_task -= 1
-    return per_task

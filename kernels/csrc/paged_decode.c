@@ -1,7 +1,7 @@
 /* Paged decode attention on CPU: one query token per sequence, K and V read in place from the
  * paged pool through the block table (no gather into a contiguous copy).
  *
- * One task per (sequence, kv head), spread over OpenMP threads. A task:
+ * One task per sequence (all its kv heads), spread over OpenMP threads. A task:
  *   1. scores[g][t] = scale * q[g] . K[t]   for the group's G query heads, t < seq_len
  *   2. softmax per query head (max-subtracted, float32)
  *   3. out[g] = sum_t p[g][t] * V[t]
@@ -142,31 +142,29 @@ ATTEND_DT(attend_f16, DT_F16)
 /* Strides are in elements. q/out rows: rows[s] is sequence s's row; a row holds num_heads
  * heads of head_dim contiguous elements. Cache token t of sequence s lives in block
  * tables[s * table_stride + t / block_size], at offset (t % block_size) * token_stride,
- * kv head h at h * head_dim. A task is one sequence and a range of kv_per_task kv heads
- * (all of them when there are enough sequences to keep the threads busy: a token's heads are
- * one contiguous row, read in one stream). Returns 0, or -1 if scratch allocation failed. */
+ * kv head h at h * head_dim. A task is one sequence with all its kv heads: a token's heads are
+ * one contiguous row, read in one stream. (Tasks that split a sequence's heads read parts of
+ * each row, and ran at a third of the bandwidth: the prefetchers fetch the other parts too.)
+ * Returns 0, or -1 if scratch allocation failed. */
 int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void *v, int64_t block_stride,
                  int64_t token_stride, const int32_t *tables, int64_t table_stride, const int32_t *seq_lens,
                  const int64_t *rows, void *out, int64_t out_row_stride, int num_seqs, int num_heads,
-                 int num_kv_heads, int head_dim, int block_size, float scale, int dtype, int num_threads,
-                 int kv_per_task) {
-    const int group = num_heads / num_kv_heads;
+                 int num_kv_heads, int head_dim, int block_size, float scale, int dtype, int num_threads) {
+    const int group = num_heads / num_kv_heads, nq = num_heads;
     const int esize = dtype == DT_F32 ? 4 : 2;
-    const int splits = num_kv_heads / kv_per_task;
     void (*attend_dt)(ATTEND_ARGS) = dtype == DT_F32 ? attend_f32 : dtype == DT_BF16 ? attend_bf16 : attend_f16;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
-    for (int task = 0; task < num_seqs * splits; task++) {
-        const int s = task / splits, h0 = (task % splits) * kv_per_task;
-        const int ctx = seq_lens[s], nq = kv_per_task * group;
+    for (int s = 0; s < num_seqs; s++) {
+        const int ctx = seq_lens[s];
         float *scratch = malloc(sizeof(float) * ((size_t)nq * ctx + 2 * (size_t)nq * head_dim));
         if (scratch == NULL) {
             failed = 1;
             continue;
         }
         attend_dt((const char *)q + rows[s] * q_row_stride * esize, k, v, block_stride, token_stride,
-                  tables + (int64_t)s * table_stride, ctx, (char *)out + rows[s] * out_row_stride * esize, h0,
-                  h0 + kv_per_task, group, head_dim, block_size, scale, esize, scratch);
+                  tables + (int64_t)s * table_stride, ctx, (char *)out + rows[s] * out_row_stride * esize, 0,
+                  num_kv_heads, group, head_dim, block_size, scale, esize, scratch);
         free(scratch);
     }
     return failed ? -1 : 0;
