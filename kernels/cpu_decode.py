@@ -39,10 +39,23 @@ def paged_decode_c(
     """One query token per listed sequence (callers check `supports` and the index ranges)."""
     tables, lens, rows = block_tables.contiguous(), seq_lens.contiguous(), rows.to(torch.int64).contiguous()
     _, block_size, num_kv_heads, head_dim = k_cache.shape
+    threads = torch.get_num_threads()
+    splits = context_splits(rows.numel(), int(lens.max()) if lens.numel() else 0, threads)
     rc = paged_decode_lib().paged_decode(
         query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
         k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), rows.data_ptr(),
         out.data_ptr(), out.stride(0), rows.numel(), query.shape[1], num_kv_heads, head_dim, block_size,
-        scale, DTYPES[query.dtype], torch.get_num_threads())
+        scale, DTYPES[query.dtype], threads, splits)
     if rc != 0:
         raise MemoryError("paged_decode: could not allocate its scratch memory")
+
+
+def context_splits(num_seqs: int, max_len: int, threads: int) -> int:
+    """Segments per sequence's context: 1 when there are at least 2 sequences per thread;
+    else enough for ~2 tasks per thread, each segment at least MIN_SEGMENT tokens."""
+    if num_seqs >= 2 * threads:
+        return 1
+    return max(1, min(-(-2 * threads // max(num_seqs, 1)), max_len // MIN_SEGMENT))
+
+
+MIN_SEGMENT = 256    # tokens: below this a segment's merge and task costs outweigh its reads

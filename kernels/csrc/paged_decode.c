@@ -1,10 +1,11 @@
 /* Paged decode attention on CPU: one query token per sequence, K and V read in place from the
  * paged pool through the block table (no gather into a contiguous copy).
  *
- * One task per sequence (all its kv heads), spread over OpenMP threads. A task:
- *   1. scores[g][t] = scale * q[g] . K[t]   for the group's G query heads, t < seq_len
+ * One task per sequence, or per segment of its context when there are fewer sequences than
+ * threads (flash-decoding), with all kv heads, spread over OpenMP threads. A task:
+ *   1. scores[g][t] = scale * q[g] . K[t]   for every query head g, t in the segment
  *   2. softmax per query head (max-subtracted, float32)
- *   3. out[g] = sum_t p[g][t] * V[t]
+ *   3. out[g] = sum_t p[g][t] * V[t]   (segments: partial sums, merged per sequence after)
  * K and V are each read once per task; 16-bit elements are widened to float32 as they are read.
  * Built by kernels/cpu_kernels.py with the host compiler; called through ctypes.
  */
@@ -62,69 +63,105 @@ static inline void store_row(void *dst, const float *src, float mul, int n, int 
     }
 }
 
-/* Attention of one sequence's query heads [h0 * group, h1 * group) (kv heads [h0, h1)) over its
- * ctx cached tokens. scratch: (h1 - h0) * group * (ctx + 2 * head_dim) floats. */
+/* Attention of one sequence's query heads over its cached tokens [c0, c1) (c0 a multiple of
+ * block_size). partial == NULL: the normalized output row goes to out_row. Otherwise, per query
+ * head j, partial[j * (head_dim + 2) ...] gets the unnormalized sum_t e^(s_t - m) V_t, then m and
+ * l = sum_t e^(s_t - m): merge_partials combines the segments. scratch: nq * (c1 - c0 + 2 *
+ * head_dim) floats. */
 static inline __attribute__((always_inline)) void attend(
     const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride, const int32_t *table,
-    int ctx, char *out_row, int h0, int h1, int group, int head_dim, int block_size, float scale, int dtype, int esize,
-    float *scratch) {
-    const int nq = (h1 - h0) * group;                /* query heads of this task */
-    float *scores = scratch;                         /* [nq][ctx] */
-    float *qf = scores + (size_t)nq * ctx;           /* [nq][head_dim], pre-scaled */
+    int c0, int c1, char *out_row, float *partial, int num_kv_heads, int group, int head_dim, int block_size,
+    float scale, int dtype, int esize, float *scratch) {
+    const int nq = num_kv_heads * group, len = c1 - c0;
+    float *scores = scratch;                         /* [nq][len] */
+    float *qf = scores + (size_t)nq * len;           /* [nq][head_dim], pre-scaled */
     float *acc = qf + (size_t)nq * head_dim;         /* [nq][head_dim] */
     for (int j = 0; j < nq; j++) {
-        const char *row = q_row + (int64_t)(h0 * group + j) * head_dim * esize;
+        const char *row = q_row + (int64_t)j * head_dim * esize;
         for (int d = 0; d < head_dim; d++) qf[j * head_dim + d] = load_elem(row, d, dtype) * scale;
     }
-    /* K pass: block by block, token by token; a token's kv heads h0..h1 are adjacent in memory */
-    for (int t0 = 0; t0 < ctx; t0 += block_size) {
-        const char *blk = k + ((int64_t)table[t0 / block_size] * block_stride + (int64_t)h0 * head_dim) * esize;
-        const int n = ctx - t0 < block_size ? ctx - t0 : block_size;
+    /* K pass: block by block, token by token; a token's kv heads are adjacent in memory */
+    for (int t0 = c0; t0 < c1; t0 += block_size) {
+        const char *blk = k + (int64_t)table[t0 / block_size] * block_stride * esize;
+        const int n = c1 - t0 < block_size ? c1 - t0 : block_size;
         for (int i = 0; i < n; i++) {
-            for (int h = 0; h < h1 - h0; h++) {
+            for (int h = 0; h < num_kv_heads; h++) {
                 const char *kr = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
                 for (int g = 0; g < group; g++)
-                    scores[(size_t)(h * group + g) * ctx + t0 + i] =
+                    scores[(size_t)(h * group + g) * len + t0 - c0 + i] =
                         dot_row(qf + (size_t)(h * group + g) * head_dim, kr, head_dim, dtype);
             }
         }
     }
-    float inv_sum[nq];
+    float m_of[nq], l_of[nq];
     for (int j = 0; j < nq; j++) {
-        float *sj = scores + (size_t)j * ctx, m = -INFINITY, sum = 0.f;
+        float *sj = scores + (size_t)j * len, m = -INFINITY, sum = 0.f;
 #pragma omp simd reduction(max : m)
-        for (int t = 0; t < ctx; t++) m = sj[t] > m ? sj[t] : m;
+        for (int t = 0; t < len; t++) m = sj[t] > m ? sj[t] : m;
 #pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < ctx; t++) {
+        for (int t = 0; t < len; t++) {
             sj[t] = fast_exp(sj[t] - m);
             sum += sj[t];
         }
-        inv_sum[j] = 1.f / sum;
+        m_of[j] = m;
+        l_of[j] = sum;
     }
     memset(acc, 0, sizeof(float) * (size_t)nq * head_dim);
-    for (int t0 = 0; t0 < ctx; t0 += block_size) {
-        const char *blk = v + ((int64_t)table[t0 / block_size] * block_stride + (int64_t)h0 * head_dim) * esize;
-        const int n = ctx - t0 < block_size ? ctx - t0 : block_size;
+    for (int t0 = c0; t0 < c1; t0 += block_size) {
+        const char *blk = v + (int64_t)table[t0 / block_size] * block_stride * esize;
+        const int n = c1 - t0 < block_size ? c1 - t0 : block_size;
         for (int i = 0; i < n; i++) {
-            for (int h = 0; h < h1 - h0; h++) {
+            for (int h = 0; h < num_kv_heads; h++) {
                 const char *vr = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
                 for (int g = 0; g < group; g++)
-                    axpy_row(acc + (size_t)(h * group + g) * head_dim, scores[(size_t)(h * group + g) * ctx + t0 + i],
+                    axpy_row(acc + (size_t)(h * group + g) * head_dim, scores[(size_t)(h * group + g) * len + t0 - c0 + i],
                              vr, head_dim, dtype);
             }
         }
     }
-    for (int j = 0; j < nq; j++)
-        store_row(out_row + (int64_t)(h0 * group + j) * head_dim * esize, acc + (size_t)j * head_dim, inv_sum[j],
-                  head_dim, dtype);
+    for (int j = 0; j < nq; j++) {
+        if (partial == NULL) {
+            store_row(out_row + (int64_t)j * head_dim * esize, acc + (size_t)j * head_dim, 1.f / l_of[j], head_dim,
+                      dtype);
+            continue;
+        }
+        float *p = partial + (size_t)j * (head_dim + 2);
+        memcpy(p, acc + (size_t)j * head_dim, sizeof(float) * head_dim);
+        p[head_dim] = m_of[j];
+        p[head_dim + 1] = l_of[j];
+    }
+}
+
+/* One sequence's output from its `splits` segments' partials (attend's layout): each segment's
+ * sums rescaled by e^(m_i - M), M the largest m, and divided by the rescaled sum of the l_i.
+ * An empty segment has m = -inf, l = 0 and weighs nothing. */
+static void merge_partials(const float *parts, int splits, int nq, int head_dim, char *out_row, int dtype,
+                           int esize) {
+    float acc[head_dim];
+    for (int j = 0; j < nq; j++) {
+        float m = -INFINITY, l = 0.f;
+        for (int i = 0; i < splits; i++) {
+            const float mi = parts[((size_t)i * nq + j) * (head_dim + 2) + head_dim];
+            m = mi > m ? mi : m;
+        }
+        memset(acc, 0, sizeof acc);
+        for (int i = 0; i < splits; i++) {
+            const float *p = parts + ((size_t)i * nq + j) * (head_dim + 2);
+            if (p[head_dim + 1] == 0.f) continue; /* empty segment */
+            const float w = fast_exp(p[head_dim] - m);
+            l += w * p[head_dim + 1];
+            for (int d = 0; d < head_dim; d++) acc[d] += w * p[d];
+        }
+        store_row(out_row + (int64_t)j * head_dim * esize, acc, 1.f / l, head_dim, dtype);
+    }
 }
 
 #define ATTEND_ARGS                                                                                     \
     const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride,          \
-        const int32_t *table, int ctx, char *out_row, int h0, int h1, int group, int head_dim, int block_size, \
-        float scale, int esize, float *scratch
+        const int32_t *table, int c0, int c1, char *out_row, float *partial, int num_kv_heads, int group,   \
+        int head_dim, int block_size, float scale, int esize, float *scratch
 #define ATTEND_PASS_HD(HD) \
-    q_row, k, v, block_stride, token_stride, table, ctx, out_row, h0, h1, group, HD, block_size, scale
+    q_row, k, v, block_stride, token_stride, table, c0, c1, out_row, partial, num_kv_heads, group, HD, block_size, scale
 /* One copy per dtype, and within it per common head size: constant trip counts unroll fully. */
 #define ATTEND_DT(NAME, DT)                                                                           \
     static void NAME(ATTEND_ARGS) {                                                                   \
@@ -142,30 +179,49 @@ ATTEND_DT(attend_f16, DT_F16)
 /* Strides are in elements. q/out rows: rows[s] is sequence s's row; a row holds num_heads
  * heads of head_dim contiguous elements. Cache token t of sequence s lives in block
  * tables[s * table_stride + t / block_size], at offset (t % block_size) * token_stride,
- * kv head h at h * head_dim. A task is one sequence with all its kv heads: a token's heads are
- * one contiguous row, read in one stream. (Tasks that split a sequence's heads read parts of
- * each row, and ran at a third of the bandwidth: the prefetchers fetch the other parts too.)
- * Returns 0, or -1 if scratch allocation failed. */
+ * kv head h at h * head_dim. A task is one segment of a sequence's context (block-aligned, one
+ * of `splits`) with all its kv heads: a token's heads are one contiguous row, read in one
+ * stream. (Tasks that split a sequence's heads instead read parts of each row, and ran at a
+ * third of the bandwidth: the prefetchers fetch the other parts too.) With splits > 1 the
+ * segments' partial results are merged per sequence (flash-decoding), so a batch smaller than
+ * the thread count still keeps every thread reading. Returns 0, or -1 if scratch allocation
+ * failed. */
 int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void *v, int64_t block_stride,
                  int64_t token_stride, const int32_t *tables, int64_t table_stride, const int32_t *seq_lens,
                  const int64_t *rows, void *out, int64_t out_row_stride, int num_seqs, int num_heads,
-                 int num_kv_heads, int head_dim, int block_size, float scale, int dtype, int num_threads) {
+                 int num_kv_heads, int head_dim, int block_size, float scale, int dtype, int num_threads,
+                 int splits) {
     const int group = num_heads / num_kv_heads, nq = num_heads;
     const int esize = dtype == DT_F32 ? 4 : 2;
     void (*attend_dt)(ATTEND_ARGS) = dtype == DT_F32 ? attend_f32 : dtype == DT_BF16 ? attend_bf16 : attend_f16;
+    float *parts = NULL; /* [num_seqs][splits][nq][head_dim + 2] */
+    if (splits > 1) {
+        parts = malloc(sizeof(float) * (size_t)num_seqs * splits * nq * (head_dim + 2));
+        if (parts == NULL) return -1;
+    }
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
-    for (int s = 0; s < num_seqs; s++) {
-        const int ctx = seq_lens[s];
-        float *scratch = malloc(sizeof(float) * ((size_t)nq * ctx + 2 * (size_t)nq * head_dim));
+    for (int task = 0; task < num_seqs * splits; task++) {
+        const int s = task / splits, i = task % splits, ctx = seq_lens[s];
+        const int seg = ((ctx + splits - 1) / splits + block_size - 1) / block_size * block_size;
+        const int c0 = i * seg < ctx ? i * seg : ctx, c1 = c0 + seg < ctx ? c0 + seg : ctx;
+        float *scratch = malloc(sizeof(float) * ((size_t)nq * (c1 - c0) + 2 * (size_t)nq * head_dim));
         if (scratch == NULL) {
             failed = 1;
             continue;
         }
         attend_dt((const char *)q + rows[s] * q_row_stride * esize, k, v, block_stride, token_stride,
-                  tables + (int64_t)s * table_stride, ctx, (char *)out + rows[s] * out_row_stride * esize, 0,
-                  num_kv_heads, group, head_dim, block_size, scale, esize, scratch);
+                  tables + (int64_t)s * table_stride, c0, c1, (char *)out + rows[s] * out_row_stride * esize,
+                  parts == NULL ? NULL : parts + (size_t)task * nq * (head_dim + 2), num_kv_heads, group, head_dim,
+                  block_size, scale, esize, scratch);
         free(scratch);
     }
+    if (parts != NULL && !failed) {
+#pragma omp parallel for num_threads(num_threads) if (num_seqs > 1)
+        for (int s = 0; s < num_seqs; s++)
+            merge_partials(parts + (size_t)s * splits * nq * (head_dim + 2), splits, nq, head_dim,
+                           (char *)out + rows[s] * out_row_stride * esize, dtype, esize);
+    }
+    free(parts);
     return failed ? -1 : 0;
 }
