@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu_kernels import paged_decode_lib
-
-DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}    # dtype -> the C kernels' code
+from kernels.cpu_kernels import DTYPES, paged_decode_lib
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -35,14 +33,12 @@ def paged_decode_c(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     rows: torch.Tensor,  # [num_seqs] int64: each sequence's query/output row
     scale: float,
-    max_len: int | None = None,  # max(seq_lens) if the caller knows it (saves a reduction per call)
+    max_len: int,  # max(seq_lens), from the caller's batch plan (no tensor reduction per call)
 ) -> None:
     """One query token per listed sequence (callers check `supports` and the index ranges)."""
     tables, lens, rows = block_tables.contiguous(), seq_lens.contiguous(), rows.to(torch.int64).contiguous()
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     threads = torch.get_num_threads()
-    if max_len is None:
-        max_len = int(lens.max()) if lens.numel() else 0
     splits = context_splits(rows.numel(), max_len, threads)
     rc = paged_decode_lib().paged_decode(
         query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),

@@ -29,6 +29,8 @@ import shutil
 import subprocess
 import tempfile
 
+import torch
+
 log = logging.getLogger(__name__)
 
 _SRC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
@@ -54,6 +56,7 @@ _SIGNATURES = {    # library -> {function: (argtypes, restype)}
                       c_i64, c_i64, c_int, c_int], c_int),
     },
 }
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}    # dtype -> csrc/common.h's DT_* code
 _EXTRA_FLAGS = {"layer_ops": ["-ffp-contract=off"]}    # a*b + c*d rounded as PyTorch's separate ops round it
 _errors: dict[str, str] = {}
 

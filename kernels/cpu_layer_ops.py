@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu_kernels import layer_ops_lib
-
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+from kernels.cpu_kernels import DTYPES, layer_ops_lib
 
 
 def usable(*tensors: torch.Tensor | None) -> bool:
     """Whether the C ops can take these tensors: all on the CPU in one supported dtype, each
     with contiguous rows (last dim stride 1), and the library built."""
     first = tensors[0]
-    if first.device.type != "cpu" or first.dtype not in _DTYPES or layer_ops_lib() is None:
+    if first.device.type != "cpu" or first.dtype not in DTYPES or layer_ops_lib() is None:
         return False            # (the device first: a CUDA run never builds the library)
     dtype = first.dtype
     for t in tensors:       # a plain loop: this runs several times per layer
@@ -38,7 +36,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     layer_ops_lib().rms_norm(
         x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
         0 if residual is None else residual.stride(0), weight.contiguous().data_ptr(), out.data_ptr(),
-        out.stride(0), rows, n, eps, _DTYPES[x.dtype], torch.get_num_threads())
+        out.stride(0), rows, n, eps, DTYPES[x.dtype], torch.get_num_threads())
     return out
 
 
@@ -47,7 +45,7 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype)
     layer_ops_lib().silu_mul(x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), rows, n,
-                             _DTYPES[x.dtype], torch.get_num_threads())
+                             DTYPES[x.dtype], torch.get_num_threads())
     return out
 
 
@@ -59,7 +57,7 @@ def rotary_(qk: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: t
     assert qk.stride(1) == head_dim and cos.is_contiguous() and sin.is_contiguous()
     positions = positions.to(torch.int64).contiguous()
     rc = layer_ops_lib().rotary(qk.data_ptr(), qk.stride(0), rows, heads, head_dim, positions.data_ptr(),
-                                cos.data_ptr(), sin.data_ptr(), cos.shape[0], _DTYPES[qk.dtype],
+                                cos.data_ptr(), sin.data_ptr(), cos.shape[0], DTYPES[qk.dtype],
                                 torch.get_num_threads())
     if rc != 0:
         raise IndexError(f"rotary: a position lies outside the table of {cos.shape[0]} positions")

@@ -16,9 +16,9 @@ runs alone, with is_causal=True when all its tokens are new.
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_decode import DTYPES, layout_ok
+from kernels.cpu_decode import layout_ok
 from kernels.cpu_gather import additive_mask, block_ids, gather_kv
-from kernels.cpu_kernels import paged_prefill_lib
+from kernels.cpu_kernels import DTYPES, paged_prefill_lib
 
 
 def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
