@@ -68,19 +68,25 @@ class LLMEngine:
         return self.model_config.path.rstrip("/").split("/")[-1]
 
     # -- requests ---------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    prior_outputs: int = 0) -> None:
         """Queue a request. Raises ValueError for a bad id, prompt or parameters; nothing is
-        queued then, and the requests already queued are untouched."""
-        self.scheduler.add(self._new_group(request_id, prompt, params))
+        queued then, and the requests already queued are untouched.
+
+        prior_outputs > 0 continues a request moved from another node: the prompt's last
+        `prior_outputs` tokens are what it generated there. They count as generated tokens for
+        the presence and frequency penalties and for seeded draws, so the continuation samples
+        as the first node would have. max_tokens and min_tokens are the caller's to reduce."""
+        self.scheduler.add(self._new_group(request_id, prompt, params, prior_outputs))
 
     def reserve(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                growth_tokens: int) -> tuple[list[int], int] | None:
+                growth_tokens: int, prior_outputs: int = 0) -> tuple[list[int], int] | None:
         """Decode side of a disaggregated request: hold blocks for a prompt another node
         prefills. Returns (block table, leading blocks already cached here), or None when there
         is no room for the prompt plus `growth_tokens` (busy). Raises ValueError like add_request."""
         if params.n != 1 or params.use_beam_search:
             raise ValueError("a disaggregated request carries one completion (n = 1, no beam search)")
-        group = self._new_group(request_id, prompt_ids, params)
+        group = self._new_group(request_id, prompt_ids, params, prior_outputs)
         cached = self.scheduler.reserve(group, growth_tokens)
         if cached is None:
             self._forget(group)
@@ -111,7 +117,8 @@ class LLMEngine:
         self.scheduler.pinned.remove(holder)
         self.block_manager.free(holder)
 
-    def _new_group(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> SequenceGroup:
+    def _new_group(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                   prior_outputs: int = 0) -> SequenceGroup:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")
         if request_id in self._groups:
@@ -119,9 +126,11 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         ids = self.encode(prompt)
-        seq = Sequence(ids, len(ids))
-        if params.seed is not None:
-            seq.generator = torch.Generator().manual_seed(params.seed)
+        if type(prior_outputs) is not int or not 0 <= prior_outputs < len(ids):
+            raise ValueError(f"prior_outputs must be an integer in [0, {len(ids)}), got {prior_outputs!r}")
+        if prior_outputs and (params.n != 1 or params.use_beam_search):
+            raise ValueError("only a single completion (n = 1, no beam search) continues prior outputs")
+        seq = Sequence(ids, len(ids), seed=params.seed, num_prior_outputs=prior_outputs)
         group = SequenceGroup(request_id, [seq], params, time.monotonic())
         if params.use_beam_search:
             group.beam = new_beam_state(params, len(ids), self.max_model_len, self.model_config.eos_token_ids)
@@ -210,7 +219,7 @@ class LLMEngine:
         for i in range(1, group.params.n):
             child = parent.fork(i)
             if group.params.seed is not None:
-                child.generator = torch.Generator().manual_seed(group.params.seed + i)
+                child.seed = group.params.seed + i
             self.block_manager.fork(parent, child)
             self._decode[child.seq_id] = self.detokenizer.start(group.prompt_token_ids)
             group.seqs.append(child)
@@ -222,8 +231,9 @@ class LLMEngine:
         banned = ()
         if seq.num_output_tokens < p.min_tokens:
             banned = tuple(p.stop_token_ids) + (() if p.ignore_eos else self.model_config.eos_token_ids)
+        generated = seq.generated_token_ids
         return SamplingRow(p, group.prompt_token_ids if p.repetition_penalty != 1.0 else [],
-                           seq.output_token_ids, seq.generator, banned)
+                           generated, seq.seed, len(generated), banned)
 
     def _append(self, seq: Sequence, group: SequenceGroup, sample: SampledToken) -> None:
         p, token = group.params, sample.token_id

@@ -1,5 +1,11 @@
 """Turn a step's logits into next tokens: penalties, temperature, top-k, top-p, min-p, seeded
-sampling, and top-n logprobs of the model's raw distribution."""
+sampling, and top-n logprobs of the model's raw distribution.
+
+A seeded request's k-th generated token is drawn from a generator seeded by (seed, k) alone.
+So the draw does not depend on where the earlier tokens were sampled: the same seed gives the
+same tokens colocated, split over a prefill and a decode node, or moved to another node
+mid-stream, as long as the logits are the same.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +20,8 @@ class SamplingRow:
     params: SamplingParams
     prompt_ids: list[int]
     output_ids: list[int]
-    generator: torch.Generator | None     # None: the engine's shared generator
+    seed: int | None                      # None: the engine's shared generator
+    draw: int = 0                         # seeded: which generated token this row samples (k)
     banned_ids: tuple[int, ...] = ()      # EOS / stop ids while min_tokens is not reached
 
 
@@ -27,6 +34,7 @@ class SampledToken:
 class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)
+        self._seeded = torch.Generator()
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
@@ -61,9 +69,21 @@ class Sampler:
         probs = torch.softmax(logits, dim=-1)
         out = torch.empty(len(rows), dtype=torch.long)
         for i, r in enumerate(rows):
-            g = r.generator if r.generator is not None else self.generator
+            g = self.generator if r.seed is None else self._seeded.manual_seed(draw_seed(r.seed, r.draw))
             out[i] = torch.multinomial(probs[i], 1, generator=g)[0]
         return out
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def draw_seed(seed: int, draw: int) -> int:
+    """The generator seed for draw `draw` of a request seeded with `seed`: splitmix64 of the
+    pair, so neighbouring seeds and draws give unrelated streams."""
+    x = (seed * 0x9E3779B97F4A7C15 + draw) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:

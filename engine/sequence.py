@@ -7,8 +7,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -45,7 +43,10 @@ class Sequence:
     finish_reason: FinishReason | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)   # per generated token
     text: str = ""                                # detokenized output, stop strings cut
-    generator: torch.Generator | None = None      # per-request seed
+    seed: int | None = None                       # seeded sampling (engine/sampler.py)
+    num_prior_outputs: int = 0                    # the prompt's last tokens an earlier attempt
+                                                  # generated (a moved request): they count as
+                                                  # generated for penalties and seeded draws
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -57,6 +58,11 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def generated_token_ids(self) -> list[int]:
+        """Every generated token, the earlier attempts' included."""
+        return self.token_ids[self.num_prompt_tokens - self.num_prior_outputs:]
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -71,9 +77,8 @@ class Sequence:
         child = Sequence(list(self.token_ids), self.num_prompt_tokens, index=index, status=self.status,
                          num_computed_tokens=self.num_computed_tokens, logprobs=list(self.logprobs),
                          text=self.text, block_hashes=list(self.block_hashes),
-                         num_registered_blocks=self.num_registered_blocks)
-        if self.generator is not None:
-            child.generator = torch.Generator().set_state(self.generator.get_state())
+                         num_registered_blocks=self.num_registered_blocks, seed=self.seed,
+                         num_prior_outputs=self.num_prior_outputs)
         return child
 
 

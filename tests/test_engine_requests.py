@@ -1,6 +1,8 @@
 """Engine behaviour per request: seeds, n > 1 sharing, stops, logprobs, aborts, bad input."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine import SamplingParams
@@ -16,6 +18,34 @@ def test_seeded_sampling_is_reproducible(model_dir, make_llm):
         [[1, 2, 3]], SamplingParams(temperature=1.0, seed=99, max_tokens=20, ignore_eos=True))
     assert runs[0] == runs[1]
     assert other[0].outputs[0].token_ids != runs[0]
+
+
+def test_prior_outputs_continue_a_seeded_penalized_request(model_dir, make_llm):
+    """A request restarted from prompt + its first k tokens with prior_outputs=k (as the router
+    does after a node is lost) samples the same remaining tokens: the k tokens count for the
+    presence / frequency penalties and the seeded draws. n > 1 choices are seeded seed + i."""
+    path, _ = model_dir
+    llm = make_llm(path, num_blocks=32)
+    params = SamplingParams(temperature=1.0, top_k=30, seed=5, max_tokens=12, ignore_eos=True,
+                            presence_penalty=2.0, frequency_penalty=1.0, n=2)
+    prompt = [4, 8, 15, 16, 23, 42]
+    whole = llm.generate([prompt], params)[0].outputs
+    rest = dataclasses.replace(params, max_tokens=7, n=1)
+    llm.engine.add_request("moved", prompt + whole[0].token_ids[:5], rest, prior_outputs=5)
+    llm.engine.add_request("fresh", prompt + whole[0].token_ids[:5], rest)
+    second = dataclasses.replace(params, seed=6, max_tokens=12, n=1)
+    llm.engine.add_request("second", prompt, second)
+    outs = {}
+    while llm.engine.has_unfinished_requests():
+        outs.update((o.request_id, o.outputs[0].token_ids) for o in llm.engine.step() if o.finished)
+    assert outs["moved"] == whole[0].token_ids[5:]
+    assert outs["fresh"] != whole[0].token_ids[5:]
+    assert outs["second"] == whole[1].token_ids
+    for bad in (-1, 11, 12, 2.0):
+        with pytest.raises(ValueError, match="prior_outputs"):
+            llm.engine.add_request("bad", prompt + whole[0].token_ids[:5], rest, prior_outputs=bad)
+    with pytest.raises(ValueError, match="single completion"):
+        llm.engine.add_request("bad", prompt, params, prior_outputs=1)
 
 
 def test_n4_shares_one_physical_copy_of_the_prompt(model_dir, make_llm):
