@@ -106,7 +106,7 @@ class DecodeService:
         room = self.engine.max_model_len - len(prompt)
         growth = min(room, req.params.max_tokens or room)
         try:
-            reserved = self.engine.reserve(req.rid, prompt, req.params, max(growth, 0))
+            reserved = self.engine.reserve(req.rid, prompt, req.params, max(growth, 0), req.prior_outputs)
         except ValueError as e:
             self.link.send(RequestFailed(req.rid, str(e)[:500], False))
             return

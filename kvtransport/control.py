@@ -140,12 +140,14 @@ class DecodeRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     prefill_node_id: str         # the only node allowed to write the reservation
+    prior_outputs: int = 0       # the prompt's last tokens that an earlier attempt generated
 
     def __post_init__(self) -> None:
         _rid(self.rid), check_id(self.prefill_node_id, "prefill_node_id")
         object.__setattr__(self, "prompt_ids", _tokens(self.prompt_ids, "prompt_ids"))
         if not self.prompt_ids:
             raise ProtocolError("prompt_ids is empty")
+        check_int(self.prior_outputs, "prior_outputs", hi=len(self.prompt_ids) - 1)
         if not isinstance(self.params, SamplingParams):
             object.__setattr__(self, "params", params_from_wire(self.params))
 
@@ -160,6 +162,7 @@ class PrefillRequest:
     xfer_id: str
     dst_block_ids: tuple[int, ...]
     cached_prefix_blocks: int
+    prior_outputs: int = 0       # as DecodeRequest's
 
     def __post_init__(self) -> None:
         _rid(self.rid), check_str(self.kv_endpoint, "kv_endpoint", max_len=256, min_len=1)
@@ -169,6 +172,7 @@ class PrefillRequest:
         check_int(self.cached_prefix_blocks, "cached_prefix_blocks", hi=len(self.dst_block_ids))
         if not self.prompt_ids:
             raise ProtocolError("prompt_ids is empty")
+        check_int(self.prior_outputs, "prior_outputs", hi=len(self.prompt_ids) - 1)
         if not isinstance(self.params, SamplingParams):
             object.__setattr__(self, "params", params_from_wire(self.params))
 

@@ -96,7 +96,7 @@ class PrefillService:
             return
         prefill_params = dataclasses.replace(req.params, max_tokens=1, n=1)
         try:
-            self.engine.add_request(req.rid, list(req.prompt_ids), prefill_params)
+            self.engine.add_request(req.rid, list(req.prompt_ids), prefill_params, req.prior_outputs)
         except ValueError as e:
             self.sender.abort(req.xfer_id, "bad request")
             self.link.send(RequestFailed(req.rid, str(e)[:500], False))

@@ -82,7 +82,7 @@ class Admission:
         att.decode_id = decode.node_id
         att.contacted.add(decode.node_id)
         self._server.send(decode.node_id, DecodeRequest(att.wire_rid, att.prompt_ids, att.params,
-                                                        att.prefill_id))
+                                                        att.prefill_id, att.base))
         while True:
             try:
                 event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
@@ -111,7 +111,7 @@ class Admission:
         self._begin(att, att.prefill_id, att.prefill.new_blocks)
         self._server.send(att.prefill_id, PrefillRequest(
             att.wire_rid, att.prompt_ids, att.params, decode.endpoint, reserved.xfer_id,
-            reserved.dst_block_ids, reserved.cached_prefix_blocks))
+            reserved.dst_block_ids, reserved.cached_prefix_blocks, att.base))
 
     def _begin(self, att: Attempt, node_id: str, blocks: int) -> None:
         self._registry.begin(node_id, blocks)

@@ -102,9 +102,25 @@ def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], 
             entry = logprobs[k - unlogged] if k >= unlogged else None
             choice.logprobs.append(top_logprobs(entry) if entry else missing_logprob(token_ids[k]))
     choice.text += text[len(choice.text) - text_start:]
+    if not finish_reason and att.text_base and (at := stop_across(choice.text, att.text_base,
+                                                                  choice.params.stop)) != -1:
+        choice.text, finish_reason = choice.text[:at], "stop"
     if finish_reason:
         choice.finish_reason = finish_reason
     return True
+
+
+def stop_across(text: str, boundary: int, stops: tuple[str, ...]) -> int:
+    """Where the earliest stop string that begins before `boundary` and ends after it begins in
+    `text`, or -1. A moved request's new node sees only its own text (from `boundary` on), so a
+    stop string split between the attempts is the router's to find; the router still holds the
+    split string's start back from the client (lifecycle.hold_chars)."""
+    best = -1
+    for stop in stops:
+        at = text.find(stop, max(0, boundary - len(stop) + 1), boundary + len(stop) - 1)
+        if at != -1 and (best == -1 or at < best):
+            best = at
+    return best
 
 
 def top_logprobs(entry: Any) -> dict[int, float]:

@@ -67,7 +67,8 @@ class NodeHarness:
             r.reserved = msg
             req = self.pending.pop(rid)
             self.send("prefill-0", PrefillRequest(rid, req.prompt_ids, req.params, self.hellos["decode-0"].kv_endpoint,
-                                                  msg.xfer_id, msg.dst_block_ids, msg.cached_prefix_blocks))
+                                                  msg.xfer_id, msg.dst_block_ids, msg.cached_prefix_blocks,
+                                                  req.prior_outputs))
         elif isinstance(msg, Busy):
             r.failed = RequestFailed(rid, "busy", True)
         elif isinstance(msg, FirstToken):
@@ -80,11 +81,11 @@ class NodeHarness:
         elif isinstance(msg, RequestFailed):
             r.failed = msg
 
-    def submit(self, rid: str, prompt: list[int], params) -> None:
+    def submit(self, rid: str, prompt: list[int], params, prior_outputs: int = 0) -> None:
         if not hasattr(self, "pending"):
             self.pending = {}
         self.results[rid] = Result()
-        self.pending[rid] = DecodeRequest(rid, tuple(prompt), params, "prefill-0")
+        self.pending[rid] = DecodeRequest(rid, tuple(prompt), params, "prefill-0", prior_outputs)
         self.send("decode-0", self.pending[rid])
 
     def wait(self, rids: list[str], timeout: float = 120.0) -> list[Result]:

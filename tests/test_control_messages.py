@@ -18,6 +18,8 @@ MESSAGES = [
     NodeStatus("decode-0", "e1", 3, 1, 0.5, 0.25, 2, 64, 0, 0, 12, 3 << 33, 4, 1, 7),
     DecodeRequest("r1", (1, 2, 3), PARAMS, "prefill-0"),
     PrefillRequest("r1", (1, 2, 3), PARAMS, "tcp://127.0.0.1:5555", "x.1", (4, 5), 1),
+    DecodeRequest("r1~1", (1, 2, 3, 9), PARAMS, "prefill-0", 3),
+    PrefillRequest("r1~1", (1, 2, 3, 9), PARAMS, "tcp://127.0.0.1:5555", "x.2", (4, 5), 0, 3),
     FirstToken("r1", 42, "hi", ((42, -0.1), (7, -2.5)), ""),
     TokenDelta("r1", 1, (5, 6), 2, " there", ((), ((6, -0.3),)), "length"),
     RequestFailed("r1", "busy", True), AbortRequest("r1"),
@@ -59,6 +61,17 @@ def test_hostile_sampling_params_are_refused():
     for params in ({"temperature": -1.0}, {"evil": 1}, {"stop": 5}, "greedy"):
         with pytest.raises(ProtocolError):
             control.decode(msgpack.packb([1, "decode_request", ["r", [1], params, "p0"]]))
+
+
+def test_prior_outputs_must_leave_a_prompt_token():
+    """A moved request's prior_outputs counts prompt tokens: it may not be negative, a bool, or
+    cover the whole prompt; without it (an older router) it reads as 0."""
+    assert control.decode(msgpack.packb([1, "decode_request", ["r", [1, 2], {}, "p0"]])).prior_outputs == 0
+    for prior in (-1, 2, 3, True, 1.0):
+        with pytest.raises(ProtocolError):
+            control.decode(msgpack.packb([1, "decode_request", ["r", [1, 2], {}, "p0", prior]]))
+        with pytest.raises(ProtocolError):
+            control.decode(msgpack.packb([1, "prefill_request", ["r", [1, 2], {}, "tcp://h:1", "x", [4], 0, prior]]))
 
 
 @settings(max_examples=300, deadline=None)

@@ -2,6 +2,8 @@
 decoded — token for token what transformers produces; nothing leaks."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import zmq
 
@@ -101,11 +103,22 @@ def test_garbage_control_frames_are_dropped_and_the_node_keeps_serving(harness):
     assert harness.decode.link.dropped == 4 and harness.prefill.link.dropped == 4
 
 
-def test_sampled_request_runs_disaggregated(harness):
-    """A seeded, sampled request with stop strings off runs to max_tokens with logprobs."""
-    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=6, ignore_eos=True, logprobs=2)
-    harness.submit("s", [11, 12, 13], params)
+def test_seeded_request_samples_as_colocated_and_after_a_move(harness, model_dir, make_llm):
+    """A seeded, sampled request with penalties gives the colocated engine's tokens, although P
+    samples the first and D the rest; continued elsewhere from its first 4 tokens (a moved
+    request: prior_outputs=4), it gives the same remaining tokens."""
+    params = SamplingParams(temperature=0.9, top_k=40, seed=3, max_tokens=10, ignore_eos=True, logprobs=2,
+                            presence_penalty=1.5, frequency_penalty=1.0)
+    prompt = [11, 12, 13, 40, 41]
+    colocated = make_llm(model_dir[0], block_size=8, num_blocks=48).generate([prompt], params)[0].outputs[0]
+    harness.submit("s", prompt, params)
     (s,) = harness.wait(["s"])
-    assert s.failed is None and len(s.tokens) == 6
+    assert s.failed is None and _tokens(s) == colocated.token_ids
     assert s.first.logprobs is not None and s.first.token_id in [p[0] for p in s.first.logprobs]
+    moved = dataclasses.replace(params, max_tokens=6)
+    harness.submit("m", prompt + colocated.token_ids[:4], moved, prior_outputs=4)
+    harness.submit("fresh", prompt + colocated.token_ids[:4], moved)
+    m, fresh = harness.wait(["m", "fresh"])
+    assert m.failed is None and _tokens(m) == colocated.token_ids[4:]
+    assert _tokens(fresh) != colocated.token_ids[4:]        # without the count it samples anew
     assert zmq.zmq_version_info() >= (4, 0)

@@ -45,11 +45,11 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
             live = ds[1 - ds.index(dead)]
             req = await live.expect(DecodeRequest, timeout=3.0)
             assert (req.rid, list(req.prompt_ids)) == ("r1~1", PROMPT + [11, 12, 13])
-            assert (req.params.max_tokens, req.params.min_tokens) == (5, 1)
+            assert (req.params.max_tokens, req.params.min_tokens, req.prior_outputs) == (5, 1, 3)
             assert (await p.expect(AbortRequest)).rid == "r1"   # it may still be shipping to the dead D
             live.send(Reserved("r1~1", "x2", (7, 8), 0))
             pre = await p.expect(PrefillRequest)
-            assert (pre.rid, pre.kv_endpoint) == ("r1~1", live.kv_endpoint)
+            assert (pre.rid, pre.kv_endpoint, pre.prior_outputs) == ("r1~1", live.kv_endpoint, 3)
             p.send(FirstToken("r1~1", 14, "d", None, ""))
             live.send(TokenDelta("r1~1", 0, (14, 15), 0, "de", None, ""))
             live.send(TokenDelta("r1~1", 2, (16,), 2, "f", None, "stop"))
@@ -63,6 +63,35 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
             assert counter(c.backend.collectors()[1]) == 1      # migrations
             if death == "new_epoch":    # the restarted node is told to drop the old attempt
                 assert (await dead.expect(AbortRequest)).rid == "r1"
+    run(test)
+
+
+def test_stop_string_split_by_a_migration_is_found_by_the_router():
+    """Stop "cd": the lost D sent "abc", the new attempt's first token "d" completes it. The new
+    node never saw the "c", so the router cuts the text at "ab", finishes with "stop" and aborts
+    the new attempt; the client never saw the held-back "c"."""
+    async def test():
+        async with Cluster() as c:
+            p = await c.node("prefill-0", "prefill")
+            ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
+            out = c.generate(max_tokens=8, stop=["cd"])
+            dead, _ = await first_of(ds, DecodeRequest)
+            dead.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            dead.send(TokenDelta("r1", 0, (11, 12, 13), 0, "abc", None, ""))
+            seen = [view(await out.next())]
+            dead.die()
+            live = ds[1 - ds.index(dead)]
+            await live.expect(DecodeRequest, timeout=3.0)
+            assert (await p.expect(AbortRequest)).rid == "r1"
+            live.send(Reserved("r1~1", "x2", (7, 8), 0))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1~1", 14, "de", None, ""))
+            while (final := await out.next()) is not END and not final.finished:
+                seen.append(view(final))
+            assert view(final) == ([([11, 12, 13, 14], "ab", "stop")], True)
+            assert (await live.expect(AbortRequest)).rid == "r1~1"
     run(test)
 
 
