@@ -10,7 +10,7 @@ the cache never loads a stale build.
 The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 ~/.cache/pdserve/kernels; if that is not writable, a directory in the system's temp dir.
 Builds go to a temporary file that is renamed into place, so nodes starting together race
-harmlessly. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`
+harmlessly; a new build deletes all but the newest KEEP_BUILDS of its kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`
 and `layer_ops_lib()` returning None (the reason in `build_error(name)`) and callers use their
 PyTorch path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
@@ -34,6 +34,7 @@ import torch
 log = logging.getLogger(__name__)
 
 _SRC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+KEEP_BUILDS = 4                 # per kernel, in the cache
 _FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 
 c_int, c_i64, c_float, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -136,7 +137,25 @@ def _build(name: str) -> str:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    _prune(os.path.dirname(path), name)
     return path
+
+
+def _prune(cache: str, name: str) -> None:
+    """Deletes all but the newest KEEP_BUILDS builds of `name` (one is left per source edit). A
+    process that still has a deleted one loaded keeps its mapping; one that wants it rebuilds."""
+    builds = []
+    for entry in os.scandir(cache):
+        if entry.name.startswith(name + "-") and entry.name.endswith(".so"):
+            try:
+                builds.append((entry.stat().st_mtime, entry.path))
+            except OSError:           # another process pruned it just now
+                pass
+    for _, old in sorted(builds, reverse=True)[KEEP_BUILDS:]:
+        try:
+            os.unlink(old)
+        except OSError:
+            pass
 
 
 def _cache_dir() -> str:

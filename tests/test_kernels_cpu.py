@@ -103,6 +103,23 @@ def test_without_the_c_kernels_attention_falls_back_to_pytorch(monkeypatch, tmp_
     assert paged_decode_lib() is not None and paged_prefill_lib() is not None and build_error() is None
 
 
+def test_kernel_cache_keeps_only_the_newest_builds_of_each_kernel(tmp_path):
+    """Each source edit leaves a build: the cache keeps the newest KEEP_BUILDS of a kernel and
+    leaves other kernels' builds and other files alone."""
+    import os
+    from kernels import cpu_kernels
+    for i in range(cpu_kernels.KEEP_BUILDS + 3):
+        path = tmp_path / f"layer_ops-{i:016x}.so"
+        path.write_bytes(b"")
+        os.utime(path, (1000 + i, 1000 + i))
+    (tmp_path / "paged_decode-0000000000000000.so").write_bytes(b"")
+    (tmp_path / "layer_ops-notes.txt").write_bytes(b"")
+    cpu_kernels._prune(str(tmp_path), "layer_ops")
+    kept = sorted(f.name for f in tmp_path.iterdir())
+    newest = [f"layer_ops-{i:016x}.so" for i in range(3, cpu_kernels.KEEP_BUILDS + 3)]
+    assert kept == sorted(newest + ["paged_decode-0000000000000000.so", "layer_ops-notes.txt"])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("num_seqs", [1, 3])
 def test_c_decode_few_sequences(dtype, num_seqs):
