@@ -33,6 +33,7 @@ from kvtransport.handshake import new_epoch
 from kvtransport.messages import Busy, Reserved
 from kvtransport.payload import BlockWriterSink
 from kvtransport.receiver_state import Reservation
+from kvtransport.torch_dist import DistReceiver
 from kvtransport.zmq_receiver import ZmqReceiver
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,15 @@ class DecodeService:
         self.config = config
         self.epoch = new_epoch()
         self.engine = e = LLMEngine(config.engine_config())
-        identity = kv_identity(e, config.node_id, self.epoch)
+        identity = kv_identity(e, config.node_id, self.epoch, config.kv_transport)
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
-        sharded = isinstance(e.runner, TPModelRunner)
-        sink = BlockWriterSink(e.runner.write_blocks, identity.layout) if sharded else None
-        self.receiver = ZmqReceiver(e.runner.kv_cache, identity, bind=config.kv_bind, sink=sink)
+        write_blocks = e.runner.write_blocks if isinstance(e.runner, TPModelRunner) else None
+        if config.kv_transport == "torch_dist":
+            self.receiver = DistReceiver(e.runner.kv_cache, identity, bind=config.kv_bind,
+                                         p2p_host=config.p2p_host, write_blocks=write_blocks)
+        else:
+            sink = BlockWriterSink(write_blocks, identity.layout) if write_blocks else None
+            self.receiver = ZmqReceiver(e.runner.kv_cache, identity, bind=config.kv_bind, sink=sink)
         self.streamer = Streamer()
         self.xfer_rid: dict[str, str] = {}          # open transfers: xfer_id -> rid
         self.aborted: set[str] = set()              # rids the router aborted mid-transfer

@@ -6,6 +6,10 @@
 --tensor-parallel-size N splits a node's model and KV heads over N ranks (engine.parallel). Each
 node picks its own: blocks travel between nodes with every kv head, so a prefill node of one tp
 ships to a decode node of any other.
+
+--kv-transport torch_dist ships block payloads as tensor sends on a process group per prefill /
+decode pair (NCCL between GPUs, gloo on CPU) instead of ZeroMQ frames; the control messages stay
+on ZeroMQ. Both nodes of a pair must use the same transport (the handshake checks it).
 """
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ import re
 from dataclasses import dataclass
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+
+
+KV_TRANSPORTS = ("zmq", "torch_dist")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,9 @@ class NodeConfig:
     heartbeat_s: float = 0.5
     lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
     tensor_parallel_size: int = 1        # ranks (processes) sharing this node's heads; any mix of P and D
+    kv_transport: str = "zmq"            # zmq: payloads as ZeroMQ frames; torch_dist: tensor sends
+                                         # (NCCL between CUDA pools, gloo between CPU pools)
+    p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups use
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):
@@ -44,6 +54,8 @@ class NodeConfig:
             raise ValueError("heartbeat_s and lease_s must be > 0")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.kv_transport not in KV_TRANSPORTS:
+            raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
 
     def engine_config(self) -> EngineConfig:
         cache = CacheConfig(self.block_size, self.num_blocks, self.kv_cache_gib)

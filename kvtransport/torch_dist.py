@@ -29,9 +29,9 @@ import zmq
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Buffer, FrameError
-from kvtransport.handshake import PeerIdentity
+from kvtransport.handshake import KV_DTYPES, KVLayout, PeerIdentity
 from kvtransport.messages import BlockFrame, Message, P2PJoin
-from kvtransport.payload import block_view, check_whole_blocks
+from kvtransport.payload import WriteBlocks, block_view, check_whole_blocks
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_receiver import DEFAULT_BIND, ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
@@ -79,7 +79,7 @@ class _SendWaiter:
 
     def send(self, tensor: torch.Tensor) -> _Completion:
         done = _Completion()
-        self._queue.put((self.pg.send([tensor], _RECV_RANK, 0), done))
+        self._queue.put((self.pg.send([tensor], _RECV_RANK, 0), done, tensor))   # alive until sent
         return done
 
     def close(self) -> None:
@@ -89,7 +89,7 @@ class _SendWaiter:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            work, done = item
+            work, done, _ = item
             try:
                 work.wait()
             except Exception as e:   # the pair broke; the sender's poll() reports it
@@ -98,18 +98,22 @@ class _SendWaiter:
 
 
 class _DistSink(PayloadSink):
-    """Receives payloads over each pair's process group, straight into the pool."""
+    """Receives payloads over each pair's process group: straight into the pool, or, for a pool
+    holding some of the heads (tensor parallelism), into one block of scratch that
+    `write_blocks` spreads over the ranks."""
     inline = False
 
-    def __init__(self, kv_cache: torch.Tensor, host: str, timeout: float) -> None:
+    def __init__(self, kv_cache: torch.Tensor, layout: KVLayout, host: str, timeout: float,
+                 write_blocks: WriteBlocks | None = None) -> None:
         self._kv_cache, self._host, self._timeout = kv_cache, host, timeout
+        self._layout, self._write_blocks = layout, write_blocks
         sock = socket.create_server((host, 0))
         self.store_port = sock.getsockname()[1]
         self._store = dist.TCPStore(host, self.store_port, is_master=True, wait_for_workers=False,
                                     master_listen_fd=sock.detach(),
                                     timeout=datetime.timedelta(seconds=timeout))
         self._groups: dict[str, dist.ProcessGroup] = {}
-        self._scratch = torch.empty_like(block_view(kv_cache, 0))
+        self._scratch = torch.empty(layout.block_nbytes, dtype=torch.uint8, device=kv_cache.device)
 
     def paired(self, peer: str, identity: PeerIdentity, reply: Callable[[Message], None]) -> None:
         self.forget(peer)
@@ -124,7 +128,12 @@ class _DistSink(PayloadSink):
             _close_group(pg)
 
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
-        self._groups[peer].recv([block_view(self._kv_cache, dst)], _SEND_RANK, 0).wait()
+        if self._write_blocks is None:
+            self._groups[peer].recv([block_view(self._kv_cache, dst)], _SEND_RANK, 0).wait()
+            return
+        self._groups[peer].recv([self._scratch], _SEND_RANK, 0).wait()
+        block = self._scratch.view(KV_DTYPES[self._layout.kv_dtype]).view(self._layout.block_shape)
+        self._write_blocks([dst], block[None])      # copies before it returns
 
     def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
         pg = self._groups.get(peer)
@@ -144,11 +153,14 @@ class DistReceiver(ZmqReceiver):
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, bind: str = DEFAULT_BIND,
                  secret: bytes | None = None, peer_timeout: float = 10.0, hwm: int = 64,
-                 p2p_host: str = "127.0.0.1") -> None:
+                 p2p_host: str = "127.0.0.1", write_blocks: WriteBlocks | None = None) -> None:
+        """write_blocks: for a pool that holds some of the heads (TPModelRunner.write_blocks);
+        without it payloads land straight in the pool, whose blocks must be wire blocks."""
         if identity.transport != "torch_dist":
             raise ValueError("a DistReceiver's identity must have transport='torch_dist'")
-        check_whole_blocks(kv_cache, identity.layout)     # payloads land straight in the pool
-        sink = _DistSink(kv_cache, p2p_host, peer_timeout)
+        if write_blocks is None:
+            check_whole_blocks(kv_cache, identity.layout)
+        sink = _DistSink(kv_cache, identity.layout, p2p_host, peer_timeout, write_blocks)
         super().__init__(kv_cache, identity, bind, secret, peer_timeout, hwm, sink)
 
 
@@ -178,7 +190,10 @@ class DistSender(ZmqSender):
 
     def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int):
         self._send(self._socks[endpoint], self._core.framer.pack(header), endpoint)
-        done = self._waiters[endpoint].send(block_view(kv_cache, src))
+        payload = block_view(kv_cache, src)
+        if payload.device != self._device:      # e.g. a tp > 1 node's host copy of gathered heads
+            payload = payload.to(self._device)
+        done = self._waiters[endpoint].send(payload)
         self._broken.append((endpoint, done))
         return done
 

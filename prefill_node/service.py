@@ -25,6 +25,7 @@ from engine.sampling_params import SamplingParams
 from engine.router_link import RouterLink
 from kvtransport.control import AbortRequest, FirstToken, NodeHello, PrefillRequest, RequestFailed
 from kvtransport.handshake import HandshakeError, new_epoch
+from kvtransport.torch_dist import DistSender
 from kvtransport.zmq_sender import ZmqSender
 from prefill_node.shipper import BlockShipper, Shipment
 
@@ -38,7 +39,12 @@ class PrefillService:
         self.shipper = BlockShipper()
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
         self.engine = LLMEngine(config.engine_config(), observer=self.shipper)
-        self.sender = ZmqSender(kv_identity(self.engine, config.node_id, self.epoch))
+        identity = kv_identity(self.engine, config.node_id, self.epoch, config.kv_transport)
+        if config.kv_transport == "torch_dist":
+            self.sender = DistSender(identity, device=self.engine.runner.kv_cache.device.type,
+                                     p2p_host=config.p2p_host)
+        else:
+            self.sender = ZmqSender(identity)
         self.shipper.bind(self.engine, self.sender)
         e = self.engine
         hello = NodeHello(config.node_id, self.epoch, "prefill", "", e.block_manager.num_blocks,

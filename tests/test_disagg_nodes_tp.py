@@ -15,15 +15,19 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 PROMPTS = [[1, 17, 99, 4, 250], list(range(10, 18)), [(i * 37) % 500 + 3 for i in range(29)]]
 
 
-@pytest.mark.parametrize("prefill_tp, decode_tp", [(2, 1), (1, 2), (2, 2)])
-def test_nodes_of_any_tp_decode_what_transformers_decodes(model_dir, prefill_tp, decode_tp):
-    """P(tp = a) -> D(tp = b): both announce the same full-head layout (2 kv heads), every prompt
-    block is shipped once (chunked prefill, 7-token steps), greedy output equals transformers'."""
+@pytest.mark.parametrize("prefill_tp, decode_tp, transport", [
+    (2, 1, "zmq"), (1, 2, "zmq"), (2, 2, "zmq"), (1, 1, "torch_dist"), (2, 2, "torch_dist")])
+def test_nodes_of_any_tp_decode_what_transformers_decodes(model_dir, prefill_tp, decode_tp, transport):
+    """P(tp = a) -> D(tp = b), over ZeroMQ frames or torch.distributed sends (gloo here, NCCL on
+    GPUs): both announce the same full-head layout (2 kv heads), every prompt block is shipped
+    once (chunked prefill, 7-token steps), greedy output equals transformers'."""
     path, hf = model_dir
-    h = NodeHarness(path, prefill_tp, decode_tp, block_size=8, num_blocks=48, max_num_batched_tokens=7)
+    h = NodeHarness(path, prefill_tp, decode_tp, block_size=8, num_blocks=48, max_num_batched_tokens=7,
+                    kv_transport=transport)
     try:
         layouts = [kv_identity(s.engine, s.config.node_id, "e0").layout for s in (h.prefill, h.decode)]
         assert layouts[0] == layouts[1] and layouts[0].num_kv_heads == 2
+        assert type(h.prefill.sender).__name__ == {"zmq": "ZmqSender", "torch_dist": "DistSender"}[transport]
         for i, p in enumerate(PROMPTS):
             h.submit(f"r{i}", p, GREEDY)
         results = h.wait([f"r{i}" for i in range(len(PROMPTS))])

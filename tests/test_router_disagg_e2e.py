@@ -41,12 +41,13 @@ async def _collect(backend: DisaggregatedBackend, rid: str, prompt, params: Samp
     return final
 
 
-def _with_cluster(model_path: str, config: RouterConfig, cluster: ClusterConfig, test) -> None:
+def _with_cluster(model_path: str, config: RouterConfig, cluster: ClusterConfig, test,
+                  flags: list[str] = ()) -> None:
     async def main():
         backend = DisaggregatedBackend.from_model(model_path, config)
         nodes = []
         try:
-            nodes = spawn_nodes(await backend.start(), cluster, ["--model", model_path, *NODE_FLAGS])
+            nodes = spawn_nodes(await backend.start(), cluster, ["--model", model_path, *NODE_FLAGS, *flags])
             await _registered(backend, nodes)
             await asyncio.wait_for(test(backend, nodes), 120)
         finally:
@@ -55,8 +56,10 @@ def _with_cluster(model_path: str, config: RouterConfig, cluster: ClusterConfig,
     asyncio.run(main())
 
 
-def test_greedy_output_over_real_nodes_equals_transformers(model_dir):
-    """Concurrent greedy requests through a real prefill and decode node equal transformers' greedy."""
+@pytest.mark.parametrize("transport", ["zmq", "torch_dist"])
+def test_greedy_output_over_real_nodes_equals_transformers(model_dir, transport):
+    """Concurrent greedy requests through a real prefill and decode node equal transformers'
+    greedy, with block payloads over ZeroMQ or over torch.distributed (gloo)."""
     path, hf_model = model_dir
 
     async def test(backend, nodes):
@@ -69,7 +72,7 @@ def test_greedy_output_over_real_nodes_equals_transformers(model_dir):
         assert [len(c.token_ids) for c in n2.outputs] == [5, 5]
         assert [n.inflight_requests for n in backend.server.registry.nodes()] == [0, 0]
         await _transfer_counters_agree(backend)
-    _with_cluster(path, RouterConfig(), ClusterConfig(1, 1), test)
+    _with_cluster(path, RouterConfig(), ClusterConfig(1, 1), test, ["--kv-transport", transport])
 
 
 async def _transfer_counters_agree(backend: DisaggregatedBackend, timeout: float = 10.0) -> None:
