@@ -6,6 +6,7 @@
 import torch
 
 from kernels.checks import require, require_dtype, require_ids_in_range, require_same_device, require_shape
+from kernels.dispatch import use_triton
 
 
 def copy_blocks(
@@ -32,7 +33,7 @@ def copy_blocks(
         require(not set(dst_ids) & set(src.tolist()), "dst: block ids must not also be sources")
     if src.numel() == 0:
         return
-    if kv_cache.is_cuda:
+    if use_triton(kv_cache):
         from kernels.triton_block_copy import copy_rows_triton
 
         copy_rows_triton(kv_cache, src, kv_cache, dst)

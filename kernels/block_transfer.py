@@ -8,6 +8,7 @@ import torch
 
 from kernels.block_copy import check_pool
 from kernels.checks import require, require_dtype, require_ids_in_range, require_same_device, require_shape
+from kernels.dispatch import use_triton
 
 
 def gather_blocks(
@@ -16,7 +17,7 @@ def gather_blocks(
 ) -> torch.Tensor:  # [n, num_layers, 2, block_size, H, D], contiguous
     """Pack blocks block_ids (in order) into a new contiguous tensor. Raises ValueError."""
     _check_ids(kv_cache, block_ids)
-    if not kv_cache.is_cuda:
+    if not use_triton(kv_cache):
         return kv_cache.index_select(0, block_ids)
     buffer = kv_cache.new_empty((block_ids.shape[0], *kv_cache.shape[1:]))
     if block_ids.numel():
@@ -40,6 +41,7 @@ def scatter_blocks(
     if not kv_cache.is_cuda:
         ids = block_ids.tolist()
         require(len(set(ids)) == len(ids), "block_ids: must be distinct")
+    if not use_triton(kv_cache):
         kv_cache.index_copy_(0, block_ids, buffer)
     elif block_ids.numel():
         from kernels.triton_block_copy import copy_rows_triton

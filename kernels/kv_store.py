@@ -8,6 +8,7 @@ import torch
 
 from kernels import cpu_layer_ops
 from kernels.checks import FLOAT_DTYPES, CheckMemo, require, require_dtype, require_same_device, require_shape
+from kernels.dispatch import use_triton
 
 _checked = CheckMemo()
 
@@ -30,7 +31,7 @@ def store_kv(
         _checked.remember((slot_mapping,), meta)
     if key.shape[0] == 0:
         return
-    if key.is_cuda:
+    if use_triton(key):
         from kernels.triton_kv_store import store_kv_triton
 
         store_kv_triton(key, value, k_cache, v_cache, slot_mapping)

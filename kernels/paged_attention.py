@@ -16,6 +16,7 @@ import torch
 
 from kernels.checks import FLOAT_DTYPES, CheckMemo, require, require_dtype, require_same_device, require_shape
 from kernels.cpu_attention import paged_attention_cpu
+from kernels.dispatch import use_triton
 
 _checked = CheckMemo()
 
@@ -44,7 +45,7 @@ def paged_attention(
         if not query.is_cuda:
             _check_values(query, k_cache, block_tables, cu_seqlens_q, seq_lens)
         _checked.remember(index, meta)
-    if not query.is_cuda:
+    if not use_triton(query):
         return paged_attention_cpu(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale)
     from kernels.triton_paged_attention import paged_attention_triton
 

@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-HEAD_DIMS = (64, 80, 96, 128)  # head sizes with a compiled (and compile-tested) variant
+HEAD_DIMS = (32, 64, 80, 96, 128)  # head sizes with a compiled (and compile-tested) variant;
+# 32 is the built-in model's
 MAX_GROUP = 64  # query heads per kv head that one program's BLOCK_M = 64 rows can hold
 TILE_N = 32
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -251,8 +252,8 @@ def paged_attention_triton(
     if num_tokens == 0:
         return out
     config = pick_config(query.dtype, head_dim, group, max_seqlen_q)
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(query.device).multi_processor_count
+    if num_sms is None:     # interpreted on CPU tensors (tests): one pass unless a test asks
+        num_sms = torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 1
     segments = pick_num_segments(config, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, num_sms)
     split = segments > 1
     f32 = dict(device=query.device, dtype=torch.float32)
