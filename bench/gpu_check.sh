@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for kernels/ (under 8 minutes): the kernel tests on CUDA (Triton vs the
-# plain-PyTorch reference), then bench/kernel_bench_gpu.py (JSON in bench/results/).
+# plain-PyTorch reference) and the engine on CUDA against transformers (tests/gpu/), then
+# bench/kernel_bench_gpu.py (JSON in bench/results/).
 # Without a usable CUDA device it says so and exits 0.
 #
 #   bash bench/gpu_check.sh            # PY=/path/to/python to choose the interpreter
@@ -25,9 +26,9 @@ status=0
 start=$SECONDS
 
 if "$PY_CHOSEN" -c "import pytest" 2>/dev/null; then
-  echo "== kernel tests on CUDA (CPU cases too) =="
+  echo "== kernel and engine tests on CUDA (CPU kernel cases too) =="
   timeout 300 "$PY_CHOSEN" -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/gpu/test_kernels_cuda.py tests/test_kernels_cpu.py 2>&1 | tee bench/results/gpu_check_tests.log | tail -40
+    tests/gpu/ tests/test_kernels_cpu.py 2>&1 | tee bench/results/gpu_check_tests.log | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: TESTS FAILED (log: bench/results/gpu_check_tests.log)"; status=1; }
 else
   echo "gpu_check: pytest is not installed for $PY_CHOSEN; tests skipped"; status=1

@@ -26,7 +26,7 @@ def _check(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, num_s
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [64, 80, 96, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128])
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
 def test_mixed_batch_every_head_and_block_size(dtype, head_dim, block_size):
     """Mixed prefill / chunked prefill / decode batches are exact for every head and block size."""
