@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+import kernels
 from engine.beam_group import advance_beams, beam_outputs, new_beam_state
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
@@ -42,6 +43,10 @@ class LLMEngine:
         path = config.model_path
         self.model_config = ModelConfig.from_pretrained(path, config.dtype, config.max_model_len,
                                                         config.torch_device.type)
+        cfg = self.model_config
+        if (reason := kernels.unsupported_attention(cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
+                                                    config.torch_device)) is not None:
+            raise ValueError(f"{cfg.path}: {reason}")
         self.tokenizer = _load_tokenizer(path)
         bs = config.cache.block_size
         num_blocks = num_blocks_for(self.model_config, config.cache)

@@ -11,7 +11,7 @@ from kernels.block_copy import copy_blocks
 from kernels.block_transfer import gather_blocks, scatter_blocks
 from kernels.kv_store import store_kv
 from kernels.layer_ops import rms_norm, silu_and_mul
-from kernels.paged_attention import paged_attention
+from kernels.paged_attention import paged_attention, unsupported_attention
 
 __all__ = ["copy_blocks", "gather_blocks", "paged_attention", "rms_norm", "scatter_blocks", "silu_and_mul",
-           "store_kv"]
+           "store_kv", "unsupported_attention"]

@@ -57,6 +57,20 @@ def paged_attention(
                                   scale, max_seqlen_q, max_seqlen_k)
 
 
+def unsupported_attention(head_dim: int, num_heads: int, num_kv_heads: int, device: torch.device) -> str | None:
+    """Why paged attention cannot run a model of these heads on this device, or None. The CPU
+    path takes any shape; the Triton kernels have compiled variants for some head sizes only."""
+    if device.type != "cuda":
+        return None
+    from kernels.triton_paged_attention import HEAD_DIMS, MAX_GROUP
+
+    if head_dim not in HEAD_DIMS or num_heads // num_kv_heads > MAX_GROUP:
+        return (f"the CUDA paged-attention kernels take head_dim in {HEAD_DIMS} and at most {MAX_GROUP} "
+                f"query heads per kv head; this model has head_dim {head_dim} and "
+                f"{num_heads // num_kv_heads}")
+    return None
+
+
 def _check_shapes(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens) -> None:
     require(k_cache.dim() == 4, f"k_cache: expected 4 dims, got shape {tuple(k_cache.shape)}")
     _, _, num_kv_heads, head_dim = k_cache.shape

@@ -103,6 +103,17 @@ def test_without_the_c_kernels_attention_falls_back_to_pytorch(monkeypatch, tmp_
     assert paged_decode_lib() is not None and paged_prefill_lib() is not None and build_error() is None
 
 
+def test_models_the_cuda_kernels_cannot_run_are_named_before_loading():
+    """The CPU path takes any head shape; on CUDA a head size without a compiled Triton variant
+    is named up front (the engine raises it at start, not at its first forward)."""
+    from kernels import unsupported_attention
+    cuda = torch.device("cuda")
+    assert unsupported_attention(16, 4, 2, torch.device("cpu")) is None
+    assert unsupported_attention(32, 32, 8, cuda) is None and unsupported_attention(128, 64, 1, cuda) is None
+    assert "head_dim 16" in unsupported_attention(16, 4, 2, cuda)
+    assert "and 128" in unsupported_attention(64, 128, 1, cuda)
+
+
 def test_kernel_cache_keeps_only_the_newest_builds_of_each_kernel(tmp_path):
     """Each source edit leaves a build: the cache keeps the newest KEEP_BUILDS of a kernel and
     leaves other kernels' builds and other files alone."""
