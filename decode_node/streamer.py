@@ -30,7 +30,10 @@ class Streamer:
             return None
         comp = out.outputs[0]
         new_tokens = comp.token_ids[state.tokens:]
-        new_text = comp.text[state.chars:]
+        # A stop string cuts the text it completes, which may have been sent: then the delta
+        # says where the text now ends (text_offset = its length, no text) with its finish reason.
+        text_offset = min(state.chars, len(comp.text))
+        new_text = comp.text[text_offset:]
         if not new_tokens and not comp.finish_reason:
             return None
         logprobs = None
@@ -38,9 +41,9 @@ class Streamer:
             # The first token was sampled by the prefill node: no entry here, padded with [].
             entries = [[]] * (len(comp.token_ids) - len(comp.logprobs)) + list(comp.logprobs)
             logprobs = [[list(kv) for kv in e.items()] if e else [] for e in entries[state.tokens:]]
-        msg = TokenDelta(out.request_id, state.tokens, new_tokens, state.chars, new_text, logprobs,
+        msg = TokenDelta(out.request_id, state.tokens, new_tokens, text_offset, new_text, logprobs,
                          comp.finish_reason or "")
-        state.tokens, state.chars = len(comp.token_ids), max(state.chars, len(comp.text))
+        state.tokens, state.chars = len(comp.token_ids), len(comp.text)
         if out.finished:
             self.drop(out.request_id)
         return msg

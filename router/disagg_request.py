@@ -88,6 +88,8 @@ def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], 
            text: str, logprobs: tuple | None, finish_reason: str) -> bool:
     """Merges the attempt's tokens [index, index + len(token_ids)) and the text at text_offset into
     the choice, skipping what it already has. False, merging nothing, if that would leave a gap.
+    A last message's text is final: text sent before and cut since (the stop string it
+    completes) is cut here too; the client never saw it (lifecycle.hold_chars).
 
     logprobs has one entry per token, or fewer: then the entries belong to the last tokens. An
     empty entry has no logprob (D's for the first token, which P's FirstToken carries).
@@ -102,6 +104,8 @@ def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], 
             entry = logprobs[k - unlogged] if k >= unlogged else None
             choice.logprobs.append(top_logprobs(entry) if entry else missing_logprob(token_ids[k]))
     choice.text += text[len(choice.text) - text_start:]
+    if finish_reason:
+        choice.text = choice.text[:text_start + len(text)]
     if not finish_reason and att.text_base and (at := stop_across(choice.text, att.text_base,
                                                                   choice.params.stop)) != -1:
         choice.text, finish_reason = choice.text[:at], "stop"

@@ -7,7 +7,9 @@ import dataclasses
 import pytest
 import zmq
 
+from decode_node.streamer import Streamer
 from engine import SamplingParams
+from engine.outputs import CompletionOutput, RequestOutput
 from kvtransport.control import AbortRequest
 from tests.model_factory import hf_greedy
 from tests.node_harness import NodeHarness
@@ -101,6 +103,20 @@ def test_garbage_control_frames_are_dropped_and_the_node_keeps_serving(harness):
     (after,) = harness.wait(["after"])
     assert after.failed is None and len(after.tokens) == 12
     assert harness.decode.link.dropped == 4 and harness.prefill.link.dropped == 4
+
+
+def test_streamer_reports_text_a_stop_string_cut_after_it_was_sent():
+    """The engine's text shrinks when a stop string completes over text already sent: the last
+    delta carries the new end (offset = its length, no text) and the stop."""
+    streamer = Streamer()
+    streamer.open("r")
+    out = lambda ids, text, finish=None: RequestOutput("r", [1], [CompletionOutput(0, text, ids, None, finish)],
+                                                        finish is not None)
+    first = streamer.delta(out([5, 6], "so he"))
+    last = streamer.delta(out([5, 6, 7], "so ", "stop"))
+    assert (first.index, first.token_ids, first.text_offset, first.text) == (0, (5, 6), 0, "so he")
+    assert (last.index, last.token_ids, last.text_offset, last.text, last.finish_reason) == (2, (7,), 3, "", "stop")
+    assert "r" not in streamer.streams
 
 
 def test_seeded_request_samples_as_colocated_and_after_a_move(harness, model_dir, make_llm):

@@ -47,6 +47,25 @@ def test_first_token_then_deltas_give_exact_cumulative_outputs(loop):
     run(test, loop)
 
 
+def test_a_stop_string_cut_reaches_text_already_merged():
+    """D's last delta says the text now ends earlier (a stop string cut what it completes, part
+    of it sent before): the router cuts its text there too."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(max_tokens=8, stop=["b c"])
+            await d.expect(DecodeRequest)
+            d.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "a b", None, ""))
+            d.send(TokenDelta("r1", 2, (13,), 1, "", None, "stop"))
+            while (final := await out.next()) is not END and not final.finished:
+                pass
+            assert view(final) == ([([11, 12, 13], "a", "stop")], True)
+    run(test)
+
+
 def test_decode_delta_before_first_token_is_held_until_it():
     """A delta from D that overtakes P's FirstToken waits for it; every token is emitted once, in order."""
     async def test():
