@@ -23,7 +23,7 @@ from engine.detokenizer import DecodeState, Detokenizer, find_stop
 from engine.kv_pool import block_bytes, num_blocks_for
 from engine.outputs import CompletionOutput, EngineMetrics, RequestOutput
 from engine.parallel import make_runner
-from engine.sampler import Sampler, SampledToken, SamplingRow
+from engine.sampler import Sampler, SampledToken, SamplingRow, choice_seed
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
@@ -131,6 +131,9 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         ids = self.encode(prompt)
+        vocab = self.model_config.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if type(prior_outputs) is not int or not 0 <= prior_outputs < len(ids):
             raise ValueError(f"prior_outputs must be an integer in [0, {len(ids)}), got {prior_outputs!r}")
         if prior_outputs and (params.n != 1 or params.use_beam_search):
@@ -224,7 +227,7 @@ class LLMEngine:
         for i in range(1, group.params.n):
             child = parent.fork(i)
             if group.params.seed is not None:
-                child.seed = group.params.seed + i
+                child.seed = choice_seed(group.params.seed, i)
             self.block_manager.fork(parent, child)
             self._decode[child.seq_id] = self.detokenizer.start(group.prompt_token_ids)
             group.seqs.append(child)

@@ -75,6 +75,13 @@ class Sampler:
 
 
 _MASK64 = (1 << 64) - 1
+_LOGIT_LIMIT = 1e30       # |logit| after penalties: still finite once divided by the smallest temperature
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of completion `index` of an n > 1 request seeded with `seed`: seed + index,
+    wrapped into int64 (draw_seed only sees it modulo 2**64 anyway)."""
+    return (seed + index + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 def draw_seed(seed: int, draw: int) -> int:
@@ -96,12 +103,13 @@ def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:
     if r.output_ids and (p.frequency_penalty or p.presence_penalty):
         counts = torch.bincount(torch.tensor(r.output_ids), minlength=row.shape[0])[: row.shape[0]]
         row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+    row.clamp_(-_LOGIT_LIMIT, _LOGIT_LIMIT)     # an extreme penalty must not make inf (NaN probabilities)
 
 
 def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Mask tokens outside top-k, outside the top-p nucleus, or below min_p * p(max)."""
     vocab = logits.shape[-1]
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows])
+    top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in rows])
     top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
     min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype)
     if bool((top_k >= vocab).all() and (top_p >= 1.0).all() and (min_p <= 0).all()):

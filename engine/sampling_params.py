@@ -1,9 +1,14 @@
 """Sampling parameters of one request, validated on construction (names follow vLLM / OpenAI)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 _EPS = 1e-5
+_INT64 = 1 << 63          # integers travel between processes as msgpack int64
+_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+           "length_penalty")
+_INTS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "beam_width")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +41,16 @@ class SamplingParams:
         self._check()
 
     def _check(self) -> None:
+        for name in _FLOATS:
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                     f"{name} must be a finite number, got {value!r}")
+        for name in _INTS:
+            value = getattr(self, name)
+            _require(value is None or type(value) is not int or -_INT64 <= value < _INT64,
+                     f"{name} must fit in 64 bits, got {value!r}")
+        _require(all(type(t) is not int or t < _INT64 for t in self.stop_token_ids),
+                 "stop_token_ids must fit in 64 bits")
         _require(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
         _require(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
@@ -52,6 +67,8 @@ class SamplingParams:
                  f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _require(isinstance(self.min_tokens, int) and self.min_tokens >= 0,
                  f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        _require(self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         _require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
                  f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
+from router.policy import NoNodeAvailable
 
 _END = object()     # sentinel: the request was aborted, its stream ends
 
@@ -86,7 +87,7 @@ class ColocatedBackend(Backend):
     async def generate(self, request_id: str, prompt: str | list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
         if not self.is_healthy():
-            raise RuntimeError(f"engine is not running: {self._error!r}")
+            raise NoNodeAvailable(f"engine is not running: {self._error!r}")
         sink = _Sink(asyncio.get_running_loop())
         self._inbox.put(_Add(request_id, prompt, params, sink))
         finished = False

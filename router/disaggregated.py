@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Iterable
 from prometheus_client import Counter
 
 from engine.outputs import RequestOutput
+from engine.sampler import choice_seed
 from engine.sampling_params import SamplingParams
 from kvtransport.control import AbortRequest
 from kvtransport.schema import MAX_RID_LEN
@@ -186,12 +187,15 @@ class DisaggregatedBackend(Backend):
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         prompt_ids = self._prompt_ids(prompt)
+        vocab = self._vocab_size or (1 << 31)
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context is {self.max_model_len} "
                              "tokens, including at least one output token")
         choices = []
         for i in range(params.n):
-            seed = None if params.seed is None else params.seed + i
+            seed = None if params.seed is None else choice_seed(params.seed, i)
             choice = Choice(i, request_id if params.n == 1 else f"{request_id}#{i}",
                              dataclasses.replace(params, n=1, seed=seed))
             choice.logprobs = None if params.logprobs is None else []

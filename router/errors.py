@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.protocol import ErrorInfo, ErrorResponse
 
@@ -49,14 +50,32 @@ def error_body(error: OpenAIError) -> dict:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
 
 
 async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
     return JSONResponse(error_body(exc), status_code=exc.status)
 
 
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """404 for an unknown path, 405 for a wrong method, in OpenAI's shape."""
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(OpenAIError(exc.status_code, str(exc.detail), type=kind)),
+                        status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    """Anything unforeseen: a 500 in OpenAI's shape (the server logs the traceback)."""
+    message = f"internal error: {type(exc).__name__}: {exc}"[:500]
+    return JSONResponse(error_body(OpenAIError(500, message, type="internal_error")), status_code=500)
+
+
 async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":
+        return JSONResponse(error_body(bad_request(
+            f"We could not parse the JSON body of your request ({first['msg']}).")), status_code=400)
     loc = [str(part) for part in first["loc"] if part != "body" and not _is_union_tag(part)]
     param = ".".join(loc) or None
     message = f"{param}: {first['msg']}" if param else first["msg"]

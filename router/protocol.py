@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from engine.sampling_params import SamplingParams
 
 
+MAX_N = 128            # completions per prompt, as OpenAI caps it
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -28,7 +31,7 @@ class _SamplingRequest(BaseModel):
     top_p: float | None = None
     top_k: int | None = None                       # extension
     min_p: float | None = None                     # extension
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None        # extension
     seed: int | None = None
@@ -57,6 +60,8 @@ class _SamplingRequest(BaseModel):
         """Raises ValueError on any out-of-range value."""
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
         given = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                      presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                      repetition_penalty=self.repetition_penalty)
@@ -101,7 +106,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict] | None = None                # refused unless empty
 
     def logprobs_count(self) -> int | None:

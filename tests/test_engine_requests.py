@@ -121,11 +121,30 @@ def test_bad_prompt_is_refused_and_others_keep_running(model_dir, make_llm, prom
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(n=0),
-                                    dict(max_tokens=0), dict(logprobs=50), dict(min_p=2.0)])
+                                    dict(max_tokens=0), dict(logprobs=50), dict(min_p=2.0),
+                                    dict(temperature=float("inf")), dict(repetition_penalty=float("nan")),
+                                    dict(top_p=True), dict(seed=2 ** 64), dict(top_k=2 ** 63),
+                                    dict(min_tokens=5, max_tokens=4)])
 def test_unknown_sampling_values_raise(kwargs):
     """Out-of-range sampling values raise ValueError naming the field."""
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         SamplingParams(**kwargs)
+
+
+def test_extreme_but_valid_values_sample_and_bad_stop_ids_are_refused(model_dir, make_llm):
+    """Values that once crashed the engine loop: a near-zero repetition penalty (inf logits), a
+    top_k past the vocabulary, a seed at the int64 edge with n = 2 (seed + 1 wraps). All sample;
+    a stop token id outside the vocabulary is refused up front, and the engine keeps serving."""
+    path, _ = model_dir
+    llm = make_llm(path, num_blocks=32)
+    many = [SamplingParams(temperature=1.0, repetition_penalty=1e-300, max_tokens=4, ignore_eos=True),
+            SamplingParams(temperature=0.7, top_k=2 ** 62, max_tokens=4, ignore_eos=True),
+            SamplingParams(temperature=1.0, seed=2 ** 63 - 1, n=2, max_tokens=4, ignore_eos=True)]
+    outs = llm.generate([[5, 6, 7]] * 3, many)
+    assert [[len(c.token_ids) for c in o.outputs] for o in outs] == [[4], [4], [4, 4]]
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        llm.engine.add_request("bad", [5, 6, 7], SamplingParams(stop_token_ids=(99999,)))
+    assert len(llm.generate([[5, 6]], SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids) == 2
 
 
 def test_abort_frees_blocks_at_once(model_dir, make_llm):

@@ -206,6 +206,13 @@ def test_chat_logprobs(client, backend):
     ({"prompt": "a", "echo": True}, "echo"),
     ({"prompt": "a", "stream_options": {"include_usage": "x"}}, "stream_options.include_usage"),
     ({"prompt": "please reject"}, "prompt"),
+    ({"prompt": "a", "n": 129}, "n"),
+    ({"prompt": "a", "seed": 2 ** 64}, "seed"),
+    ({"prompt": "a", "top_k": 2 ** 63}, "top_k"),
+    ({"prompt": "a", "min_tokens": 2 ** 64}, "min_tokens"),
+    ({"prompt": "a", "max_tokens": 2, "min_tokens": 3}, "min_tokens"),
+    ({"prompt": "a", "stop_token_ids": [2 ** 64]}, "stop_token_ids"),
+    ({"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
 ])
 def test_completion_bad_input_is_400(client, backend, payload, param):
     """Bad completion input answers 400 in OpenAI's error shape, naming the bad parameter."""
@@ -220,6 +227,7 @@ def test_completion_bad_input_is_400(client, backend, payload, param):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, None),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 25}, "top_logprobs"),
 ])
 def test_chat_bad_input_is_400(client, payload, param):
     """Bad chat input answers 400 in OpenAI's error shape."""
@@ -230,9 +238,27 @@ def test_chat_bad_input_is_400(client, payload, param):
 
 
 def test_malformed_json_is_400(client):
-    """A body that is not JSON answers 400, not FastAPI's 422."""
+    """A body that is not JSON answers 400, not FastAPI's 422, and names no parameter."""
     r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
-    error_of(r, 400)
+    error = error_of(r, 400)
+    assert error["param"] is None and "could not parse the JSON body" in error["message"]
+
+
+def test_unknown_path_and_method_answer_in_openai_shape(client):
+    """404 for an unknown path and 405 for a wrong method carry the {error} body too."""
+    assert error_of(client.post("/v1/embeddings", json={}), 404)["type"] == "not_found_error"
+    assert error_of(client.get("/v1/completions"), 405)["type"] == "invalid_request_error"
+
+
+def test_unforeseen_backend_error_is_500_in_openai_shape(backend):
+    """An exception no handler expects (here an OverflowError) answers 500 with the {error} body."""
+    async def explode(*args, **kwargs):
+        raise OverflowError("int too big to convert")
+        yield
+    backend.generate = explode
+    client = TestClient(create_app(backend, RouterConfig()), raise_server_exceptions=False)
+    error = error_of(client.post("/v1/completions", json={"prompt": "abc"}), 500)
+    assert error["type"] == "internal_error" and "OverflowError" in error["message"]
 
 
 def test_unknown_model_is_404(client):
