@@ -186,6 +186,9 @@ class DisaggregatedBackend(Backend):
             raise ValueError(f"request id must have 1 to {MAX_RID_LEN - 8} characters")
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
+        if params.use_beam_search:
+            raise ValueError("use_beam_search is served by the colocated mode only: beams share one "
+                             "node's blocks")
         prompt_ids = self._prompt_ids(prompt)
         vocab = self._vocab_size or (1 << 31)
         if any(t >= vocab for t in params.stop_token_ids):
