@@ -67,6 +67,16 @@ class BeamState:
         self.done = not running or not self.improvable or (self.early_stopping is True and all_full)
         return [cands[j] for j in running]
 
+    def stop(self, outputs: list[list[int]]) -> None:
+        """Ends the search early (the pool cannot hold the beams): each running beam with a token
+        joins the finished set at its score so far. outputs: the running beams' generated tokens."""
+        for score, tokens in zip(self.scores.tolist(), outputs):
+            if tokens:
+                self.finished.append(Hypothesis(score / len(tokens) ** self.length_penalty, list(tokens)))
+        self.finished.sort(key=lambda h: h.score, reverse=True)
+        del self.finished[self.width:]
+        self.done = True
+
     def _finish(self, ended, outputs: list[list[int]], new_len: int) -> None:
         if (self.early_stopping is True and len(self.finished) == self.width) or not self.improvable:
             return

@@ -13,7 +13,7 @@ to give way, its tail blocks go before the shared head blocks other prompts are 
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -154,9 +154,28 @@ class BlockManager:
 
     def blocks_to_append(self, seq: Sequence) -> int:
         """Blocks `append_slots(seq)` would take: new ones plus private copies of shared ones."""
-        first = seq.num_computed_tokens // self.block_size
-        shared = sum(1 for b in seq.block_table[first:] if self.blocks[b].ref_count > 1)
-        return max(0, self.blocks_for(len(seq)) - len(seq.block_table)) + shared
+        return self.blocks_to_append_all([seq])
+
+    def blocks_to_append_all(self, seqs: list[Sequence]) -> int:
+        """Blocks `append_slots` takes for each of `seqs` in turn. A shared block about to be
+        written costs a copy per holder among them, except that the last holder of all writes it
+        in place: n completions sharing a partly filled block need n - 1 copies, not n."""
+        new, holders = 0, Counter()
+        for seq in seqs:
+            first = seq.num_computed_tokens // self.block_size
+            new += max(0, self.blocks_for(len(seq)) - len(seq.block_table))
+            holders.update(b for b in seq.block_table[first:] if self.blocks[b].ref_count > 1)
+        return new + sum(min(k, self.blocks[b].ref_count - 1) for b, k in holders.items())
+
+    def blocks_to_allocate_all(self, seqs: list[Sequence], reserve_blocks: int = 0) -> int:
+        """Blocks that `allocate` takes from the free pool for each of `seqs` in turn, plus
+        `reserve_blocks`: an idle cached block several of them hit is taken once."""
+        new, idle_hits = reserve_blocks, set()
+        for seq in seqs:
+            hits = self._prompt_hits(seq)
+            new += self.blocks_for(len(seq)) - len(hits)
+            idle_hits.update(b for b in hits if self.blocks[b].ref_count == 0)
+        return new + len(idle_hits)
 
     def commit_computed(self, seq: Sequence) -> None:
         """Register the sequence's newly full, computed blocks in the prefix cache."""

@@ -93,7 +93,8 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 64               # running sequences per step
     max_num_batched_tokens: int = 2048   # token budget per step (prefill chunks + decode tokens)
-    enable_chunked_prefill: bool = True  # off: a prompt is prefilled in one step or waits
+    enable_chunked_prefill: bool = True  # off: a prompt is prefilled in one step or waits, so
+                                         # the context is at most max_num_batched_tokens
     preemption_mode: str = "auto"        # recompute | swap | auto (engine/swap.py; swap needs swap space)
     swap_min_blocks: int = 32            # auto: a single sequence this long is swapped, not recomputed
 

@@ -51,6 +51,8 @@ class LLMEngine:
         bs = config.cache.block_size
         num_blocks = num_blocks_for(self.model_config, config.cache)
         self.max_model_len = min(self.model_config.max_model_len, num_blocks * bs)
+        if not config.scheduler.enable_chunked_prefill:     # a prompt (or a recompute) is one step
+            self.max_model_len = min(self.max_model_len, config.scheduler.max_num_batched_tokens)
         self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching)
         self.runner = make_runner(config, self.model_config, num_blocks)   # tp > 1: engine.parallel
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self._swap_pool(config))
@@ -136,6 +138,9 @@ class LLMEngine:
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if type(prior_outputs) is not int or not 0 <= prior_outputs < len(ids):
             raise ValueError(f"prior_outputs must be an integer in [0, {len(ids)}), got {prior_outputs!r}")
+        width = params.beam_width if params.use_beam_search else params.n
+        if width > self.config.scheduler.max_num_seqs:
+            raise ValueError(f"n ({width}) must not exceed max_num_seqs ({self.config.scheduler.max_num_seqs})")
         if prior_outputs and (params.n != 1 or params.use_beam_search):
             raise ValueError("only a single completion (n = 1, no beam search) continues prior outputs")
         seq = Sequence(ids, len(ids), seed=params.seed, num_prior_outputs=prior_outputs)

@@ -139,6 +139,10 @@ class Scheduler:
         while self.swapped and budget > 0 and self.swapped[0] not in out.preempted:
             group = self.swapped[0]
             if not self.swap.can_swap_in(group, self.bm, self.watermark if self.running else 0):
+                if self._alone():           # the pool is all its own, and still too small
+                    self.swapped.popleft()
+                    self._finish_too_big(group, out)
+                    continue
                 break
             self.swapped.popleft()
             out.swap_in += self.swap.swap_in(group, self.bm)
@@ -152,8 +156,7 @@ class Scheduler:
             victim = self.running[-1]
             if victim is group and len(self.running) == 1:
                 self.running.remove(group)      # alone and still too big for the pool
-                self.finish_group(group, FinishReason.LENGTH)
-                out.finished.append(group)
+                self._finish_too_big(group, out)
                 return False
             self._preempt(victim, out)
             if victim is group:
@@ -161,7 +164,24 @@ class Scheduler:
         return True
 
     def _blocks_to_append(self, group: SequenceGroup) -> int:
-        return sum(self.bm.blocks_to_append(s) for s in group.unfinished())
+        return self.bm.blocks_to_append_all(group.unfinished())
+
+    def _finish_too_big(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        """A group that cannot have its blocks even with the whole pool to itself (say n
+        completions recomputed without their shared prompt) ends, keeping what it generated."""
+        if group.beam is not None:
+            group.beam.stop([s.output_token_ids for s in group.unfinished()])
+        self.finish_group(group, FinishReason.LENGTH)
+        out.finished.append(group)
+
+    def _num_seqs(self) -> int:
+        """Sequences running or about to: a group that has not forked yet counts as its n."""
+        groups = self.running + list(self.reserved.values())
+        return sum(_max_seqs(g) for g in groups) + len(self.pinned)
+
+    def _alone(self) -> bool:
+        """Nothing else holds blocks here or will: whatever is free now is all there will be."""
+        return not self.running and not self.reserved and not self.pinned
 
     def _schedule_group(self, group: SequenceGroup, budget: int, out: SchedulerOutput) -> int:
         if group.beam is not None:
@@ -179,13 +199,21 @@ class Scheduler:
         return budget
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
-        """Take `group` off the batch: to the swap pool, or (recompute) back to waiting."""
+        """Take `group` off the batch: to the swap pool, or (recompute) back to waiting.
+
+        Copy-on-write copies already planned this step into the group's blocks (it was
+        scheduled before a later group preempted it) have not run: the swap-out reads such a
+        block's source instead (swaps run before copies), and a recomputed group's are dropped."""
         self.running.remove(group)
         out.scheduled = [s for s in out.scheduled if s.group is not group]
         out.preempted.append(group)
         self.num_preemptions += 1
+        held = {b for s in group.unfinished() for b in s.block_table}
+        planned = {c.dst: c.src for c in out.copies if c.dst in held}
+        out.copies = [c for c in out.copies if c.dst not in held]
         if self.swap is not None and self.swap.should_swap(group, self.bm):
-            out.swap_out += self.swap.swap_out(group, self.bm)
+            moves = self.swap.swap_out(group, self.bm)
+            out.swap_out += [BlockMove(planned.get(m.src, m.src), m.dst) for m in moves]
             self.swapped.append(group)
             return
         for seq in group.unfinished():
@@ -198,11 +226,19 @@ class Scheduler:
         while self.waiting and budget > 0 and id(self.waiting[0]) not in preempted:
             group = self.waiting[0]
             seqs = group.unfinished()
-            if len(self.live_seqs()) + len(seqs) > self.config.max_num_seqs:
+            if self._num_seqs() + _max_seqs(group) > self.config.max_num_seqs:
                 break
-            if not self.config.enable_chunked_prefill and sum(len(s) for s in seqs) > budget:
+            # Unchunked, a group waits for a step with room for all of it; one that no step holds
+            # (n recomputed completions: one prompt is never over it, engine.max_model_len) goes
+            # in chunks rather than never.
+            tokens = sum(len(s) for s in seqs)
+            if not self.config.enable_chunked_prefill and budget < tokens <= self.config.max_num_batched_tokens:
                 break
             if not self._can_admit(seqs):
+                if self._alone():
+                    self.waiting.popleft()
+                    self._finish_too_big(group, out)
+                    continue
                 break
             self.waiting.popleft()
             for seq in seqs:
@@ -213,10 +249,15 @@ class Scheduler:
 
     def _can_admit(self, seqs: list[Sequence]) -> bool:
         watermark = self.watermark if self.running else 0   # an idle engine admits what fits
-        if len(seqs) == 1:
-            return self.bm.can_allocate(seqs[0], reserve_tokens=watermark * self.bm.block_size)
-        return sum(self.bm.blocks_for(len(s)) for s in seqs) + watermark <= self.bm.num_free_blocks
+        return self.bm.blocks_to_allocate_all(seqs, watermark) <= self.bm.num_free_blocks
 
 
 def _is_prefilling(group: SequenceGroup) -> bool:
     return any(s.num_uncomputed_tokens > 1 for s in group.unfinished())
+
+
+def _max_seqs(group: SequenceGroup) -> int:
+    """Sequences the group runs at most: n (or the beam width) once it forks after its prompt."""
+    if group.forked:
+        return len(group.unfinished())
+    return group.params.beam_width if group.beam is not None else group.params.n

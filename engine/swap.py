@@ -51,9 +51,10 @@ class SwapPool:
         return _move(group.unfinished(), device, self.bm, SequenceStatus.SWAPPED)
 
     def can_swap_in(self, group: SequenceGroup, device: BlockManager, watermark: int) -> bool:
+        """Whether the device has room for the group's blocks and what its next step appends."""
         seqs = group.unfinished()
         blocks = len({b for s in seqs for b in s.block_table})
-        return blocks + len(seqs) + watermark <= device.num_free_blocks   # + room to append
+        return blocks + self.bm.blocks_to_append_all(seqs) + watermark <= device.num_free_blocks
 
     def swap_in(self, group: SequenceGroup, device: BlockManager) -> list[BlockMove]:
         """Move `group` back to device blocks; the caller copies the moves (swap -> device)."""

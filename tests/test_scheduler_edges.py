@@ -1,0 +1,137 @@
+"""The scheduler at the edges of its pool and limits: groups of several sequences in pools barely
+big enough, swap-in of a group holding most of the pool, max_num_seqs before a group forks,
+unchunked prefill, and a copy-on-write planned for a group preempted later in the same step.
+Each of these once hung the engine or ended a request early."""
+from __future__ import annotations
+
+import pytest
+
+from engine import SamplingParams
+from engine.block_manager import BlockManager
+from engine.config import SchedulerConfig
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.swap import PreemptionMode, SwapPool
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def _run(llm, requests: dict[str, tuple[list[int], SamplingParams]], max_steps: int = 500) -> dict:
+    """Steps to the end (failing on a hang), checking block conservation after every step."""
+    for rid, (prompt, params) in requests.items():
+        llm.engine.add_request(rid, prompt, params)
+    done, most_seqs = {}, 0
+    for _ in range(max_steps):
+        if not llm.engine.has_unfinished_requests():
+            return done
+        for out in llm.engine.step():
+            if out.finished:
+                done[out.request_id] = [(c.token_ids, c.finish_reason) for c in out.outputs]
+        llm.engine.check_integrity()
+        most_seqs = max(most_seqs, len(llm.engine.scheduler.live_seqs()))
+        done["most_seqs"] = most_seqs
+    raise AssertionError(f"no end after {max_steps} steps: the engine hangs")
+
+
+def test_n2_group_alone_in_a_small_pool_runs_to_max_tokens(model_dir, make_llm):
+    """Two completions sharing a 20-token prompt's blocks fit 4 blocks of 8: the shared partial
+    block costs one copy, not two, so they run to max_tokens (they used to end after 1 token)."""
+    params = SamplingParams(n=2, max_tokens=4, **GREEDY)
+    prompt = list(range(10, 30))
+    small = _run(make_llm(model_dir[0], block_size=8, num_blocks=4, enable_prefix_caching=False),
+                 {"a": (prompt, params)})
+    big = _run(make_llm(model_dir[0], block_size=8, num_blocks=64), {"a": (prompt, params)})
+    assert small["a"] == big["a"] and [len(t) for t, _ in small["a"]] == [4, 4]
+
+
+def test_swapped_group_holding_most_of_the_pool_comes_back(model_dir, make_llm):
+    """An n = 2 group swapped out with 7 of 8 blocks is swapped back in once the other request is
+    done (it asked for 2 blocks more than it needs) and decodes what it would without the swap."""
+    requests = {"b": ([5, 6, 7, 8], SamplingParams(max_tokens=12, **GREEDY)),
+                "a": (list(range(10, 39)), SamplingParams(n=2, max_tokens=10, **GREEDY))}
+    llm = make_llm(model_dir[0], block_size=8, num_blocks=8, enable_prefix_caching=False, swap_space_gib=0.001,
+                   preemption_mode="swap")
+    small = _run(llm, requests)
+    assert llm.engine.scheduler.swap.num_swaps_out > 0
+    big = _run(make_llm(model_dir[0], block_size=8, num_blocks=64), requests)
+    assert small["a"] == big["a"] and small["b"] == big["b"]
+
+
+def test_recomputed_group_too_big_for_the_pool_ends_instead_of_hanging(model_dir, make_llm):
+    """Recomputed without its shared prompt, an n = 2 group needs 10 blocks of a pool of 8: it
+    ends with "length", keeping its tokens, and the request that preempted it completes."""
+    requests = {"b": ([5, 6, 7, 8], SamplingParams(max_tokens=30, **GREEDY)),
+                "a": (list(range(10, 30)), SamplingParams(n=2, max_tokens=14, **GREEDY))}
+    llm = make_llm(model_dir[0], block_size=8, num_blocks=8, enable_prefix_caching=False)
+    done = _run(llm, requests)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [len(t) for t, _ in done["b"]] == [30]
+    assert all(r == "length" and 0 < len(t) < 14 for t, r in done["a"])
+
+
+def test_n_counts_against_max_num_seqs_before_the_group_forks(model_dir, make_llm):
+    """max_num_seqs 4: an n = 3 request and two single ones never run more than 4 sequences at
+    once, and an n above max_num_seqs is refused up front."""
+    llm = make_llm(model_dir[0], max_num_seqs=4, num_blocks=64)
+    done = _run(llm, {"n3": ([1, 2, 3], SamplingParams(n=3, max_tokens=6, **GREEDY)),
+                      "x": ([4, 5], SamplingParams(max_tokens=6, **GREEDY)),
+                      "y": ([6, 7], SamplingParams(max_tokens=6, **GREEDY))})
+    assert done["most_seqs"] <= 4 and [len(t) for t, _ in done["n3"]] == [6, 6, 6]
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        llm.engine.add_request("n5", [1, 2], SamplingParams(n=5))
+
+
+def test_unchunked_prefill_bounds_the_context_by_the_step_budget(model_dir, make_llm):
+    """Without chunked prefill a prompt (or a preempted sequence's recompute) is one step, so the
+    context is at most max_num_batched_tokens: a longer prompt is refused, not left waiting."""
+    llm = make_llm(model_dir[0], block_size=8, num_blocks=6, enable_chunked_prefill=False,
+                   max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert llm.engine.max_model_len == 16
+    with pytest.raises(ValueError, match="context"):
+        llm.engine.add_request("long", list(range(10, 30)), SamplingParams())
+    done = _run(llm, {"b": ([5, 6, 7, 8], SamplingParams(max_tokens=40, **GREEDY)),
+                      "a": (list(range(40, 52)), SamplingParams(max_tokens=20, **GREEDY))})
+    assert [(len(t), r) for t, r in done["a"]] == [(4, "length")]
+    assert [(len(t), r) for t, r in done["b"]] == [(12, "length")]
+
+
+def test_copy_on_write_planned_before_a_swap_out_is_read_from_its_source():
+    """V (n = 2, sharing a partly filled last block) is scheduled and its copy-on-write planned;
+    R, ahead of it, then needs blocks and V is swapped out in the same step. The swap-out must
+    read the copy's source (the copy runs after swaps), and no copy may target V's freed blocks."""
+    bs = 8
+    bm = BlockManager(12, bs, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm, SwapPool(32, bs, PreemptionMode.AUTO))
+
+    def running(tokens: int, computed: int, blocks: int) -> Sequence:
+        s = Sequence(list(range(3, 3 + tokens)), tokens, status=SequenceStatus.RUNNING)
+        s.block_table = [bm.take_block() for _ in range(blocks)]
+        s.num_computed_tokens = computed
+        return s
+
+    r = [running(17, 16, 2), running(17, 16, 2), running(17, 8, 3)]      # r[2] is still prefilling
+    v0 = running(12, 11, 2)
+    v1 = v0.fork(1)
+    bm.fork(v0, v1)
+    sched.running = [SequenceGroup("R", r, SamplingParams(n=3), 0.0, forked=True),
+                     SequenceGroup("V", [v0, v1], SamplingParams(n=2), 1.0, forked=True)]
+    while bm.num_free_blocks > 2:           # V's copy takes 1, R's growth needs 2
+        bm.take_block()
+    shared_last = v0.block_table[-1]
+    out = sched.schedule()
+    assert [g.request_id for g in sched.swapped] == ["V"]
+    assert shared_last in {m.src for m in out.swap_out}                   # read from the source
+    written = {c.dst for c in out.copies}
+    assert not written & {m.src for m in out.swap_out}
+    held = {b for g in sched.running for s in g.unfinished() for b in s.block_table}
+    assert written <= held
+
+
+def test_beam_group_too_big_for_the_pool_returns_its_beams_so_far(model_dir, make_llm):
+    """Four beams outgrow a 6-block pool: the request ends with "length" and its best beams so
+    far (it used to end with no completion at all)."""
+    params = SamplingParams(beam_width=4, n=2, max_tokens=20, ignore_eos=True)
+    done = _run(make_llm(model_dir[0], block_size=8, num_blocks=6, enable_prefix_caching=False),
+                {"beams": (list(range(3, 20)), params)})
+    assert len(done["beams"]) == 2
+    assert all(r == "length" and 0 < len(t) < 20 for t, r in done["beams"])
