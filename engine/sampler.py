@@ -107,13 +107,21 @@ def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:
 
 
 def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Mask tokens outside top-k, outside the top-p nucleus, or below min_p * p(max)."""
+    """Mask tokens outside top-k, outside the top-p nucleus, or below min_p * p(max). Rows that
+    ask for none of it are left exactly as they are: a float32 cumsum over a large vocabulary
+    can pass 1.0 and would cut a tail that top_p = 1 keeps."""
     vocab = logits.shape[-1]
+    picked = [i for i, r in enumerate(rows) if 0 < r.params.top_k < vocab or r.params.top_p < 1.0
+              or r.params.min_p > 0.0]
+    if not picked:
+        return logits
+    if len(picked) < len(rows):
+        out = logits.clone()
+        out[picked] = _filter(logits[picked], [rows[i] for i in picked])
+        return out
     top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in rows])
     top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
     min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype)
-    if bool((top_k >= vocab).all() and (top_p >= 1.0).all() and (min_p <= 0).all()):
-        return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)         # [N, vocab]
     ranks = torch.arange(vocab)[None, :]
     drop = ranks >= top_k[:, None]
