@@ -140,7 +140,7 @@ class BlockManager:
         if self.blocks_to_append(seq) > self.num_free_blocks:
             raise NoFreeBlocks(f"sequence {seq.seq_id} needs more blocks than are free")
         copies = []
-        first = seq.num_computed_tokens // self.block_size
+        first = max(seq.num_computed_tokens // self.block_size, seq.writes_shared)
         for i in range(first, len(seq.block_table)):
             old = seq.block_table[i]
             if self.blocks[old].ref_count > 1:
@@ -162,20 +162,48 @@ class BlockManager:
         in place: n completions sharing a partly filled block need n - 1 copies, not n."""
         new, holders = 0, Counter()
         for seq in seqs:
-            first = seq.num_computed_tokens // self.block_size
+            first = max(seq.num_computed_tokens // self.block_size, seq.writes_shared)
             new += max(0, self.blocks_for(len(seq)) - len(seq.block_table))
             holders.update(b for b in seq.block_table[first:] if self.blocks[b].ref_count > 1)
         return new + sum(min(k, self.blocks[b].ref_count - 1) for b, k in holders.items())
 
     def blocks_to_allocate_all(self, seqs: list[Sequence], reserve_blocks: int = 0) -> int:
-        """Blocks that `allocate` takes from the free pool for each of `seqs` in turn, plus
-        `reserve_blocks`: an idle cached block several of them hit is taken once."""
-        new, idle_hits = reserve_blocks, set()
-        for seq in seqs:
-            hits = self._prompt_hits(seq)
-            new += self.blocks_for(len(seq)) - len(hits)
-            idle_hits.update(b for b in hits if self.blocks[b].ref_count == 0)
-        return new + len(idle_hits)
+        """Blocks `allocate_group(seqs)` takes from the free pool, plus `reserve_blocks`."""
+        lead, hits = seqs[0], self._prompt_hits(seqs[0])
+        new = reserve_blocks + self.blocks_for(len(lead)) - len(hits)
+        new += sum(1 for b in hits if self.blocks[b].ref_count == 0)       # idle cached blocks
+        for seq in seqs[1:]:
+            new += self.blocks_for(len(seq)) - self._shareable(lead, seq)
+        return new
+
+    def allocate_group(self, seqs: list[Sequence]) -> None:
+        """Blocks for block-less sequences of one group (n completions recomputed after a
+        preemption): the first is allocated as `allocate` does; each other one shares the first
+        one's leading full blocks that hold the same tokens, and waits for it to compute them
+        (`Sequence.waits_for`), so a shared prompt is held and computed once."""
+        lead = seqs[0]
+        self.allocate(lead)
+        for seq in seqs[1:]:
+            assert not seq.block_table, "allocate_group() takes sequences without blocks"
+            k = self._shareable(lead, seq)
+            for block_id in lead.block_table[:k]:
+                self._ref(block_id)
+            seq.block_table = lead.block_table[:k]
+            while len(seq.block_table) < self.blocks_for(len(seq)):
+                seq.block_table.append(self._take())
+            seq.num_computed_tokens = k * self.block_size
+            lead.writes_shared = max(lead.writes_shared, k)
+            if k * self.block_size > lead.num_computed_tokens:
+                seq.waits_for = lead
+
+    def _shareable(self, lead: Sequence, seq: Sequence) -> int:
+        """Leading full blocks of `seq` with the same tokens as `lead`'s, leaving `seq` at least
+        one token to compute (its logits)."""
+        bs, k = self.block_size, 0
+        limit = min(len(lead) // bs, (len(seq) - 1) // bs)
+        while k < limit and lead.token_ids[k * bs:(k + 1) * bs] == seq.token_ids[k * bs:(k + 1) * bs]:
+            k += 1
+        return k
 
     def commit_computed(self, seq: Sequence) -> None:
         """Register the sequence's newly full, computed blocks in the prefix cache."""
@@ -213,7 +241,8 @@ class BlockManager:
         for block_id in reversed(seq.block_table):
             self._unref(block_id)
         seq.block_table = []
-        seq.num_computed_tokens = seq.num_registered_blocks = 0
+        seq.num_computed_tokens = seq.num_registered_blocks = seq.writes_shared = 0
+        seq.waits_for = None
 
     def take_block(self) -> int:
         """One block, referenced once, for a caller that builds a table itself (swap)."""

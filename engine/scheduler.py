@@ -190,12 +190,19 @@ class Scheduler:
             if needed > budget and budget < self.config.max_num_batched_tokens:
                 return budget
             budget = max(budget, needed)
+        computed_by_now: dict[int, int] = {}        # seq_id -> computed tokens after this step
         for seq in group.unfinished():
+            if (lead := seq.waits_for) is not None:     # its first blocks are the lead's to compute
+                if lead.is_finished or lead.num_computed_tokens >= seq.num_computed_tokens:
+                    seq.waits_for = None                # done (a finished lead computed them all)
+                elif computed_by_now.get(lead.seq_id, 0) < seq.num_computed_tokens:
+                    continue                            # not this step: they are not there yet
             num_new = min(seq.num_uncomputed_tokens, budget)
             out.copies += self.bm.append_slots(seq)
             if num_new > 0:
                 out.scheduled.append(ScheduledSeq(seq, group, num_new))
                 budget -= num_new
+            computed_by_now[seq.seq_id] = seq.num_computed_tokens + num_new
         return budget
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
@@ -241,8 +248,8 @@ class Scheduler:
                     continue
                 break
             self.waiting.popleft()
+            self.bm.allocate_group(seqs)
             for seq in seqs:
-                self.bm.allocate(seq)
                 seq.status = SequenceStatus.RUNNING
             self.running.append(group)
             budget = self._schedule_group(group, budget, out)

@@ -44,6 +44,11 @@ class Sequence:
     logprobs: list[dict[int, float]] = field(default_factory=list)   # per generated token
     text: str = ""                                # detokenized output, stop strings cut
     seed: int | None = None                       # seeded sampling (engine/sampler.py)
+    # A group readmitted after recompute shares its prompt's full blocks again: the first
+    # sequence computes them in place (its first `writes_shared` blocks are not copied on
+    # write), the others wait for it (`waits_for`) before their own tokens run.
+    writes_shared: int = 0
+    waits_for: "Sequence | None" = None
     num_prior_outputs: int = 0                    # the prompt's last tokens an earlier attempt
                                                   # generated (a moved request): they count as
                                                   # generated for penalties and seeded draws

@@ -12,6 +12,7 @@ from engine.config import SchedulerConfig
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.swap import PreemptionMode, SwapPool
+from tests.model_factory import make_model
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -57,16 +58,23 @@ def test_swapped_group_holding_most_of_the_pool_comes_back(model_dir, make_llm):
     assert small["a"] == big["a"] and small["b"] == big["b"]
 
 
-def test_recomputed_group_too_big_for_the_pool_ends_instead_of_hanging(model_dir, make_llm):
-    """Recomputed without its shared prompt, an n = 2 group needs 10 blocks of a pool of 8: it
-    ends with "length", keeping its tokens, and the request that preempted it completes."""
+@pytest.mark.parametrize("num_blocks", [8, 6])
+def test_recomputed_group_shares_its_prompt_again(model_dir, make_llm, num_blocks):
+    """An n = 2 group preempted by recompute is readmitted with its prompt's full blocks shared
+    again (the first completion computes them, the second waits for it), so in 8 blocks it still
+    decodes what it decodes unpreempted (it needed 10 blocks unshared, and hung). In 6 blocks it
+    cannot fit even shared: it ends with "length", keeping its tokens, instead of waiting forever."""
     requests = {"b": ([5, 6, 7, 8], SamplingParams(max_tokens=30, **GREEDY)),
                 "a": (list(range(10, 30)), SamplingParams(n=2, max_tokens=14, **GREEDY))}
-    llm = make_llm(model_dir[0], block_size=8, num_blocks=8, enable_prefix_caching=False)
+    llm = make_llm(model_dir[0], block_size=8, num_blocks=num_blocks, enable_prefix_caching=False)
     done = _run(llm, requests)
     assert llm.engine.scheduler.num_preemptions > 0
-    assert [len(t) for t, _ in done["b"]] == [30]
-    assert all(r == "length" and 0 < len(t) < 14 for t, r in done["a"])
+    big = _run(make_llm(model_dir[0], block_size=8, num_blocks=64), requests)
+    assert done["b"] == big["b"]
+    if num_blocks == 8:
+        assert done["a"] == big["a"]
+    else:
+        assert all(r == "length" and 0 < len(t) < 14 and t == big["a"][0][0][:len(t)] for t, r in done["a"])
 
 
 def test_n_counts_against_max_num_seqs_before_the_group_forks(model_dir, make_llm):
@@ -135,3 +143,35 @@ def test_beam_group_too_big_for_the_pool_returns_its_beams_so_far(model_dir, mak
                 {"beams": (list(range(3, 20)), params)})
     assert len(done["beams"]) == 2
     assert all(r == "length" and 0 < len(t) < 20 for t, r in done["beams"])
+
+
+@pytest.fixture(scope="module")
+def vocab256(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("llama_v256")
+    make_model(path, "llama", vocab=256)
+    return str(path)
+
+
+def test_beam_groups_readmitted_with_shared_blocks_decode_as_unpreempted(vocab256, make_llm):
+    """Three beam requests and other traffic in 12 blocks, recomputed after preemption with
+    their shared blocks computed once: every beam equals the same workload's in a roomy pool.
+    (A beam that had waited for a lead dropped by beam search once waited forever, and the
+    beams went out of step.)"""
+    base = [226, 22, 130, 134, 211, 127, 119, 201, 11, 73, 196, 193]
+    requests = {
+        "x0": ([144, 121, 20, 213, 237, 239, 94, 203, 24, 117, 247, 74, 8, 40], SamplingParams(max_tokens=16, **GREEDY)),
+        "x1": ([57, 149, 131, 175, 166, 160, 211, 181, 103, 57, 13, 32, 35, 162], SamplingParams(max_tokens=28, **GREEDY)),
+        "x2": ([49, 82, 34, 91, 197, 198, 251, 185, 150, 137, 11, 15, 13, 120, 166, 137, 253],
+               SamplingParams(max_tokens=11, **GREEDY)),
+        "b0": (base + [50, 128, 244, 145, 122], SamplingParams(beam_width=2, n=2, max_tokens=10, length_penalty=0.5,
+                                                                early_stopping="never")),
+        "b1": (base + [91, 156, 91, 123, 231, 241, 212, 30], SamplingParams(beam_width=2, n=2, max_tokens=3,
+                                                                              early_stopping="never")),
+        "b2": (base + [12, 176, 52, 96], SamplingParams(beam_width=3, n=3, max_tokens=9, length_penalty=0.5,
+                                                         early_stopping="never")),
+    }
+    llm = make_llm(vocab256, block_size=8, num_blocks=12, max_num_batched_tokens=64)
+    tight = _run(llm, requests)
+    assert llm.engine.scheduler.num_preemptions > 0
+    roomy = _run(make_llm(vocab256, block_size=8, num_blocks=128, max_num_batched_tokens=64), requests)
+    assert {k: tight[k] for k in requests} == {k: roomy[k] for k in requests}
