@@ -126,6 +126,11 @@ class DecodeService:
         self.streamer.open(req.rid)
         self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached))
 
+    def fail(self, rid: str, reason: str) -> None:
+        self.engine.abort_request(rid)
+        self.streamer.drop(rid)
+        self.link.send(RequestFailed(rid, reason, True))
+
     def _abort(self, rid: str) -> None:
         xfer_id = next((x for x, r in self.xfer_rid.items() if r == rid), None)
         if xfer_id is not None:

@@ -178,6 +178,18 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 
+    def fail_step(self) -> list[str]:
+        """After `step()` raised: which request broke it is unknown, so every request the
+        scheduler holds (waiting, running, swapped; not the reserved ones, whose K/V another
+        node is sending) is aborted, and their ids returned for the caller to fail. Raises
+        (the engine is beyond repair) if blocks are then not all accounted for."""
+        sched = self.scheduler
+        ids = [g.request_id for queue in (sched.waiting, sched.running, sched.swapped) for g in queue]
+        for rid in ids:
+            self.abort_request(rid)
+        self.check_integrity()
+        return ids
+
     # -- one step ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()

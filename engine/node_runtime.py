@@ -23,6 +23,7 @@ from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.005
+MAX_STEP_FAILURES = 3         # in a row: then the engine is broken, and the node exits
 
 
 class NodeService(Protocol):
@@ -38,6 +39,9 @@ class NodeService(Protocol):
         """Whether work is pending besides the engine's own (e.g. transfers in flight)."""
 
     def should_stop(self) -> bool: ...
+
+    def fail(self, rid: str, reason: str) -> None:
+        """Tell the router request `rid` failed here (the engine has already dropped it)."""
 
     def close(self) -> None: ...
 
@@ -84,11 +88,23 @@ def run(service: NodeService) -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.append(True))
+    failures = 0
     try:
         while not stopping and not service.should_stop():
             working = service.engine.has_unfinished_requests()
             service.poll(0.0 if working or service.busy() else IDLE_POLL_S)
             if service.engine.has_unfinished_requests():
-                service.on_outputs(service.engine.step())
+                try:
+                    outputs = service.engine.step()
+                except Exception as err:    # noqa: BLE001 -- one bad step must not end the node
+                    failures += 1
+                    if failures >= MAX_STEP_FAILURES:
+                        raise
+                    log.exception("engine step failed; failing its requests (retryable elsewhere)")
+                    for rid in service.engine.fail_step():
+                        service.fail(rid, f"engine step failed: {type(err).__name__}: {err}"[:500])
+                    continue
+                failures = 0
+                service.on_outputs(outputs)
     finally:
         service.close()

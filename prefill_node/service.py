@@ -111,6 +111,9 @@ class PrefillService:
         self.shipper.track(Shipment(req.rid, req.xfer_id, tuple(req.dst_block_ids), len(req.prompt_ids),
                                     req.cached_prefix_blocks))
 
+    def fail(self, rid: str, reason: str) -> None:
+        self._abort(rid, reason, notify=True)
+
     def _abort(self, rid: str, reason: str, notify: bool) -> None:
         self.engine.abort_request(rid)
         shipment = self.shipper.close(rid)

@@ -105,6 +105,27 @@ def test_garbage_control_frames_are_dropped_and_the_node_keeps_serving(harness):
     assert harness.decode.link.dropped == 4 and harness.prefill.link.dropped == 4
 
 
+def test_a_failed_engine_step_fails_its_requests_retryably_and_the_node_serves_on(harness, model_dir):
+    """The decode node's engine raises in one step: the request it held fails with a retryable
+    RequestFailed (the router runs it elsewhere), nothing leaks, and the next request decodes
+    transformers' tokens on the same node."""
+    runner = harness.decode.engine.runner
+    execute, calls = runner.execute, []
+
+    def breaks_once(scheduled):
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return execute(scheduled)
+    runner.execute = breaks_once
+    harness.submit("hit", [1, 17, 99, 4, 250], GREEDY)
+    (hit,) = harness.wait(["hit"])
+    assert hit.failed is not None and hit.failed.retryable and "device lost" in hit.failed.reason
+    harness.submit("after", [5, 6, 7], GREEDY)
+    (after,) = harness.wait(["after"])
+    assert after.failed is None and _tokens(after) == hf_greedy(model_dir[1], [5, 6, 7], 12)
+
+
 def test_streamer_reports_text_a_stop_string_cut_after_it_was_sent():
     """The engine's text shrinks when a stop string completes over text already sent: the last
     delta carries the new end (offset = its length, no text) and the stop."""

@@ -13,6 +13,7 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from router.backend import NodeMetrics
 from router.colocated import ColocatedBackend
+from router.policy import NoNodeAvailable
 from tests.tiny_chat_model import tiny_chat_model_folder
 
 
@@ -32,12 +33,18 @@ class FakeEngine:
     model_name = "fake"
     max_model_len = 128
 
-    def __init__(self, crash_at_step: int | None = None):
+    def __init__(self, crash_at_steps: tuple[int, ...] = ()):
         self.running: dict[str, tuple[list[int], SamplingParams, list[int]]] = {}
         self.aborted: list[str] = []
         self.threads: set[int] = set()
         self.steps = 0
-        self.crash_at_step = crash_at_step
+        self.crash_at_steps = crash_at_steps
+
+    def fail_step(self):
+        ids = list(self.running)
+        for rid in ids:
+            self.abort_request(rid)
+        return ids
 
     def add_request(self, request_id, prompt, params):
         self.threads.add(threading.get_ident())
@@ -56,7 +63,7 @@ class FakeEngine:
     def step(self):
         self.threads.add(threading.get_ident())
         self.steps += 1
-        if self.steps == self.crash_at_step:
+        if self.steps in self.crash_at_steps:
             raise RuntimeError("CUDA fell over")
         time.sleep(0.001)
         outs = []
@@ -173,15 +180,23 @@ def test_abort_ends_the_stream(engine_and_backend):
     assert not outs[-1].finished and engine.aborted == ["r1"]
 
 
-def test_engine_crash_fails_requests_and_health(engine_and_backend):
-    """An exception in step() fails running requests with RuntimeError and marks the backend unhealthy."""
-    engine = FakeEngine(crash_at_step=2)
+def test_a_failed_step_fails_its_requests_and_the_engine_serves_on():
+    """An exception in step() fails the requests the engine held with RuntimeError; the next
+    request is served. Three failed steps in a row: the backend is unhealthy and refuses work."""
+    engine = FakeEngine(crash_at_steps=(2, 4, 5, 6))
     backend = ColocatedBackend(engine)
-    with pytest.raises(RuntimeError, match="CUDA fell over"):
+    with pytest.raises(RuntimeError, match="engine step failed: RuntimeError: CUDA fell over"):
         run(collect(backend, "r1", [1], SamplingParams(max_tokens=10)))
+    assert backend.is_healthy() and engine.aborted == ["r1"]
+    assert run(collect(backend, "r2", [1], SamplingParams(max_tokens=1)))[-1].finished     # step 3
+    for rid in ("r3", "r4"):                                                    # steps 4, 5
+        with pytest.raises(RuntimeError, match="CUDA fell over"):
+            run(collect(backend, rid, [1], SamplingParams(max_tokens=10)))
+    with pytest.raises(RuntimeError, match="CUDA fell over"):                 # step 6: the third
+        run(collect(backend, "r5", [1], SamplingParams(max_tokens=10)))
     assert not backend.is_healthy()
-    with pytest.raises(RuntimeError, match="not running"):
-        run(collect(backend, "r2", [1], SamplingParams(max_tokens=1)))
+    with pytest.raises(NoNodeAvailable, match="not running"):
+        run(collect(backend, "r6", [1], SamplingParams(max_tokens=1)))
 
 
 def test_metrics_snapshot_and_close(engine_and_backend):
