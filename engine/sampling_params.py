@@ -77,6 +77,8 @@ class SamplingParams:
         _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
         _require(isinstance(self.beam_width, int) and 0 <= self.beam_width <= 64,
                  f"beam_width must be an integer in [0, 64], got {self.beam_width!r}")
+        _require(self.beam_width == 0 or self.logprobs is None,
+                 "logprobs is not returned by beam search: ask for one or the other")
         _require(self.beam_width == 0 or self.n <= self.beam_width,
                  f"n ({self.n}) must not exceed beam_width ({self.beam_width})")
         _require(self.early_stopping in (True, False, "never"),

@@ -228,6 +228,9 @@ def test_completion_bad_input_is_400(client, backend, payload, param):
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 25}, "top_logprobs"),
+    ({"messages": [{"role": "user"}]}, "messages.0"),
+    ({"messages": [{"role": "user", "content": "x"}], "use_beam_search": True, "n": 2, "logprobs": True},
+     "logprobs"),
 ])
 def test_chat_bad_input_is_400(client, payload, param):
     """Bad chat input answers 400 in OpenAI's error shape."""
