@@ -9,6 +9,7 @@ _INT64 = 1 << 63          # integers travel between processes as msgpack int64
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
            "length_penalty")
 _INTS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "beam_width")
+_OPTIONAL = ("seed", "max_tokens", "logprobs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +48,8 @@ class SamplingParams:
                      f"{name} must be a finite number, got {value!r}")
         for name in _INTS:
             value = getattr(self, name)
-            _require(value is None or type(value) is not int or -_INT64 <= value < _INT64,
-                     f"{name} must fit in 64 bits, got {value!r}")
+            _require((value is None and name in _OPTIONAL) or (type(value) is int and -_INT64 <= value < _INT64),
+                     f"{name} must be an integer that fits in 64 bits, got {value!r}")
         _require(all(type(t) is not int or t < _INT64 for t in self.stop_token_ids),
                  "stop_token_ids must fit in 64 bits")
         _require(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")

@@ -154,7 +154,7 @@ class Scheduler:
         """Preempt later groups until `group` can append; False if `group` itself had to go."""
         while self._blocks_to_append(group) > self.bm.num_free_blocks:
             victim = self.running[-1]
-            if victim is group and len(self.running) == 1:
+            if victim is group and len(self.running) == 1 and not self.reserved and not self.pinned:
                 self.running.remove(group)      # alone and still too big for the pool
                 self._finish_too_big(group, out)
                 return False

@@ -10,7 +10,7 @@ the cache never loads a stale build.
 The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 ~/.cache/pdserve/kernels; if that is not writable, a directory in the system's temp dir.
 Builds go to a temporary file that is renamed into place, so nodes starting together race
-harmlessly; a new build deletes all but the newest KEEP_BUILDS of its kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`
+harmlessly; a new build deletes all but the KEEP_BUILDS most recently used builds of its kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`
 and `layer_ops_lib()` returning None (the reason in `build_error(name)`) and callers use their
 PyTorch path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
@@ -119,6 +119,10 @@ def _build(name: str) -> str:
     for cache in (_cache_dir(), os.path.join(tempfile.gettempdir(), f"pdserve-kernels-{os.getuid()}")):
         path = os.path.join(cache, f"{name}-{key}.so")
         if os.path.exists(path):
+            try:
+                os.utime(path)                # pruning keeps the builds used last
+            except OSError:
+                pass
             return path
         try:                                  # an unwritable cache (read-only home): the temp dir
             os.makedirs(cache, exist_ok=True)
@@ -142,8 +146,9 @@ def _build(name: str) -> str:
 
 
 def _prune(cache: str, name: str) -> None:
-    """Deletes all but the newest KEEP_BUILDS builds of `name` (one is left per source edit). A
-    process that still has a deleted one loaded keeps its mapping; one that wants it rebuilds."""
+    """Deletes all but the KEEP_BUILDS most recently used builds of `name` (each source edit
+    leaves one). A process that has a deleted one loaded keeps its mapping; one that wants it
+    rebuilds it."""
     builds = []
     for entry in os.scandir(cache):
         if entry.name.startswith(name + "-") and entry.name.endswith(".so"):

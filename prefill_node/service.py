@@ -41,7 +41,7 @@ class PrefillService:
         self.engine = LLMEngine(config.engine_config(), observer=self.shipper)
         identity = kv_identity(self.engine, config.node_id, self.epoch, config.kv_transport)
         if config.kv_transport == "torch_dist":
-            self.sender = DistSender(identity, device=self.engine.runner.kv_cache.device.type,
+            self.sender = DistSender(identity, device=str(self.engine.runner.kv_cache.device),
                                      p2p_host=config.p2p_host)
         else:
             self.sender = ZmqSender(identity)
@@ -100,8 +100,9 @@ class PrefillService:
         except (HandshakeError, RuntimeError, ValueError) as e:
             self.link.send(RequestFailed(req.rid, f"cannot reach decode node: {e}"[:500], True))
             return
-        prefill_params = dataclasses.replace(req.params, max_tokens=1, n=1)
-        try:
+        try:    # P samples the first token only (min_tokens > 0 still bans EOS on it)
+            prefill_params = dataclasses.replace(req.params, max_tokens=1, n=1,
+                                                 min_tokens=min(req.params.min_tokens, 1))
             self.engine.add_request(req.rid, list(req.prompt_ids), prefill_params, req.prior_outputs)
         except ValueError as e:
             self.sender.abort(req.xfer_id, "bad request")

@@ -103,15 +103,25 @@ def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], 
         if choice.logprobs is not None:
             entry = logprobs[k - unlogged] if k >= unlogged else None
             choice.logprobs.append(top_logprobs(entry) if entry else missing_logprob(token_ids[k]))
+    before = len(choice.text)
     choice.text += text[len(choice.text) - text_start:]
-    if finish_reason:
-        choice.text = choice.text[:text_start + len(text)]
-    if not finish_reason and att.text_base and (at := stop_across(choice.text, att.text_base,
-                                                                  choice.params.stop)) != -1:
+    if finish_reason == "stop" and choice.params.stop:
+        _cut_at_stop(choice, att, before, text_start + len(text))
+    if att.text_base and (at := stop_across(choice.text, att.text_base, choice.params.stop)) != -1:
         choice.text, finish_reason = choice.text[:at], "stop"
     if finish_reason:
         choice.finish_reason = finish_reason
     return True
+
+
+def _cut_at_stop(choice: Choice, att: Attempt, before: int, end: int) -> None:
+    """The node's final text ends at `end` (a stop string cut it). Text is only taken back as far
+    as the stop string can reach: the router holds that much back from the client (the longest
+    stop string less one character) and never shows it; a node asking for more is ignored."""
+    floor = max(att.text_base, before - (max(map(len, choice.params.stop)) - 1))
+    if end < floor:
+        log.warning("%s: the node cut its text to %d characters; only %d may go", att.wire_rid, end, floor)
+    choice.text = choice.text[:max(end, floor)]
 
 
 def stop_across(text: str, boundary: int, stops: tuple[str, ...]) -> int:

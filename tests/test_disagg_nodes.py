@@ -105,6 +105,16 @@ def test_garbage_control_frames_are_dropped_and_the_node_keeps_serving(harness):
     assert harness.decode.link.dropped == 4 and harness.prefill.link.dropped == 4
 
 
+def test_min_tokens_run_disaggregated(harness, model_dir):
+    """min_tokens > 1 reaches both nodes (the prefill node samples only the first token, EOS
+    banned) and the request decodes transformers' tokens; the prefill node stays up."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=3, ignore_eos=True)
+    harness.submit("m", [5, 6, 7], params)
+    (m,) = harness.wait(["m"])
+    assert m.failed is None and _tokens(m) == hf_greedy(model_dir[1], [5, 6, 7], 8)
+    assert all(t.is_alive() for t in harness.threads)
+
+
 def test_a_failed_engine_step_fails_its_requests_retryably_and_the_node_serves_on(harness, model_dir):
     """The decode node's engine raises in one step: the request it held fails with a retryable
     RequestFailed (the router runs it elsewhere), nothing leaks, and the next request decodes

@@ -66,6 +66,26 @@ def test_a_stop_string_cut_reaches_text_already_merged():
     run(test)
 
 
+def test_a_final_delta_cannot_take_back_text_beyond_a_stop_string():
+    """A final delta that would shrink the text more than a stop string can reach (or with no
+    stop string at all) takes back only what the router held back from the client."""
+    async def test():
+        for stop, finish, expected in (((), "length", "hello world"), (("xy",), "stop", "hello worl")):
+            async with Cluster() as c:
+                p, d = await c.pair()
+                out = c.generate(max_tokens=8, stop=list(stop))
+                await d.expect(DecodeRequest)
+                d.send(Reserved("r1", "x1", (3, 4), 0))
+                await p.expect(PrefillRequest)
+                p.send(FirstToken("r1", 11, "hello", None, ""))
+                d.send(TokenDelta("r1", 0, (11, 12), 0, "hello world", None, ""))
+                d.send(TokenDelta("r1", 2, (13,), 0, "", None, finish))
+                while (final := await out.next()) is not END and not final.finished:
+                    pass
+                assert view(final) == ([([11, 12, 13], expected, finish)], True)
+    run(test)
+
+
 def test_decode_delta_before_first_token_is_held_until_it():
     """A delta from D that overtakes P's FirstToken waits for it; every token is emitted once, in order."""
     async def test():

@@ -66,10 +66,12 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
     run(test)
 
 
-def test_stop_string_split_by_a_migration_is_found_by_the_router():
+@pytest.mark.parametrize("finish", ["", "length"])
+def test_stop_string_split_by_a_migration_is_found_by_the_router(finish):
     """Stop "cd": the lost D sent "abc", the new attempt's first token "d" completes it. The new
-    node never saw the "c", so the router cuts the text at "ab", finishes with "stop" and aborts
-    the new attempt; the client never saw the held-back "c"."""
+    node never saw the "c", so the router cuts the text at "ab" and finishes with "stop" (also
+    when that token was the last one allowed), aborting the new attempt if it runs on; the client
+    never saw the held-back "c"."""
     async def test():
         async with Cluster() as c:
             p = await c.node("prefill-0", "prefill")
@@ -87,11 +89,12 @@ def test_stop_string_split_by_a_migration_is_found_by_the_router():
             assert (await p.expect(AbortRequest)).rid == "r1"
             live.send(Reserved("r1~1", "x2", (7, 8), 0))
             await p.expect(PrefillRequest)
-            p.send(FirstToken("r1~1", 14, "de", None, ""))
+            p.send(FirstToken("r1~1", 14, "de", None, finish))
             while (final := await out.next()) is not END and not final.finished:
                 seen.append(view(final))
             assert view(final) == ([([11, 12, 13, 14], "ab", "stop")], True)
-            assert (await live.expect(AbortRequest)).rid == "r1~1"
+            if not finish:
+                assert (await live.expect(AbortRequest)).rid == "r1~1"
     run(test)
 
 

@@ -77,6 +77,25 @@ def test_recomputed_group_shares_its_prompt_again(model_dir, make_llm, num_block
         assert all(r == "length" and 0 < len(t) < 14 and t == big["a"][0][0][:len(t)] for t, r in done["a"])
 
 
+def test_a_request_alone_beside_a_reservation_waits_for_its_blocks(model_dir, make_llm):
+    """On a decode node a reservation holds blocks while its K/V arrive: a running request that
+    then runs out of blocks is preempted and waits, not ended with "length" as if the pool were
+    all its own; once the reservation is gone it completes."""
+    llm = make_llm(model_dir[0], block_size=8, num_blocks=8, enable_prefix_caching=False)
+    engine = llm.engine
+    engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=40, **GREEDY))
+    for _ in range(6):
+        engine.step()
+    assert engine.reserve("r", list(range(10, 50)), SamplingParams(max_tokens=1), 0) is not None
+    for _ in range(40):
+        engine.step()
+        engine.check_integrity()
+    assert [g.request_id for g in engine.scheduler.waiting] == ["a"]
+    engine.abort_request("r")
+    done = _run(llm, {})
+    assert [(len(t), r) for t, r in done["a"]] == [(40, "length")]
+
+
 def test_n_counts_against_max_num_seqs_before_the_group_forks(model_dir, make_llm):
     """max_num_seqs 4: an n = 3 request and two single ones never run more than 4 sequences at
     once, and an n above max_num_seqs is refused up front."""
