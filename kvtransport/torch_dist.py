@@ -89,9 +89,11 @@ class _SendWaiter:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            work, done, _ = item
+            work, done, tensor = item
             try:
                 work.wait()
+                if tensor.is_cuda:      # NCCL's wait() only orders this thread's stream after
+                    torch.cuda.current_stream(tensor.device).synchronize()   # the send: wait for it
             except Exception as e:   # the pair broke; the sender's poll() reports it
                 done.error = e
             done.done = True
