@@ -4,6 +4,7 @@ vLLM's CPU build, on the same random-weight Llama and workload, in one script.
     python bench/engine_throughput.py                   # pdserve + transformers
     python bench/engine_throughput.py --vllm            # also vLLM CPU (own venv, ~4 min first time)
     python bench/engine_throughput.py --dtype bfloat16 --num-requests 32 --input-len 128 --output-len 128
+    python bench/engine_throughput.py --temperature 0.8      # sampled instead of greedy, every system
     python bench/engine_throughput.py --vllm --omp-spin 10000   # all systems: bounded OpenMP spinning
 
 OpenMP threads wait passively (sleep) between ops by default, as pdserve's nodes do; --omp-spin N
@@ -48,7 +49,8 @@ def pdserve_runner(path: str, args):
     from engine import LLM, SamplingParams
     llm = LLM(path, dtype=args.dtype, max_num_seqs=args.num_requests, kv_cache_gib=2.0,
               max_num_batched_tokens=args.max_batched_tokens)
-    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=True,
+                            seed=args.seed if args.temperature else None)
     llm.generate(workload(args, -1)[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm up
 
     def run(repeat: int) -> float:
@@ -66,6 +68,8 @@ def hf_static_runner(path: str, args):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
     kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    if args.temperature:     # plain temperature sampling: no top-k / top-p from generation_config
+        kwargs.update(do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0)
     with torch.inference_mode():
         warm = torch.tensor(workload(args, -1))[:2, :16]
         model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, min_new_tokens=4, **kwargs)
@@ -97,7 +101,8 @@ def run_vllm(path: str, args) -> list[float] | None:
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                VLLM_CPU_KVCACHE_SPACE="2")
     cmd = [os.path.join(VLLM_VENV, "bin", "python"), os.path.join(HERE, "vllm_offline.py"), path, args.dtype,
-           str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed), str(args.repeats)]
+           str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed), str(args.repeats),
+           str(args.temperature)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     rates = [float(line.split("=", 1)[1]) for line in proc.stdout.splitlines()
              if line.startswith("VLLM_TOKENS_PER_S=")]
@@ -115,6 +120,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy; else every system samples at this temperature (no top-k/top-p)")
     ap.add_argument("--vllm", action="store_true", help="also run vLLM's CPU build (vllm-cpu)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per system (median reported)")
     ap.add_argument("--skip-hf", action="store_true")
@@ -140,7 +147,8 @@ def report(runs: dict, args) -> None:
     print(f"OpenMP: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
           f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}, {torch.get_num_threads()} threads")
     print(f"workload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
-          f"tokens, greedy, {args.dtype}; model: random Llama {PEER_SHAPE}")
+          f"tokens, {f'temperature {args.temperature}' if args.temperature else 'greedy'}, {args.dtype}; "
+          f"model: random Llama {PEER_SHAPE}")
     print(f"median of {args.repeats} timed runs per system, each on fresh prompts (pdserve and transformers "
           f"interleaved run by run; vLLM in its own process after them):")
     paired = {}
@@ -156,7 +164,8 @@ def report(runs: dict, args) -> None:
     omp = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     out = write_result("engine_throughput", {"args": vars(args), "openmp": omp, "model": PEER_SHAPE,
                                              "output_tokens_per_s": results, "runs": runs,
-                                             "paired_ratios": paired}, tag=args.dtype)
+                                             "paired_ratios": paired},
+                       tag=args.dtype + (f"_t{args.temperature:g}" if args.temperature else ""))
     print(f"wrote {out}")
 
 

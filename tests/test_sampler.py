@@ -30,3 +30,18 @@ def test_seeded_draws_depend_on_seed_and_position_only():
     assert Sampler(seed=3)(logits[[1, 0, 2]], [others[0], seeded, others[1]])[1].token_id == alone
     assert choice_seed(2 ** 63 - 1, 1) == -(2 ** 63)
     assert draw_seed(2 ** 63 - 1 + 1, 4) == draw_seed(-(2 ** 63), 4)
+
+
+def test_draws_follow_the_distribution_and_never_pick_a_masked_token():
+    """20,000 draws (in batches, shared and seeded generators) land on each token in proportion
+    to its probability after temperature and top-k, and never on a token top-k removed."""
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03]))
+    sampler, counts = Sampler(seed=1), torch.zeros(5)
+    for k in range(200):
+        rows = [_row(temperature=1.0, top_k=4)] * 50 + [
+            SamplingRow(SamplingParams(temperature=1.0, top_k=4, seed=s), [], [], s, draw=k) for s in range(50)]
+        for t in sampler(logits.repeat(100, 1), rows):
+            counts[t.token_id] += 1
+    expected = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.0]) / 0.97
+    assert counts[4] == 0
+    assert torch.allclose(counts / counts.sum(), expected, atol=0.012), counts / counts.sum()
