@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logit_filter import filter_logits
 from engine.sampling_params import SamplingParams
 
 
@@ -119,9 +120,9 @@ def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:
 
 
 def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Mask tokens outside top-k, outside the top-p nucleus, or below min_p * p(max). Rows that
-    ask for none of it are left exactly as they are: a float32 cumsum over a large vocabulary
-    can pass 1.0 and would cut a tail that top_p = 1 keeps."""
+    """Mask tokens outside top-k, outside the top-p nucleus, or below min_p * p(max)
+    (engine/logit_filter.py). Rows that ask for none of it are left exactly as they are: a
+    float32 cumsum over a large vocabulary can pass 1.0 and would cut a tail that top_p = 1 keeps."""
     vocab = logits.shape[-1]
     picked = [i for i, r in enumerate(rows) if 0 < r.params.top_k < vocab or r.params.top_p < 1.0
               or r.params.min_p > 0.0]
@@ -134,15 +135,7 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in rows])
     top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
     min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype)
-    sorted_logits, order = logits.sort(dim=-1, descending=True)         # [N, vocab]
-    ranks = torch.arange(vocab)[None, :]
-    drop = ranks >= top_k[:, None]
-    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-    before = probs.cumsum(dim=-1) - probs                               # mass above each token
-    drop |= before > top_p[:, None]
-    drop |= probs < (min_p[:, None] * probs[:, :1])
-    drop[:, 0] = False                                                  # keep the best token
-    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return filter_logits(logits, top_k, top_p, min_p)
 
 
 def _top_logprobs(raw: torch.Tensor | None, row: int, chosen: int, n: int | None) -> dict[int, float] | None:

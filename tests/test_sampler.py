@@ -1,9 +1,11 @@
 """The sampler alone: a row's filtering and draws do not depend on the rows batched with it."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine import SamplingParams
+from engine.logit_filter import _sorted_filter, filter_logits
 from engine.sampler import Sampler, SamplingRow, _filter, choice_seed, draw_seed
 
 
@@ -45,3 +47,20 @@ def test_draws_follow_the_distribution_and_never_pick_a_masked_token():
     expected = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.0]) / 0.97
     assert counts[4] == 0
     assert torch.allclose(counts / counts.sum(), expected, atol=0.012), counts / counts.sum()
+
+
+@pytest.mark.parametrize("scale", [1.0, 4.0, 12.0])
+def test_candidate_filter_drops_what_the_full_sort_drops(scale):
+    """Over flat (scale 1: most rows fall back to the full sort) and peaked (scale 12: every row
+    is decided by its 256 candidates) logits, every mix of top-k, top-p and min-p keeps exactly
+    the tokens a sort of the whole row keeps."""
+    g = torch.Generator().manual_seed(int(scale))
+    rows = 96
+    logits = torch.randn(rows, 32000, generator=g) * scale
+    top_k = torch.tensor([[32000, 1, 50, 256, 300, 5000, 31999, 40][i % 8] for i in range(rows)])
+    top_p = torch.tensor([[1.0, 0.9, 0.5, 0.99][(i // 8) % 4] for i in range(rows)])
+    min_p = torch.tensor([[0.0, 0.05, 0.3][(i // 32) % 3] for i in range(rows)])
+    fast = filter_logits(logits, top_k, top_p, min_p)
+    full = _sorted_filter(logits, top_k, top_p, min_p)
+    assert torch.equal(torch.isinf(fast), torch.isinf(full))
+    assert torch.equal(fast[torch.isfinite(fast)], logits[torch.isfinite(fast)])
