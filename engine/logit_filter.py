@@ -7,8 +7,9 @@ them is dropped anyway:
   - its top_k is within the candidates, or
   - the candidates already hold more than its top_p of the probability, or
   - the last candidate is already under its min_p line.
-The remaining rows take the full sort. Both paths drop exactly the same tokens, except for a
-boundary tie, where either may keep it.
+A row with only min_p needs no order at all (a line under its best logit). The remaining rows
+take the full sort. All paths drop the same tokens, except at a boundary tie, where either may
+keep it.
 
 Rules (as vLLM and transformers): top_k keeps the k best; top_p then keeps the best tokens up to
 and including the one that brings the kept mass (renormalized over the top_k) to top_p; min_p
@@ -34,6 +35,12 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     values, order = logits.topk(count, dim=-1)                         # best first
     kept, decided = _candidate_filter(logits, values, top_k, top_p, min_p)
     out = torch.full_like(logits, float("-inf")).scatter_(-1, order, kept)
+    only_min_p = (~decided) & (top_k >= vocab) & (top_p >= 1.0)
+    if bool(only_min_p.any()):                      # no order needed: a line under the best logit
+        rows = only_min_p.nonzero()[:, 0]
+        best = logits[rows].max(dim=-1, keepdim=True).values
+        out[rows] = logits[rows].masked_fill(logits[rows] < best + torch.log(min_p[rows, None]), float("-inf"))
+        decided = decided | only_min_p
     if not bool(decided.all()):
         rest = (~decided).nonzero()[:, 0]
         out[rest] = _sorted_filter(logits[rest], top_k[rest], top_p[rest], min_p[rest])
