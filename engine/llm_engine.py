@@ -136,6 +136,9 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.model_config.eos_token_ids))
+        if params.min_tokens and len(banned) >= vocab:
+            raise ValueError("min_tokens bans every token of the vocabulary (stop_token_ids and EOS)")
         if type(prior_outputs) is not int or not 0 <= prior_outputs < len(ids):
             raise ValueError(f"prior_outputs must be an integer in [0, {len(ids)}), got {prior_outputs!r}")
         width = params.beam_width if params.use_beam_search else params.n
@@ -179,14 +182,16 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def fail_step(self) -> list[str]:
-        """After `step()` raised: which request broke it is unknown, so every request the
-        scheduler holds (waiting, running, swapped; not the reserved ones, whose K/V another
-        node is sending) is aborted, and their ids returned for the caller to fail. Raises
-        (the engine is beyond repair) if blocks are then not all accounted for."""
+        """After `step()` raised: which request broke it is unknown, so every request here
+        (not the reserved ones, whose K/V another node is sending) is aborted, and their ids
+        returned for the caller to fail. Raises (the engine is beyond repair) if blocks are then
+        not all accounted for."""
         sched = self.scheduler
-        ids = [g.request_id for queue in (sched.waiting, sched.running, sched.swapped) for g in queue]
-        for rid in ids:
-            self.abort_request(rid)
+        ids = [rid for rid in self._groups if rid not in sched.reserved]
+        for rid in ids:             # also those the failed step had already ended (plan.finished)
+            group = self._groups[rid]
+            sched.abort(rid)
+            self._forget(group)
         self.check_integrity()
         return ids
 

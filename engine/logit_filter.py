@@ -9,7 +9,8 @@ them is dropped anyway:
   - the last candidate is already under its min_p line.
 A row with only min_p needs no order at all (a line under its best logit). The remaining rows
 take the full sort. All paths drop the same tokens, except at a boundary tie, where either may
-keep it.
+keep it; which path a row takes depends on that row alone, so a seeded draw does not depend on
+the rows batched with it.
 
 Rules (as vLLM and transformers): top_k keeps the k best; top_p then keeps the best tokens up to
 and including the one that brings the kept mass (renormalized over the top_k) to top_p; min_p
@@ -19,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-CANDIDATES = 256                # the candidate set's size, or the largest top_k asked (up to 4096)
-_MAX_CANDIDATES = 4096
+CANDIDATES = 256                # the candidate set's size; a top_k above it takes the full sort
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -28,8 +28,7 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     """logits [N, V] with the dropped tokens at -inf. top_k [N] int64 (>= V: off), top_p [N]
     and min_p [N] in logits' dtype (1.0 and 0.0: off)."""
     vocab = logits.shape[-1]
-    asked = top_k[top_k <= _MAX_CANDIDATES]
-    count = min(vocab, max(CANDIDATES, int(asked.max()) if asked.numel() else 0))
+    count = min(vocab, CANDIDATES)      # the same for every row: a row's path never depends on its batch
     if count == vocab:
         return _sorted_filter(logits, top_k, top_p, min_p)
     values, order = logits.topk(count, dim=-1)                         # best first
@@ -59,7 +58,7 @@ def _candidate_filter(logits: torch.Tensor, values: torch.Tensor, top_k: torch.T
     drop |= _outside_nucleus(probs, top_p)
     drop |= probs < (min_p[:, None] * probs[:, :1])
     drop[:, 0] = False
-    decided = within | (probs.sum(dim=-1) > top_p) | (probs[:, -1] < min_p * probs[:, 0])
+    decided = within | ((probs.sum(dim=-1) > top_p) & (top_p < 1.0)) | (probs[:, -1] < min_p * probs[:, 0])
     decided &= within | (top_k >= vocab)                               # else the top_k set is unknown
     return values.masked_fill(drop, float("-inf")), decided
 

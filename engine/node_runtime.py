@@ -92,6 +92,7 @@ def run(service: NodeService) -> None:
     try:
         while not stopping and not service.should_stop():
             working = service.engine.has_unfinished_requests()
+            failures = failures if working else 0       # "in a row": an idle engine starts afresh
             service.poll(0.0 if working or service.busy() else IDLE_POLL_S)
             if service.engine.has_unfinished_requests():
                 try:

@@ -72,6 +72,8 @@ class Sampler:
         logits = _filter(logits / temps[:, None], rows)
         probs = torch.softmax(logits, dim=-1)
         cdf = probs.to(torch.float64).cumsum_(dim=-1)          # float64: no drift over 100k+ tokens
+        if not bool(torch.isfinite(cdf[:, -1]).all()):
+            raise RuntimeError("the model's logits are not finite (NaN or inf): nothing to sample from")
         u = torch.empty(len(rows), 1, dtype=torch.float64)
         shared = [i for i, r in enumerate(rows) if r.seed is None]
         if shared:
@@ -143,6 +145,6 @@ def _top_logprobs(raw: torch.Tensor | None, row: int, chosen: int, n: int | None
         return None
     result = {chosen: float(raw[row, chosen])}
     if n > 0:
-        values, ids = raw[row].topk(n)
+        values, ids = raw[row].topk(min(n, raw.shape[-1]))
         result.update(zip(ids.tolist(), values.tolist()))
     return result

@@ -75,7 +75,8 @@ def _move(seqs: list[Sequence], src: BlockManager, dst: BlockManager,
             table.append(mapping[block_id])
         tables.append(table)
     for seq, table in zip(seqs, tables):
-        computed = seq.num_computed_tokens
+        computed, writes_shared, waits_for = seq.num_computed_tokens, seq.writes_shared, seq.waits_for
         src.free(seq)
         seq.block_table, seq.num_computed_tokens, seq.status = table, computed, status
+        seq.writes_shared, seq.waits_for = writes_shared, waits_for     # a readmitted group's sharing
     return [BlockMove(s, d) for s, d in mapping.items()]

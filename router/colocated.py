@@ -152,10 +152,13 @@ class ColocatedBackend(Backend):
                 for rid in self._engine.fail_step():
                     if (sink := self._sinks.pop(rid, None)) is not None:
                         sink.push(RuntimeError(f"engine step failed: {type(err).__name__}: {err}"))
-                return True
-            self._step_failures = 0
+                outputs = []
+            else:
+                self._step_failures = 0
             for output in outputs:
                 self._deliver(output)
+        else:
+            self._step_failures = 0     # "in a row": an idle engine starts afresh
         self._metrics = self._snapshot()
         return True
 

@@ -147,6 +147,19 @@ def test_extreme_but_valid_values_sample_and_bad_stop_ids_are_refused(model_dir,
     assert len(llm.generate([[5, 6]], SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids) == 2
 
 
+def test_a_tiny_vocabulary_takes_any_logprobs_and_refuses_a_ban_on_every_token(tmp_path, make_llm):
+    """A 16-token vocabulary: logprobs=20 returns all 16 (it crashed the step, failing the
+    requests batched with it); min_tokens with every token a stop token is refused up front."""
+    from tests.model_factory import make_model
+    make_model(tmp_path, "llama", vocab=16)
+    llm = make_llm(str(tmp_path), num_blocks=32)
+    outs = llm.generate([[3, 4, 5]] * 2, [SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, logprobs=20)])
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4]
+    assert all(len(entry) == 16 for entry in outs[1].outputs[0].logprobs)
+    with pytest.raises(ValueError, match="bans every token"):
+        llm.engine.add_request("ban", [3, 4, 5], SamplingParams(min_tokens=3, stop_token_ids=tuple(range(16))))
+
+
 def test_abort_frees_blocks_at_once(model_dir, make_llm):
     """Aborting a running request frees every block it held and reports reason abort."""
     path, _ = model_dir

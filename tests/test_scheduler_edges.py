@@ -12,7 +12,7 @@ from engine.config import SchedulerConfig
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.swap import PreemptionMode, SwapPool
-from tests.model_factory import make_model
+from tests.model_factory import hf_greedy, make_model
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -194,3 +194,48 @@ def test_beam_groups_readmitted_with_shared_blocks_decode_as_unpreempted(vocab25
     assert llm.engine.scheduler.num_preemptions > 0
     roomy = _run(make_llm(vocab256, block_size=8, num_blocks=128, max_num_batched_tokens=64), requests)
     assert {k: tight[k] for k in requests} == {k: roomy[k] for k in requests}
+
+
+def test_a_readmitted_group_swapped_before_its_shared_blocks_are_computed(model_dir, make_llm):
+    """An n = 2 group recomputed and readmitted (its second completion waiting for the first to
+    compute their shared blocks, in 4-token steps) is then swapped out: it must come back still
+    waiting, or the second completion reads K/V nobody computed. Both equal transformers."""
+    requests = {"B": ([5, 6, 7, 8], SamplingParams(max_tokens=70, **GREEDY)),
+                "C": ([9, 10, 11, 12], SamplingParams(max_tokens=4, **GREEDY)),
+                "A": (list(range(20, 37)), SamplingParams(n=2, max_tokens=30, **GREEDY))}
+    llm = make_llm(model_dir[0], block_size=8, num_blocks=13, max_num_batched_tokens=4,
+                   enable_prefix_caching=False, swap_space_gib=7 * 4096 / 2 ** 30, preemption_mode="swap")
+    done = _run(llm, requests)
+    assert llm.engine.scheduler.num_preemptions >= 2 and llm.engine.scheduler.swap.num_swaps_out >= 1
+    expected = hf_greedy(model_dir[1], requests["A"][0], 30)
+    assert [t for t, _ in done["A"]] == [expected, expected]
+
+
+def test_a_failed_step_fails_even_the_groups_it_had_already_ended(model_dir, make_llm):
+    """A step whose scheduler ended a group (too big for the pool) and then raised: fail_step
+    reports that group too, so its caller can fail it, and its id is free again."""
+    llm = make_llm(model_dir[0], block_size=8, num_blocks=6, enable_prefix_caching=False)
+    engine = llm.engine
+    engine.add_request("b", [5, 6, 7, 8], SamplingParams(max_tokens=30, **GREEDY))
+    engine.add_request("a", list(range(10, 30)), SamplingParams(n=2, max_tokens=14, **GREEDY))
+    schedule, execute, plans = engine.scheduler.schedule, engine.runner.execute, []
+
+    def remember():
+        plans.append(schedule())
+        return plans[-1]
+
+    def breaks_when_a_group_ended(scheduled):
+        if plans[-1].finished:
+            raise RuntimeError("injected")
+        return execute(scheduled)
+    engine.scheduler.schedule, engine.runner.execute = remember, breaks_when_a_group_ended
+    with pytest.raises(RuntimeError, match="injected"):
+        for i in range(300):
+            if i == 30:     # something to run in the step that ends "a"
+                engine.add_request("c", [40, 41, 42], SamplingParams(max_tokens=3, **GREEDY))
+            engine.step()
+    ended = [g.request_id for g in plans[-1].finished]
+    assert ended and set(ended) <= set(engine.fail_step())
+    assert not engine.has_unfinished_requests() and not engine._groups
+    engine.scheduler.schedule, engine.runner.execute = schedule, execute
+    assert _run(llm, {"a": ([1, 2, 3], SamplingParams(max_tokens=2, **GREEDY))})["a"][0][1] == "length"
