@@ -97,7 +97,7 @@ class BlockManager:
         return hits
 
     def _prompt_hits(self, seq: Sequence) -> list[int]:
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.reuses_cache:
             return []
         seq.block_hashes = chain_hashes(seq.token_ids, self.block_size, seq.block_hashes)
         # At least one token is always computed, so the sequence has logits to sample from.

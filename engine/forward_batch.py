@@ -19,7 +19,8 @@ class ForwardBatch:
     block_tables: torch.Tensor    # [S, max_blocks] int32, padded with 0
     cu_seqlens_q: torch.Tensor    # [S + 1] int32
     seq_lens: torch.Tensor        # [S] int32
-    logits_indices: torch.Tensor  # [R] int64: rows whose next token is sampled
+    logits_indices: torch.Tensor  # [R + P] int64: rows whose next token is sampled, then
+                                  # the rows whose logits give prompt logprobs
     max_seqlen_q: int
     max_seqlen_k: int
 

@@ -146,7 +146,8 @@ class LLMEngine:
             raise ValueError(f"n ({width}) must not exceed max_num_seqs ({self.config.scheduler.max_num_seqs})")
         if prior_outputs and (params.n != 1 or params.use_beam_search):
             raise ValueError("only a single completion (n = 1, no beam search) continues prior outputs")
-        seq = Sequence(ids, len(ids), seed=params.seed, num_prior_outputs=prior_outputs)
+        seq = Sequence(ids, len(ids), seed=params.seed, num_prior_outputs=prior_outputs,
+                       reuses_cache=params.prompt_logprobs is None)
         group = SequenceGroup(request_id, [seq], params, time.monotonic())
         if params.use_beam_search:
             group.beam = new_beam_state(params, len(ids), self.max_model_len, self.model_config.eos_token_ids)
@@ -204,6 +205,9 @@ class LLMEngine:
             self.runner.copy_blocks(plan.copies)
             logits = self.runner.execute(plan.scheduled)
             sampling = [s for s in plan.scheduled if s.samples]
+            if logits.shape[0] > len(sampling):
+                self._record_prompt_logprobs(logits[len(sampling):], plan.scheduled)
+                logits = logits[:len(sampling)]
             for item in plan.scheduled:
                 item.seq.num_computed_tokens += item.num_new_tokens
                 self.block_manager.commit_computed(item.seq)
@@ -216,6 +220,29 @@ class LLMEngine:
             if group.is_finished:
                 self._forget(group)
         return outputs
+
+    def _record_prompt_logprobs(self, logits: torch.Tensor, scheduled: list[ScheduledSeq]) -> None:
+        """logits [P, vocab]: one row per prompt_logprob_positions entry, in order. The row of
+        position p scores prompt token p + 1: its logprob and the top-n of the distribution."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        row = 0
+        for item in scheduled:
+            positions = item.prompt_logprob_positions
+            if not positions:
+                continue
+            seq, n = item.seq, item.group.params.prompt_logprobs
+            if seq.prompt_logprobs is None:
+                seq.prompt_logprobs = [None] * seq.num_prompt_tokens
+            block = logprobs[row:row + len(positions)]
+            actual = torch.tensor(seq.token_ids[positions.start + 1:positions.stop + 1])
+            chosen = block.gather(1, actual[:, None])[:, 0].tolist()
+            top_values, top_ids = block.topk(min(n, block.shape[1]), dim=-1) if n else (None, None)
+            for i, p in enumerate(positions):
+                entry = {int(actual[i]): chosen[i]}
+                if n:
+                    entry.update(zip(top_ids[i].tolist(), top_values[i].tolist()))
+                seq.prompt_logprobs[p + 1] = entry
+            row += len(positions)
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq],
                 touched: dict[str, SequenceGroup]) -> None:
@@ -291,7 +318,11 @@ class LLMEngine:
                                  s.logprobs if group.params.logprobs is not None else None,
                                  s.finish_reason.value if s.finish_reason else None)
                 for s in group.seqs]
-        return RequestOutput(group.request_id, group.prompt_token_ids, outs, group.is_finished)
+        prompt = None
+        if group.params.prompt_logprobs is not None:
+            lead = group.seqs[0]
+            prompt = list(lead.prompt_logprobs or [None] * lead.num_prompt_tokens)
+        return RequestOutput(group.request_id, group.prompt_token_ids, outs, group.is_finished, prompt)
 
     def _forget(self, group: SequenceGroup) -> None:
         self._groups.pop(group.request_id, None)

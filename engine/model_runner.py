@@ -47,14 +47,15 @@ class ModelRunner:
             kernels.copy_blocks(self.kv_cache, src, dst)
 
     def execute(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits [R, vocab] (float32) for the scheduled sequences that sample, in order."""
+        """Logits (float32) for the scheduled sequences that sample, in order, then for every
+        item's prompt_logprob_positions, in order: [R + P, vocab]."""
         batch = self.build_batch(scheduled)
         hidden = self.model(batch, self.kv_cache)
         return self.model.compute_logits(hidden)
 
     def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         bs = self.block_size
-        ids, positions, slots, cu, seq_lens, sample_rows = [], [], [], [0], [], []
+        ids, positions, slots, cu, seq_lens, sample_rows, prompt_rows = [], [], [], [0], [], [], []
         max_blocks = max(len(s.seq.block_table) for s in scheduled)
         tables = torch.zeros((len(scheduled), max_blocks), dtype=torch.int32)
         for i, item in enumerate(scheduled):
@@ -70,6 +71,7 @@ class ModelRunner:
             tables[i, :len(table)] = torch.tensor(table, dtype=torch.int32)
             if item.samples:
                 sample_rows.append(cu[-1] - 1)
+            prompt_rows += (cu[-2] + p - start for p in item.prompt_logprob_positions)
         dev = self.device
         return ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
@@ -78,6 +80,6 @@ class ModelRunner:
             block_tables=tables.to(dev),
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            logits_indices=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            logits_indices=torch.tensor(sample_rows + prompt_rows, dtype=torch.long, device=dev),
             max_seqlen_q=max(s.num_new_tokens for s in scheduled), max_seqlen_k=max(seq_lens),
         )

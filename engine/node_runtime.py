@@ -23,7 +23,7 @@ from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.005
-MAX_STEP_FAILURES = 3         # in a row: then the engine is broken, and the node exits
+MAX_STEP_FAILURES = 3         # with no step between them that worked: the engine is broken, the node exits
 
 
 class NodeService(Protocol):
@@ -92,7 +92,6 @@ def run(service: NodeService) -> None:
     try:
         while not stopping and not service.should_stop():
             working = service.engine.has_unfinished_requests()
-            failures = failures if working else 0       # "in a row": an idle engine starts afresh
             service.poll(0.0 if working or service.busy() else IDLE_POLL_S)
             if service.engine.has_unfinished_requests():
                 try:

@@ -19,6 +19,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    prompt_logprobs: list[dict[int, float] | None] | None = None   # per prompt token (the first: None)
 
 
 @dataclass(slots=True)

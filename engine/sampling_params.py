@@ -8,8 +8,8 @@ _EPS = 1e-5
 _INT64 = 1 << 63          # integers travel between processes as msgpack int64
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
            "length_penalty")
-_INTS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "beam_width")
-_OPTIONAL = ("seed", "max_tokens", "logprobs")
+_INTS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "beam_width")
+_OPTIONAL = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None         # top-n logprobs per generated token (plus the chosen one)
+    prompt_logprobs: int | None = None  # top-n logprobs per prompt token (plus the actual one);
+                                        # its prompt is computed whole, never from the prefix cache
     skip_special_tokens: bool = True
     beam_width: int = 0                 # > 0: beam search with this many beams (returns the best n)
     length_penalty: float = 1.0         # beam search: score = logprob sum / length ** length_penalty
@@ -78,7 +80,9 @@ class SamplingParams:
         _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
         _require(isinstance(self.beam_width, int) and 0 <= self.beam_width <= 64,
                  f"beam_width must be an integer in [0, 64], got {self.beam_width!r}")
-        _require(self.beam_width == 0 or self.logprobs is None,
+        _require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                 f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}")
+        _require(self.beam_width == 0 or (self.logprobs is None and self.prompt_logprobs is None),
                  "logprobs is not returned by beam search: ask for one or the other")
         _require(self.beam_width == 0 or self.n <= self.beam_width,
                  f"n ({self.n}) must not exceed beam_width ({self.beam_width})")

@@ -30,6 +30,15 @@ class ScheduledSeq:
         """Whether this step reaches the sequence's last token, so a next token is sampled."""
         return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
 
+    @property
+    def prompt_logprob_positions(self) -> range:
+        """Positions computed this step whose logits give the next prompt token's logprob (when
+        the request asks for prompt logprobs): all but the prompt's last, which samples."""
+        if self.group.params.prompt_logprobs is None:
+            return range(0)
+        start = self.seq.num_computed_tokens
+        return range(start, min(start + self.num_new_tokens, self.seq.num_prompt_tokens - 1))
+
 
 @dataclass(slots=True)
 class SchedulerOutput:

@@ -49,6 +49,9 @@ class Sequence:
     # write), the others wait for it (`waits_for`) before their own tokens run.
     writes_shared: int = 0
     waits_for: "Sequence | None" = None
+    reuses_cache: bool = True                     # False: every prompt token is computed (its logits
+                                                  # give the prompt logprobs)
+    prompt_logprobs: list[dict[int, float] | None] | None = None   # per prompt token, when asked
     num_prior_outputs: int = 0                    # the prompt's last tokens an earlier attempt
                                                   # generated (a moved request): they count as
                                                   # generated for penalties and seeded draws

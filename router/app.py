@@ -29,7 +29,7 @@ from router.errors import (OpenAIError, error_body, from_value_error, install_er
 from router.lifecycle import ClientDisconnected, Generation, ResponseMeta, unless_disconnected
 from router.metrics import RouterMetrics
 from router.policy import NoNodeAvailable
-from router.prompts import chat_prompt, completion_prompts, max_tokens_for
+from router.prompts import chat_prompt, completion_prompts, echo_texts, max_tokens_for
 from router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from router.streaming import DONE, ClosingStreamingResponse, sse
 
@@ -78,10 +78,12 @@ def _v1_routes() -> APIRouter:
         state = request.app.state
         _check_model(body.model, state.model_name)
         prompts = completion_prompts(body, state.backend.tokenizer)
-        return await _serve(request, body, _params(body, prompts, state, body.logprobs),
-                            lambda meta, gen: completion_response(meta, gen, state.backend.tokenizer),
+        echo = echo_texts(body, prompts, state.backend.tokenizer) if body.echo else None
+        prompt_logprobs = body.logprobs if body.echo else None
+        return await _serve(request, body, _params(body, prompts, state, body.logprobs, prompt_logprobs),
+                            lambda meta, gen: completion_response(meta, gen, state.backend.tokenizer, echo),
                             lambda meta, gen: completion_stream(meta, gen, state.backend.tokenizer,
-                                                                body.include_usage), "cmpl")
+                                                                body.include_usage, echo), "cmpl")
 
     @routes.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -113,14 +115,14 @@ def _check_model(requested: str | None, served: str) -> None:
 
 
 def _params(body: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]], state: Any,
-            logprobs: int | None) -> list[tuple[list[int], SamplingParams]]:
+            logprobs: int | None, prompt_logprobs: int | None = None) -> list[tuple[list[int], SamplingParams]]:
     """Each prompt with its SamplingParams (max_tokens depends on the prompt's length)."""
     default = state.config.default_max_tokens if isinstance(body, CompletionRequest) else None
     out = []
     for token_ids in prompts:
         max_tokens = max_tokens_for(len(token_ids), body.requested_max_tokens(), default,
                                     state.backend.max_model_len)
-        out.append((token_ids, _valid(body, lambda: body.sampling_params(max_tokens, logprobs))))
+        out.append((token_ids, _valid(body, lambda: body.sampling_params(max_tokens, logprobs, prompt_logprobs))))
     return out
 
 

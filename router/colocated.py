@@ -157,8 +157,6 @@ class ColocatedBackend(Backend):
                 self._step_failures = 0
             for output in outputs:
                 self._deliver(output)
-        else:
-            self._step_failures = 0     # "in a row": an idle engine starts afresh
         self._metrics = self._snapshot()
         return True
 

@@ -4,30 +4,33 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from router.lifecycle import Generation, ResponseMeta, usage
-from router.logprobs import completion_logprobs
-from router.protocol import CompletionChoice, CompletionResponse
+from router.logprobs import completion_logprobs, prompt_logprobs
+from router.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
 from router.streaming import DONE, ChoiceCursor, sse
 
 
-async def completion_response(meta: ResponseMeta, generation: Generation,
-                              tokenizer: Any) -> CompletionResponse:
+async def completion_response(meta: ResponseMeta, generation: Generation, tokenizer: Any,
+                              echo: list[str] | None = None) -> CompletionResponse:
+    """echo: each prompt's text, to start its choices with (and their logprobs, the prompt's)."""
     finals: dict[int, Any] = {}
     async for index, output in generation.outputs():
         finals[index] = output
     choices = []
     for index, output in sorted(finals.items()):
+        prefix = echo[index] if echo else ""
         for c in output.outputs:
             logprobs = None
-            if c.logprobs is not None:
-                logprobs, _ = completion_logprobs(tokenizer, c.token_ids, c.logprobs, 0)
-            choices.append(CompletionChoice(index=index * meta.n + c.index, text=c.text,
+            if c.logprobs is not None:      # text offsets run on over the echoed prompt's tokens
+                logprobs, offset = _echoed(tokenizer, output) if echo else (None, 0)
+                logprobs = _joined(logprobs, completion_logprobs(tokenizer, c.token_ids, c.logprobs, offset)[0])
+            choices.append(CompletionChoice(index=index * meta.n + c.index, text=prefix + c.text,
                                             logprobs=logprobs, finish_reason=c.finish_reason or "abort"))
     return CompletionResponse(id=meta.id, created=meta.created, model=meta.model,
                               choices=sorted(choices, key=lambda ch: ch.index), usage=usage(meta, finals))
 
 
 async def completion_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any,
-                            include_usage: bool) -> AsyncIterator[str]:
+                            include_usage: bool, echo: list[str] | None = None) -> AsyncIterator[str]:
     exclude = None if include_usage else {"usage"}
     cursors: dict[int, ChoiceCursor] = {}
     finals: dict[int, Any] = {}
@@ -35,7 +38,14 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, tokenize
         finals[index] = output
         for c in output.outputs:
             choice_index = index * meta.n + c.index
-            cursor = cursors.setdefault(choice_index, ChoiceCursor(hold=meta.hold_chars))
+            if choice_index not in cursors:
+                cursors[choice_index] = ChoiceCursor(hold=meta.hold_chars)
+                if echo:            # the prompt goes first, in a chunk of its own
+                    logprobs, offset = _echoed(tokenizer, output) if c.logprobs is not None else (None, 0)
+                    cursors[choice_index].text_offset = offset
+                    yield sse(_chunk(meta, [CompletionChoice(index=choice_index, text=echo[index],
+                                                             logprobs=logprobs)]), exclude)
+            cursor = cursors[choice_index]
             delta = cursor.advance(c)
             if delta is None:
                 continue
@@ -49,6 +59,20 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, tokenize
     if include_usage:
         yield sse(_chunk(meta, [], usage(meta, finals)))
     yield DONE
+
+
+def _echoed(tokenizer: Any, output: Any) -> tuple[CompletionLogprobs, int]:
+    """The prompt's tokens and their logprobs (None where the backend has none)."""
+    ids = output.prompt_token_ids
+    return prompt_logprobs(tokenizer, ids, output.prompt_logprobs or [None] * len(ids))
+
+
+def _joined(head: CompletionLogprobs | None, tail: CompletionLogprobs) -> CompletionLogprobs:
+    if head is None:
+        return tail
+    return CompletionLogprobs(tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
+                              top_logprobs=head.top_logprobs + tail.top_logprobs,
+                              text_offset=head.text_offset + tail.text_offset)
 
 
 def _chunk(meta: ResponseMeta, choices: list[CompletionChoice], usage_info: Any = None) -> CompletionResponse:

@@ -186,6 +186,8 @@ class DisaggregatedBackend(Backend):
             raise ValueError(f"request id must have 1 to {MAX_RID_LEN - 8} characters")
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
+        if params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs (echo with logprobs) is served by the colocated mode only")
         if params.use_beam_search:
             raise ValueError("use_beam_search is served by the colocated mode only: beams share one "
                              "node's blocks")

@@ -21,6 +21,21 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dic
     return out, text_offset
 
 
+def prompt_logprobs(tokenizer: Any, token_ids: list[int],
+                    logprobs: list[dict[int, float] | None]) -> tuple[CompletionLogprobs, int]:
+    """An echoed prompt's tokens in the /v1/completions shape: the first has no logprob (None).
+    Returns them and the text offset after the last."""
+    out, text_offset = CompletionLogprobs(), 0
+    for token_id, top in zip(token_ids, logprobs):
+        token = _text(tokenizer, token_id)
+        out.tokens.append(token)
+        out.token_logprobs.append(None if top is None else top[token_id])
+        out.top_logprobs.append(None if top is None else {_text(tokenizer, t): lp for t, lp in _ranked(top)})
+        out.text_offset.append(text_offset)
+        text_offset += len(token)
+    return out, text_offset
+
+
 def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]],
                   top_n: int) -> list[TokenLogprob]:
     """/v1/chat/completions shape: the sampled token, then the top_n most likely."""

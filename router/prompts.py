@@ -17,6 +17,14 @@ def completion_prompts(request: CompletionRequest, tokenizer: Any) -> list[list[
     return [_tokenize(p, tokenizer) for p in prompt]
 
 
+def echo_texts(request: CompletionRequest, prompts: list[list[int]], tokenizer: Any) -> list[str]:
+    """What `echo` puts before each prompt's choices: the prompt as given, or its token ids decoded."""
+    given = request.prompt
+    if isinstance(given, str) or (given and isinstance(given[0], int)):
+        given = [given]
+    return [p if isinstance(p, str) else tokenizer.decode(ids) for p, ids in zip(given, prompts)]
+
+
 def chat_prompt(request: ChatCompletionRequest, tokenizer: Any) -> list[int]:
     """The conversation rendered by the model's chat template, ready for the assistant's turn."""
     messages = [m.template_dict() for m in request.messages]

@@ -1,7 +1,7 @@
 """OpenAI wire format: request and response models for /v1/completions and /v1/chat/completions.
 
 Requests ignore unknown fields (clients send many) but refuse the ones whose meaning we would
-silently change (echo, suffix, best_of, logit_bias, tools). `sampling_params()` maps a request to
+silently change (suffix, best_of, logit_bias, tools). `sampling_params()` maps a request to
 the engine's SamplingParams, which does the range checks and raises ValueError.
 """
 from __future__ import annotations
@@ -56,7 +56,8 @@ class _SamplingRequest(BaseModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises ValueError on any out-of-range value."""
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
@@ -68,7 +69,7 @@ class _SamplingRequest(BaseModel):
         return SamplingParams(
             n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens, seed=self.seed,
             stop=_as_tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids or ()),
-            ignore_eos=self.ignore_eos, logprobs=logprobs,
+            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             beam_width=(self.beam_width or self.n) if self.use_beam_search else 0,
             length_penalty=self.length_penalty, early_stopping=self.early_stopping,
             **{k: v for k, v in given.items() if v is not None})
@@ -78,7 +79,7 @@ class CompletionRequest(_SamplingRequest):
     # one string, a batch of strings, one token-id prompt, or a batch of token-id prompts
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
-    echo: Literal[False] = False
+    echo: bool = False      # each choice's text starts with the prompt (with logprobs: its tokens' too)
     suffix: None = None
     best_of: Literal[1] | None = None
 
@@ -139,8 +140,8 @@ class UsageInfo(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)          # None: the first
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)  # prompt token (echo)
     text_offset: list[int] = Field(default_factory=list)
 
 

@@ -67,9 +67,11 @@ class FakeBackend(Backend):
                     raise RuntimeError("engine exploded")
                 finished = step == steps
                 reason = ("length" if steps < len(REPLY) else "stop") if finished else None
+                prompt_logprobs = None if params.prompt_logprobs is None else \
+                    [None] + [{t: -0.25, t + 1: -2.0} for t in prompt[1:]]
                 yield RequestOutput(request_id, list(prompt),
                                  [_completion(i, r[:step], reason, params) for i, r in enumerate(replies)],
-                                 finished)
+                                 finished, prompt_logprobs)
                 await asyncio.sleep(0)
         finally:
             if not finished:

@@ -160,6 +160,30 @@ def test_a_tiny_vocabulary_takes_any_logprobs_and_refuses_a_ban_on_every_token(t
         llm.engine.add_request("ban", [3, 4, 5], SamplingParams(min_tokens=3, stop_token_ids=tuple(range(16))))
 
 
+@pytest.mark.parametrize("budget", [2048, 7])
+def test_prompt_logprobs_equal_transformers(model_dir, make_llm, budget):
+    """prompt_logprobs: per prompt token (the first has none) its logprob under transformers'
+    forward pass and the top-3, whole or in 7-token chunks, and computed even when the prompt's
+    blocks sit in the prefix cache (a cache hit has no logits)."""
+    import torch
+    path, hf = model_dir
+    prompt = [(i * 37) % 500 + 3 for i in range(29)]
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    llm = make_llm(path, block_size=8, num_blocks=64, max_num_batched_tokens=budget)
+    greedy = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    plain = llm.generate([prompt], greedy)[0]
+    assert plain.prompt_logprobs is None
+    out = llm.generate([prompt], dataclasses.replace(greedy, prompt_logprobs=3))[0]
+    assert out.outputs[0].token_ids == plain.outputs[0].token_ids
+    logprobs = out.prompt_logprobs
+    assert len(logprobs) == len(prompt) and logprobs[0] is None
+    for i in range(1, len(prompt)):
+        assert abs(logprobs[i][prompt[i]] - expected[i - 1, prompt[i]].item()) < 1e-4
+        top3 = expected[i - 1].topk(3).indices.tolist()
+        assert set(top3) <= set(logprobs[i]) and len(logprobs[i]) <= 4
+
+
 def test_abort_frees_blocks_at_once(model_dir, make_llm):
     """Aborting a running request frees every block it held and reports reason abort."""
     path, _ = model_dir

@@ -136,6 +136,32 @@ def test_completion_logprobs(client):
 
 # ---------------------------------------------------------------- chat
 
+def test_completion_echo_puts_the_prompt_first(client, backend):
+    """echo: each choice's text starts with its prompt (a string as given, token ids decoded);
+    streamed, the prompt is a chunk of its own; the engine is asked for no prompt logprobs."""
+    body = client.post("/v1/completions", json={"prompt": ["ab", "xy"], "max_tokens": 3, "echo": True}).json()
+    assert [c["text"] for c in body["choices"]] == ["abhel", "xyhel"]
+    body = client.post("/v1/completions", json={"prompt": [99, 100], "max_tokens": 3, "echo": True}).json()
+    assert [c["text"] for c in body["choices"]] == ["cdhel"]
+    assert all(params.prompt_logprobs is None for _, _, params in backend.requests)
+    r = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "echo": True, "stream": True})
+    chunks = events(r.text)
+    assert [c["choices"][0]["text"] for c in chunks[:-1] if c["choices"]] == ["ab", "h", "e"]
+
+
+def test_completion_echo_with_logprobs_scores_the_prompt_tokens(client, backend):
+    """echo + logprobs (what lm-eval-harness asks for): the prompt's tokens come first, the first
+    without a logprob, with text offsets running on into the completion's."""
+    body = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2, "echo": True,
+                                                 "logprobs": 1}).json()
+    lp = body["choices"][0]["logprobs"]
+    assert body["choices"][0]["text"] == "abche"
+    assert lp["tokens"] == ["a", "b", "c", "h", "e"] and lp["text_offset"] == [0, 1, 2, 3, 4]
+    assert lp["token_logprobs"] == [None, -0.25, -0.25, -0.5, -0.5]
+    assert lp["top_logprobs"][0] is None and lp["top_logprobs"][1] == {"b": -0.25, "c": -2.0}
+    assert backend.requests[-1][2].prompt_logprobs == 1
+
+
 def test_chat_body_uses_chat_template(client, backend):
     """Chat messages are rendered by the chat template and answered as an assistant message."""
     r = client.post("/v1/chat/completions", json={
@@ -203,7 +229,6 @@ def test_chat_logprobs(client, backend):
     ({}, "prompt"),
     ({"prompt": "a", "stop": [""]}, "stop"),
     ({"prompt": "a", "logprobs": 50}, "logprobs"),
-    ({"prompt": "a", "echo": True}, "echo"),
     ({"prompt": "a", "stream_options": {"include_usage": "x"}}, "stream_options.include_usage"),
     ({"prompt": "please reject"}, "prompt"),
     ({"prompt": "a", "n": 129}, "n"),

@@ -297,7 +297,8 @@ def test_rejections_raise_value_error_before_anything_is_sent():
             for rid, prompt in (("a", []), ("b", [1] * 256), ("c", [512]), ("dup", PROMPT)):
                 err = await c.generate(rid, prompt).next()
                 assert isinstance(err, ValueError), (rid, err)
-            for rid, params in (("e", dict(stop_token_ids=[512])), ("f", dict(beam_width=2))):
+            for rid, params in (("e", dict(stop_token_ids=[512])), ("f", dict(beam_width=2)),
+                                ("g", dict(prompt_logprobs=1))):
                 err = await c.generate(rid, **params).next()
                 assert isinstance(err, ValueError) and params.popitem()[0].split("_")[0] in str(err), (rid, err)
             await d.assert_silent(), await p.assert_silent()

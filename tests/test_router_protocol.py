@@ -63,8 +63,8 @@ def test_out_of_range_values_raise_value_error():
 
 
 def test_unsupported_fields_are_refused():
-    """echo, suffix and best_of > 1 are refused rather than silently ignored."""
-    for extra in ({"echo": True}, {"suffix": "s"}, {"best_of": 2}):
+    """suffix and best_of > 1 are refused rather than silently ignored."""
+    for extra in ({"suffix": "s"}, {"best_of": 2}):
         with pytest.raises(ValidationError):
             CompletionRequest.model_validate({"prompt": "x", **extra})
 
