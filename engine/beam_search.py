@@ -52,7 +52,7 @@ class BeamState:
         generated tokens. Updates the finished set; returns the next running beams, best first."""
         vocab = logprobs.shape[1]
         keep = max(2, 1 + len(self.eos_ids)) * self.width
-        acc = (logprobs + self.scores[:, None]).reshape(-1)
+        acc = (logprobs + self.scores.to(logprobs.device)[:, None]).reshape(-1)
         top, idx = acc.topk(min(keep, acc.numel()))
         cands = [Choice(int(i) // vocab, int(i) % vocab) for i in idx.tolist()]
         new_len = self.generated + 1

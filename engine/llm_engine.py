@@ -234,13 +234,15 @@ class LLMEngine:
             if seq.prompt_logprobs is None:
                 seq.prompt_logprobs = [None] * seq.num_prompt_tokens
             block = logprobs[row:row + len(positions)]
-            actual = torch.tensor(seq.token_ids[positions.start + 1:positions.stop + 1])
-            chosen = block.gather(1, actual[:, None])[:, 0].tolist()
+            actual = seq.token_ids[positions.start + 1:positions.stop + 1]
+            index = torch.tensor(actual, device=block.device)[:, None]
+            chosen = block.gather(1, index)[:, 0].tolist()
             top_values, top_ids = block.topk(min(n, block.shape[1]), dim=-1) if n else (None, None)
+            top_values, top_ids = (None, None) if not n else (top_values.tolist(), top_ids.tolist())
             for i, p in enumerate(positions):
-                entry = {int(actual[i]): chosen[i]}
+                entry = {actual[i]: chosen[i]}
                 if n:
-                    entry.update(zip(top_ids[i].tolist(), top_values[i].tolist()))
+                    entry.update(zip(top_ids[i], top_values[i]))
                 seq.prompt_logprobs[p + 1] = entry
             row += len(positions)
 

@@ -50,7 +50,7 @@ def _candidate_filter(logits: torch.Tensor, values: torch.Tensor, top_k: torch.T
                       top_p: torch.Tensor, min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The candidates' logits with the dropped ones at -inf, and which rows they decide."""
     count, vocab = values.shape[-1], logits.shape[-1]
-    drop = torch.arange(count)[None, :] >= top_k[:, None]
+    drop = torch.arange(count, device=values.device)[None, :] >= top_k[:, None]
     masked = values.masked_fill(drop, float("-inf"))
     within = top_k <= count                                            # the top_k set is here
     norm = torch.where(within, torch.logsumexp(masked, dim=-1), torch.logsumexp(logits, dim=-1))
@@ -68,7 +68,7 @@ def _sorted_filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     """The same rules over whole sorted rows."""
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)       # [N, V]
-    drop = torch.arange(vocab)[None, :] >= top_k[:, None]
+    drop = torch.arange(vocab, device=logits.device)[None, :] >= top_k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     drop |= _outside_nucleus(probs, top_p)
     drop |= probs < (min_p[:, None] * probs[:, :1])

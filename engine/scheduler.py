@@ -19,6 +19,10 @@ from engine.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatu
 from engine.swap import BlockMove, SwapPool
 
 
+PROMPT_LOGPROBS_CHUNK = 256     # prompt tokens a step computes for a prompt-logprobs request: each
+                                # keeps a vocabulary-wide row of logits (128k x 4 B = 0.5 MiB)
+
+
 @dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
@@ -207,6 +211,8 @@ class Scheduler:
                 elif computed_by_now.get(lead.seq_id, 0) < seq.num_computed_tokens:
                     continue                            # not this step: they are not there yet
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if group.params.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
+                num_new = min(num_new, PROMPT_LOGPROBS_CHUNK)  # each such token keeps a row of logits
             out.copies += self.bm.append_slots(seq)
             if num_new > 0:
                 out.scheduled.append(ScheduledSeq(seq, group, num_new))

@@ -80,10 +80,13 @@ def _v1_routes() -> APIRouter:
         prompts = completion_prompts(body, state.backend.tokenizer)
         echo = echo_texts(body, prompts, state.backend.tokenizer) if body.echo else None
         prompt_logprobs = body.logprobs if body.echo else None
-        return await _serve(request, body, _params(body, prompts, state, body.logprobs, prompt_logprobs),
-                            lambda meta, gen: completion_response(meta, gen, state.backend.tokenizer, echo),
+        score_only = body.echo and body.requested_max_tokens() == 0     # the prompt's logprobs alone
+        params = _params(body, prompts, state, body.logprobs, prompt_logprobs, 1 if score_only else None)
+        return await _serve(request, body, params,
+                            lambda meta, gen: completion_response(meta, gen, state.backend.tokenizer, echo,
+                                                                  score_only),
                             lambda meta, gen: completion_stream(meta, gen, state.backend.tokenizer,
-                                                                body.include_usage, echo), "cmpl")
+                                                                body.include_usage, echo, score_only), "cmpl")
 
     @routes.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -115,13 +118,14 @@ def _check_model(requested: str | None, served: str) -> None:
 
 
 def _params(body: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]], state: Any,
-            logprobs: int | None, prompt_logprobs: int | None = None) -> list[tuple[list[int], SamplingParams]]:
-    """Each prompt with its SamplingParams (max_tokens depends on the prompt's length)."""
+            logprobs: int | None, prompt_logprobs: int | None = None,
+            max_tokens: int | None = None) -> list[tuple[list[int], SamplingParams]]:
+    """Each prompt with its SamplingParams (max_tokens depends on the prompt's length, unless given)."""
     default = state.config.default_max_tokens if isinstance(body, CompletionRequest) else None
+    requested = body.requested_max_tokens() if max_tokens is None else max_tokens
     out = []
     for token_ids in prompts:
-        max_tokens = max_tokens_for(len(token_ids), body.requested_max_tokens(), default,
-                                    state.backend.max_model_len)
+        max_tokens = max_tokens_for(len(token_ids), requested, default, state.backend.max_model_len)
         out.append((token_ids, _valid(body, lambda: body.sampling_params(max_tokens, logprobs, prompt_logprobs))))
     return out
 

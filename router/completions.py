@@ -1,8 +1,10 @@
 """/v1/completions responses: the whole completion, or its SSE stream of `text_completion` chunks."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, AsyncIterator
 
+from engine.outputs import CompletionOutput, RequestOutput
 from router.lifecycle import Generation, ResponseMeta, usage
 from router.logprobs import completion_logprobs, prompt_logprobs
 from router.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
@@ -10,11 +12,12 @@ from router.streaming import DONE, ChoiceCursor, sse
 
 
 async def completion_response(meta: ResponseMeta, generation: Generation, tokenizer: Any,
-                              echo: list[str] | None = None) -> CompletionResponse:
-    """echo: each prompt's text, to start its choices with (and their logprobs, the prompt's)."""
+                              echo: list[str] | None = None, score_only: bool = False) -> CompletionResponse:
+    """echo: each prompt's text, to start its choices with (and their logprobs, the prompt's).
+    score_only (echo with max_tokens 0): the one token generated is not returned."""
     finals: dict[int, Any] = {}
     async for index, output in generation.outputs():
-        finals[index] = output
+        finals[index] = _without_completion(output) if score_only else output
     choices = []
     for index, output in sorted(finals.items()):
         prefix = echo[index] if echo else ""
@@ -29,13 +32,13 @@ async def completion_response(meta: ResponseMeta, generation: Generation, tokeni
                               choices=sorted(choices, key=lambda ch: ch.index), usage=usage(meta, finals))
 
 
-async def completion_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any,
-                            include_usage: bool, echo: list[str] | None = None) -> AsyncIterator[str]:
+async def completion_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any, include_usage: bool,
+                            echo: list[str] | None = None, score_only: bool = False) -> AsyncIterator[str]:
     exclude = None if include_usage else {"usage"}
     cursors: dict[int, ChoiceCursor] = {}
     finals: dict[int, Any] = {}
     async for index, output in generation.outputs():
-        finals[index] = output
+        output = finals[index] = _without_completion(output) if score_only else output
         for c in output.outputs:
             choice_index = index * meta.n + c.index
             if choice_index not in cursors:
@@ -59,6 +62,14 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, tokenize
     if include_usage:
         yield sse(_chunk(meta, [], usage(meta, finals)))
     yield DONE
+
+
+def _without_completion(output: RequestOutput) -> RequestOutput:
+    """The output with its choices emptied (ended "length" once it finishes): echo with
+    max_tokens 0 runs one token, which nobody asked for."""
+    empty = [CompletionOutput(c.index, "", [], None if c.logprobs is None else [],
+                              "length" if c.finish_reason else None) for c in output.outputs]
+    return dataclasses.replace(output, outputs=empty)
 
 
 def _echoed(tokenizer: Any, output: Any) -> tuple[CompletionLogprobs, int]:

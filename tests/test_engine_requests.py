@@ -160,17 +160,24 @@ def test_a_tiny_vocabulary_takes_any_logprobs_and_refuses_a_ban_on_every_token(t
         llm.engine.add_request("ban", [3, 4, 5], SamplingParams(min_tokens=3, stop_token_ids=tuple(range(16))))
 
 
-@pytest.mark.parametrize("budget", [2048, 7])
-def test_prompt_logprobs_equal_transformers(model_dir, make_llm, budget):
+@pytest.mark.parametrize("budget", [2048, 7, "capped"])
+def test_prompt_logprobs_equal_transformers(model_dir, make_llm, budget, monkeypatch):
     """prompt_logprobs: per prompt token (the first has none) its logprob under transformers'
-    forward pass and the top-3, whole or in 7-token chunks, and computed even when the prompt's
-    blocks sit in the prefix cache (a cache hit has no logits)."""
+    forward pass and the top-3, whole, in 7-token chunks, or in chunks of PROMPT_LOGPROBS_CHUNK
+    (here 5) even with chunked prefill off; computed even when the prompt's blocks sit in the
+    prefix cache (a cache hit has no logits)."""
     import torch
+
+    from engine import scheduler
+    chunked = budget != "capped"
+    if not chunked:
+        monkeypatch.setattr(scheduler, "PROMPT_LOGPROBS_CHUNK", 5)
+        budget = 2048
     path, hf = model_dir
     prompt = [(i * 37) % 500 + 3 for i in range(29)]
     with torch.no_grad():
         expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
-    llm = make_llm(path, block_size=8, num_blocks=64, max_num_batched_tokens=budget)
+    llm = make_llm(path, block_size=8, num_blocks=64, max_num_batched_tokens=budget, enable_chunked_prefill=chunked)
     greedy = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     plain = llm.generate([prompt], greedy)[0]
     assert plain.prompt_logprobs is None

@@ -162,6 +162,22 @@ def test_completion_echo_with_logprobs_scores_the_prompt_tokens(client, backend)
     assert backend.requests[-1][2].prompt_logprobs == 1
 
 
+def test_completion_echo_with_max_tokens_0_scores_the_prompt_only(client, backend):
+    """echo, logprobs and max_tokens 0 (scoring a prompt): the prompt and its tokens' logprobs,
+    no completion tokens (one runs and is dropped), finish "length", streamed or not."""
+    payload = {"prompt": "abc", "max_tokens": 0, "echo": True, "logprobs": 0}
+    body = client.post("/v1/completions", json=payload).json()
+    (choice,) = body["choices"]
+    assert (choice["text"], choice["finish_reason"]) == ("abc", "length")
+    assert choice["logprobs"]["tokens"] == ["a", "b", "c"] and choice["logprobs"]["token_logprobs"][0] is None
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    assert backend.requests[-1][2].max_tokens == 1
+    chunks = events(client.post("/v1/completions", json={**payload, "stream": True}).text)
+    assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks[:-1]] == \
+        [("abc", None), ("", "length")]
+    error_of(client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 0}), 400)
+
+
 def test_chat_body_uses_chat_template(client, backend):
     """Chat messages are rendered by the chat template and answered as an assistant message."""
     r = client.post("/v1/chat/completions", json={

@@ -150,7 +150,8 @@ class TPModelRunner:
         return self._local.build_batch(scheduled)
 
     def execute(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits [R, vocab] (float32) for the scheduled sequences that sample, in order."""
+        """Logits (float32) for the scheduled sequences that sample, then for the prompt-logprob
+        positions: [R + P, vocab], as ModelRunner.execute."""
         self._check_workers()
         batch = self.build_batch(scheduled)
         ops, written = self._log.take()

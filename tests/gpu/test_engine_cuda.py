@@ -65,3 +65,28 @@ def test_disaggregated_nodes_on_cuda_decode_what_transformers_decodes(cuda_model
         h.close()
     for service in (h.prefill, h.decode):
         service.engine.check_integrity()
+
+
+def test_sampling_options_on_cuda_equal_the_cpu_engine(cuda_model):
+    """Seeded sampling with top-k / top-p / penalties / logprobs, n = 2, prompt logprobs and beam
+    search run on CUDA (every tensor the sampler makes must live on the logits' device) and give
+    the CPU engine's tokens: a seeded draw depends on (seed, position) only."""
+    path, hf = cuda_model
+    prompt = PROMPTS[2]
+    params = [SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True,
+                             presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1, logprobs=2),
+              SamplingParams(temperature=1.0, min_p=0.05, seed=3, n=2, max_tokens=8, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=2),
+              SamplingParams(beam_width=3, n=2, max_tokens=6, ignore_eos=True)]
+    runs = {}
+    for device in ("cuda", "cpu"):
+        with LLM(path, device=device, dtype="float32", num_blocks=256) as llm:
+            runs[device] = llm.generate([prompt] * len(params), params)
+            llm.engine.check_integrity()
+    for gpu, cpu in zip(runs["cuda"], runs["cpu"]):
+        assert [c.token_ids for c in gpu.outputs] == [c.token_ids for c in cpu.outputs]
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    got = runs["cuda"][2].prompt_logprobs
+    assert got[0] is None
+    assert max(abs(got[i][prompt[i]] - expected[i - 1, prompt[i]].item()) for i in range(1, len(prompt))) < 1e-3
