@@ -185,12 +185,16 @@ class FirstToken:
     text: str
     logprobs: tuple | None       # [[token_id, logprob], ...] for this token, or None
     finish_reason: str           # "" unless the first token already ends the request
+    prompt_logprobs: tuple | None = None    # per prompt token such a list, or None (the first)
 
     def __post_init__(self) -> None:
         _rid(self.rid), check_int(self.token_id, "token_id", hi=MAX_TOKEN_ID)
         check_str(self.text, "text", max_len=1 << 16), check_str(self.finish_reason, "finish_reason", 16)
         if self.logprobs is not None:
             _logprobs([self.logprobs])
+        if self.prompt_logprobs is not None:
+            entries = check_seq(self.prompt_logprobs, "prompt_logprobs", MAX_PROMPT_TOKENS)
+            _logprobs([e for e in entries if e is not None])
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,8 +75,10 @@ class PrefillService:
                 continue
             token = first.token_ids[0]
             logprobs = [list(kv) for kv in first.logprobs[0].items()] if first.logprobs else None
+            prompt = None if out.prompt_logprobs is None else \
+                [None if e is None else [list(kv) for kv in e.items()] for e in out.prompt_logprobs]
             self.link.send(FirstToken(out.request_id, token, first.text, logprobs,
-                                      self._finish_reason(out.request_id, first.finish_reason)))
+                                      self._finish_reason(out.request_id, first.finish_reason), prompt))
             self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
             self.shipper.close(out.request_id)
             self._params.pop(out.request_id, None)

@@ -64,6 +64,7 @@ class Choice:
     attempt: Attempt | None = None
     num_attempts: int = 0
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
+    prompt_logprobs: list[dict[int, float] | None] | None = None   # from the first attempt's P
 
     def output(self) -> CompletionOutput:
         logprobs = None if self.logprobs is None else list(self.logprobs)
@@ -81,7 +82,7 @@ class PendingRequest:
     def output(self) -> RequestOutput:
         finished = all(c.finish_reason is not None for c in self.choices)
         return RequestOutput(self.request_id, list(self.prompt_ids), [c.output() for c in self.choices],
-                             finished)
+                             finished, self.choices[0].prompt_logprobs)
 
 
 def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], text_offset: int,
@@ -161,6 +162,8 @@ def apply_event(choice: Choice, att: Attempt, event: Any) -> Failure | None:
         return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
         att.first_token = True
+        if msg.prompt_logprobs is not None and att.base == 0 and len(msg.prompt_logprobs) == len(att.prompt_ids):
+            choice.prompt_logprobs = [None if e is None else top_logprobs(e) for e in msg.prompt_logprobs]
         logprobs = None if msg.logprobs is None else (msg.logprobs,)
         merge(choice, att, 0, (msg.token_id,), 0, msg.text, logprobs, msg.finish_reason)
     elif isinstance(msg, TokenDelta) and node_id == att.decode_id:

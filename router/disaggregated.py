@@ -45,6 +45,7 @@ from router.registry import NodeRegistry, NodeRole
 log = logging.getLogger(__name__)
 
 _ABORTED = object()         # put in a request's events by abort(): its stream ends
+MAX_PROMPT_LOGPROB_PAIRS = 400_000   # ~6 MB of FirstToken, well under the control plane's 16 MiB
 
 
 class DisaggregatedBackend(Backend):
@@ -186,12 +187,14 @@ class DisaggregatedBackend(Backend):
             raise ValueError(f"request id must have 1 to {MAX_RID_LEN - 8} characters")
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
-        if params.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs (echo with logprobs) is served by the colocated mode only")
         if params.use_beam_search:
             raise ValueError("use_beam_search is served by the colocated mode only: beams share one "
                              "node's blocks")
         prompt_ids = self._prompt_ids(prompt)
+        if params.prompt_logprobs is not None and \
+                len(prompt_ids) * (params.prompt_logprobs + 1) > MAX_PROMPT_LOGPROB_PAIRS:
+            raise ValueError(f"prompt_logprobs: {len(prompt_ids)} prompt tokens x {params.prompt_logprobs + 1} "
+                             f"logprobs is over {MAX_PROMPT_LOGPROB_PAIRS} (they travel in one control message)")
         vocab = self._vocab_size or (1 << 31)
         if any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")

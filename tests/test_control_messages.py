@@ -21,6 +21,7 @@ MESSAGES = [
     DecodeRequest("r1~1", (1, 2, 3, 9), PARAMS, "prefill-0", 3),
     PrefillRequest("r1~1", (1, 2, 3, 9), PARAMS, "tcp://127.0.0.1:5555", "x.2", (4, 5), 0, 3),
     FirstToken("r1", 42, "hi", ((42, -0.1), (7, -2.5)), ""),
+    FirstToken("r1", 42, "hi", None, "", (None, ((2, -0.5), (9, -1.0)), ((3, -0.25),))),
     TokenDelta("r1", 1, (5, 6), 2, " there", ((), ((6, -0.3),)), "length"),
     RequestFailed("r1", "busy", True), AbortRequest("r1"),
 ]
@@ -61,6 +62,13 @@ def test_hostile_sampling_params_are_refused():
     for params in ({"temperature": -1.0}, {"evil": 1}, {"stop": 5}, "greedy"):
         with pytest.raises(ProtocolError):
             control.decode(msgpack.packb([1, "decode_request", ["r", [1], params, "p0"]]))
+
+
+def test_bad_prompt_logprobs_are_protocol_errors():
+    """A first token's prompt logprobs are None or per-token lists of [token_id, logprob <= 0]."""
+    for bad in ("x", [[[1, 0.5]]], [[[1]]], [[1, -0.5]], [[["a", -0.5]]]):
+        with pytest.raises(ProtocolError):
+            control.decode(msgpack.packb([1, "first_token", ["r", 1, "t", None, "", bad]]))
 
 
 def test_prior_outputs_must_leave_a_prompt_token():

@@ -105,6 +105,20 @@ def test_garbage_control_frames_are_dropped_and_the_node_keeps_serving(harness):
     assert harness.decode.link.dropped == 4 and harness.prefill.link.dropped == 4
 
 
+def test_prompt_logprobs_come_with_the_first_token(harness, model_dir, make_llm):
+    """prompt_logprobs: the prefill node scores the prompt and sends the scores with the first
+    token; they equal the colocated engine's."""
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
+    prompt = [(i * 37) % 500 + 3 for i in range(21)]
+    colocated = make_llm(model_dir[0], block_size=8, num_blocks=48).generate([prompt], params)[0]
+    harness.submit("p", prompt, params)
+    (p,) = harness.wait(["p"])
+    assert p.failed is None and p.first.prompt_logprobs[0] is None
+    wire = [dict(map(tuple, e)) for e in p.first.prompt_logprobs[1:]]
+    for got, want in zip(wire, colocated.prompt_logprobs[1:]):
+        assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-5 for t in got)
+
+
 def test_min_tokens_run_disaggregated(harness, model_dir):
     """min_tokens > 1 reaches both nodes (the prefill node samples only the first token, EOS
     banned) and the request decodes transformers' tokens; the prefill node stays up."""

@@ -66,6 +66,27 @@ def test_a_stop_string_cut_reaches_text_already_merged():
     run(test)
 
 
+def test_prompt_logprobs_from_the_prefill_node_reach_the_output():
+    """P's first token carries the prompt's logprobs: the request's outputs have them (one entry
+    per prompt token, the first None); an entry count that does not match the prompt is ignored."""
+    async def test():
+        for count_ok in (True, False):
+            async with Cluster() as c:
+                p, d = await c.pair()
+                out = c.generate(max_tokens=2, prompt_logprobs=1)
+                await d.expect(DecodeRequest)
+                d.send(Reserved("r1", "x1", (3, 4), 0))
+                assert (await p.expect(PrefillRequest)).params.prompt_logprobs == 1
+                scores = [None] + [[[t, -0.5]] for t in PROMPT[1:]] + ([] if count_ok else [[[1, -0.1]]])
+                p.send(FirstToken("r1", 11, "a", None, "", scores))
+                d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+                while (final := await out.next()) is not END and not final.finished:
+                    pass
+                expected = [None] + [{t: -0.5} for t in PROMPT[1:]] if count_ok else None
+                assert final.prompt_logprobs == expected
+    run(test)
+
+
 def test_a_final_delta_cannot_take_back_text_beyond_a_stop_string():
     """A final delta that would shrink the text more than a stop string can reach (or with no
     stop string at all) takes back only what the router held back from the client."""

@@ -287,8 +287,9 @@ def test_max_model_len_is_the_smallest_of_model_and_nodes():
 
 
 def test_rejections_raise_value_error_before_anything_is_sent():
-    """Empty or too long a prompt, bad token ids, duplicate ids, stop ids outside the vocabulary and
-    beam search raise ValueError; nodes hear nothing."""
+    """Empty or too long a prompt, bad token ids, duplicate ids, stop ids outside the vocabulary,
+    beam search and more prompt logprobs than one control message carries raise ValueError;
+    nodes hear nothing."""
     async def test():
         async with Cluster() as c:
             p, d = await c.pair()
@@ -298,7 +299,7 @@ def test_rejections_raise_value_error_before_anything_is_sent():
                 err = await c.generate(rid, prompt).next()
                 assert isinstance(err, ValueError), (rid, err)
             for rid, params in (("e", dict(stop_token_ids=[512])), ("f", dict(beam_width=2)),
-                                ("g", dict(prompt_logprobs=1))):
+                                ("g", dict(prompt_logprobs=20, prompt=[1] * 20000))):
                 err = await c.generate(rid, **params).next()
                 assert isinstance(err, ValueError) and params.popitem()[0].split("_")[0] in str(err), (rid, err)
             await d.assert_silent(), await p.assert_silent()
