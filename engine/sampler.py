@@ -43,11 +43,13 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None
                                                                 for r in rows) else None
         logits = self._adjust(logits, rows)
-        chosen = logits.argmax(dim=-1)                                  # [R]
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if random_rows:
-            picked = self._sample([rows[i] for i in random_rows], logits[random_rows])
-            chosen[random_rows] = picked
+        if len(random_rows) == len(rows):
+            chosen = self._sample(rows, logits)                         # [R]
+        else:
+            chosen = logits.argmax(dim=-1)
+            if random_rows:
+                chosen[random_rows] = self._sample([rows[i] for i in random_rows], logits[random_rows])
         chosen_list = chosen.tolist()
         return [SampledToken(t, _top_logprobs(raw_logprobs, i, t, rows[i].params.logprobs))
                 for i, t in enumerate(chosen_list)]
@@ -71,7 +73,7 @@ class Sampler:
         temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype, device=logits.device)
         logits = _filter(logits / temps[:, None], rows)
         probs = torch.softmax(logits, dim=-1)
-        cdf = probs.to(torch.float64).cumsum_(dim=-1)          # float64: no drift over 100k+ tokens
+        cdf = probs.cumsum(dim=-1, dtype=torch.float64)         # float64: no drift over 100k+ tokens
         if not bool(torch.isfinite(cdf[:, -1]).all()):
             raise RuntimeError("the model's logits are not finite (NaN or inf): nothing to sample from")
         u = torch.empty(len(rows), 1, dtype=torch.float64)

@@ -71,6 +71,8 @@ def _sweep_args(ap: argparse.ArgumentParser, systems: str) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=Knobs().max_num_batched_tokens)
     ap.add_argument("--pdserve-flags", default="", help='extra flags for both pdserve servers, e.g. '
                     '"--heartbeat-timeout-s 10"')
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy requests; else every request samples at it (no top-k / top-p)")
     ap.add_argument("--no-publish", action="store_true", help="do not copy plots to bench/plots/")
 
 
@@ -83,7 +85,7 @@ def _spec(args, defaults: dict):
         max_concurrency=args.max_concurrency, seed=args.seed, deadline_s=pick("deadline_s"),
         output_cap=args.output_cap, slo=SLO(args.slo_ttft_ms, args.slo_tpot_ms),
         knobs=Knobs(args.dtype, args.kv_cache_gib, args.max_num_seqs, args.max_num_batched_tokens),
-        pdserve_flags=tuple(args.pdserve_flags.split()))
+        pdserve_flags=tuple(args.pdserve_flags.split()), temperature=args.temperature)
 
 
 def _model():

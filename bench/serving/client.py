@@ -27,15 +27,17 @@ class Endpoint:
     base_url: str                   # e.g. http://127.0.0.1:8000
     model: str                      # the name the server answers to
     length_control: LengthControl = LengthControl.IGNORE_EOS
+    temperature: float = 0.0        # 0: greedy; else every request samples at it (no top-k / top-p)
 
     def payload(self, prompt: str, output_len: int) -> dict:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+        body = {"model": self.model, "prompt": prompt, "max_tokens": output_len, "temperature": self.temperature,
                 "stream": True}
         if self.length_control is LengthControl.IGNORE_EOS:
             body |= {"ignore_eos": True, "stream_options": {"include_usage": True}}
         else:
+            sampled = {"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
             body["generation_config"] = json.dumps({"max_new_tokens": output_len, "min_new_tokens": output_len,
-                                                    "do_sample": False})
+                                                    **(sampled if self.temperature else {"do_sample": False})})
         return body
 
 

@@ -37,6 +37,7 @@ class SweepSpec:
     slo: SLO = SLO(ttft_ms=1000.0, tpot_ms=100.0)
     knobs: Knobs = Knobs()
     pdserve_flags: tuple[str, ...] = ()     # extra flags for both pdserve servers
+    temperature: float = 0.0                # 0: greedy requests; else sampled at it
 
     def workload_at(self, point: int) -> WorkloadSpec:
         return WorkloadSpec(self.workload, self.num_requests, self.seed + point,
@@ -75,6 +76,7 @@ def run_system(name: str, spec: SweepSpec, model: str, vocab: list[str], knobs: 
     t0 = time.perf_counter()
     try:
         with running(server, log) as endpoint:
+            endpoint = replace(endpoint, temperature=spec.temperature)
             out["startup_s"] = round(time.perf_counter() - t0, 1)
             print(f"[{name}] up in {out['startup_s']} s", flush=True)
             asyncio.run(run_load(endpoint, _warmup(spec), vocab, LoadSpec(float("inf"), deadline_s=120), "warm-up"))

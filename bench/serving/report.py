@@ -28,7 +28,9 @@ def workload_line(result: dict) -> str:
             f"output mean {mean('output_mean'):.0f} (max {max(w['output_max'] for w in ws)}) tokens, "
             f"{mean('kv_bytes_shipped_mean') / 2**20:.1f} MiB of KV per prompt, "
             f"gamma arrivals with burstiness {s['burstiness']:g}, "
-            f"exact output lengths (EOS ignored). SLOs: TTFT <= {s['slo']['ttft_ms']:g} ms, "
+            f"exact output lengths (EOS ignored), "
+            f"{'temperature %g' % s['temperature'] if s.get('temperature') else 'greedy'}. "
+            f"SLOs: TTFT <= {s['slo']['ttft_ms']:g} ms, "
             f"TPOT <= {s['slo']['tpot_ms']:g} ms.")
 
 
