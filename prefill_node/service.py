@@ -23,8 +23,10 @@ from engine.outputs import RequestOutput
 from engine.parallel import close_runner
 from engine.sampling_params import SamplingParams
 from engine.router_link import RouterLink
+from kvtransport import control
 from kvtransport.control import AbortRequest, FirstToken, NodeHello, PrefillRequest, RequestFailed
 from kvtransport.handshake import HandshakeError, new_epoch
+from kvtransport.schema import ProtocolError
 from kvtransport.torch_dist import DistSender
 from kvtransport.zmq_sender import ZmqSender
 from prefill_node.shipper import BlockShipper, Shipment
@@ -77,8 +79,16 @@ class PrefillService:
             logprobs = [list(kv) for kv in first.logprobs[0].items()] if first.logprobs else None
             prompt = None if out.prompt_logprobs is None else \
                 [None if e is None else [list(kv) for kv in e.items()] for e in out.prompt_logprobs]
-            self.link.send(FirstToken(out.request_id, token, first.text, logprobs,
-                                      self._finish_reason(out.request_id, first.finish_reason), prompt))
+            try:    # non-finite scores, or more than one control message carries, fail the request
+                msg = FirstToken(out.request_id, token, first.text, logprobs,
+                                 self._finish_reason(out.request_id, first.finish_reason), prompt)
+                if len(control.encode(msg)) > control.MAX_CONTROL_BYTES:
+                    raise ProtocolError(f"the first token's message is over {control.MAX_CONTROL_BYTES} bytes")
+            except ProtocolError as err:
+                self._abort(out.request_id, f"cannot send the first token: {err}"[:500], notify=False)
+                self.link.send(RequestFailed(out.request_id, f"cannot send the first token: {err}"[:500], False))
+                continue
+            self.link.send(msg)
             self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
             self.shipper.close(out.request_id)
             self._params.pop(out.request_id, None)

@@ -42,6 +42,8 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, tokenize
         for c in output.outputs:
             choice_index = index * meta.n + c.index
             if choice_index not in cursors:
+                if echo and c.logprobs is not None and output.prompt_logprobs is None and not output.finished:
+                    continue        # its echo waits for the prompt's scores (one choice's prefill sends them)
                 cursors[choice_index] = ChoiceCursor(hold=meta.hold_chars)
                 if echo:            # the prompt goes first, in a chunk of its own
                     logprobs, offset = _echoed(tokenizer, output) if c.logprobs is not None else (None, 0)

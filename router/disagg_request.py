@@ -64,7 +64,6 @@ class Choice:
     attempt: Attempt | None = None
     num_attempts: int = 0
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
-    prompt_logprobs: list[dict[int, float] | None] | None = None   # from the first attempt's P
 
     def output(self) -> CompletionOutput:
         logprobs = None if self.logprobs is None else list(self.logprobs)
@@ -78,11 +77,12 @@ class PendingRequest:
     choices: list[Choice]
     events: asyncio.Queue = field(default_factory=asyncio.Queue)   # choice index | exception | the abort marker
     tasks: list[asyncio.Task] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] | None = None   # from choice 0's first prefill
 
     def output(self) -> RequestOutput:
         finished = all(c.finish_reason is not None for c in self.choices)
         return RequestOutput(self.request_id, list(self.prompt_ids), [c.output() for c in self.choices],
-                             finished, self.choices[0].prompt_logprobs)
+                             finished, self.prompt_logprobs)
 
 
 def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], text_offset: int,
@@ -147,8 +147,10 @@ def missing_logprob(token_id: int) -> dict[int, float]:
     return {token_id: 0.0}
 
 
-def apply_event(choice: Choice, att: Attempt, event: Any) -> Failure | None:
-    """Takes one message (or node loss) of the attempt into the choice; a Failure ends the attempt."""
+def apply_event(choice: Choice, att: Attempt, event: Any, request: PendingRequest | None = None,
+                vocab: int | None = None) -> Failure | None:
+    """Takes one message (or node loss) of the attempt into the choice (and the prompt's scores,
+    if it brings them, into `request`); a Failure ends the attempt."""
     if isinstance(event, Lost):
         if event.node_id == att.prefill_id and att.first_token:
             return None     # P's part is done; D goes on (if the transfer broke, D says so)
@@ -162,8 +164,8 @@ def apply_event(choice: Choice, att: Attempt, event: Any) -> Failure | None:
         return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
         att.first_token = True
-        if msg.prompt_logprobs is not None and att.base == 0 and len(msg.prompt_logprobs) == len(att.prompt_ids):
-            choice.prompt_logprobs = [None if e is None else top_logprobs(e) for e in msg.prompt_logprobs]
+        if msg.prompt_logprobs is not None and request is not None and request.prompt_logprobs is None:
+            request.prompt_logprobs = _prompt_scores(msg.prompt_logprobs, request.prompt_ids, vocab or 1 << 31)
         logprobs = None if msg.logprobs is None else (msg.logprobs,)
         merge(choice, att, 0, (msg.token_id,), 0, msg.text, logprobs, msg.finish_reason)
     elif isinstance(msg, TokenDelta) and node_id == att.decode_id:
@@ -171,6 +173,17 @@ def apply_event(choice: Choice, att: Attempt, event: Any) -> Failure | None:
     if att.first_token:
         _merge_held(choice, att)
     return None
+
+
+def _prompt_scores(entries: tuple, prompt_ids: list[int], vocab: int) -> list[dict[int, float] | None] | None:
+    """A prefill node's prompt logprobs, if they fit the prompt: one entry per token, the first
+    None, each holding its own token's score, every id in the vocabulary; else None (logged)."""
+    scores = [None if e is None else top_logprobs(e) for e in entries]
+    fits = len(scores) == len(prompt_ids) and scores[0] is None and all(
+        s is not None and token in s and all(t < vocab for t in s) for s, token in zip(scores[1:], prompt_ids[1:]))
+    if not fits:
+        log.warning("prompt logprobs that do not fit the prompt: ignored")
+    return scores if fits else None
 
 
 def _merge_held(choice: Choice, att: Attempt) -> None:

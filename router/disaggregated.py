@@ -264,6 +264,9 @@ class DisaggregatedBackend(Backend):
             return None
         params = dataclasses.replace(choice.params, max_tokens=max_tokens,
                                      min_tokens=max(0, choice.params.min_tokens - emitted))
+        if params.prompt_logprobs is not None and (emitted or choice.index or request.prompt_logprobs):
+            params = dataclasses.replace(params, prompt_logprobs=None)   # the scores come once, from
+                                                                          # choice 0 before any token
         k = choice.num_attempts
         choice.num_attempts += 1
         if k > 0:
@@ -304,7 +307,7 @@ class DisaggregatedBackend(Backend):
         while choice.finish_reason is None:
             before = (len(choice.token_ids), len(choice.text))
             had_first = att.first_token
-            failure = apply_event(choice, att, await att.inbox.get())
+            failure = apply_event(choice, att, await att.inbox.get(), request, self._vocab_size)
             if att.first_token and not had_first:    # P's part is done: its load goes
                 self._registry.end(att.prefill_id, att.begun.pop(att.prefill_id, 0))
             if failure is not None:

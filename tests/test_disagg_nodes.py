@@ -119,6 +119,20 @@ def test_prompt_logprobs_come_with_the_first_token(harness, model_dir, make_llm)
         assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-5 for t in got)
 
 
+def test_a_first_token_too_big_to_send_fails_its_request_and_the_node_serves_on(harness, monkeypatch):
+    """Prompt scores that would not fit one control message fail their request (not retryable:
+    they would not fit anywhere) instead of being dropped by the router, and the node serves on."""
+    from kvtransport import control
+    monkeypatch.setattr(control, "MAX_CONTROL_BYTES", 2000)
+    harness.submit("big", list(range(3, 60)), SamplingParams(temperature=0.0, max_tokens=3, prompt_logprobs=5))
+    (big,) = harness.wait(["big"])
+    assert big.failed is not None and not big.failed.retryable and "first token" in big.failed.reason
+    monkeypatch.undo()
+    harness.submit("ok", [5, 6, 7], GREEDY)
+    (ok,) = harness.wait(["ok"])
+    assert ok.failed is None and len(ok.tokens) == 12
+
+
 def test_min_tokens_run_disaggregated(harness, model_dir):
     """min_tokens > 1 reaches both nodes (the prefill node samples only the first token, EOS
     banned) and the request decodes transformers' tokens; the prefill node stays up."""

@@ -68,22 +68,46 @@ def test_a_stop_string_cut_reaches_text_already_merged():
 
 def test_prompt_logprobs_from_the_prefill_node_reach_the_output():
     """P's first token carries the prompt's logprobs: the request's outputs have them (one entry
-    per prompt token, the first None); an entry count that does not match the prompt is ignored."""
+    per prompt token, the first None). Scores that do not fit the prompt (an entry too many, or
+    an entry without its own token's score) are ignored."""
+    good = [None] + [[[t, -0.5]] for t in PROMPT[1:]]
+
     async def test():
-        for count_ok in (True, False):
+        for scores in (good, good + [[[1, -0.1]]], good[:2] + [[[1, -0.1]]] + good[3:]):
             async with Cluster() as c:
                 p, d = await c.pair()
                 out = c.generate(max_tokens=2, prompt_logprobs=1)
                 await d.expect(DecodeRequest)
                 d.send(Reserved("r1", "x1", (3, 4), 0))
                 assert (await p.expect(PrefillRequest)).params.prompt_logprobs == 1
-                scores = [None] + [[[t, -0.5]] for t in PROMPT[1:]] + ([] if count_ok else [[[1, -0.1]]])
                 p.send(FirstToken("r1", 11, "a", None, "", scores))
                 d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
                 while (final := await out.next()) is not END and not final.finished:
                     pass
-                expected = [None] + [{t: -0.5} for t in PROMPT[1:]] if count_ok else None
+                expected = [None] + [{t: -0.5} for t in PROMPT[1:]] if scores is good else None
                 assert final.prompt_logprobs == expected
+    run(test)
+
+
+def test_only_the_first_choice_asks_for_prompt_logprobs():
+    """n = 2: choice 0's prefill scores the prompt, choice 1's does not; the request's outputs
+    carry the scores from choice 0's first token, whichever first token comes first."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(max_tokens=1, prompt_logprobs=0, n=2, temperature=1.0, seed=1)
+            asked = {}
+            for _ in range(2):
+                req = await d.expect(DecodeRequest)
+                d.send(Reserved(req.rid, "x" + req.rid[-1], (3, 4), 0))
+                pre = await p.expect(PrefillRequest)
+                asked[pre.rid] = pre.params.prompt_logprobs
+            assert asked == {"r1#0": 0, "r1#1": None}
+            p.send(FirstToken("r1#1", 12, "b", None, "length"))
+            p.send(FirstToken("r1#0", 11, "a", None, "length", [None] + [[[t, -0.5]] for t in PROMPT[1:]]))
+            while (final := await out.next()) is not END and not final.finished:
+                pass
+            assert final.prompt_logprobs == [None] + [{t: -0.5} for t in PROMPT[1:]]
     run(test)
 
 

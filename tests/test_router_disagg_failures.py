@@ -27,7 +27,7 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
         async with Cluster() as c:
             p = await c.node("prefill-0", "prefill")
             ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
-            out = c.generate(max_tokens=8, min_tokens=4)
+            out = c.generate(max_tokens=8, min_tokens=4, prompt_logprobs=0)
             dead, _ = await first_of(ds, DecodeRequest)
             dead.send(Reserved("r1", "x1", (3, 4), 0))
             await p.expect(PrefillRequest)
@@ -46,6 +46,7 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
             req = await live.expect(DecodeRequest, timeout=3.0)
             assert (req.rid, list(req.prompt_ids)) == ("r1~1", PROMPT + [11, 12, 13])
             assert (req.params.max_tokens, req.params.min_tokens, req.prior_outputs) == (5, 1, 3)
+            assert req.params.prompt_logprobs is None       # the prompt was scored before the move
             assert (await p.expect(AbortRequest)).rid == "r1"   # it may still be shipping to the dead D
             live.send(Reserved("r1~1", "x2", (7, 8), 0))
             pre = await p.expect(PrefillRequest)
