@@ -10,8 +10,9 @@ the cache never loads a stale build.
 The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 ~/.cache/pdserve/kernels; if that is not writable, a directory in the system's temp dir.
 Builds go to a temporary file that is renamed into place, so nodes starting together race
-harmlessly; a new build deletes all but the KEEP_BUILDS most recently used builds of its kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`
-and `layer_ops_lib()` returning None (the reason in `build_error(name)`) and callers use their
+harmlessly; a new build deletes all but the KEEP_BUILDS most recently used builds of its
+kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()` and
+`layer_ops_lib()` returning None (the reason in `build_error(name)`) and callers use their
 PyTorch path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
 ctypes releases the GIL for the call; the kernels parallelize themselves with OpenMP, using as

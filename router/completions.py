@@ -83,7 +83,8 @@ def _echoed(tokenizer: Any, output: Any) -> tuple[CompletionLogprobs, int]:
 def _joined(head: CompletionLogprobs | None, tail: CompletionLogprobs) -> CompletionLogprobs:
     if head is None:
         return tail
-    return CompletionLogprobs(tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
+    return CompletionLogprobs(tokens=head.tokens + tail.tokens,
+                              token_logprobs=head.token_logprobs + tail.token_logprobs,
                               top_logprobs=head.top_logprobs + tail.top_logprobs,
                               text_offset=head.text_offset + tail.text_offset)
 
