@@ -125,8 +125,8 @@ def _params(body: CompletionRequest | ChatCompletionRequest, prompts: list[list[
     requested = body.requested_max_tokens() if max_tokens is None else max_tokens
     out = []
     for token_ids in prompts:
-        max_tokens = max_tokens_for(len(token_ids), requested, default, state.backend.max_model_len)
-        out.append((token_ids, _valid(body, lambda: body.sampling_params(max_tokens, logprobs, prompt_logprobs))))
+        limit = max_tokens_for(len(token_ids), requested, default, state.backend.max_model_len)
+        out.append((token_ids, _valid(body, lambda: body.sampling_params(limit, logprobs, prompt_logprobs))))
     return out
 
 

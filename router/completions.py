@@ -6,8 +6,8 @@ from typing import Any, AsyncIterator
 
 from engine.outputs import CompletionOutput, RequestOutput
 from router.lifecycle import Generation, ResponseMeta, usage
-from router.logprobs import completion_logprobs, prompt_logprobs
-from router.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
+from router.logprobs import completion_logprobs
+from router.protocol import CompletionChoice, CompletionResponse
 from router.streaming import DONE, ChoiceCursor, sse
 
 
@@ -21,11 +21,11 @@ async def completion_response(meta: ResponseMeta, generation: Generation, tokeni
     choices = []
     for index, output in sorted(finals.items()):
         prefix = echo[index] if echo else ""
+        ids, scores = _echoed(output) if echo else ([], [])    # the prompt's tokens come first
         for c in output.outputs:
             logprobs = None
-            if c.logprobs is not None:      # text offsets run on over the echoed prompt's tokens
-                logprobs, offset = _echoed(tokenizer, output) if echo else (None, 0)
-                logprobs = _joined(logprobs, completion_logprobs(tokenizer, c.token_ids, c.logprobs, offset)[0])
+            if c.logprobs is not None:
+                logprobs, _ = completion_logprobs(tokenizer, ids + c.token_ids, scores + c.logprobs, 0)
             choices.append(CompletionChoice(index=index * meta.n + c.index, text=prefix + c.text,
                                             logprobs=logprobs, finish_reason=c.finish_reason or "abort"))
     return CompletionResponse(id=meta.id, created=meta.created, model=meta.model,
@@ -46,8 +46,10 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, tokenize
                     continue        # its echo waits for the prompt's scores (one choice's prefill sends them)
                 cursors[choice_index] = ChoiceCursor(hold=meta.hold_chars)
                 if echo:            # the prompt goes first, in a chunk of its own
-                    logprobs, offset = _echoed(tokenizer, output) if c.logprobs is not None else (None, 0)
-                    cursors[choice_index].text_offset = offset
+                    logprobs = None
+                    if c.logprobs is not None:
+                        logprobs, cursors[choice_index].text_offset = completion_logprobs(
+                            tokenizer, *_echoed(output), 0)
                     yield sse(_chunk(meta, [CompletionChoice(index=choice_index, text=echo[index],
                                                              logprobs=logprobs)]), exclude)
             cursor = cursors[choice_index]
@@ -74,19 +76,10 @@ def _without_completion(output: RequestOutput) -> RequestOutput:
     return dataclasses.replace(output, outputs=empty)
 
 
-def _echoed(tokenizer: Any, output: Any) -> tuple[CompletionLogprobs, int]:
+def _echoed(output: RequestOutput) -> tuple[list[int], list[dict[int, float] | None]]:
     """The prompt's tokens and their logprobs (None where the backend has none)."""
     ids = output.prompt_token_ids
-    return prompt_logprobs(tokenizer, ids, output.prompt_logprobs or [None] * len(ids))
-
-
-def _joined(head: CompletionLogprobs | None, tail: CompletionLogprobs) -> CompletionLogprobs:
-    if head is None:
-        return tail
-    return CompletionLogprobs(tokens=head.tokens + tail.tokens,
-                              token_logprobs=head.token_logprobs + tail.token_logprobs,
-                              top_logprobs=head.top_logprobs + tail.top_logprobs,
-                              text_offset=head.text_offset + tail.text_offset)
+    return list(ids), list(output.prompt_logprobs or [None] * len(ids))
 
 
 def _chunk(meta: ResponseMeta, choices: list[CompletionChoice], usage_info: Any = None) -> CompletionResponse:

@@ -147,8 +147,7 @@ def missing_logprob(token_id: int) -> dict[int, float]:
     return {token_id: 0.0}
 
 
-def apply_event(choice: Choice, att: Attempt, event: Any, request: PendingRequest | None = None,
-                vocab: int | None = None) -> Failure | None:
+def apply_event(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vocab: int) -> Failure | None:
     """Takes one message (or node loss) of the attempt into the choice (and the prompt's scores,
     if it brings them, into `request`); a Failure ends the attempt."""
     if isinstance(event, Lost):
@@ -164,8 +163,8 @@ def apply_event(choice: Choice, att: Attempt, event: Any, request: PendingReques
         return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
         att.first_token = True
-        if msg.prompt_logprobs is not None and request is not None and request.prompt_logprobs is None:
-            request.prompt_logprobs = _prompt_scores(msg.prompt_logprobs, request.prompt_ids, vocab or 1 << 31)
+        if msg.prompt_logprobs is not None and request.prompt_logprobs is None:
+            request.prompt_logprobs = _prompt_scores(msg.prompt_logprobs, request.prompt_ids, vocab)
         logprobs = None if msg.logprobs is None else (msg.logprobs,)
         merge(choice, att, 0, (msg.token_id,), 0, msg.text, logprobs, msg.finish_reason)
     elif isinstance(msg, TokenDelta) and node_id == att.decode_id:

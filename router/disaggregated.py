@@ -58,6 +58,7 @@ class DisaggregatedBackend(Backend):
         self._model_name = model_name
         self._model_max_len = max_model_len
         self._vocab_size = vocab_size
+        self._vocab = vocab_size or (1 << 31)   # token ids are checked against it
         self._config = config
         self._registry = NodeRegistry(config.heartbeat_timeout_s)
         self._server = ControlServer(self._registry, self, config.control_endpoint,
@@ -195,7 +196,7 @@ class DisaggregatedBackend(Backend):
                 len(prompt_ids) * (params.prompt_logprobs + 1) > MAX_PROMPT_LOGPROB_PAIRS:
             raise ValueError(f"prompt_logprobs: {len(prompt_ids)} prompt tokens x {params.prompt_logprobs + 1} "
                              f"logprobs is over {MAX_PROMPT_LOGPROB_PAIRS} (they travel in one control message)")
-        vocab = self._vocab_size or (1 << 31)
+        vocab = self._vocab
         if any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if len(prompt_ids) >= self.max_model_len:
@@ -221,7 +222,7 @@ class DisaggregatedBackend(Backend):
             raise ValueError("prompt must be a string or a list of token ids")
         if not ids:
             raise ValueError("prompt is empty")
-        vocab = self._vocab_size or (1 << 31)
+        vocab = self._vocab
         if any(t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         return ids
@@ -307,7 +308,7 @@ class DisaggregatedBackend(Backend):
         while choice.finish_reason is None:
             before = (len(choice.token_ids), len(choice.text))
             had_first = att.first_token
-            failure = apply_event(choice, att, await att.inbox.get(), request, self._vocab_size)
+            failure = apply_event(choice, att, await att.inbox.get(), request, self._vocab)
             if att.first_token and not had_first:    # P's part is done: its load goes
                 self._registry.end(att.prefill_id, att.begun.pop(att.prefill_id, 0))
             if failure is not None:

@@ -6,26 +6,12 @@ from typing import Any
 from router.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
 
 
-def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]],
+def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float] | None],
                         text_offset: int) -> tuple[CompletionLogprobs, int]:
-    """/v1/completions shape; top_logprobs keeps the sampled token too (up to n + 1 entries).
-    Returns the logprobs and the text offset after the last token."""
+    """/v1/completions shape; top_logprobs keeps the sampled token too (up to n + 1 entries); a
+    None entry (an echoed prompt's first token) has no logprob. Returns the logprobs and the text
+    offset after the last token."""
     out = CompletionLogprobs()
-    for token_id, top in zip(token_ids, logprobs):
-        token = _text(tokenizer, token_id)
-        out.tokens.append(token)
-        out.token_logprobs.append(top[token_id])
-        out.top_logprobs.append({_text(tokenizer, t): lp for t, lp in _ranked(top)})
-        out.text_offset.append(text_offset)
-        text_offset += len(token)
-    return out, text_offset
-
-
-def prompt_logprobs(tokenizer: Any, token_ids: list[int],
-                    logprobs: list[dict[int, float] | None]) -> tuple[CompletionLogprobs, int]:
-    """An echoed prompt's tokens in the /v1/completions shape: the first has no logprob (None).
-    Returns them and the text offset after the last."""
-    out, text_offset = CompletionLogprobs(), 0
     for token_id, top in zip(token_ids, logprobs):
         token = _text(tokenizer, token_id)
         out.tokens.append(token)

@@ -9,9 +9,7 @@ from router.protocol import ChatCompletionRequest, CompletionRequest
 
 def completion_prompts(request: CompletionRequest, tokenizer: Any) -> list[list[int]]:
     """One token-id list per prompt of the batch. Raises a 400 for an empty prompt or bad ids."""
-    prompt = request.prompt
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-        prompt = [prompt]
+    prompt = _batch(request.prompt)
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
     return [_tokenize(p, tokenizer) for p in prompt]
@@ -19,10 +17,12 @@ def completion_prompts(request: CompletionRequest, tokenizer: Any) -> list[list[
 
 def echo_texts(request: CompletionRequest, prompts: list[list[int]], tokenizer: Any) -> list[str]:
     """What `echo` puts before each prompt's choices: the prompt as given, or its token ids decoded."""
-    given = request.prompt
-    if isinstance(given, str) or (given and isinstance(given[0], int)):
-        given = [given]
-    return [p if isinstance(p, str) else tokenizer.decode(ids) for p, ids in zip(given, prompts)]
+    return [p if isinstance(p, str) else tokenizer.decode(ids) for p, ids in zip(_batch(request.prompt), prompts)]
+
+
+def _batch(prompt: Any) -> list:
+    """The request's prompts as a list: one string or one token-id list is a batch of one."""
+    return [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else prompt
 
 
 def chat_prompt(request: ChatCompletionRequest, tokenizer: Any) -> list[int]:
