@@ -127,7 +127,6 @@ class DecodeService:
         self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached))
 
     def fail(self, rid: str, reason: str) -> None:
-        self.engine.abort_request(rid)
         self.streamer.drop(rid)
         self.link.send(RequestFailed(rid, reason, True))
 

@@ -70,19 +70,19 @@ class BeamState:
     def stop(self, outputs: list[list[int]]) -> None:
         """Ends the search early (the pool cannot hold the beams): each running beam with a token
         joins the finished set at its score so far. outputs: the running beams' generated tokens."""
-        for score, tokens in zip(self.scores.tolist(), outputs):
-            if tokens:
-                self.finished.append(Hypothesis(score / len(tokens) ** self.length_penalty, list(tokens)))
-        self.finished.sort(key=lambda h: h.score, reverse=True)
-        del self.finished[self.width:]
+        self._add(Hypothesis(score / len(tokens) ** self.length_penalty, list(tokens))
+                  for score, tokens in zip(self.scores.tolist(), outputs) if tokens)
         self.done = True
 
     def _finish(self, ended, outputs: list[list[int]], new_len: int) -> None:
         if (self.early_stopping is True and len(self.finished) == self.width) or not self.improvable:
             return
-        for score, choice in ended:
-            penalized = float(score) / (new_len ** self.length_penalty)
-            self.finished.append(Hypothesis(penalized, outputs[choice.parent] + [choice.token]))
+        penalty = new_len ** self.length_penalty
+        self._add(Hypothesis(float(score) / penalty, outputs[choice.parent] + [choice.token]) for score, choice in ended)
+
+    def _add(self, hypotheses) -> None:
+        """Into the finished set, which keeps its best `width`, best first."""
+        self.finished.extend(hypotheses)
         self.finished.sort(key=lambda h: h.score, reverse=True)
         del self.finished[self.width:]
 

@@ -140,8 +140,7 @@ class BlockManager:
         if self.blocks_to_append(seq) > self.num_free_blocks:
             raise NoFreeBlocks(f"sequence {seq.seq_id} needs more blocks than are free")
         copies = []
-        first = max(seq.num_computed_tokens // self.block_size, seq.writes_shared)
-        for i in range(first, len(seq.block_table)):
+        for i in range(self._first_written(seq), len(seq.block_table)):
             old = seq.block_table[i]
             if self.blocks[old].ref_count > 1:
                 new = self._take()
@@ -154,7 +153,8 @@ class BlockManager:
 
     def blocks_to_append(self, seq: Sequence) -> int:
         """Blocks `append_slots(seq)` would take: new ones plus private copies of shared ones."""
-        return self.blocks_to_append_all([seq])
+        shared = sum(1 for b in seq.block_table[self._first_written(seq):] if self.blocks[b].ref_count > 1)
+        return max(0, self.blocks_for(len(seq)) - len(seq.block_table)) + shared
 
     def blocks_to_append_all(self, seqs: list[Sequence]) -> int:
         """Blocks `append_slots` takes for each of `seqs` in turn. A shared block about to be
@@ -162,16 +162,14 @@ class BlockManager:
         in place: n completions sharing a partly filled block need n - 1 copies, not n."""
         new, holders = 0, Counter()
         for seq in seqs:
-            first = max(seq.num_computed_tokens // self.block_size, seq.writes_shared)
             new += max(0, self.blocks_for(len(seq)) - len(seq.block_table))
-            holders.update(b for b in seq.block_table[first:] if self.blocks[b].ref_count > 1)
+            holders.update(b for b in seq.block_table[self._first_written(seq):] if self.blocks[b].ref_count > 1)
         return new + sum(min(k, self.blocks[b].ref_count - 1) for b, k in holders.items())
 
     def blocks_to_allocate_all(self, seqs: list[Sequence], reserve_blocks: int = 0) -> int:
         """Blocks `allocate_group(seqs)` takes from the free pool, plus `reserve_blocks`."""
-        lead, hits = seqs[0], self._prompt_hits(seqs[0])
-        new = reserve_blocks + self.blocks_for(len(lead)) - len(hits)
-        new += sum(1 for b in hits if self.blocks[b].ref_count == 0)       # idle cached blocks
+        lead = seqs[0]
+        new = reserve_blocks + self._blocks_to_allocate(lead, self._prompt_hits(lead))
         for seq in seqs[1:]:
             new += self.blocks_for(len(seq)) - self._shareable(lead, seq)
         return new
@@ -195,6 +193,11 @@ class BlockManager:
             lead.writes_shared = max(lead.writes_shared, k)
             if k * self.block_size > lead.num_computed_tokens:
                 seq.waits_for = lead
+
+    def _first_written(self, seq: Sequence) -> int:
+        """The first block a step may write into: the one holding its first uncomputed token, or
+        past the blocks it computes in place for sequences sharing them."""
+        return max(seq.num_computed_tokens // self.block_size, seq.writes_shared)
 
     def _shareable(self, lead: Sequence, seq: Sequence) -> int:
         """Leading full blocks of `seq` with the same tokens as `lead`'s, leaving `seq` at least

@@ -290,9 +290,8 @@ class LLMEngine:
         banned = ()
         if seq.num_output_tokens < p.min_tokens:
             banned = tuple(p.stop_token_ids) + (() if p.ignore_eos else self.model_config.eos_token_ids)
-        generated = seq.generated_token_ids
         return SamplingRow(p, group.prompt_token_ids if p.repetition_penalty != 1.0 else [],
-                           generated, seq.seed, len(generated), banned)
+                           seq.generated_token_ids, seq.seed, banned)
 
     def _append(self, seq: Sequence, group: SequenceGroup, sample: SampledToken) -> None:
         p, token = group.params, sample.token_id

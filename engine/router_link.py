@@ -34,7 +34,12 @@ class RouterLink:
         self.send(hello)
 
     def send(self, msg: Any) -> None:
-        self._sock.send(control.encode(msg), copy=False)
+        """Raises ProtocolError for a message the router would drop as too long."""
+        frame = control.encode(msg)
+        if len(frame) > control.MAX_CONTROL_BYTES:
+            raise ProtocolError(f"a {type(msg).__name__} of {len(frame)} bytes is over the control "
+                                f"plane's {control.MAX_CONTROL_BYTES}")
+        self._sock.send(frame, copy=False)
 
     def poll(self, timeout: float) -> list[Any]:
         """Messages from the router that arrive within `timeout` s (all that are queued, at

@@ -20,9 +20,8 @@ from engine.sampling_params import SamplingParams
 class SamplingRow:
     params: SamplingParams
     prompt_ids: list[int]
-    output_ids: list[int]
+    output_ids: list[int]                 # every generated token so far: this row samples the next
     seed: int | None                      # None: the engine's shared generator
-    draw: int = 0                         # seeded: which generated token this row samples (k)
     banned_ids: tuple[int, ...] = ()      # EOS / stop ids while min_tokens is not reached
 
 
@@ -82,7 +81,7 @@ class Sampler:
             u[shared] = torch.rand(len(shared), 1, dtype=torch.float64, generator=self.generator)
         for i, r in enumerate(rows):
             if r.seed is not None:
-                g = self._seeded.manual_seed(draw_seed(r.seed, r.draw))
+                g = self._seeded.manual_seed(draw_seed(r.seed, len(r.output_ids)))
                 u[i] = torch.rand(1, dtype=torch.float64, generator=g)
         u = u.to(cdf.device)        # drawn on the host: a seeded draw is the same on every device
         out = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[1] - 1)

@@ -22,7 +22,7 @@ class SamplingParams:
     presence_penalty: float = 0.0       # OpenAI-style, on generated tokens
     frequency_penalty: float = 0.0      # OpenAI-style, on generated tokens
     repetition_penalty: float = 1.0     # CTRL-style, on prompt and generated tokens
-    seed: int | None = None             # per-request generator: same seed, same output
+    seed: int | None = None             # the k-th token is drawn from (seed, k): same seed, same output
     max_tokens: int | None = 16         # None: up to the model's context
     min_tokens: int = 0                 # EOS / stop ids masked until this many tokens
     stop: tuple[str, ...] = ()          # stop strings, not included in the text
@@ -52,12 +52,12 @@ class SamplingParams:
             value = getattr(self, name)
             _require((value is None and name in _OPTIONAL) or (type(value) is int and -_INT64 <= value < _INT64),
                      f"{name} must be an integer that fits in 64 bits, got {value!r}")
-        _require(all(type(t) is not int or t < _INT64 for t in self.stop_token_ids),
-                 "stop_token_ids must fit in 64 bits")
-        _require(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        _require(all(type(t) is int and 0 <= t < _INT64 for t in self.stop_token_ids),
+                 "stop_token_ids must be non-negative integers that fit in 64 bits")
+        _require(self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
         _require(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        _require(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
+        _require(self.top_k == -1 or self.top_k >= 0,
                  f"top_k must be -1 (off) or >= 0, got {self.top_k!r}")
         _require(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
         _require(-2.0 <= self.presence_penalty <= 2.0,
@@ -66,19 +66,16 @@ class SamplingParams:
                  f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         _require(self.repetition_penalty > 0.0,
                  f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+        _require(self.max_tokens is None or self.max_tokens >= 1,
                  f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _require(isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+        _require(self.min_tokens >= 0,
                  f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         _require(self.max_tokens is None or self.min_tokens <= self.max_tokens,
                  f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        _require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+        _require(self.logprobs is None or 0 <= self.logprobs <= 20,
                  f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
-        _require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-                 "stop_token_ids must be non-negative integers")
-        _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
-        _require(isinstance(self.beam_width, int) and 0 <= self.beam_width <= 64,
+        _require(0 <= self.beam_width <= 64,
                  f"beam_width must be an integer in [0, 64], got {self.beam_width!r}")
         _require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
                  f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}")

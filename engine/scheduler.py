@@ -3,10 +3,16 @@
 Each step:
   1. running groups, decoding ones first: one token per decoding sequence, the next chunk for a
      prefilling one. A group that cannot get its blocks preempts the latest-arrived running
-     group (all of its sequences, by recomputation) until it can, or preempts itself.
-  2. waiting groups in arrival order, while the budget, `max_num_seqs` and free blocks allow:
-     blocks are allocated for the whole prompt (prefix-cache hits reused) and the first chunk
-     is scheduled. Without chunked prefill a prompt is scheduled whole or waits.
+     group (all of its sequences: swapped out, or recomputed later) until it can, or preempts
+     itself.
+  2. swapped groups, oldest first, when their blocks fit again.
+  3. waiting groups in arrival order, while the budget, `max_num_seqs` (counting a group's n
+     before it forks) and free blocks allow: blocks are allocated for the whole prompt
+     (prefix-cache hits reused; a recomputed group shares its identical full blocks again, its
+     first sequence computing them) and the first chunk is scheduled. Without chunked prefill a
+     prompt is scheduled whole or waits.
+A group that cannot fit even when nothing else holds blocks ends with "length", keeping what it
+generated, rather than waiting forever.
 """
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ class _DistSink(PayloadSink):
     def __init__(self, kv_cache: torch.Tensor, layout: KVLayout, host: str, timeout: float,
                  write_blocks: WriteBlocks | None = None) -> None:
         self._kv_cache, self._host, self._timeout = kv_cache, host, timeout
-        self._layout, self._write_blocks = layout, write_blocks
+        self._write_blocks = write_blocks
         sock = socket.create_server((host, 0))
         self.store_port = sock.getsockname()[1]
         self._store = dist.TCPStore(host, self.store_port, is_master=True, wait_for_workers=False,
@@ -116,6 +116,7 @@ class _DistSink(PayloadSink):
                                     timeout=datetime.timedelta(seconds=timeout))
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._scratch = torch.empty(layout.block_nbytes, dtype=torch.uint8, device=kv_cache.device)
+        self._scratch_block = self._scratch.view(KV_DTYPES[layout.kv_dtype]).view(layout.block_shape)[None]
 
     def paired(self, peer: str, identity: PeerIdentity, reply: Callable[[Message], None]) -> None:
         self.forget(peer)
@@ -134,8 +135,7 @@ class _DistSink(PayloadSink):
             self._groups[peer].recv([block_view(self._kv_cache, dst)], _SEND_RANK, 0).wait()
             return
         self._groups[peer].recv([self._scratch], _SEND_RANK, 0).wait()
-        block = self._scratch.view(KV_DTYPES[self._layout.kv_dtype]).view(self._layout.block_shape)
-        self._write_blocks([dst], block[None])      # copies before it returns
+        self._write_blocks([dst], self._scratch_block)      # copies before it returns
 
     def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
         pg = self._groups.get(peer)

@@ -23,7 +23,6 @@ from engine.outputs import RequestOutput
 from engine.parallel import close_runner
 from engine.sampling_params import SamplingParams
 from engine.router_link import RouterLink
-from kvtransport import control
 from kvtransport.control import AbortRequest, FirstToken, NodeHello, PrefillRequest, RequestFailed
 from kvtransport.handshake import HandshakeError, new_epoch
 from kvtransport.schema import ProtocolError
@@ -80,15 +79,11 @@ class PrefillService:
             prompt = None if out.prompt_logprobs is None else \
                 [None if e is None else [list(kv) for kv in e.items()] for e in out.prompt_logprobs]
             try:    # non-finite scores, or more than one control message carries, fail the request
-                msg = FirstToken(out.request_id, token, first.text, logprobs,
-                                 self._finish_reason(out.request_id, first.finish_reason), prompt)
-                if len(control.encode(msg)) > control.MAX_CONTROL_BYTES:
-                    raise ProtocolError(f"the first token's message is over {control.MAX_CONTROL_BYTES} bytes")
-            except ProtocolError as err:
-                self._abort(out.request_id, f"cannot send the first token: {err}"[:500], notify=False)
-                self.link.send(RequestFailed(out.request_id, f"cannot send the first token: {err}"[:500], False))
+                self.link.send(FirstToken(out.request_id, token, first.text, logprobs,
+                                          self._finish_reason(out.request_id, first.finish_reason), prompt))
+            except ProtocolError as err:    # (not retryable: no node could send them)
+                self._abort(out.request_id, f"cannot send the first token: {err}", notify=True, retryable=False)
                 continue
-            self.link.send(msg)
             self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
             self.shipper.close(out.request_id)
             self._params.pop(out.request_id, None)
@@ -127,14 +122,14 @@ class PrefillService:
     def fail(self, rid: str, reason: str) -> None:
         self._abort(rid, reason, notify=True)
 
-    def _abort(self, rid: str, reason: str, notify: bool) -> None:
+    def _abort(self, rid: str, reason: str, notify: bool, retryable: bool = True) -> None:
         self.engine.abort_request(rid)
         shipment = self.shipper.close(rid)
         if shipment is not None:
             self.sender.abort(shipment.xfer_id, reason[:200])
         self._params.pop(rid, None)
         if notify:
-            self.link.send(RequestFailed(rid, reason[:500], True))
+            self.link.send(RequestFailed(rid, reason[:500], retryable))
 
     def _finish_reason(self, rid: str, local: str | None) -> str:
         """The request's own finish reason if its first token already ends it, else ""."""

@@ -26,7 +26,7 @@ def test_seeded_draws_depend_on_seed_and_position_only():
     """The k-th draw of a seeded row is the same alone or batched with other rows; choice seeds
     wrap into int64 like the draws see them."""
     logits = torch.randn(3, 100, generator=torch.Generator().manual_seed(1))
-    seeded = SamplingRow(SamplingParams(temperature=1.0, seed=7), [], [], 7, draw=5)
+    seeded = SamplingRow(SamplingParams(temperature=1.0, seed=7), [], [0] * 5, 7)     # draw 5
     alone = Sampler()(logits[:1], [seeded])[0].token_id
     others = [SamplingRow(SamplingParams(temperature=1.0), [], [], None)] * 2
     assert Sampler(seed=3)(logits[[1, 0, 2]], [others[0], seeded, others[1]])[1].token_id == alone
@@ -41,7 +41,7 @@ def test_draws_follow_the_distribution_and_never_pick_a_masked_token():
     sampler, counts = Sampler(seed=1), torch.zeros(5)
     for k in range(200):
         rows = [_row(temperature=1.0, top_k=4)] * 50 + [
-            SamplingRow(SamplingParams(temperature=1.0, top_k=4, seed=s), [], [], s, draw=k) for s in range(50)]
+            SamplingRow(SamplingParams(temperature=1.0, top_k=4, seed=s), [], [0] * k, s) for s in range(50)]
         for t in sampler(logits.repeat(100, 1), rows):
             counts[t.token_id] += 1
     expected = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.0]) / 0.97
