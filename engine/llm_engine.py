@@ -10,6 +10,7 @@ Request lifecycle:
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Protocol
 
@@ -28,6 +29,10 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
 from engine.swap import PreemptionMode, SwapPool
+
+
+log = logging.getLogger(__name__)
+MAX_STEP_FAILURES = 3       # failed steps with no working one between them: the engine is broken
 
 
 class StepObserver(Protocol):
@@ -59,6 +64,7 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.detokenizer = Detokenizer(self.tokenizer)
         self._groups: dict[str, SequenceGroup] = {}
+        self._step_failures = 0                         # in a row; see safe_step
         self._decode: dict[int, DecodeState] = {}      # seq_id -> incremental detokenizer state
 
     def _swap_pool(self, config: EngineConfig) -> SwapPool | None:
@@ -181,6 +187,22 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
+
+    def safe_step(self) -> tuple[list[RequestOutput], dict[str, str]]:
+        """step(), except that a step that raises fails the requests this engine held (fail_step)
+        instead: (outputs, {request_id: reason}) for the caller to tell their clients. The
+        MAX_STEP_FAILURES-th failure with no working step in between re-raises: the engine (or
+        its device) is broken."""
+        try:
+            outputs = self.step()
+        except Exception as err:    # noqa: BLE001 -- which request broke it is unknown
+            self._step_failures += 1
+            if self._step_failures >= MAX_STEP_FAILURES:
+                raise
+            log.exception("engine step failed; failing the requests it held")
+            return [], dict.fromkeys(self.fail_step(), f"engine step failed: {type(err).__name__}: {err}"[:500])
+        self._step_failures = 0
+        return outputs, {}
 
     def fail_step(self) -> list[str]:
         """After `step()` raised: which request broke it is unknown, so every request here

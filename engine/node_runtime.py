@@ -23,7 +23,6 @@ from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.005
-MAX_STEP_FAILURES = 3         # with no step between them that worked: the engine is broken, the node exits
 
 
 class NodeService(Protocol):
@@ -88,23 +87,14 @@ def run(service: NodeService) -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stopping.append(True))
-    failures = 0
     try:
         while not stopping and not service.should_stop():
             working = service.engine.has_unfinished_requests()
             service.poll(0.0 if working or service.busy() else IDLE_POLL_S)
             if service.engine.has_unfinished_requests():
-                try:
-                    outputs = service.engine.step()
-                except Exception as err:    # noqa: BLE001 -- one bad step must not end the node
-                    failures += 1
-                    if failures >= MAX_STEP_FAILURES:
-                        raise
-                    log.exception("engine step failed; failing its requests (retryable elsewhere)")
-                    for rid in service.engine.fail_step():
-                        service.fail(rid, f"engine step failed: {type(err).__name__}: {err}"[:500])
-                    continue
-                failures = 0
+                outputs, failed = service.engine.safe_step()      # a broken engine raises: the node ends
+                for rid, reason in failed.items():
+                    service.fail(rid, reason)
                 service.on_outputs(outputs)
     finally:
         service.close()

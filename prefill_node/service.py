@@ -123,13 +123,13 @@ class PrefillService:
         self._abort(rid, reason, notify=True)
 
     def _abort(self, rid: str, reason: str, notify: bool, retryable: bool = True) -> None:
+        if notify:      # before the transfer's abort, whose echo from the decode node says less
+            self.link.send(RequestFailed(rid, reason[:500], retryable))
         self.engine.abort_request(rid)
         shipment = self.shipper.close(rid)
         if shipment is not None:
             self.sender.abort(shipment.xfer_id, reason[:200])
         self._params.pop(rid, None)
-        if notify:
-            self.link.send(RequestFailed(rid, reason[:500], retryable))
 
     def _finish_reason(self, rid: str, local: str | None) -> str:
         """The request's own finish reason if its first token already ends it, else ""."""

@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
 import queue
 import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from engine.node_runtime import MAX_STEP_FAILURES
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
 from router.policy import NoNodeAvailable
 
-log = logging.getLogger(__name__)
 _END = object()     # sentinel: the request was aborted, its stream ends
 
 
@@ -72,7 +69,6 @@ class ColocatedBackend(Backend):
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}      # engine thread only
         self._error: BaseException | None = None
-        self._step_failures = 0                 # in a row; MAX_STEP_FAILURES: the engine is broken
         self._metrics = self._snapshot()
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
         self._thread.start()
@@ -142,19 +138,10 @@ class ColocatedBackend(Backend):
                 return False
             self._apply(command)
         if self._engine.has_unfinished_requests():
-            try:
-                outputs = self._engine.step()
-            except Exception as err:    # noqa: BLE001 -- one bad step fails its requests, not the server
-                self._step_failures += 1
-                if self._step_failures >= MAX_STEP_FAILURES:
-                    raise
-                log.exception("engine step failed; failing its requests")
-                for rid in self._engine.fail_step():
-                    if (sink := self._sinks.pop(rid, None)) is not None:
-                        sink.push(RuntimeError(f"engine step failed: {type(err).__name__}: {err}"))
-                outputs = []
-            else:
-                self._step_failures = 0
+            outputs, failed = self._engine.safe_step()        # a broken engine raises: see _run
+            for rid, reason in failed.items():
+                if (sink := self._sinks.pop(rid, None)) is not None:
+                    sink.push(RuntimeError(reason))
             for output in outputs:
                 self._deliver(output)
         self._metrics = self._snapshot()

@@ -25,6 +25,7 @@ class Result:
     first: FirstToken | None = None
     finish: str = ""
     failed: RequestFailed | None = None
+    failures: list[tuple[str, RequestFailed]] = field(default_factory=list)   # (node, message), in order
     reserved: Reserved | None = None
 
 
@@ -80,6 +81,7 @@ class NodeHarness:
             r.finish = msg.finish_reason or r.finish
         elif isinstance(msg, RequestFailed):
             r.failed = msg
+            r.failures.append((node, msg))
 
     def submit(self, rid: str, prompt: list[int], params, prior_outputs: int = 0) -> None:
         if not hasattr(self, "pending"):

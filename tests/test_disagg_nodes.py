@@ -126,7 +126,8 @@ def test_a_first_token_too_big_to_send_fails_its_request_and_the_node_serves_on(
     monkeypatch.setattr(control, "MAX_CONTROL_BYTES", 2000)
     harness.submit("big", list(range(3, 60)), SamplingParams(temperature=0.0, max_tokens=3, prompt_logprobs=5))
     (big,) = harness.wait(["big"])
-    assert big.failed is not None and not big.failed.retryable and "first token" in big.failed.reason
+    node, failed = big.failures[0]
+    assert node == "prefill-0" and not failed.retryable and "first token" in failed.reason
     monkeypatch.undo()
     harness.submit("ok", [5, 6, 7], GREEDY)
     (ok,) = harness.wait(["ok"])

@@ -33,18 +33,25 @@ class FakeEngine:
     model_name = "fake"
     max_model_len = 128
 
-    def __init__(self, crash_at_steps: tuple[int, ...] = ()):
+    def __init__(self, crash_at_steps: tuple[int, ...] = (), fatal_steps: tuple[int, ...] = ()):
         self.running: dict[str, tuple[list[int], SamplingParams, list[int]]] = {}
         self.aborted: list[str] = []
         self.threads: set[int] = set()
         self.steps = 0
-        self.crash_at_steps = crash_at_steps
+        self.crash_at_steps, self.fatal_steps = crash_at_steps + fatal_steps, fatal_steps
 
-    def fail_step(self):
-        ids = list(self.running)
-        for rid in ids:
-            self.abort_request(rid)
-        return ids
+    def safe_step(self):
+        """LLMEngine.safe_step's contract: a crash at a step listed in `crash_at_steps` fails the
+        requests held; one in `fatal_steps` raises (the engine is broken)."""
+        try:
+            return self.step(), {}
+        except RuntimeError as err:
+            if self.steps in self.fatal_steps:
+                raise
+            failed = list(self.running)
+            for rid in failed:
+                self.abort_request(rid)
+            return [], dict.fromkeys(failed, f"engine step failed: RuntimeError: {err}")
 
     def add_request(self, request_id, prompt, params):
         self.threads.add(threading.get_ident())
@@ -181,22 +188,20 @@ def test_abort_ends_the_stream(engine_and_backend):
 
 
 def test_a_failed_step_fails_its_requests_and_the_engine_serves_on():
-    """An exception in step() fails the requests the engine held with RuntimeError; the next
-    request is served. Three failed steps in a row: the backend is unhealthy and refuses work."""
-    engine = FakeEngine(crash_at_steps=(2, 4, 5, 6))
+    """A step the engine fails (safe_step) fails the requests it held with RuntimeError and the
+    next request is served; a step that raises (a broken engine) makes the backend unhealthy
+    and refuse work."""
+    engine = FakeEngine(crash_at_steps=(2,), fatal_steps=(4,))
     backend = ColocatedBackend(engine)
     with pytest.raises(RuntimeError, match="engine step failed: RuntimeError: CUDA fell over"):
         run(collect(backend, "r1", [1], SamplingParams(max_tokens=10)))
     assert backend.is_healthy() and engine.aborted == ["r1"]
     assert run(collect(backend, "r2", [1], SamplingParams(max_tokens=1)))[-1].finished     # step 3
-    for rid in ("r3", "r4"):                                                    # steps 4, 5
-        with pytest.raises(RuntimeError, match="CUDA fell over"):
-            run(collect(backend, rid, [1], SamplingParams(max_tokens=10)))
-    with pytest.raises(RuntimeError, match="CUDA fell over"):                 # step 6: the third
-        run(collect(backend, "r5", [1], SamplingParams(max_tokens=10)))
+    with pytest.raises(RuntimeError, match="CUDA fell over"):                 # step 4: fatal
+        run(collect(backend, "r3", [1], SamplingParams(max_tokens=10)))
     assert not backend.is_healthy()
     with pytest.raises(NoNodeAvailable, match="not running"):
-        run(collect(backend, "r6", [1], SamplingParams(max_tokens=1)))
+        run(collect(backend, "r4", [1], SamplingParams(max_tokens=1)))
 
 
 def test_metrics_snapshot_and_close(engine_and_backend):

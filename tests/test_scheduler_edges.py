@@ -239,3 +239,33 @@ def test_a_failed_step_fails_even_the_groups_it_had_already_ended(model_dir, mak
     assert not engine.has_unfinished_requests() and not engine._groups
     engine.scheduler.schedule, engine.runner.execute = schedule, execute
     assert _run(llm, {"a": ([1, 2, 3], SamplingParams(max_tokens=2, **GREEDY))})["a"][0][1] == "length"
+
+
+def test_safe_step_fails_the_held_requests_and_a_third_failure_in_a_row_raises(model_dir, make_llm):
+    """A step that raises fails the requests the engine held (not the ones arriving after); a
+    working step resets the count; the third failure with no working step between re-raises."""
+    from engine.llm_engine import MAX_STEP_FAILURES
+    llm = make_llm(model_dir[0], num_blocks=32)
+    engine, execute, broken = llm.engine, llm.engine.runner.execute, [True]
+
+    def flaky(scheduled):
+        if broken[0]:
+            raise RuntimeError("device lost")
+        return execute(scheduled)
+    engine.runner.execute = flaky
+    for i in range(MAX_STEP_FAILURES - 1):
+        engine.add_request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY))
+        outputs, failed = engine.safe_step()
+        assert outputs == [] and list(failed) == [f"r{i}"] and "device lost" in failed[f"r{i}"]
+    broken[0] = False
+    engine.add_request("ok", [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY))
+    assert engine.safe_step()[1] == {}                                  # works: the count starts over
+    broken[0] = True
+    for i in range(MAX_STEP_FAILURES):
+        engine.add_request(f"s{i}", [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY))
+        if i < MAX_STEP_FAILURES - 1:
+            assert f"s{i}" in engine.safe_step()[1]
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.safe_step()
+    engine.runner.execute = execute
+    engine.fail_step()
