@@ -139,19 +139,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         ids = self.encode(prompt)
-        vocab = self.model_config.vocab_size
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
-        banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.model_config.eos_token_ids))
-        if params.min_tokens and len(banned) >= vocab:
-            raise ValueError("min_tokens bans every token of the vocabulary (stop_token_ids and EOS)")
-        if type(prior_outputs) is not int or not 0 <= prior_outputs < len(ids):
-            raise ValueError(f"prior_outputs must be an integer in [0, {len(ids)}), got {prior_outputs!r}")
-        width = params.beam_width if params.use_beam_search else params.n
-        if width > self.config.scheduler.max_num_seqs:
-            raise ValueError(f"n ({width}) must not exceed max_num_seqs ({self.config.scheduler.max_num_seqs})")
-        if prior_outputs and (params.n != 1 or params.use_beam_search):
-            raise ValueError("only a single completion (n = 1, no beam search) continues prior outputs")
+        self._check_request(params, len(ids), prior_outputs)
         seq = Sequence(ids, len(ids), seed=params.seed, num_prior_outputs=prior_outputs,
                        reuses_cache=params.prompt_logprobs is None)
         group = SequenceGroup(request_id, [seq], params, time.monotonic())
@@ -160,6 +148,22 @@ class LLMEngine:
         self._groups[request_id] = group
         self._decode[seq.seq_id] = self.detokenizer.start(ids)
         return group
+
+    def _check_request(self, params: SamplingParams, prompt_len: int, prior_outputs: int) -> None:
+        """ValueError for what this engine cannot run (SamplingParams checks the values alone)."""
+        vocab = self.model_config.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.model_config.eos_token_ids))
+        if params.min_tokens and len(banned) >= vocab:
+            raise ValueError("min_tokens bans every token of the vocabulary (stop_token_ids and EOS)")
+        if type(prior_outputs) is not int or not 0 <= prior_outputs < prompt_len:
+            raise ValueError(f"prior_outputs must be an integer in [0, {prompt_len}), got {prior_outputs!r}")
+        width = params.beam_width if params.use_beam_search else params.n
+        if width > self.config.scheduler.max_num_seqs:
+            raise ValueError(f"n ({width}) must not exceed max_num_seqs ({self.config.scheduler.max_num_seqs})")
+        if prior_outputs and (params.n != 1 or params.use_beam_search):
+            raise ValueError("only a single completion (n = 1, no beam search) continues prior outputs")
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -259,13 +263,10 @@ class LLMEngine:
             actual = seq.token_ids[positions.start + 1:positions.stop + 1]
             index = torch.tensor(actual, device=block.device)[:, None]
             chosen = block.gather(1, index)[:, 0].tolist()
-            top_values, top_ids = block.topk(min(n, block.shape[1]), dim=-1) if n else (None, None)
-            top_values, top_ids = (None, None) if not n else (top_values.tolist(), top_ids.tolist())
-            for i, p in enumerate(positions):
-                entry = {actual[i]: chosen[i]}
-                if n:
-                    entry.update(zip(top_ids[i], top_values[i]))
-                seq.prompt_logprobs[p + 1] = entry
+            top = block.topk(min(n, block.shape[1]), dim=-1)            # n = 0: empty rows
+            for p, token, lp, ids, values in zip(positions, actual, chosen, top.indices.tolist(),
+                                                 top.values.tolist()):
+                seq.prompt_logprobs[p + 1] = {token: lp, **dict(zip(ids, values))}
             row += len(positions)
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq],

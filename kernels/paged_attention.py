@@ -62,13 +62,9 @@ def unsupported_attention(head_dim: int, num_heads: int, num_kv_heads: int, devi
     path takes any shape; the Triton kernels have compiled variants for some head sizes only."""
     if device.type != "cuda":
         return None
-    from kernels.triton_paged_attention import HEAD_DIMS, MAX_GROUP
+    from kernels.triton_paged_attention import unsupported
 
-    if head_dim not in HEAD_DIMS or num_heads // num_kv_heads > MAX_GROUP:
-        return (f"the CUDA paged-attention kernels take head_dim in {HEAD_DIMS} and at most {MAX_GROUP} "
-                f"query heads per kv head; this model has head_dim {head_dim} and "
-                f"{num_heads // num_kv_heads}")
-    return None
+    return unsupported(head_dim, num_heads // num_kv_heads)
 
 
 def _check_shapes(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens) -> None:

@@ -224,6 +224,14 @@ def _reduce_segments_kernel(
              mask=offs_d < HEAD_DIM)
 
 
+def unsupported(head_dim: int, group: int) -> str | None:
+    """Why these kernels have no variant for this head shape (group: query heads per kv head)."""
+    if head_dim in HEAD_DIMS and group <= MAX_GROUP:
+        return None
+    return (f"the CUDA paged-attention kernels take head_dim in {HEAD_DIMS} and at most {MAX_GROUP} "
+            f"query heads per kv head; got head_dim {head_dim} and {group}")
+
+
 def paged_attention_triton(
     query: torch.Tensor,  # [T, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -242,9 +250,8 @@ def paged_attention_triton(
     num_tokens, num_heads, head_dim = query.shape
     num_seqs, num_kv_heads = block_tables.shape[0], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    if head_dim not in HEAD_DIMS or group > MAX_GROUP:
-        raise ValueError(f"CUDA paged attention supports head_dim in {HEAD_DIMS} and "
-                         f"num_heads / num_kv_heads <= {MAX_GROUP}, got {head_dim} and {group}")
+    if (reason := unsupported(head_dim, group)) is not None:
+        raise ValueError(reason)
     for name, t in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: head_dim must be contiguous (stride 1), got strides {t.stride()}")
