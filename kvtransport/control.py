@@ -1,8 +1,10 @@
 """The control plane between the router and its nodes: every message, one codec.
 
-Topology: the router binds one ZMQ ROUTER socket; each node connects a DEALER whose routing id
-is its node_id. Payloads are msgpack `[version, kind, [fields...]]`, validated on decode like the
-KV transport's own messages (kvtransport.messages); Reserved and Busy are shared with it.
+Topology: the router binds one ZMQ ROUTER socket; each node connects a DEALER, proves that it
+holds the cluster secret (kvtransport.session) and then names itself in its NodeHello. Every
+message is sealed by that session: [msgpack `[version, kind, [fields...]]`, trailer], validated
+on decode like the KV transport's own messages (kvtransport.messages); Reserved and Busy are
+shared with it.
 
   node   -> router: NodeHello (once per epoch), NodeStatus (heartbeat), FirstToken (prefill),
                     TokenDelta (decode), Reserved | Busy (decode, answering DecodeRequest),
@@ -19,6 +21,7 @@ import msgpack
 
 from engine.sampling_params import SamplingParams
 from kvtransport import messages
+from kvtransport.framing import Framer
 from kvtransport.messages import Busy, Reserved
 from kvtransport.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
                                 check_bool, check_id, check_int, check_ints, check_seq, check_str)
@@ -240,6 +243,11 @@ KINDS: dict[str, type] = {
     "reserved": Reserved, "busy": Busy,
 }
 _KIND_OF = {cls: kind for kind, cls in KINDS.items()}
+
+
+def framer() -> Framer:
+    """Packs and unpacks sealed control messages of at most MAX_CONTROL_BYTES."""
+    return Framer(max_payload_bytes=0, max_header_bytes=MAX_CONTROL_BYTES, encoder=encode, decoder=decode)
 
 
 def encode(msg: Any) -> bytes:

@@ -1,11 +1,11 @@
 """In-process backend: instant delivery through the real codec, with failure injection.
 
-Frames go through the same Framer, ReceiverCore and ReceiveLedger as on a socket; only the
-socket is replaced by a direct call. A FaultPlan acts on the messages a FakeSender sends after
+Frames go through the same sessions, Framer, ReceiverCore and ReceiveLedger as on a socket;
+only the socket is replaced by a direct call. A FaultPlan acts on the messages a FakeSender sends after
 its handshake, numbered 0, 1, 2, ... (blocks, commits, aborts and heartbeats alike):
 
   drop        never delivered            duplicate   delivered twice
-  corrupt     header cut to half         delay       delivered by the first poll() at or
+  corrupt     header cut to half (BAD_MAC)        delay       delivered by the first poll() at or
   cut_at=k    message k and every later message, both ways, are lost (the link is cut)
                                                      after send time + delay (clock seconds)
 """
@@ -19,7 +19,7 @@ import torch
 
 from kvtransport.base import KVReceiver, KVSender, TransportError
 from kvtransport.events import TransferEvent, TransferFailed
-from kvtransport.framing import Buffer, Framer
+from kvtransport.framing import Buffer
 from kvtransport.handshake import PeerIdentity
 from kvtransport.payload import InlineSink, block_bytes
 from kvtransport.receiver_core import ReceiverCore
@@ -62,12 +62,10 @@ class FakeNetwork:
 
 class FakeReceiver(KVReceiver):
     def __init__(self, network: FakeNetwork, name: str, kv_cache: torch.Tensor,
-                 identity: PeerIdentity, secret: bytes | None = None,
-                 peer_timeout: float = 10.0) -> None:
+                 identity: PeerIdentity, secret: bytes, peer_timeout: float = 10.0) -> None:
         self.endpoint = SCHEME + name
         self._network = network
-        framer = Framer(secret, max_payload_bytes=identity.layout.block_nbytes)
-        self._core = ReceiverCore(kv_cache.shape[0], identity, framer, InlineSink(kv_cache, identity.layout),
+        self._core = ReceiverCore(kv_cache.shape[0], identity, secret, InlineSink(kv_cache, identity.layout),
                                   self._reply, peer_timeout, network.clock)
         self._delayed: list[tuple[float, str, list[bytes]]] = []
         self.metrics = self._core.metrics
@@ -112,13 +110,12 @@ class FakeReceiver(KVReceiver):
 
 
 class FakeSender(KVSender):
-    def __init__(self, network: FakeNetwork, identity: PeerIdentity, faults: FaultPlan = FaultPlan(),
-                 secret: bytes | None = None, heartbeat_interval: float = 1.0,
+    def __init__(self, network: FakeNetwork, identity: PeerIdentity, secret: bytes,
+                 faults: FaultPlan = FaultPlan(), heartbeat_interval: float = 1.0,
                  peer_timeout: float = 10.0) -> None:
         self.name = f"{identity.node_id}/{identity.epoch}"
         self._network, self._faults = network, faults
-        self._core = SenderCore(identity, Framer(secret), heartbeat_interval, peer_timeout,
-                                network.clock)
+        self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, network.clock)
         self.metrics = self._core.metrics
         self._inbox: list[tuple[str, list[Buffer]]] = []
         self._sent = 0          # messages sent after the handshake (the fault plan's index)
@@ -128,12 +125,9 @@ class FakeSender(KVSender):
         receiver = self._network.receivers.get(endpoint.removeprefix(SCHEME))
         if receiver is None or self._cut:
             raise TransportError(f"no receiver at {endpoint}")
-        receiver.deliver(self.name, self._core.hello())
-        replies = [f for e, f in self._inbox if e == endpoint]
-        self._inbox = [(e, f) for e, f in self._inbox if e != endpoint]
-        if not replies:
-            raise TransportError(f"{endpoint} did not answer")
-        return self._core.accept_ack(endpoint, replies[0])
+        receiver.deliver(self.name, self._core.auth_hello(endpoint))
+        receiver.deliver(self.name, self._core.on_challenge(endpoint, self._reply_from(endpoint)))
+        return self._core.accept_ack(endpoint, self._reply_from(endpoint))
 
     def begin(self, xfer_id: str, endpoint: str) -> None:
         self._core.begin(xfer_id, endpoint)
@@ -144,7 +138,7 @@ class FakeSender(KVSender):
         if endpoint is None:
             return
         header = self._core.block_header(xfer_id, index, dst_block_id, kv_cache)
-        self._transmit(endpoint, self._core.framer.pack(header, block_bytes(kv_cache, src_block_id)))
+        self._transmit(endpoint, self._core.pack(endpoint, header, block_bytes(kv_cache, src_block_id)))
         self.metrics.blocks_sent += 1
         self.metrics.bytes_sent += header.nbytes
 
@@ -175,6 +169,18 @@ class FakeSender(KVSender):
     def send_raw(self, endpoint: str, frames: list[Buffer]) -> None:
         """Deliver arbitrary frames as this sender (hostile-peer tests); no fault plan."""
         self._network.receivers[endpoint.removeprefix(SCHEME)].deliver(self.name, frames)
+
+    def seal(self, endpoint: str, msg, payload: Buffer | None = None) -> list[Buffer]:
+        """msg sealed on this sender's session with endpoint (hostile-peer tests)."""
+        return self._core.pack(endpoint, msg, payload)
+
+    def _reply_from(self, endpoint: str) -> list[Buffer]:
+        """The first reply waiting from endpoint during pairing; TransportError if none."""
+        replies = [f for e, f in self._inbox if e == endpoint]
+        self._inbox = [(e, f) for e, f in self._inbox if e != endpoint]
+        if not replies:
+            raise TransportError(f"{endpoint} did not answer")
+        return replies[0]
 
     def on_reply(self, endpoint: str, frames: list[Buffer]) -> None:
         if not self._cut:

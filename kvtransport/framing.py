@@ -1,25 +1,19 @@
-"""One message as a list of frames, with an optional HMAC-SHA256 over all of them.
+"""One message as a list of frames, sealed by the session of the connection it travels on.
 
-    no secret:    [header]            or  [header, payload]
-    with secret:  [header, mac]       or  [header, payload, mac]
+    [header, trailer]   or   [header, payload, trailer]
 
-header = messages.encode(msg); payload = the raw bytes of one block (BlockFrame only, zmq and
-fake backends); mac = HMAC-SHA256(secret, len(header) as 8 bytes || header || payload). The MAC
-is checked before the header is parsed, so without the secret a peer cannot get a single byte
-interpreted. With a secret the payload is authenticated too, which costs one SHA-256 pass over
-every block (see bench/transfer_bench.py).
+header = the message's msgpack bytes; payload = the raw bytes of one block (BlockFrame only, zmq
+and fake backends); trailer = the session's sequence number and MAC (kvtransport.session). The
+sizes are checked first, then the MAC, and only then is the header parsed: a peer without the
+session's keys cannot get a single byte interpreted.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
-from typing import NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
-from kvtransport.messages import MAX_HEADER_BYTES, Message, ProtocolError, decode, encode
+from kvtransport.messages import MAX_HEADER_BYTES, ProtocolError, decode, encode
 from kvtransport.metrics import DropReason
-
-Buffer = bytes | memoryview
-MAC_LEN = 32
+from kvtransport.session import TRAILER_LEN, AuthError, Buffer, Session
 
 
 class FrameError(Exception):
@@ -32,62 +26,53 @@ class FrameError(Exception):
 
 
 class Unpacked(NamedTuple):
-    msg: Message
+    msg: Any
     payload: memoryview | None
 
 
 class Framer:
-    """Packs messages into frames and unpacks (and authenticates) received frames."""
+    """Packs messages into sealed frames and unpacks (authenticates, then decodes) received ones.
+    The codec defaults to the KV transport's messages; the control plane passes its own."""
 
-    def __init__(self, secret: bytes | None = None, max_payload_bytes: int = 1 << 30) -> None:
-        if secret is not None and len(secret) < 16:
-            raise ValueError("a shared secret must be at least 16 bytes")
-        self._secret = secret
-        self.max_payload_bytes = max_payload_bytes
+    def __init__(self, max_payload_bytes: int = 1 << 30, max_header_bytes: int = MAX_HEADER_BYTES,
+                 encoder: Callable[[Any], bytes] = encode,
+                 decoder: Callable[[memoryview], Any] = decode) -> None:
+        self.max_payload_bytes, self.max_header_bytes = max_payload_bytes, max_header_bytes
+        self._encode, self._decode = encoder, decoder
 
-    @property
-    def authenticated(self) -> bool:
-        return self._secret is not None
+    def pack(self, session: Session, msg: Any, payload: Buffer | None = None) -> list[Buffer]:
+        header = self._encode(msg)
+        if len(header) > self.max_header_bytes:
+            raise ProtocolError(f"a {type(msg).__name__} of {len(header)} bytes is over the "
+                                f"{self.max_header_bytes}-byte limit")
+        trailer = session.seal(header, payload)
+        return [header, trailer] if payload is None else [header, payload, trailer]
 
-    def pack(self, msg: Message, payload: Buffer | None = None) -> list[Buffer]:
-        header = encode(msg)
-        frames: list[Buffer] = [header] if payload is None else [header, payload]
-        if self._secret is not None:
-            frames.append(self._mac(header, payload))
-        return frames
-
-    def unpack(self, frames: Sequence[Buffer]) -> Unpacked:
-        """The message and payload in frames; raises FrameError with the drop reason."""
-        frames = [memoryview(f) for f in frames]
-        if self._secret is not None:
-            frames = self._verified(frames)
-        if not 1 <= len(frames) <= 2:
+    def check_sizes(self, frames: Sequence[Buffer]) -> None:
+        """Raises FrameError unless frames look like one sealed message within the size caps."""
+        if not 2 <= len(frames) <= 3:
             raise FrameError(DropReason.MALFORMED, f"{len(frames)} frames")
-        header = frames[0]
-        payload = frames[1] if len(frames) == 2 else None
-        if len(header) > MAX_HEADER_BYTES:
-            raise FrameError(DropReason.OVERSIZE, f"header of {len(header)} bytes")
-        if payload is not None and len(payload) > self.max_payload_bytes:
-            raise FrameError(DropReason.OVERSIZE, f"payload of {len(payload)} bytes")
+        if len(frames[-1]) != TRAILER_LEN:
+            raise FrameError(DropReason.BAD_MAC, "no trailer")
+        if len(frames[0]) > self.max_header_bytes:
+            raise FrameError(DropReason.OVERSIZE, f"header of {len(frames[0])} bytes")
+        if len(frames) == 3 and len(frames[1]) > self.max_payload_bytes:
+            raise FrameError(DropReason.OVERSIZE, f"payload of {len(frames[1])} bytes")
+
+    def unpack(self, session: Session, frames: Sequence[Buffer]) -> Unpacked:
+        """The message and payload in frames; raises FrameError with the drop reason."""
+        self.check_sizes(frames)
         try:
-            return Unpacked(decode(header), payload)
+            opened = session.open(frames)
+        except AuthError as e:
+            raise FrameError(e.reason, e.detail) from None
+        return self.decode(opened)
+
+    def decode(self, opened: Sequence[Buffer]) -> Unpacked:
+        """The message in [header, payload?] that a session has already opened."""
+        header = memoryview(opened[0])
+        payload = memoryview(opened[1]) if len(opened) == 2 else None
+        try:
+            return Unpacked(self._decode(header), payload)
         except ProtocolError as e:
             raise FrameError(DropReason.MALFORMED, str(e)) from None
-
-    def _verified(self, frames: list[memoryview]) -> list[memoryview]:
-        if not 2 <= len(frames) <= 3 or len(frames[-1]) != MAC_LEN:
-            raise FrameError(DropReason.BAD_MAC, "missing MAC")
-        payload_len = len(frames[1]) if len(frames) == 3 else 0
-        if len(frames[0]) > MAX_HEADER_BYTES or payload_len > self.max_payload_bytes:
-            raise FrameError(DropReason.OVERSIZE, "frame above the cap")
-        payload = frames[1] if len(frames) == 3 else None
-        if not hmac.compare_digest(self._mac(frames[0], payload), frames[-1]):
-            raise FrameError(DropReason.BAD_MAC, "wrong MAC")
-        return frames[:-1]
-
-    def _mac(self, header: Buffer, payload: Buffer | None) -> bytes:
-        mac = hmac.new(self._secret, len(header).to_bytes(8, "little"), hashlib.sha256)
-        mac.update(header)
-        if payload is not None:
-            mac.update(payload)
-        return mac.digest()

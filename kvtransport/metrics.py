@@ -15,7 +15,9 @@ _LOG_EVERY = 1000
 class DropReason(Enum):
     """Why a received frame was dropped (never written into the pool)."""
     MALFORMED = "malformed"             # not a valid message / wrong frame count
-    BAD_MAC = "bad_mac"                 # auth on and the HMAC is missing or wrong
+    BAD_MAC = "bad_mac"                 # the session's MAC is missing or wrong
+    NOT_AUTHENTICATED = "not_authenticated"   # from a connection that never completed a handshake
+    REPLAY = "replay"                   # a sequence number already seen on the session
     OVERSIZE = "oversize"               # a frame above the size cap
     NOT_PAIRED = "not_paired"           # from a peer that has not completed the handshake
     UNEXPECTED = "unexpected"           # a message kind this side does not accept

@@ -4,6 +4,8 @@ A backend turns its socket into calls of `handle(peer, frames)` (one multipart m
 peer) and `tick()` (expire leases and dead peers), and supplies `send(peer, frames)` for
 replies (HelloAck, Heartbeat, Abort) and a `PayloadSink` that moves a block's bytes into the pool.
 
+  0. every connection first proves it holds the cluster secret (kvtransport.session); until
+     then its messages are dropped unread (NOT_AUTHENTICATED, BAD_MAC) and it learns nothing
   1. Hello            -> check_compatible; HelloAck(accepted | refused, naming the field)
   2. any other message from a peer without an accepted Hello is dropped (NOT_PAIRED); a
      Heartbeat is answered with HelloAck(accepted=False) so a sender learns of a restart at once
@@ -20,11 +22,12 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from kvtransport.events import FailReason, TransferEvent
-from kvtransport.framing import Buffer, Framer, FrameError
+from kvtransport.framing import Framer, FrameError, Unpacked
 from kvtransport.handshake import HandshakeError, PeerIdentity, check_compatible
 from kvtransport.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
+from kvtransport.session import AuthError, AuthKind, Buffer, Responder, auth_frame, parse_auth_frame
 
 log = logging.getLogger("kvtransport")
 
@@ -70,12 +73,14 @@ class _Session:
 class ReceiverCore:
     """Dispatches received messages of every peer into one ReceiveLedger."""
 
-    def __init__(self, num_blocks: int, identity: PeerIdentity, framer: Framer,
+    def __init__(self, num_blocks: int, identity: PeerIdentity, secret: bytes,
                  sink: PayloadSink, send: SendFn, peer_timeout: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.identity = identity
         self.ledger = ReceiveLedger(identity.layout, num_blocks, ReceiverMetrics(), clock)
-        self._framer, self._sink, self._send = framer, sink, send
+        self._framer = Framer(max_payload_bytes=identity.layout.block_nbytes)
+        self._auth = Responder(secret, clock=clock)
+        self._sink, self._send = sink, send
         self._peer_timeout, self._clock = peer_timeout, clock
         self._sessions: dict[str, _Session] = {}
 
@@ -89,11 +94,12 @@ class ReceiverCore:
     def handle(self, peer: str, frames: Sequence[Buffer]) -> None:
         """Process one received multipart message from peer; bad input is counted, never raised."""
         try:
-            msg, payload = self._framer.unpack(frames)
-            self._dispatch(peer, msg, payload)
+            msg, payload = self._open(peer, frames)
+            if msg is not None:
+                self._dispatch(peer, msg, payload)
         except FrameError as e:
             self.metrics.count_drop(e.reason, peer, e.detail)
-            if e.reason in (DropReason.BAD_MAC, DropReason.MALFORMED, DropReason.OVERSIZE):
+            if e.reason in (DropReason.BAD_MAC, DropReason.REPLAY, DropReason.MALFORMED, DropReason.OVERSIZE):
                 self._maybe_poison(peer)
 
     def tick(self) -> None:
@@ -118,6 +124,23 @@ class ReceiverCore:
 
     def take_events(self) -> list[TransferEvent]:
         return self.ledger.take_events()
+
+    def _open(self, peer: str, frames: Sequence[Buffer]) -> Unpacked:
+        """The sealed message in frames, or (None, None) for a handshake frame (answered here)."""
+        auth = parse_auth_frame(frames)
+        if auth is not None:
+            if auth[0] is not AuthKind.HELLO:
+                raise FrameError(DropReason.UNEXPECTED, f"auth {auth[0].name}")
+            self._send(peer, [self._auth.challenge(peer, auth[1])])
+            return Unpacked(None, None)
+        self._framer.check_sizes(frames)
+        try:
+            _, opened = self._auth.open(peer, frames)
+        except AuthError as e:
+            if e.reason is DropReason.NOT_AUTHENTICATED:    # e.g. this node restarted: start again
+                self._send(peer, [auth_frame(AuthKind.RESET)])
+            raise FrameError(e.reason, e.detail) from None
+        return self._framer.decode(opened)
 
     def _dispatch(self, peer: str, msg: Message, payload: memoryview | None) -> None:
         if payload is not None and not (type(msg) is BlockFrame and self._sink.inline):
@@ -199,4 +222,6 @@ class ReceiverCore:
             self._reply(peer, Abort(xfer_id, reason[:256]))
 
     def _reply(self, peer: str, msg: Message) -> None:
-        self._send(peer, self._framer.pack(msg))
+        session = self._auth.session(peer)
+        if session is not None:
+            self._send(peer, self._framer.pack(session, msg))

@@ -35,6 +35,7 @@ class Reservation:
     cached_prefix_blocks: int = 0    # leading blocks D already holds: not expected on the wire
     lease_s: float = 30.0            # renewed by every frame and every heartbeat naming it
     sender_node_id: str | None = None  # only this prefill node may write it (None: first claimer)
+    num_tokens: int | None = None    # the Commit must carry exactly this many (None: any that fit)
 
     def __post_init__(self) -> None:
         check_id(self.xfer_id, "xfer_id")
@@ -49,6 +50,8 @@ class Reservation:
             raise ValueError("cached_prefix_blocks outside [0, len(dst_block_ids)]")
         if not self.lease_s > 0:
             raise ValueError("lease_s must be > 0")
+        if self.num_tokens is not None and not 0 < self.num_tokens <= len(self.dst_block_ids) * (1 << 16):
+            raise ValueError("num_tokens must be > 0 and fit the blocks")
 
     @classmethod
     def from_reserved(cls, msg: Reserved, lease_s: float = 30.0,
@@ -154,7 +157,8 @@ class ReceiveLedger:
             raise FrameError(DropReason.DUPLICATE, "second commit")
         n = len(t.res.dst_block_ids)
         block_size = self.layout.block_size
-        if not (n - 1) * block_size < msg.num_tokens <= n * block_size:
+        if not (n - 1) * block_size < msg.num_tokens <= n * block_size or \
+                t.res.num_tokens not in (None, msg.num_tokens):
             raise FrameError(DropReason.BAD_COMMIT, f"{msg.num_tokens} tokens in {n} blocks")
         self._progress(t, peer)
         t.commit = msg

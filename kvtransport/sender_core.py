@@ -2,12 +2,14 @@
 
 A backend moves bytes; this class decides what to send and when a receiver counts as lost:
 
-  link    one paired receiver (endpoint -> its identity, when it was last heard from)
+  link    one paired receiver (endpoint -> its session, identity, when it was last heard from);
+          pairing is auth_hello() -> on_challenge() -> accept_ack() (kvtransport.session)
   open    xfer_id -> endpoint, from begin() until commit() / abort() / failure
   tick    every heartbeat_interval each link gets Heartbeat(epoch, open xfers on that link);
           a link silent for peer_timeout is lost and its open transfers fail (PEER_DEAD);
           a receiver answering with a new epoch, or no longer knowing us, restarted
-          (PEER_RESTARTED); the node must connect() again
+          (PEER_RESTARTED); so did one that has no session for us (RESET); the node must
+          connect() again
 """
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ import torch
 
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
-from kvtransport.framing import Buffer, Framer, FrameError
+from kvtransport.framing import Framer, FrameError
 from kvtransport.handshake import PeerIdentity, check_compatible, dtype_name
 from kvtransport.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
 from kvtransport.metrics import SenderMetrics
+from kvtransport.session import AuthKind, Buffer, Initiator, Session, check_secret, parse_auth_frame
 
 log = logging.getLogger("kvtransport")
 
@@ -33,6 +36,7 @@ _MAX_FAILED = 1 << 16    # failed xfer ids remembered so that late calls on them
 
 @dataclass(slots=True)
 class _Link:
+    session: Session
     remote: PeerIdentity
     last_seen: float
     next_heartbeat: float
@@ -41,10 +45,12 @@ class _Link:
 class SenderCore:
     """Bookkeeping of one KVSender. Not thread-safe."""
 
-    def __init__(self, identity: PeerIdentity, framer: Framer, heartbeat_interval: float = 1.0,
+    def __init__(self, identity: PeerIdentity, secret: bytes, heartbeat_interval: float = 1.0,
                  peer_timeout: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.identity = identity
-        self.framer = framer
+        self.framer = Framer()
+        self._secret = check_secret(secret)
+        self._handshakes: dict[str, Initiator | Session] = {}   # endpoint -> pairing under way
         self.metrics = SenderMetrics()
         self._interval, self._peer_timeout, self._clock = heartbeat_interval, peer_timeout, clock
         self._links: dict[str, _Link] = {}
@@ -55,20 +61,42 @@ class SenderCore:
     def is_connected(self, endpoint: str) -> bool:
         return endpoint in self._links
 
-    def hello(self) -> list[Buffer]:
-        return self.framer.pack(Hello(self.identity))
+    def auth_hello(self, endpoint: str) -> list[Buffer]:
+        """Step 1 of pairing with endpoint: the handshake's hello."""
+        initiator = self._handshakes[endpoint] = Initiator(self._secret)
+        return [initiator.hello()]
+
+    def on_challenge(self, endpoint: str, frames: Sequence[Buffer]) -> list[Buffer]:
+        """Step 2: from endpoint's challenge, the session, and our sealed Hello to send on it."""
+        auth, initiator = parse_auth_frame(frames), self._handshakes.pop(endpoint, None)
+        if auth is None or auth[0] is not AuthKind.CHALLENGE or not isinstance(initiator, Initiator):
+            raise TransportError(f"{endpoint} did not answer the handshake with a challenge")
+        session = self._handshakes[endpoint] = initiator.on_challenge(auth[1])
+        return self.framer.pack(session, Hello(self.identity))
 
     def accept_ack(self, endpoint: str, frames: Sequence[Buffer]) -> PeerIdentity:
-        """Pair with endpoint from its reply to hello(); raises HandshakeError / TransportError."""
-        msg = self._unpack(endpoint, frames)
+        """Step 3: pair with endpoint from its reply to our Hello; raises HandshakeError /
+        TransportError."""
+        session = self._handshakes.pop(endpoint, None)
+        if not isinstance(session, Session):
+            raise TransportError(f"no handshake with {endpoint} under way")
+        msg = self._unpack(session, endpoint, frames)
         if type(msg) is not HelloAck:
             raise TransportError(f"{endpoint} answered Hello with {type(msg).__name__}")
         if not msg.accepted:
             raise TransportError(f"{endpoint} refused pairing: {msg.reason}")
         check_compatible(self.identity, msg.identity)
         now = self._clock()
-        self._links[endpoint] = _Link(msg.identity, now, now + self._interval)
+        self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval)
         return msg.identity
+
+    def pack(self, endpoint: str, msg: Message, payload: Buffer | None = None) -> list[Buffer]:
+        """msg (and payload) sealed for the connected receiver at endpoint."""
+        return self.framer.pack(self._links[endpoint].session, msg, payload)
+
+    def unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
+        """A message from the connected receiver at endpoint; TransportError if it is bad."""
+        return self._unpack(self._links[endpoint].session, endpoint, frames)
 
     def begin(self, xfer_id: str, endpoint: str) -> None:
         if xfer_id in self._open or xfer_id in self._failed:
@@ -98,14 +126,12 @@ class SenderCore:
         return BlockFrame(xfer_id, index, dst_block_id, block.numel() * block.element_size(), dtype, shape)
 
     def commit_frames(self, xfer_id: str, first_token: int, num_tokens: int) -> list[Buffer]:
-        frames = self.framer.pack(Commit(xfer_id, first_token, num_tokens))
-        self._open.pop(xfer_id)
+        frames = self.pack(self._open.pop(xfer_id), Commit(xfer_id, first_token, num_tokens))
         self.metrics.commits_sent += 1
         return frames
 
     def abort_frames(self, xfer_id: str, reason: str) -> list[Buffer]:
-        frames = self.framer.pack(Abort(xfer_id, reason[:256]))
-        self._open.pop(xfer_id)
+        frames = self.pack(self._open.pop(xfer_id), Abort(xfer_id, reason[:256]))
         self.metrics.aborts_sent += 1
         return frames
 
@@ -114,8 +140,11 @@ class SenderCore:
         link = self._links.get(endpoint)
         if link is None:
             return
+        auth = parse_auth_frame(frames)
+        if auth is not None and auth[0] is AuthKind.RESET:      # it no longer knows our session
+            return self._lose(endpoint, FailReason.PEER_RESTARTED, "receiver has no session for us")
         try:
-            msg = self._unpack(endpoint, frames)
+            msg = self._unpack(link.session, endpoint, frames)
         except TransportError as e:
             log.warning("%s", e)
             return
@@ -139,7 +168,7 @@ class SenderCore:
             if now >= link.next_heartbeat:
                 link.next_heartbeat = now + self._interval
                 xfers = tuple(x for x, e in self._open.items() if e == endpoint)
-                due.append((endpoint, self.framer.pack(Heartbeat(self.identity.epoch, xfers))))
+                due.append((endpoint, self.pack(endpoint, Heartbeat(self.identity.epoch, xfers))))
         return due
 
     def take_events(self) -> list[TransferFailed]:
@@ -164,9 +193,9 @@ class SenderCore:
         self.metrics.transfers_failed += 1
         self._events.append(TransferFailed(xfer_id, reason, detail))
 
-    def _unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
+    def _unpack(self, session: Session, endpoint: str, frames: Sequence[Buffer]) -> Message:
         try:
-            msg, payload = self.framer.unpack(frames)
+            msg, payload = self.framer.unpack(session, frames)
         except FrameError as e:
             raise TransportError(f"bad message from {endpoint}: {e}") from None
         if payload is not None:

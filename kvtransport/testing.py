@@ -27,3 +27,6 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-exact equality (NaN-safe, works for bf16)."""
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
         a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+TEST_SECRET = b"pdserve-test-cluster-secret-0123"   # tests and benchmarks only

@@ -28,7 +28,7 @@ import zmq
 
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
-from kvtransport.framing import Buffer, FrameError
+from kvtransport.framing import Buffer
 from kvtransport.handshake import KV_DTYPES, KVLayout, PeerIdentity
 from kvtransport.messages import BlockFrame, Message, P2PJoin
 from kvtransport.payload import WriteBlocks, block_view, check_whole_blocks
@@ -153,8 +153,8 @@ class _DistSink(PayloadSink):
 class DistReceiver(ZmqReceiver):
     """A ZmqReceiver whose block payloads arrive over per-pair torch.distributed groups."""
 
-    def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, bind: str = DEFAULT_BIND,
-                 secret: bytes | None = None, peer_timeout: float = 10.0, hwm: int = 64,
+    def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
+                 bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
                  p2p_host: str = "127.0.0.1", write_blocks: WriteBlocks | None = None) -> None:
         """write_blocks: for a pool that holds some of the heads (TPModelRunner.write_blocks);
         without it payloads land straight in the pool, whose blocks must be wire blocks."""
@@ -163,13 +163,13 @@ class DistReceiver(ZmqReceiver):
         if write_blocks is None:
             check_whole_blocks(kv_cache, identity.layout)
         sink = _DistSink(kv_cache, identity.layout, p2p_host, peer_timeout, write_blocks)
-        super().__init__(kv_cache, identity, bind, secret, peer_timeout, hwm, sink)
+        super().__init__(kv_cache, identity, secret, bind, peer_timeout, hwm, sink)
 
 
 class DistSender(ZmqSender):
     """A ZmqSender that ships block payloads as tensor sends on per-pair process groups."""
 
-    def __init__(self, identity: PeerIdentity, secret: bytes | None = None, hwm: int = 64,
+    def __init__(self, identity: PeerIdentity, secret: bytes, hwm: int = 64,
                  send_timeout: float = 10.0, heartbeat_interval: float = 1.0,
                  peer_timeout: float = 10.0, device: str = "cpu",
                  p2p_host: str = "127.0.0.1") -> None:
@@ -191,7 +191,7 @@ class DistSender(ZmqSender):
         self._waiters[endpoint] = _SendWaiter(pg)
 
     def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int):
-        self._send(self._socks[endpoint], self._core.framer.pack(header), endpoint)
+        self._send(self._socks[endpoint], self._core.pack(endpoint, header), endpoint)
         payload = block_view(kv_cache, src)
         if payload.device != self._device:      # e.g. a tp > 1 node's host copy of gathered heads
             payload = payload.to(self._device)
@@ -212,10 +212,7 @@ class DistSender(ZmqSender):
             waiter.close()
 
     def _read_join(self, endpoint: str, frames: list[Buffer]) -> P2PJoin:
-        try:
-            msg, _ = self._core.framer.unpack(frames)
-        except FrameError as e:
-            raise TransportError(f"bad P2PJoin from {endpoint}: {e}") from None
+        msg = self._core.unpack(endpoint, frames)
         if type(msg) is not P2PJoin:
             raise TransportError(f"{endpoint} sent {type(msg).__name__}, expected P2PJoin")
         return msg

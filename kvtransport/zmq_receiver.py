@@ -1,6 +1,7 @@
 """ZMQ receive side: one ROUTER socket, any number of prefill peers, over TCP or IPC.
 
-Each peer is told apart by its routing id. Frames arrive as [routing id, header, payload?, mac?]
+Each peer is told apart by its routing id, and proves it holds the cluster secret before any of
+its messages is read (kvtransport.session). Frames arrive as [routing id, header, payload?, mac?]
 and are received with copy=False, so a block's payload is copied once, from the socket buffer
 straight into its reserved pool block. The socket binds to 127.0.0.1 unless an address is given.
 libzmq disconnects a peer that sends a frame above `max_frame_bytes`; the receive high-water
@@ -16,7 +17,7 @@ import zmq
 
 from kvtransport.base import KVReceiver
 from kvtransport.events import TransferEvent
-from kvtransport.framing import Buffer, Framer
+from kvtransport.framing import Buffer
 from kvtransport.handshake import PeerIdentity
 from kvtransport.messages import MAX_HEADER_BYTES
 from kvtransport.payload import InlineSink
@@ -33,8 +34,8 @@ class ZmqReceiver(KVReceiver):
     """Receives blocks from any number of ZmqSenders into `kv_cache`: straight in when its blocks
     are wire blocks (every kv head), else through `sink` (e.g. a BlockWriterSink)."""
 
-    def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, bind: str = DEFAULT_BIND,
-                 secret: bytes | None = None, peer_timeout: float = 10.0, hwm: int = 64,
+    def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
+                 bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
                  sink: PayloadSink | None = None) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
         block_nbytes = identity.layout.block_nbytes
@@ -47,8 +48,7 @@ class ZmqReceiver(KVReceiver):
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.bind(bind)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        framer = Framer(secret, max_payload_bytes=block_nbytes)
-        self._core = ReceiverCore(kv_cache.shape[0], identity, framer, sink, self._send, peer_timeout)
+        self._core = ReceiverCore(kv_cache.shape[0], identity, secret, sink, self._send, peer_timeout)
         self.metrics = self._core.metrics
 
     @property

@@ -3,11 +3,14 @@
 The payload frame aliases the pool block (copy=False) and carries a zmq tracker; is_sent()
 is true once libzmq has released every payload of the transfer. The send high-water mark gives
 backpressure: send_block blocks while `hwm` messages are queued for a peer, then raises
-TransportError after `send_timeout` seconds. The routing id is node_id/epoch/n (n counts this
-sender's connects), so a restarted or reconnected sender is a new peer to the receiver.
+TransportError after `send_timeout` seconds. The routing id is node_id/<64 random bits> per
+connect, so a restarted or reconnected sender is a new peer to the receiver, and no other process
+can guess it to take the connection's place. Pairing authenticates the connection first
+(kvtransport.session): every frame either way is sealed with its session's keys.
 """
 from __future__ import annotations
 
+import secrets
 import time
 from collections import defaultdict
 
@@ -16,7 +19,7 @@ import zmq
 
 from kvtransport.base import KVSender, TransportError
 from kvtransport.events import TransferFailed
-from kvtransport.framing import Buffer, Framer
+from kvtransport.framing import Buffer
 from kvtransport.handshake import PeerIdentity
 from kvtransport.messages import BlockFrame
 from kvtransport.payload import block_bytes
@@ -26,28 +29,28 @@ from kvtransport.sender_core import SenderCore
 class ZmqSender(KVSender):
     """Ships blocks of one prefill node's pool to any number of ZmqReceivers."""
 
-    def __init__(self, identity: PeerIdentity, secret: bytes | None = None, hwm: int = 64,
+    def __init__(self, identity: PeerIdentity, secret: bytes, hwm: int = 64,
                  send_timeout: float = 10.0, heartbeat_interval: float = 1.0,
                  peer_timeout: float = 10.0) -> None:
-        self._core = SenderCore(identity, Framer(secret), heartbeat_interval, peer_timeout)
+        self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout)
         self.metrics = self._core.metrics
         self._hwm, self._send_timeout, self._peer_timeout = hwm, send_timeout, peer_timeout
         self._ctx = zmq.Context(io_threads=1)
         self._socks: dict[str, zmq.Socket] = {}
         self._remotes: dict[str, PeerIdentity] = {}
         self._pending: dict[str, list] = defaultdict(list)   # xfer_id -> payload completions
-        self._connects = 0      # per-socket routing ids: a reconnect never clashes with a stale one
 
     def connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity:
         if self._core.is_connected(endpoint):
             return self._remotes[endpoint]
         self._close_socket(endpoint)
         sock = self._open_socket(endpoint)
+        deadline = time.monotonic() + timeout
         try:
-            self._send(sock, self._core.hello(), endpoint)
-            if not sock.poll(int(timeout * 1000), zmq.POLLIN):
-                raise TransportError(f"{endpoint} did not answer Hello within {timeout}s")
-            remote = self._core.accept_ack(endpoint, sock.recv_multipart())
+            self._send(sock, self._core.auth_hello(endpoint), endpoint)
+            challenge = self._reply(sock, endpoint, deadline)
+            self._send(sock, self._core.on_challenge(endpoint, challenge), endpoint)
+            remote = self._core.accept_ack(endpoint, self._reply(sock, endpoint, deadline))
             self._paired(endpoint, sock, remote, timeout)
         except BaseException:
             sock.close(linger=0)
@@ -114,7 +117,7 @@ class ZmqSender(KVSender):
     def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int):
         """Send one block; returns a completion: anything with a `.done` bool (a zmq tracker)."""
         payload = zmq.Frame(block_bytes(kv_cache, src), copy=False, track=True)
-        frames = self._core.framer.pack(header, payload.buffer)
+        frames = self._core.pack(endpoint, header, payload.buffer)
         frames[1] = payload
         self._send(self._socks[endpoint], frames, endpoint)
         return payload.tracker
@@ -126,15 +129,20 @@ class ZmqSender(KVSender):
 
     def _open_socket(self, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
-        ident = self._core.identity
-        self._connects += 1
-        sock.setsockopt(zmq.ROUTING_ID, f"{ident.node_id}/{ident.epoch}/{self._connects}".encode())
+        sock.setsockopt(zmq.ROUTING_ID, f"{self._core.identity.node_id}/{secrets.token_hex(8)}".encode())
         sock.setsockopt(zmq.SNDHWM, self._hwm)
         sock.setsockopt(zmq.RCVHWM, self._hwm)
         sock.setsockopt(zmq.SNDTIMEO, int(self._send_timeout * 1000))
         sock.setsockopt(zmq.LINGER, 1000)
         sock.connect(endpoint)
         return sock
+
+    @staticmethod
+    def _reply(sock: zmq.Socket, endpoint: str, deadline: float) -> list[bytes]:
+        """The next message from endpoint during pairing; TransportError past the deadline."""
+        if not sock.poll(max(0, int((deadline - time.monotonic()) * 1000)), zmq.POLLIN):
+            raise TransportError(f"{endpoint} did not answer the pairing in time")
+        return sock.recv_multipart()
 
     def _send(self, sock: zmq.Socket, frames: list, endpoint: str) -> None:
         try:

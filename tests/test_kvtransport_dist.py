@@ -16,7 +16,7 @@ import torch
 from kvtransport.events import TransferCommitted
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
-from kvtransport.testing import make_identity, make_pool, same_bytes
+from kvtransport.testing import make_identity, make_pool, same_bytes, TEST_SECRET
 from kvtransport.torch_dist import DistReceiver, DistSender
 
 GEOM = dict(num_blocks=12, num_layers=2, block_size=16, num_kv_heads=2, head_dim=32)
@@ -29,7 +29,7 @@ def _prefill_main(endpoints: dict[str, str]) -> None:
     """The prefill process: one DistSender per decode pool; a stray block first, then x1."""
     for dtype, endpoint in endpoints.items():
         src = make_pool(dtype=DTYPES[dtype], seed=1, **GEOM)
-        send = DistSender(make_identity(src, "p0", "torch_dist"), peer_timeout=20.0)
+        send = DistSender(make_identity(src, "p0", "torch_dist"), TEST_SECRET, peer_timeout=20.0)
         send.connect(endpoint, timeout=20.0)
         send.begin("x1", endpoint)
         send.send_block("x1", 1, 5, src, 7)               # block 5 is not reserved: drained
@@ -50,7 +50,7 @@ def test_gloo_pair_moves_blocks_bit_exactly():
     for name, dtype in DTYPES.items():
         pools[name] = make_pool(dtype=dtype, seed=2, **GEOM)
         recvs[name] = DistReceiver(pools[name], make_identity(pools[name], f"d-{name}", "torch_dist"),
-                                   peer_timeout=20.0)
+                                   TEST_SECRET, peer_timeout=20.0)
         recvs[name].register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
     before = {n: p.clone() for n, p in pools.items()}
     endpoints = {n: r.endpoint for n, r in recvs.items()}
@@ -83,7 +83,7 @@ def test_dist_requires_torch_dist_identity():
     """A DistSender refuses an identity that advertises another transport."""
     src = make_pool(**GEOM)
     with pytest.raises(ValueError):
-        DistSender(make_identity(src, "p0", "zmq"))
+        DistSender(make_identity(src, "p0", "zmq"), TEST_SECRET)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ import torch
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.fake import FakeNetwork, FakeReceiver, FakeSender, FaultPlan, ManualClock
-from kvtransport.framing import Framer
+from kvtransport import messages
 from kvtransport.messages import BlockFrame, Commit
 from kvtransport.metrics import DropReason
 from kvtransport.payload import block_bytes
 from kvtransport.receiver_state import Reservation
 from kvtransport.state import TransferState
-from kvtransport.testing import make_identity, make_pool, same_bytes
+from kvtransport.session import AuthKind, auth_frame
+from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 
 DST_IDS = (5, 6, 7, 2)        # the prompt's block table on D; block 5 is a cached prefix
 SRC_IDS = (0, 1, 2, 3)        # the same blocks on P
@@ -24,7 +25,7 @@ LEASE, PEER_TIMEOUT = 15.0, 10.0   # a dead peer is noticed before its leases ru
 class Env:
     """A decode pool + FakeReceiver and a prefill pool + connected FakeSender on one clock."""
 
-    def __init__(self, faults=FaultPlan(), secret=None, sender_secret="same", connect=True):
+    def __init__(self, faults=FaultPlan(), secret=TEST_SECRET, sender_secret="same", connect=True):
         self.clock = ManualClock()
         self.net = FakeNetwork(self.clock)
         self.src = make_pool(seed=1)
@@ -37,8 +38,8 @@ class Env:
         if connect:
             self.send.connect(self.recv.endpoint)
 
-    def sender(self, node_id, faults=FaultPlan(), secret=None):
-        return FakeSender(self.net, make_identity(self.src, node_id), faults, secret,
+    def sender(self, node_id, faults=FaultPlan(), secret=TEST_SECRET):
+        return FakeSender(self.net, make_identity(self.src, node_id), secret, faults,
                           heartbeat_interval=1.0, peer_timeout=PEER_TIMEOUT)
 
     def reserve(self, xfer_id="x1", dst_ids=DST_IDS, cached=1, sender=None):
@@ -71,8 +72,9 @@ class Env:
         return True
 
     def raw(self, frame, payload=None, sender=None):
-        framer = Framer()
-        (sender or self.send).send_raw(self.recv.endpoint, framer.pack(frame, payload))
+        """frame (and payload) sealed on the sender's own session, outside its transfer logic."""
+        sender = sender or self.send
+        sender.send_raw(self.recv.endpoint, sender.seal(self.recv.endpoint, frame, payload))
 
 
 def _frame(**over):
@@ -119,12 +121,15 @@ def test_dropped_block_never_commits_and_lease_expires():
 
 
 def test_duplicate_frame_is_dropped_and_counted():
-    """A duplicated block is written once; the copy is dropped as DUPLICATE."""
+    """A duplicated block is written once: a copy of the message is a REPLAY (its sequence number
+    was seen), the same block sealed again is a DUPLICATE."""
     env = Env(FaultPlan(duplicate=frozenset({0})))
     env.reserve()
-    env.ship()
+    env.ship(commit=False)
+    env.raw(_frame(index=1, block_id=6), bytes(block_bytes(env.src, 1)))
+    env.send.commit("x1", first_token=42, num_tokens=14)
     assert [type(e) for e in env.recv.poll()] == [TransferCommitted]
-    assert env.recv.metrics.drops == Counter({DropReason.DUPLICATE: 1})
+    assert env.recv.metrics.drops == Counter({DropReason.REPLAY: 1, DropReason.DUPLICATE: 1})
     assert env.recv.metrics.blocks_written == 3 and env.written_exactly(SHIPPED)
 
 
@@ -139,12 +144,13 @@ def test_second_write_with_other_bytes_is_dropped():
 
 
 def test_corrupt_header_is_dropped_never_written():
-    """A corrupted header is MALFORMED: dropped, the block is never written, the lease fails it."""
+    """A corrupted header fails its MAC: dropped unread, the block is never written, the lease
+    fails it."""
     env = Env(FaultPlan(corrupt=frozenset({0})))
     env.reserve()
     env.ship()
     assert env.recv.poll() == []
-    assert env.recv.metrics.drops == Counter({DropReason.MALFORMED: 1})
+    assert env.recv.metrics.drops == Counter({DropReason.BAD_MAC: 1})
     assert env.written_exactly({7, 2})
     env.run(LEASE + 1)
     assert [e.reason for e in env.events] == [FailReason.LEASE_EXPIRED]
@@ -177,16 +183,16 @@ def test_bad_frames_are_dropped_never_written(frame, payload_len, reason):
 
 
 def test_frames_from_unpaired_or_other_peer_are_dropped():
-    """Only the peer that claimed a transfer may write it; unpaired peers may write nothing."""
+    """Only the peer that claimed a transfer may write it; peers without a session may write nothing."""
     env = Env()
     env.reserve()
     env.ship(indices=(1,), commit=False)                 # p0 claims x1
-    stranger = env.sender("p9")                          # never connected
-    env.raw(_frame(index=2, block_id=7), b"\x00" * 1024, sender=stranger)
+    stranger = env.sender("p9")                          # never connected: it cannot seal
+    stranger.send_raw(env.recv.endpoint, [messages.encode(_frame(index=2, block_id=7)), b"\x00" * 1024, b"t" * 40])
     other = env.sender("p1")
     other.connect(env.recv.endpoint)
     env.raw(_frame(index=2, block_id=7), b"\x00" * 1024, sender=other)
-    assert env.recv.metrics.drops == Counter({DropReason.NOT_PAIRED: 1, DropReason.WRONG_PEER: 1})
+    assert env.recv.metrics.drops == Counter({DropReason.NOT_AUTHENTICATED: 1, DropReason.WRONG_PEER: 1})
     assert env.written_exactly({6})
 
 
@@ -280,14 +286,15 @@ def test_restarted_sender_fails_old_transfers():
 
 
 def test_restarted_receiver_fails_senders_transfers_at_once():
-    """A receiver back with a new epoch answers the next heartbeat 'not paired'; P fails x1 once."""
+    """A restarted receiver has no session for the sender: it answers the next heartbeat with a
+    RESET (reading nothing), and P fails x1 once."""
     env = Env()
     env.reserve()
     env.recv.close()
-    reborn = FakeReceiver(env.net, "d0", env.dst, make_identity(env.dst, "d0"))
+    reborn = FakeReceiver(env.net, "d0", env.dst, make_identity(env.dst, "d0"), TEST_SECRET)
     events = env.send.poll() + env.run(1.0) + env.send.poll()
-    assert events == [TransferFailed("x1", FailReason.PEER_RESTARTED, "not paired")]
-    assert reborn.metrics.drops == Counter({DropReason.NOT_PAIRED: 1})
+    assert events == [TransferFailed("x1", FailReason.PEER_RESTARTED, "receiver has no session for us")]
+    assert reborn.metrics.drops == Counter({DropReason.NOT_AUTHENTICATED: 1})
     env.send.connect(reborn.endpoint)                    # pairs again with the new epoch
 
 
@@ -324,19 +331,44 @@ def test_register_refuses_overlap_and_reuse():
     env.recv.register(Reservation("x4", (5, 1), cached_prefix_blocks=1))  # 5 is x1's cached prefix
 
 
-def test_hmac_required_when_secret_set():
-    """With a secret, a peer without it (or with another) cannot pair; each try is a BAD_MAC drop."""
-    for wrong in (None, b"w" * 32):
-        env = Env(secret=b"k" * 32, sender_secret=wrong, connect=False)
-        with pytest.raises(TransportError):
-            env.send.connect(env.recv.endpoint)
-        assert env.recv.metrics.drops == Counter({DropReason.BAD_MAC: 1})
-    env = Env(secret=b"k" * 32)
-    env.reserve()
-    env.ship()
-    assert [type(e) for e in env.recv.poll()] == [TransferCommitted]
-    env.raw(_frame(index=1), bytes(block_bytes(env.src, 1)))   # valid frame but no MAC
+def test_a_peer_without_the_secret_cannot_pair_or_write():
+    """A sender with another secret cannot pair (BAD_MAC, no reply); a frame without a trailer,
+    or from a connection that never completed the handshake, is dropped unread; a replayed sealed
+    frame is dropped (REPLAY) and writes nothing."""
+    env = Env(sender_secret=b"w" * 32, connect=False)
+    with pytest.raises(TransportError):
+        env.send.connect(env.recv.endpoint)
     assert env.recv.metrics.drops == Counter({DropReason.BAD_MAC: 1})
+    env = Env()
+    env.reserve()
+    env.ship(indices=(1,), commit=False)
+    block = bytes(block_bytes(env.src, 2))
+    sealed = env.send.seal(env.recv.endpoint, _frame(index=2, block_id=7), block)
+    env.send.send_raw(env.recv.endpoint, [sealed[0], sealed[1]])             # the trailer cut off
+    stranger = env.sender("p9")
+    stranger.send_raw(env.recv.endpoint, sealed)                               # someone else's frame
+    env.send.send_raw(env.recv.endpoint, sealed)
+    env.send.send_raw(env.recv.endpoint, sealed)                               # again: a replay
+    assert env.recv.metrics.drops == Counter({DropReason.BAD_MAC: 1, DropReason.NOT_AUTHENTICATED: 1,
+                                              DropReason.REPLAY: 1})
+    assert env.recv.ledger.state("x1") is TransferState.TRANSFERRING
+    assert env.written_exactly({6, 7})
+
+
+def test_an_unauthenticated_peer_learns_nothing():
+    """A hello earns a random challenge and nothing else; a sealed-looking frame from a peer
+    without a session earns a RESET; neither reveals the receiver's epoch, model or layout."""
+    env = Env(connect=False)
+    replies = []
+    env.net.senders["spy"] = type("Spy", (), {"on_reply": lambda self, e, f: replies.append(f)})()
+    env.recv.deliver("spy", [b"\x93\x01\xa5hello\x90", b"t" * 40])
+    env.recv.deliver("spy", [auth_frame(AuthKind.HELLO, b"n" * 16)])
+    assert [len(r) for r in replies] == [1, 1]
+    assert replies[0] == [auth_frame(AuthKind.RESET)]
+    assert replies[1][0][:5] == b"PDA1c" and len(replies[1][0]) == 21
+    identity = env.recv._core.identity
+    for secret_thing in (identity.epoch, identity.layout.model_id):
+        assert all(secret_thing.encode() not in bytes(f) for r in replies for f in r)
 
 
 def test_close_fails_live_transfers():

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from kvtransport.framing import Framer
+from kvtransport.testing import TEST_SECRET
 from kvtransport.handshake import (HandshakeError, KVLayout, PeerIdentity, check_compatible,
                                    model_fingerprint, new_epoch)
 from kvtransport.payload import InlineSink
@@ -90,5 +90,5 @@ def test_tp_rank_pool_announces_the_full_head_layout():
     with pytest.raises(ValueError, match="tensor parallelism"):
         InlineSink(shard, layout)
     with pytest.raises(ValueError, match="every kv head"):
-        SenderCore(_peer(layout), Framer()).block_header("x0", 0, 0, shard)
-    assert SenderCore(_peer(layout), Framer()).block_header("x0", 0, 0, whole).shape == layout.block_shape
+        SenderCore(_peer(layout), TEST_SECRET).block_header("x0", 0, 0, shard)
+    assert SenderCore(_peer(layout), TEST_SECRET).block_header("x0", 0, 0, whole).shape == layout.block_shape

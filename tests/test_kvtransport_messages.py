@@ -3,7 +3,8 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvtransport.framing import MAC_LEN, Framer, FrameError
+from kvtransport.framing import Framer, FrameError
+from kvtransport.session import TRAILER_LEN, Session
 from kvtransport.handshake import KVLayout, PeerIdentity
 from kvtransport.messages import (KINDS, Abort, BlockFrame, Busy, Commit, Heartbeat, Hello, HelloAck,
                                   P2PJoin, Reserve, Reserved, decode, encode)
@@ -125,33 +126,36 @@ def test_fuzz_mutated_messages(msg, pos, byte):
         pass
 
 
-def test_hmac_round_trip_and_rejects_wrong_or_missing_mac():
-    """With a secret, only frames MACed with the same secret unpack; others drop as BAD_MAC."""
-    secret = b"s" * 32
-    framer, other, plain = Framer(secret), Framer(b"t" * 32), Framer()
-    msg, payload = EXAMPLES[4], bytes(range(256)) * 4
-    frames = framer.pack(msg, payload)
-    assert len(frames) == 3 and len(frames[-1]) == MAC_LEN
-    got = framer.unpack(frames)
+def test_sealed_round_trip_and_rejects_wrong_or_missing_mac():
+    """Only frames sealed by the peer's session unpack; another key, no trailer, a changed header
+    or a changed payload length drop as BAD_MAC; an extra frame is MALFORMED."""
+    ours, theirs = session_pair()
+    stranger, _ = session_pair(b"t" * 32)
+    framer, msg, payload = Framer(), EXAMPLES[4], bytes(range(256)) * 4
+    frames = framer.pack(ours, msg, payload)
+    assert len(frames) == 3 and len(frames[-1]) == TRAILER_LEN
+    got = framer.unpack(theirs, frames)
     assert got.msg == msg and bytes(got.payload) == payload
-    for bad in (other.pack(msg, payload), plain.pack(msg, payload), plain.pack(msg),
-                [frames[0], payload[:-1] + b"\x00", frames[2]]):
+    header = bytearray(frames[0])
+    header[-1] ^= 1
+    for bad in (framer.pack(stranger, msg, payload), frames[:2], [bytes(header), payload, frames[2]],
+                [frames[0], payload[:-1], frames[2]]):
         with pytest.raises(FrameError) as e:
-            framer.unpack(bad)
+            framer.unpack(theirs, bad)
         assert e.value.reason is DropReason.BAD_MAC
-
-
-def test_unauthenticated_framer_rejects_extra_frames():
-    """Without a secret a message is 1 or 2 frames; more is MALFORMED."""
-    frames = Framer().pack(EXAMPLES[4], b"\x00" * 64)
     with pytest.raises(FrameError) as e:
-        Framer().unpack([*frames, b"x" * 32])
+        framer.unpack(theirs, [*frames, b"x" * 40])
     assert e.value.reason is DropReason.MALFORMED
 
 
 def test_oversize_payload_is_rejected():
     """A payload above the framer's cap is dropped as OVERSIZE."""
-    framer = Framer(max_payload_bytes=64)
+    framer, (ours, theirs) = Framer(max_payload_bytes=64), session_pair()
     with pytest.raises(FrameError) as e:
-        framer.unpack(framer.pack(EXAMPLES[4], b"\x00" * 65))
+        framer.unpack(theirs, framer.pack(ours, EXAMPLES[4], b"\x00" * 65))
     assert e.value.reason is DropReason.OVERSIZE
+
+
+def session_pair(secret: bytes = b"s" * 32) -> tuple[Session, Session]:
+    """Both ends of one session (initiator, responder), as a handshake with fixed nonces makes them."""
+    return Session(secret, b"i" * 16, b"r" * 16, True), Session(secret, b"i" * 16, b"r" * 16, False)

@@ -13,10 +13,11 @@ import zmq
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.framing import Framer
-from kvtransport.messages import BlockFrame, Hello, decode
+from kvtransport.messages import BlockFrame, Hello
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
-from kvtransport.testing import make_identity, make_pool, same_bytes
+from kvtransport.session import AuthKind, Initiator, auth_frame, parse_auth_frame
+from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
 
@@ -34,10 +35,10 @@ def _bind(kind):
     return f"ipc://{tempfile.mkdtemp(prefix='kvt')}/d0.sock"
 
 
-def _pair(kind, dtype=torch.float32, secret=None, **recv_kw):
+def _pair(kind, dtype=torch.float32, **recv_kw):
     src, dst = make_pool(dtype=dtype, seed=1, **GEOM), make_pool(dtype=dtype, seed=2, **GEOM)
-    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), _bind(kind), secret, **recv_kw)
-    send = ZmqSender(make_identity(src, "p0", "zmq"), secret)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, _bind(kind), **recv_kw)
+    send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET)
     return src, dst, recv, send
 
 
@@ -117,18 +118,35 @@ def test_binds_loopback_by_default():
     recv.close()
 
 
-def _hostile(endpoint, identity=None, secret=None):
-    """A raw DEALER; with identity it completes the handshake first."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    if identity is not None:
-        sock.send_multipart(Framer(secret).pack(Hello(identity)))
-    return sock
+class RawPeer:
+    """A raw DEALER on the receiver's port; pair() runs the handshake and Hello by hand."""
+
+    def __init__(self, endpoint, secret=TEST_SECRET):
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.initiator, self.framer, self.session = Initiator(secret), Framer(), None
+
+    def pair(self, recv, identity):
+        """Our Hello's answer (a HelloAck), or None if the receiver said nothing."""
+        self.sock.send(self.initiator.hello())
+        _until(recv, lambda: self.sock.poll(0))
+        self.session = self.initiator.on_challenge(parse_auth_frame(self.sock.recv_multipart())[1])
+        self.send(Hello(identity))
+        deadline = time.monotonic() + 0.5
+        while not self.sock.poll(0) and time.monotonic() < deadline:
+            recv.poll(0.02)
+        if not self.sock.poll(0):
+            return None
+        return self.framer.unpack(self.session, self.sock.recv_multipart()).msg
+
+    def send(self, msg, payload=None):
+        self.sock.send_multipart(self.framer.pack(self.session, msg, payload))
 
 
 def test_hostile_peers_never_disturb_a_good_transfer():
-    """Garbage, unpaired, misaddressed and oversize frames are dropped while a good transfer commits."""
+    """Garbage, unauthenticated, misaddressed and oversize frames are dropped while a good
+    transfer commits."""
     src, dst, recv, send = _pair("tcp")
     before = dst.clone()
     nbytes = dst[0].numel() * dst.element_size()
@@ -136,24 +154,19 @@ def test_hostile_peers_never_disturb_a_good_transfer():
         _connect(send, recv)
         recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1, sender_node_id="p0"))
         send.begin("x1", recv.endpoint)
-        stranger = _hostile(recv.endpoint)
-        paired = _hostile(recv.endpoint, make_identity(src, "evil", "zmq"))
-        giant = _hostile(recv.endpoint)
-        _until(recv, lambda: paired.poll(0))
-        assert decode(paired.recv_multipart()[0]).accepted
+        stranger, paired, giant = RawPeer(recv.endpoint), RawPeer(recv.endpoint), RawPeer(recv.endpoint)
+        assert paired.pair(recv, make_identity(src, "evil", "zmq")).accepted
         good_hdr = BlockFrame("x1", 2, DST_IDS[2], nbytes, "float32", tuple(dst.shape[1:]))
-        frames = Framer().pack(good_hdr, b"\xee" * nbytes)
-        stranger.send_multipart([os.urandom(64)])
-        stranger.send_multipart([msgpack.packb([1, "block", [1, 2]]), b"x"])
-        stranger.send_multipart(frames)                                   # valid but not paired
-        stranger.send_multipart([b"a", b"b", b"c", b"d"])
-        giant.send_multipart([b"\x00" * (2 << 20)])                      # above MAXMSGSIZE
+        stranger.sock.send_multipart([os.urandom(64)])
+        stranger.sock.send_multipart([msgpack.packb([1, "block", [1, 2]]), b"x"])
+        stranger.sock.send_multipart(paired.framer.pack(paired.session, good_hdr, b"\xee" * nbytes))
+        stranger.sock.send_multipart([b"a", b"b", b"c", b"d"])
+        giant.sock.send_multipart([b"\x00" * (2 << 20)])                  # above MAXMSGSIZE
         _ship(send, src, indices=(1, 2), commit=False)                  # p0 claims x1
         assert _until(recv, lambda: recv.metrics.blocks_written == 2) == []
-        paired.send_multipart(frames)                                     # x1 is p0's
-        bad_block = BlockFrame("x1", 2, 4, nbytes, "float32", tuple(dst.shape[1:]))
-        paired.send_multipart(Framer().pack(bad_block, b"\xee" * nbytes))  # block 4 not reserved
-        expected = Counter({DropReason.MALFORMED: 3, DropReason.NOT_PAIRED: 1,
+        paired.send(good_hdr, b"\xee" * nbytes)                          # x1 is p0's
+        paired.send(BlockFrame("x1", 2, 4, nbytes, "float32", tuple(dst.shape[1:])), b"\xee" * nbytes)
+        expected = Counter({DropReason.MALFORMED: 2, DropReason.BAD_MAC: 1, DropReason.NOT_AUTHENTICATED: 1,
                             DropReason.WRONG_PEER: 2})
         assert _until(recv, lambda: recv.metrics.drops == expected) == []
         _ship(send, src, indices=(3, 4, 5))
@@ -161,28 +174,30 @@ def test_hostile_peers_never_disturb_a_good_transfer():
         assert isinstance(ev, TransferCommitted)
         assert _written_exactly(dst, before, src)
         assert recv.metrics.drops == expected
-        for sock in (stranger, paired, giant):
-            sock.close()
+        assert stranger.sock.poll(0) and stranger.sock.recv_multipart() == [auth_frame(AuthKind.RESET)]
+        for peer in (stranger, paired, giant):
+            peer.sock.close()
     finally:
         send.close()
         recv.close()
 
 
-def test_hmac_over_zmq():
-    """With a shared secret the good pair works and an unauthenticated peer is dropped (BAD_MAC)."""
-    src, dst, recv, send = _pair("tcp", secret=b"q" * 32)
+def test_peer_with_another_secret_cannot_pair_over_zmq():
+    """A peer holding another secret gets a challenge, fails its proof (BAD_MAC) and hears nothing
+    more; the good pair's transfer commits untouched."""
+    src, dst, recv, send = _pair("tcp")
     before = dst.clone()
     try:
         _connect(send, recv)
-        intruder = _hostile(recv.endpoint, make_identity(src, "evil", "zmq"))
+        intruder = RawPeer(recv.endpoint, secret=b"q" * 32)
+        assert intruder.pair(recv, make_identity(src, "p0", "zmq")) is None
         recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
         send.begin("x1", recv.endpoint)
         _ship(send, src)
-        events = _until(recv, lambda: recv.metrics.drops[DropReason.BAD_MAC] == 1)
-        assert [type(e) for e in events + _events(recv, n=1 - len(events))] == [TransferCommitted]
+        assert [type(e) for e in _events(recv, n=1)] == [TransferCommitted]
         assert recv.metrics.drops == Counter({DropReason.BAD_MAC: 1})
         assert _written_exactly(dst, before, src)
-        intruder.close()
+        intruder.sock.close()
     finally:
         send.close()
         recv.close()
@@ -209,8 +224,8 @@ def test_dead_sender_fails_its_transfer():
 def test_dead_receiver_fails_open_transfers_on_sender():
     """A receiver that goes silent fails the sender's open transfers once (PEER_DEAD)."""
     src, dst = make_pool(seed=1, **GEOM), make_pool(seed=2, **GEOM)
-    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"))
-    send = ZmqSender(make_identity(src, "p0", "zmq"), heartbeat_interval=0.1, peer_timeout=0.5)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET)
+    send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, heartbeat_interval=0.1, peer_timeout=0.5)
     try:
         _connect(send, recv)
         recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
@@ -229,8 +244,8 @@ def test_backpressure_raises_when_receiver_stops_draining():
     """With the queues full (high-water marks), send_block raises TransportError, not hangs."""
     geom = dict(GEOM, num_blocks=64, block_size=256)                      # 256 KiB blocks
     src, dst = make_pool(seed=1, **geom), make_pool(seed=None, **geom)
-    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), hwm=2)
-    send = ZmqSender(make_identity(src, "p0", "zmq"), hwm=2, send_timeout=0.3)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=2)
+    send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, hwm=2, send_timeout=0.3)
     try:
         _connect(send, recv)
         recv.register(Reservation("x1", tuple(range(64))))

@@ -1,0 +1,198 @@
+"""Authenticated sessions on the node network: nothing a peer sends is read before it proves
+that it holds the cluster secret, and every message after that carries a MAC and a sequence number.
+
+    initiator I (a DEALER: node -> router, prefill -> decode)     responder R (a ROUTER)
+    1. [MAGIC "h" nonce_i]                              ──▶  remembers nonce_i for this connection
+    2.                                                  ◀──  [MAGIC "c" nonce_r]
+    3. both derive a key per direction from (secret, nonce_i, nonce_r); every later message,
+       both ways, is  [header, payload?, trailer]  with
+         trailer = seq (8 bytes) || HMAC-SHA256(key, seq || len(header) || len(payload) || header)
+       R takes I's first sealed message (Hello / NodeHello) as the proof: until it verifies,
+       nothing I sent is decoded, and a peer without the secret learns nothing but a random nonce.
+    4. each sequence number is accepted once: a replayed message is dropped, and so is one that
+       comes REPLAY_WINDOW or more numbers behind the newest (the IPsec anti-replay window).
+    R answers a sealed message on a connection it has no session for with [MAGIC "r"]: the peer
+    (e.g. across R's restart) starts again at 1.
+
+The MAC covers the header, which names the transfer, block, byte count, dtype and shape, and the
+payload's length, not its bytes: a payload is the second frame of one ZeroMQ multipart message,
+delivered whole or not at all on the one connection whose session authenticated its header, and
+no other local process can write into that TCP connection. Hashing every block would cost more
+than the transfer (HMAC-SHA256 runs at ~1.3 GB/s here, the wire at 2.5-6); see
+bench/transfer_bench.py and the README for links that cross an untrusted network.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from enum import Enum
+from typing import Callable, Sequence
+
+from kvtransport.metrics import DropReason
+
+Buffer = bytes | memoryview
+
+MAGIC = b"PDA1"
+NONCE_LEN = 16
+SEQ_LEN = 8
+TAG_LEN = 32
+TRAILER_LEN = SEQ_LEN + TAG_LEN
+MIN_SECRET_LEN = 16
+REPLAY_WINDOW = 64
+
+
+class AuthKind(Enum):
+    HELLO = b"h"        # I -> R, with I's nonce
+    CHALLENGE = b"c"    # R -> I, with R's nonce
+    RESET = b"r"        # R -> I: no session here for that connection; start again
+
+
+class AuthError(Exception):
+    """A message that fails authentication; `reason` is the drop reason to count."""
+
+    def __init__(self, reason: DropReason, detail: str = "") -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def auth_frame(kind: AuthKind, nonce: bytes = b"") -> bytes:
+    return MAGIC + kind.value + nonce
+
+
+def parse_auth_frame(frames: Sequence[Buffer]) -> tuple[AuthKind, bytes] | None:
+    """(kind, nonce) if frames is one handshake frame, else None (a sealed message, or garbage)."""
+    if len(frames) != 1 or bytes(frames[0][:len(MAGIC)]) != MAGIC:
+        return None
+    body = bytes(frames[0][len(MAGIC):])
+    kind = next((k for k in AuthKind if body[:1] == k.value), None)
+    want = 1 if kind is AuthKind.RESET else 1 + NONCE_LEN
+    return (kind, body[1:]) if kind is not None and len(body) == want else None
+
+
+def check_secret(secret: bytes) -> bytes:
+    if type(secret) is not bytes or len(secret) < MIN_SECRET_LEN:
+        raise ValueError(f"the cluster secret must be at least {MIN_SECRET_LEN} bytes")
+    return secret
+
+
+class Session:
+    """The keys and sequence numbers of one authenticated connection, from one end. Not thread-safe."""
+
+    def __init__(self, secret: bytes, nonce_i: bytes, nonce_r: bytes, initiator: bool) -> None:
+        salt = nonce_i + nonce_r
+        keys = {d: hmac.new(secret, b"pdserve-session-v1 " + d + salt, hashlib.sha256).digest()
+                for d in (b"i2r", b"r2i")}
+        self._send_key, self._recv_key = (keys[b"i2r"], keys[b"r2i"]) if initiator else (keys[b"r2i"], keys[b"i2r"])
+        self._send_seq = 0
+        self._recv_seq = -1                  # the highest sequence number accepted so far
+        self._recv_seen = 0                  # bit k: _recv_seq - k was accepted (k < REPLAY_WINDOW)
+
+    def seal(self, header: Buffer, payload: Buffer | None = None) -> bytes:
+        """The trailer that authenticates [header, payload?] as this end's next message."""
+        seq = self._send_seq.to_bytes(SEQ_LEN, "little")
+        self._send_seq += 1
+        return seq + self._tag(self._send_key, seq, header, payload)
+
+    def open(self, frames: Sequence[Buffer]) -> list[Buffer]:
+        """[header, payload?] of a sealed message; raises AuthError if its MAC or sequence is wrong."""
+        if not 2 <= len(frames) <= 3 or len(frames[-1]) != TRAILER_LEN:
+            raise AuthError(DropReason.BAD_MAC, "no trailer")
+        trailer = bytes(frames[-1])
+        header, payload = frames[0], (frames[1] if len(frames) == 3 else None)
+        if not hmac.compare_digest(self._tag(self._recv_key, trailer[:SEQ_LEN], header, payload),
+                                   trailer[SEQ_LEN:]):
+            raise AuthError(DropReason.BAD_MAC, "wrong MAC")
+        self._accept(int.from_bytes(trailer[:SEQ_LEN], "little"))
+        return list(frames[:-1])
+
+    def _accept(self, seq: int) -> None:
+        behind = self._recv_seq - seq
+        if behind >= REPLAY_WINDOW or (behind >= 0 and self._recv_seen >> behind & 1):
+            raise AuthError(DropReason.REPLAY, f"sequence {seq} with {self._recv_seq} seen")
+        if behind < 0:
+            self._recv_seen = (self._recv_seen << -behind | 1) & ((1 << REPLAY_WINDOW) - 1)
+            self._recv_seq = seq
+        else:
+            self._recv_seen |= 1 << behind
+
+    @staticmethod
+    def _tag(key: bytes, seq: bytes, header: Buffer, payload: Buffer | None) -> bytes:
+        lengths = len(header).to_bytes(8, "little") + (0 if payload is None else len(payload)).to_bytes(8, "little")
+        mac = hmac.new(key, seq + lengths, hashlib.sha256)
+        mac.update(header)
+        return mac.digest()
+
+
+class Initiator:
+    """The connecting end's handshake: hello(), then on_challenge() gives the session."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = check_secret(secret)
+        self._nonce = b""
+
+    def hello(self) -> bytes:
+        """The first frame of a new handshake (a fresh nonce each time)."""
+        self._nonce = secrets.token_bytes(NONCE_LEN)
+        return auth_frame(AuthKind.HELLO, self._nonce)
+
+    def on_challenge(self, nonce_r: bytes) -> Session:
+        if not self._nonce:
+            raise AuthError(DropReason.UNEXPECTED, "challenge without a hello")
+        session, self._nonce = Session(self._secret, self._nonce, nonce_r, initiator=True), b""
+        return session
+
+
+class Responder:
+    """The listening end's handshakes and sessions, per connection (peer). Handshakes not yet
+    proven are bounded in number and age, so a flood of hellos holds a fixed amount of memory."""
+
+    def __init__(self, secret: bytes, max_pending: int = 1024, pending_ttl_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._secret = check_secret(secret)
+        self._max_pending, self._ttl, self._clock = max_pending, pending_ttl_s, clock
+        self._pending: OrderedDict[str, tuple[float, Session]] = OrderedDict()
+        self._sessions: dict[str, Session] = {}
+
+    def challenge(self, peer: str, nonce_i: bytes) -> bytes:
+        """Answer peer's hello: its session waits for its first sealed message."""
+        nonce_r = secrets.token_bytes(NONCE_LEN)
+        self._pending.pop(peer, None)
+        self._pending[peer] = (self._clock(), Session(self._secret, nonce_i, nonce_r, initiator=False))
+        while len(self._pending) > self._max_pending:
+            self._pending.popitem(last=False)
+        return auth_frame(AuthKind.CHALLENGE, nonce_r)
+
+    def open(self, peer: str, frames: Sequence[Buffer]) -> tuple[Session, list[Buffer]]:
+        """The peer's session and [header, payload?] of its sealed message. A message that
+        verifies under the peer's pending handshake establishes (or replaces) its session.
+        Raises AuthError: NOT_AUTHENTICATED if peer has no session, BAD_MAC or REPLAY."""
+        pending = self._pending.pop(peer, None)
+        if pending is not None and self._clock() - pending[0] <= self._ttl:
+            try:
+                opened = pending[1].open(frames)
+            except AuthError:
+                self._pending[peer] = pending       # a stray message does not end the handshake
+                if peer not in self._sessions:
+                    raise
+            else:
+                self._sessions[peer] = pending[1]
+                return pending[1], opened
+        session = self._sessions.get(peer)
+        if session is None:
+            raise AuthError(DropReason.NOT_AUTHENTICATED, "no session")
+        return session, session.open(frames)
+
+    def session(self, peer: str) -> Session | None:
+        return self._sessions.get(peer)
+
+    def forget(self, peer: str) -> None:
+        self._sessions.pop(peer, None)
+        self._pending.pop(peer, None)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,92 @@
+"""Sessions on the node network: keys per direction, the replay window, bounded handshakes."""
+import pytest
+
+from kvtransport.fake import ManualClock
+from kvtransport.metrics import DropReason
+from kvtransport.session import (REPLAY_WINDOW, AuthError, AuthKind, Initiator, Responder, Session,
+                                 auth_frame, parse_auth_frame)
+
+SECRET = b"k" * 32
+
+
+def _pair():
+    return Session(SECRET, b"i" * 16, b"r" * 16, True), Session(SECRET, b"i" * 16, b"r" * 16, False)
+
+
+def _sealed(session, header=b"h"):
+    return [header, session.seal(header)]
+
+
+def test_each_direction_has_its_own_key():
+    """What one end seals opens at the other end only: a message reflected back to its sender fails."""
+    i, r = _pair()
+    msg = _sealed(i)
+    assert r.open(msg) == [b"h"]
+    with pytest.raises(AuthError) as e:
+        i.open(_sealed(i))
+    assert e.value.reason is DropReason.BAD_MAC
+
+
+def test_replay_window_takes_reordered_messages_once_and_drops_replays_and_stragglers():
+    """Inside the window a late message is taken once; a repeat, or one a window or more behind
+    the newest, is a REPLAY."""
+    i, r = _pair()
+    msgs = [_sealed(i, bytes([k])) for k in range(REPLAY_WINDOW + 3)]
+    r.open(msgs[2])
+    r.open(msgs[0])                                   # late, inside the window
+    for again in (msgs[0], msgs[2]):
+        with pytest.raises(AuthError) as e:
+            r.open(again)
+        assert e.value.reason is DropReason.REPLAY
+    r.open(msgs[REPLAY_WINDOW + 2])
+    r.open(msgs[3])                                   # 63 behind: still inside
+    with pytest.raises(AuthError) as e:
+        r.open(msgs[1])                               # 65 behind: outside
+    assert e.value.reason is DropReason.REPLAY
+
+
+def test_responder_handshake_opens_a_session_only_with_the_secret():
+    """A challenge answers any hello; a first message sealed with the secret opens the session, one
+    sealed with another secret does not, and a connection without a hello is NOT_AUTHENTICATED."""
+    responder = Responder(SECRET)
+    for secret, ok in ((b"w" * 32, False), (SECRET, True)):
+        initiator = Initiator(secret)
+        kind, nonce = parse_auth_frame([initiator.hello()])
+        assert kind is AuthKind.HELLO
+        kind, nonce_r = parse_auth_frame([responder.challenge("p", nonce)])
+        session = initiator.on_challenge(nonce_r)
+        if ok:
+            assert responder.open("p", _sealed(session))[1] == [b"h"]
+            assert responder.session("p") is not None
+        else:
+            with pytest.raises(AuthError) as e:
+                responder.open("p", _sealed(session))
+            assert e.value.reason is DropReason.BAD_MAC and responder.session("p") is None
+    with pytest.raises(AuthError) as e:
+        responder.open("q", [b"h", b"t" * 40])
+    assert e.value.reason is DropReason.NOT_AUTHENTICATED
+
+
+def test_pending_handshakes_are_bounded_in_number_and_age():
+    """A flood of hellos keeps at most max_pending handshakes (oldest dropped); one older than the
+    TTL cannot be completed."""
+    clock = ManualClock()
+    responder = Responder(SECRET, max_pending=4, pending_ttl_s=5.0, clock=clock)
+    for k in range(100):
+        responder.challenge(f"p{k}", b"n" * 16)
+    assert responder.num_pending == 4
+    initiator = Initiator(SECRET)
+    initiator.hello()
+    session = initiator.on_challenge(parse_auth_frame([responder.challenge("late", b"x" * 16)])[1])
+    clock.advance(6.0)
+    with pytest.raises(AuthError) as e:
+        responder.open("late", _sealed(session))
+    assert e.value.reason is DropReason.NOT_AUTHENTICATED
+
+
+def test_only_well_formed_handshake_frames_parse():
+    """A handshake frame is MAGIC, a kind and (but for RESET) a 16-byte nonce: anything else is not one."""
+    assert parse_auth_frame([auth_frame(AuthKind.RESET)]) == (AuthKind.RESET, b"")
+    for frames in ([auth_frame(AuthKind.HELLO, b"n" * 15)], [auth_frame(AuthKind.RESET) + b"x"],
+                   [b"PDA1z" + b"n" * 16], [auth_frame(AuthKind.HELLO, b"n" * 16), b""]):
+        assert parse_auth_frame(frames) is None
