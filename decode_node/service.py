@@ -17,8 +17,8 @@ Request lifecycle:
 """
 from __future__ import annotations
 
-import itertools
 import logging
+import secrets
 
 from engine.llm_engine import LLMEngine
 from engine.node_config import NodeConfig
@@ -27,12 +27,13 @@ from engine.outputs import RequestOutput
 from engine.parallel import TPModelRunner, close_runner
 from engine.router_link import RouterLink
 from decode_node.streamer import Streamer
-from kvtransport.control import AbortRequest, DecodeRequest, NodeHello, RequestFailed
+from kvtransport.control import AbortRequest, DecodeRequest, NodeHello, NodeStatus, RequestFailed
 from kvtransport.events import TransferCommitted, TransferFailed
 from kvtransport.handshake import new_epoch
 from kvtransport.messages import Busy, Reserved
 from kvtransport.payload import BlockWriterSink
 from kvtransport.receiver_state import Reservation
+from kvtransport.secret import load_secret
 from kvtransport.torch_dist import DistReceiver
 from kvtransport.zmq_receiver import ZmqReceiver
 
@@ -44,24 +45,30 @@ class DecodeService:
     def __init__(self, config: NodeConfig):
         self.config = config
         self.epoch = new_epoch()
+        secret = load_secret(config.cluster_secret_file)
         self.engine = e = LLMEngine(config.engine_config())
         identity = kv_identity(e, config.node_id, self.epoch, config.kv_transport)
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
         write_blocks = e.runner.write_blocks if isinstance(e.runner, TPModelRunner) else None
         if config.kv_transport == "torch_dist":
-            self.receiver = DistReceiver(e.runner.kv_cache, identity, bind=config.kv_bind,
+            self.receiver = DistReceiver(e.runner.kv_cache, identity, secret, bind=config.kv_bind,
                                          p2p_host=config.p2p_host, write_blocks=write_blocks)
         else:
             sink = BlockWriterSink(write_blocks, identity.layout) if write_blocks else None
-            self.receiver = ZmqReceiver(e.runner.kv_cache, identity, bind=config.kv_bind, sink=sink)
+            self.receiver = ZmqReceiver(e.runner.kv_cache, identity, secret, bind=config.kv_bind, sink=sink)
         self.streamer = Streamer()
         self.xfer_rid: dict[str, str] = {}          # open transfers: xfer_id -> rid
         self.aborted: set[str] = set()              # rids the router aborted mid-transfer
-        self._xfer_ids = itertools.count()
-        hello = NodeHello(config.node_id, self.epoch, "decode", self.receiver.endpoint,
-                          e.block_manager.num_blocks, e.block_manager.block_size, e.max_model_len)
-        self.link = RouterLink(config.router, hello, lambda: node_status(e, config.node_id, self.epoch, self.receiver.metrics),
-                               config.heartbeat_s)
+        self.link = RouterLink(config.router, secret, self._hello, self._status, config.heartbeat_s,
+                               config.router_timeout_s, self._drop_all)
+
+    def _hello(self, epoch: str) -> NodeHello:
+        bm = self.engine.block_manager
+        return NodeHello(self.config.node_id, epoch, "decode", self.receiver.endpoint, bm.num_blocks,
+                         bm.block_size, self.engine.max_model_len)
+
+    def _status(self, epoch: str) -> NodeStatus:
+        return node_status(self.engine, self.config.node_id, epoch, self.receiver.metrics)
 
     # -- the loop's hooks -------------------------------------------------------------------
     def poll(self, timeout: float) -> None:
@@ -119,9 +126,9 @@ class DecodeService:
             self.link.send(Busy(req.rid, "no free KV blocks", BUSY_RETRY_MS))
             return
         table, cached = reserved
-        xfer_id = f"{self.config.node_id}.{self.epoch}.{next(self._xfer_ids)}"
+        xfer_id = secrets.token_hex(16)      # unguessable; only req.prefill_node_id may write it
         self.receiver.register(Reservation(xfer_id, tuple(table), cached, self.config.lease_s,
-                                           sender_node_id=req.prefill_node_id))
+                                           sender_node_id=req.prefill_node_id, num_tokens=len(prompt)))
         self.xfer_rid[xfer_id] = req.rid
         self.streamer.open(req.rid)
         self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached))
@@ -129,6 +136,11 @@ class DecodeService:
     def fail(self, rid: str, reason: str) -> None:
         self.streamer.drop(rid)
         self.link.send(RequestFailed(rid, reason, True))
+
+    def _drop_all(self) -> None:
+        """The router's session was lost: every request here is the router's to run again."""
+        for rid in list(self.streamer.streams):
+            self._abort(rid)
 
     def _abort(self, rid: str) -> None:
         xfer_id = next((x for x, r in self.xfer_rid.items() if r == rid), None)

@@ -7,6 +7,9 @@
 node picks its own: blocks travel between nodes with every kv head, so a prefill node of one tp
 ships to a decode node of any other.
 
+Every node proves to the router and to its KV peers that it holds the deployment's cluster
+secret: from --cluster-secret-file (mode 0600) or $PDSERVE_CLUSTER_SECRET (kvtransport.secret).
+
 --kv-transport torch_dist ships block payloads as tensor sends on a process group per prefill /
 decode pair (NCCL between GPUs, gloo on CPU) instead of ZeroMQ frames; the control messages stay
 on ZeroMQ. Both nodes of a pair must use the same transport (the handshake checks it).
@@ -39,19 +42,21 @@ class NodeConfig:
     seed: int = 0
     kv_bind: str = "tcp://127.0.0.1:0"   # decode nodes: where the KV receiver listens
     heartbeat_s: float = 0.5
+    router_timeout_s: float = 10.0       # no reply from the router this long: register again (new epoch)
     lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
     tensor_parallel_size: int = 1        # ranks (processes) sharing this node's heads; any mix of P and D
     kv_transport: str = "zmq"            # zmq: payloads as ZeroMQ frames; torch_dist: tensor sends
                                          # (NCCL between CUDA pools, gloo between CPU pools)
     p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups use
+    cluster_secret_file: str | None = None  # the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):
             raise ValueError(f"node_id must be 1-64 characters of [A-Za-z0-9._:-], got {self.node_id!r}")
         if not self.router.startswith(("tcp://", "ipc://")):
             raise ValueError(f"router must be a tcp:// or ipc:// endpoint, got {self.router!r}")
-        if self.heartbeat_s <= 0 or self.lease_s <= 0:
-            raise ValueError("heartbeat_s and lease_s must be > 0")
+        if self.heartbeat_s <= 0 or self.lease_s <= 0 or self.router_timeout_s <= 0:
+            raise ValueError("heartbeat_s, lease_s and router_timeout_s must be > 0")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.kv_transport not in KV_TRANSPORTS:

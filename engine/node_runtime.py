@@ -9,8 +9,9 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
@@ -20,6 +21,9 @@ from engine.model import CausalLM
 from kvtransport.control import KV_COUNTERS, NodeStatus
 from kvtransport.handshake import KVLayout, PeerIdentity, model_fingerprint
 from kvtransport.metrics import ReceiverMetrics, SenderMetrics
+
+if TYPE_CHECKING:
+    from engine.node_config import NodeConfig
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.005
@@ -79,6 +83,20 @@ def _transfer_counters(t: SenderMetrics | ReceiverMetrics | None) -> tuple[int, 
     if isinstance(t, ReceiverMetrics):
         return 0, 0, t.blocks_written, t.bytes_written, t.transfers_committed, t.transfers_failed, t.frames_dropped
     return (0,) * len(KV_COUNTERS)
+
+
+def main(role: str, make_service: Callable[[NodeConfig], NodeService]) -> None:
+    """`python -m {role}_node`: the node from its flags, served until told to stop."""
+    from engine.node_config import NodeConfig
+    from kvtransport.secret import SecretError
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
+    config = NodeConfig.from_argv(f"python -m {role}_node")
+    try:
+        service = make_service(config)
+    except SecretError as err:
+        sys.exit(f"{role} node {config.node_id}: {err}")
+    run(service)
 
 
 def run(service: NodeService) -> None:

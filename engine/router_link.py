@@ -1,7 +1,14 @@
-"""A node's link to the router: one ZMQ DEALER (routing id = node_id), hello on start and when
-the router asks, a heartbeat carrying the node's figures, and messages both ways.
+"""A node's link to the router: one ZMQ DEALER, an authenticated session, hello, heartbeats.
 
-Malformed frames from the router are dropped and counted; they never stop the node.
+    connect ─▶ handshake (kvtransport.session) ─▶ NodeHello (new epoch) ─▶ serving ─┐
+       ▲                                                                           │
+       └──── lost: the router sent RESET, a send would block, or no reply to ───────┘
+             heartbeats for timeout_s; on_reset() drops this node's work, which the
+             router fails over when it sees the new epoch
+
+Nothing here blocks: sends never wait (a full queue means the router stopped reading, and the
+link starts over), and replies are polled with the caller's timeout. Frames that fail
+authentication or decoding are dropped and counted; they never stop the node.
 """
 from __future__ import annotations
 
@@ -13,71 +20,139 @@ import zmq
 
 from kvtransport import control
 from kvtransport.control import NodeCommand, NodeHello, NodeStatus
-from kvtransport.schema import ProtocolError
+from kvtransport.framing import FrameError
+from kvtransport.handshake import new_epoch
+from kvtransport.session import AuthKind, Initiator, Session, parse_auth_frame
 
 log = logging.getLogger(__name__)
 
+_HANDSHAKE_RETRY_S = 1.0    # a hello unanswered this long is sent again on a fresh socket
+
 
 class RouterLink:
-    def __init__(self, endpoint: str, hello: NodeHello, status: Callable[[], NodeStatus],
-                 heartbeat_s: float = 0.5):
-        self.hello, self.status, self.heartbeat_s = hello, status, heartbeat_s
+    def __init__(self, endpoint: str, secret: bytes, hello: Callable[[str], NodeHello],
+                 status: Callable[[str], NodeStatus], heartbeat_s: float = 0.5, timeout_s: float = 10.0,
+                 on_reset: Callable[[], None] = lambda: None, send_hwm: int = 1000) -> None:
+        """hello(epoch) and status(epoch) make this node's NodeHello and heartbeat; on_reset() is
+        called when an established session is lost (the node's work there is gone). The session
+        is lost when the router answers none of at least 3 heartbeats over timeout_s, or when
+        send_hwm messages are queued (the router stopped reading)."""
+        self._endpoint, self._hello, self._status = endpoint, hello, status
+        self.heartbeat_s, self._timeout_s, self._on_reset = heartbeat_s, timeout_s, on_reset
+        self._send_hwm = send_hwm
+        self._initiator = Initiator(secret)
+        self._framer = control.framer()
         self._ctx = zmq.Context(io_threads=1)
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IDENTITY, hello.node_id.encode())
-        self._sock.setsockopt(zmq.LINGER, 500)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, control.MAX_CONTROL_BYTES)
-        self._sock.connect(endpoint)
-        self._next_beat = 0.0
-        self.dropped = 0
+        self._sock: zmq.Socket | None = None
+        self._session: Session | None = None
+        self.epoch = ""
+        self.dropped = 0             # frames from the router that failed authentication or decoding
+        self.resets = 0              # established sessions lost
         self.leave = False           # the router told this node to go
-        self.send(hello)
+        self._start_handshake()
+
+    @property
+    def connected(self) -> bool:
+        return self._session is not None
 
     def send(self, msg: Any) -> None:
-        """Raises ProtocolError for a message the router would drop as too long."""
-        frame = control.encode(msg)
-        if len(frame) > control.MAX_CONTROL_BYTES:
-            raise ProtocolError(f"a {type(msg).__name__} of {len(frame)} bytes is over the control "
-                                f"plane's {control.MAX_CONTROL_BYTES}")
-        self._sock.send(frame, copy=False)
+        """Queue msg for the router; dropped if no session is up (on_reset has dropped its
+        request). Raises ProtocolError for a message above the control plane's size limit."""
+        if self._session is None:
+            return
+        frames = self._framer.pack(self._session, msg)
+        try:
+            self._sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._lose("the router is not reading (send queue full)")
 
     def poll(self, timeout: float) -> list[Any]:
         """Messages from the router that arrive within `timeout` s (all that are queued, at
         least); sends a heartbeat when one is due. Node commands are handled here."""
-        now = time.monotonic()
-        if now >= self._next_beat:
-            self.send(self.status())
-            self._next_beat = now + self.heartbeat_s
-        wait = max(0.0, min(timeout, self._next_beat - now))
+        self._maybe_beat()
+        wait = max(0.0, min(timeout, self._next_beat - time.monotonic()))
         messages = []
         if self._sock.poll(int(wait * 1000), zmq.POLLIN):
-            while True:
+            while self._sock is not None:
                 try:
-                    frame = self._sock.recv(zmq.NOBLOCK, copy=False)
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                msg = self._decode(frame.buffer)
+                msg = self._receive([f.buffer for f in frames])
                 if msg is not None and not self._command(msg):
                     messages.append(msg)
         return messages
 
-    def _decode(self, buf) -> Any:
-        try:
-            return control.decode(buf)
-        except ProtocolError as e:
-            self.dropped += 1
-            log.warning("dropped a malformed frame from the router: %s", e)
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=500)
+        self._ctx.term()
+
+    # ------------------------------------------------------------ session
+
+    def _start_handshake(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 500)
+        self._sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, control.MAX_CONTROL_BYTES)
+        self._sock.connect(self._endpoint)
+        self._session, self.epoch = None, new_epoch()
+        self._sock.send(self._initiator.hello(), zmq.NOBLOCK)
+        now = time.monotonic()
+        self._next_beat, self._handshake_at, self._last_heard, self._beats = now, now, now, 0
+
+    def _lose(self, why: str) -> None:
+        """The session is gone: start a new one (new epoch) and drop this node's work."""
+        was_up = self._session is not None
+        log.warning("lost the router's session (%s): registering again", why)
+        self._start_handshake()
+        if was_up:
+            self.resets += 1
+            self._on_reset()
+
+    def _maybe_beat(self) -> None:
+        now = time.monotonic()
+        if self._session is None:
+            if now - self._handshake_at > _HANDSHAKE_RETRY_S:
+                self._start_handshake()
+            return
+        if self._beats >= 3 and now - self._last_heard > self._timeout_s:
+            return self._lose(f"no reply to {self._beats} heartbeats")
+        if now >= self._next_beat:
+            self.send(self._status(self.epoch))
+            self._beats += 1
+            self._next_beat = now + self.heartbeat_s
+
+    def _receive(self, frames: list) -> Any:
+        """The router's message in frames, or None (handshake frames are handled here)."""
+        auth = parse_auth_frame(frames)
+        if auth is not None and auth[0] is AuthKind.CHALLENGE and self._session is None:
+            self._session = self._initiator.on_challenge(auth[1])
+            self.send(self._hello(self.epoch))
             return None
+        if auth is not None and auth[0] is AuthKind.RESET:
+            self._lose("the router has no session for this node")
+            return None
+        if self._session is None:
+            return self._drop("a message before the handshake")
+        try:
+            msg, _ = self._framer.unpack(self._session, frames)
+        except FrameError as e:
+            return self._drop(str(e))
+        self._last_heard, self._beats = time.monotonic(), 0
+        return msg
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        log.warning("dropped a frame from the router: %s", why)
 
     def _command(self, msg: Any) -> bool:
         if not isinstance(msg, NodeCommand):
             return False
         if msg.command == "register":
-            self.send(self.hello)
+            self.send(self._hello(self.epoch))
         elif msg.command == "leave":
             self.leave = True
         return True
-
-    def close(self) -> None:
-        self._sock.close()
-        self._ctx.term()

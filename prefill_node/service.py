@@ -23,9 +23,10 @@ from engine.outputs import RequestOutput
 from engine.parallel import close_runner
 from engine.sampling_params import SamplingParams
 from engine.router_link import RouterLink
-from kvtransport.control import AbortRequest, FirstToken, NodeHello, PrefillRequest, RequestFailed
+from kvtransport.control import AbortRequest, FirstToken, NodeHello, NodeStatus, PrefillRequest, RequestFailed
 from kvtransport.handshake import HandshakeError, new_epoch
 from kvtransport.schema import ProtocolError
+from kvtransport.secret import load_secret
 from kvtransport.torch_dist import DistSender
 from kvtransport.zmq_sender import ZmqSender
 from prefill_node.shipper import BlockShipper, Shipment
@@ -37,21 +38,27 @@ class PrefillService:
     def __init__(self, config: NodeConfig):
         self.config = config
         self.epoch = new_epoch()
+        secret = load_secret(config.cluster_secret_file)
         self.shipper = BlockShipper()
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
         self.engine = LLMEngine(config.engine_config(), observer=self.shipper)
         identity = kv_identity(self.engine, config.node_id, self.epoch, config.kv_transport)
         if config.kv_transport == "torch_dist":
-            self.sender = DistSender(identity, device=str(self.engine.runner.kv_cache.device),
+            self.sender = DistSender(identity, secret, device=str(self.engine.runner.kv_cache.device),
                                      p2p_host=config.p2p_host)
         else:
-            self.sender = ZmqSender(identity)
+            self.sender = ZmqSender(identity, secret)
         self.shipper.bind(self.engine, self.sender)
-        e = self.engine
-        hello = NodeHello(config.node_id, self.epoch, "prefill", "", e.block_manager.num_blocks,
-                          e.block_manager.block_size, e.max_model_len)
-        self.link = RouterLink(config.router, hello, lambda: node_status(e, config.node_id, self.epoch, self.sender.metrics),
-                               config.heartbeat_s)
+        self.link = RouterLink(config.router, secret, self._hello, self._status, config.heartbeat_s,
+                               config.router_timeout_s, self._drop_all)
+
+    def _hello(self, epoch: str) -> NodeHello:
+        bm = self.engine.block_manager
+        return NodeHello(self.config.node_id, epoch, "prefill", "", bm.num_blocks, bm.block_size,
+                         self.engine.max_model_len)
+
+    def _status(self, epoch: str) -> NodeStatus:
+        return node_status(self.engine, self.config.node_id, epoch, self.sender.metrics)
 
     # -- the loop's hooks -------------------------------------------------------------------
     def poll(self, timeout: float) -> None:
@@ -121,6 +128,11 @@ class PrefillService:
 
     def fail(self, rid: str, reason: str) -> None:
         self._abort(rid, reason, notify=True)
+
+    def _drop_all(self) -> None:
+        """The router's session was lost: every request here is the router's to run again."""
+        for rid in list(self.shipper.shipments):
+            self._abort(rid, "the router's session was lost", notify=False)
 
     def _abort(self, rid: str, reason: str, notify: bool, retryable: bool = True) -> None:
         if notify:      # before the transfer's abort, whose echo from the decode node says less

@@ -18,6 +18,7 @@ class RouterConfig:
     control_endpoint: str = "tcp://127.0.0.1:0"  # disaggregated: where nodes connect; port 0 = any free
     admission_timeout_s: float = 30.0       # disaggregated: longest wait for a decode reservation
     max_retries: int = 3                    # disaggregated: new attempts of a request after failures
+    cluster_secret_file: str | None = None  # disaggregated: the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET, else `pdserve up` makes one
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host must be a non-empty string")

@@ -1,12 +1,16 @@
 """The router's end of the control plane: one ZMQ ROUTER socket, node membership and liveness.
 
-    node DEALER (routing id = node_id) ──[node_id, payload]──▶ ROUTER socket (here)
-                                       ◀──[node_id, payload]──
+    node DEALER ──[routing id, header, trailer]──▶ ROUTER socket (here)
+                ◀──[routing id, header, trailer]──
 
-1. every frame is decoded with kvtransport.control; a malformed frame, a router-to-node kind, or
-   a message from a node that has not said hello is dropped and counted, never raised
-2. NodeHello registers the node and is answered "ok"; a hello with a new epoch from a known
-   node_id is a restarted node: the old one is lost first (its requests fail over)
+0. a connection first proves that it holds the cluster secret (kvtransport.session); until it
+   does, its frames are dropped unread (answered RESET if they look sealed) and counted
+1. every sealed frame is authenticated, then decoded with kvtransport.control; a malformed
+   frame, a router-to-node kind, or a message from a connection that has not said hello is
+   dropped and counted, never raised
+2. NodeHello binds the connection to the node id it names and registers the node ("ok"); a
+   hello with a new epoch for a known node id is a restarted node, whatever connection it
+   comes on: the old one is lost first (its requests fail over)
 3. NodeStatus is the heartbeat: answered "ok", "register" (unknown node or stale epoch) or
    "leave" (drained and idle)
 4. request messages (Reserved, Busy, FirstToken, TokenDelta, RequestFailed) go to the listener
@@ -28,8 +32,10 @@ from prometheus_client import Counter
 from kvtransport import control
 from kvtransport.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeHello, NodeStatus, RequestFailed,
                                  TokenDelta)
+from kvtransport.framing import FrameError
 from kvtransport.messages import Busy, Reserved
-from kvtransport.schema import ProtocolError
+from kvtransport.metrics import DropReason
+from kvtransport.session import AuthError, AuthKind, Responder, auth_frame, parse_auth_frame
 from router.backend import NodeMetrics
 from router.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
 
@@ -37,6 +43,7 @@ log = logging.getLogger(__name__)
 
 REQUEST_MESSAGES = (Reserved, Busy, FirstToken, TokenDelta, RequestFailed)
 _SEND_HWM = 10_000      # queued messages per node before the socket drops (a wedged node)
+_RECV_HWM = 10_000      # queued messages from all connections before the socket stops reading
 _CLOSE_LINGER_MS = 200
 
 
@@ -51,13 +58,17 @@ class ControlListener(Protocol):
 @dataclass(slots=True)
 class NodeInfo:
     hello: NodeHello                  # what the node said when it registered (this epoch)
+    peer: bytes                       # the routing id of the connection it registered on
     status: NodeStatus | None = None  # its latest heartbeat
 
 
 class ControlServer:
-    def __init__(self, registry: NodeRegistry, listener: ControlListener,
+    def __init__(self, registry: NodeRegistry, listener: ControlListener, secret: bytes,
                  bind: str = "tcp://127.0.0.1:0", expire_interval_s: float = 0.25):
         self.registry = registry
+        self._auth = Responder(secret)
+        self._framer = control.framer()
+        self._node_of: dict[bytes, str] = {}     # routing id -> the node id its session said hello as
         self._listener = listener
         self._bind = bind
         self._expire_interval_s = expire_interval_s
@@ -75,8 +86,9 @@ class ControlServer:
         if self._sock is None:
             self._ctx = zmq.asyncio.Context()
             self._sock = self._ctx.socket(zmq.ROUTER)
-            self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a restarted node takes its id back
             self._sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
+            self._sock.setsockopt(zmq.RCVHWM, _RECV_HWM)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, control.MAX_CONTROL_BYTES)   # bigger: disconnected
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.bind(self._bind)
             self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -96,11 +108,18 @@ class ControlServer:
             self._sock = self._ctx = None
 
     def send(self, node_id: str, msg: Any) -> None:
-        """Queues msg for the node; a node that is gone never gets it (ROUTER drops it)."""
-        if self._sock is None:
+        """Queues msg for the node; a node that is gone never gets it. Raises ProtocolError for a
+        message above the control plane's size limit (a node could not read it)."""
+        info = self._nodes.get(node_id)
+        if self._sock is None or info is None:
             return
-        sent = self._sock.send_multipart([node_id.encode("ascii"), control.encode(msg)])
-        sent.add_done_callback(_log_send_failure)
+        self._send_to(info.peer, msg)
+
+    def _send_to(self, peer: bytes, msg: Any) -> None:
+        session = self._auth.session(peer.hex())
+        if session is not None:
+            sent = self._sock.send_multipart([peer, *self._framer.pack(session, msg)])
+            sent.add_done_callback(_log_send_failure)
 
     def drain(self, node_id: str) -> None:
         """No new work for the node; it is told to leave at its first idle heartbeat."""
@@ -157,70 +176,99 @@ class ControlServer:
     # ------------------------------------------------------------ one frame
 
     def _handle(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            return self._drop("malformed", f"{len(frames)} frames")
+        peer, frames = frames[0], frames[1:]
+        auth = parse_auth_frame(frames)
+        if auth is not None:
+            if auth[0] is not AuthKind.HELLO:
+                return self._drop("unexpected", f"auth {auth[0].name}")
+            return self._reply_raw(peer, self._auth.challenge(peer.hex(), auth[1]))
         try:
-            node_id = frames[0].decode("ascii")
-            msg = control.decode(frames[1])
-        except (UnicodeDecodeError, ProtocolError) as err:
-            return self._drop("malformed", str(err))
+            self._framer.check_sizes(frames)
+            _, opened = self._auth.open(peer.hex(), frames)
+            msg = self._framer.decode(opened).msg
+        except AuthError as err:
+            if err.reason is DropReason.NOT_AUTHENTICATED:
+                self._reply_raw(peer, auth_frame(AuthKind.RESET))
+            return self._drop(err.reason.value, err.detail)
+        except FrameError as err:
+            return self._drop(err.reason.value, err.detail)
         if isinstance(msg, NodeHello):
-            return self._on_hello(node_id, msg)
+            return self._on_hello(peer, msg)
+        node_id = self._node_of.get(peer)
         if isinstance(msg, NodeStatus):
-            return self._on_status(node_id, msg)
+            return self._on_status(peer, node_id, msg)
         if not isinstance(msg, REQUEST_MESSAGES):
             return self._drop("unexpected", f"{type(msg).__name__} from {node_id!r}")
-        if node_id not in self._nodes:
-            return self._drop("unknown_node", f"{type(msg).__name__} from {node_id!r}")
+        if node_id is None or node_id not in self._nodes:
+            return self._drop("unknown_node", f"{type(msg).__name__} before a hello")
         if not self._listener.on_request_message(node_id, msg):
             self.dropped.labels("stray").inc()
 
-    def _on_hello(self, node_id: str, hello: NodeHello) -> None:
-        if hello.node_id != node_id:
-            return self._drop("unexpected", f"hello from {node_id!r} names {hello.node_id!r}")
+    def _reply_raw(self, peer: bytes, frame: bytes) -> None:
+        """A handshake frame (no session needed); never blocks (ROUTER drops at the HWM)."""
+        self._sock.send_multipart([peer, frame]).add_done_callback(_log_send_failure)
+
+    def _on_hello(self, peer: bytes, hello: NodeHello) -> None:
+        node_id = hello.node_id
+        if self._node_of.get(peer, node_id) != node_id:
+            return self._drop("unexpected", f"a session of {self._node_of[peer]!r} said hello as {node_id!r}")
         known = self._nodes.get(node_id)
+        if known is not None and known.peer != peer:     # its old connection is done with
+            self._auth.forget(known.peer.hex())
         if known is not None and known.hello.epoch != hello.epoch:
             self._lose(node_id, "restarted")
             known = None
         if known is not None and known.hello.role != hello.role:
             return self._drop("unexpected", f"{node_id!r} changed role within epoch {hello.epoch}")
+        if known is not None and known.peer != peer:
+            self._node_of.pop(known.peer, None)          # the same epoch on a new connection
         if hello.role == NodeRole.DECODE.value and not hello.kv_endpoint:
             self.dropped.labels("incompatible").inc()
             log.error("decode node %s has no kv_endpoint: told to leave", node_id)
-            return self.send(node_id, NodeCommand("leave"))
+            return self._send_to(peer, NodeCommand("leave"))
         others = {i.hello.block_size for n, i in self._nodes.items() if n != node_id}
         if others and hello.block_size not in others:
             log.error("node %s uses block size %d, the others %s: told to leave", node_id,
                       hello.block_size, sorted(others))
             self.dropped.labels("incompatible").inc()
-            return self.send(node_id, NodeCommand("leave"))
+            return self._send_to(peer, NodeCommand("leave"))
         self.registry.register(node_id, NodeRole(hello.role), hello.kv_endpoint)
-        self._nodes[node_id] = NodeInfo(hello)
+        self._nodes[node_id] = NodeInfo(hello, peer)
+        self._node_of[peer] = node_id
         if known is None:
             log.info("%s node %s registered (epoch %s, %d blocks of %d)", hello.role, node_id,
                      hello.epoch, hello.num_blocks, hello.block_size)
         self.send(node_id, NodeCommand("ok"))
 
-    def _on_status(self, node_id: str, status: NodeStatus) -> None:
+    def _on_status(self, peer: bytes, node_id: str | None, status: NodeStatus) -> None:
         if status.node_id != node_id:
-            return self._drop("unexpected", f"status from {node_id!r} names {status.node_id!r}")
+            if node_id is not None:
+                return self._drop("unexpected", f"status from {node_id!r} names {status.node_id!r}")
+            return self._send_to(peer, NodeCommand("register"))
         info = self._nodes.get(node_id)
-        if info is None or info.hello.epoch != status.epoch:
-            return self.send(node_id, NodeCommand("register"))
+        if info is None or info.hello.epoch != status.epoch or info.peer != peer:
+            return self._send_to(peer, NodeCommand("register"))
         reply = self.registry.heartbeat(node_id, NodeLoad(status.num_running, status.num_waiting,
                                                           status.kv_usage))
         info.status = status
         if reply is not HeartbeatReply.OK:
-            self._nodes.pop(node_id)
+            self._forget(node_id)
             self._listener.on_node_lost(node_id, "left" if reply is HeartbeatReply.LEAVE else "expired")
-        self.send(node_id, NodeCommand({HeartbeatReply.OK: "ok", HeartbeatReply.LEAVE: "leave",
+        self._send_to(peer, NodeCommand({HeartbeatReply.OK: "ok", HeartbeatReply.LEAVE: "leave",
                                         HeartbeatReply.UNKNOWN: "register"}[reply]))
 
     def _lose(self, node_id: str, reason: str) -> None:
         self.registry.remove(node_id)
-        if self._nodes.pop(node_id, None) is not None:
+        if self._forget(node_id) is not None:
             log.warning("node %s lost: %s", node_id, reason)
             self._listener.on_node_lost(node_id, reason)
+
+    def _forget(self, node_id: str) -> NodeInfo | None:
+        """Unbinds the node from its connection; its session stays (it may say hello again)."""
+        info = self._nodes.pop(node_id, None)
+        if info is not None and self._node_of.get(info.peer) == node_id:
+            del self._node_of[info.peer]
+        return info
 
     def _drop(self, reason: str, detail: str) -> None:
         n = self._drops[reason] = self._drops.get(reason, 0) + 1

@@ -32,7 +32,8 @@ from prometheus_client import Counter
 from engine.outputs import RequestOutput
 from engine.sampler import choice_seed
 from engine.sampling_params import SamplingParams
-from kvtransport.control import AbortRequest
+from kvtransport import control
+from kvtransport.control import AbortRequest, PrefillRequest
 from kvtransport.schema import MAX_RID_LEN
 from router.admission import Admission
 from router.backend import Backend, NodeMetrics
@@ -45,6 +46,7 @@ from router.registry import NodeRegistry, NodeRole
 log = logging.getLogger(__name__)
 
 _ABORTED = object()         # put in a request's events by abort(): its stream ends
+MAX_BLOCK_ID = (1 << 31) - 1        # the widest block id on the wire (sizes the probe below)
 MAX_PROMPT_LOGPROB_PAIRS = 400_000   # ~6 MB of FirstToken, well under the control plane's 16 MiB
 
 
@@ -52,8 +54,9 @@ class DisaggregatedBackend(Backend):
     """Serves through prefill and decode nodes; call `await start()` on the serving loop first
     (generate() starts it too). The nodes connect to `control_endpoint` and say hello."""
 
-    def __init__(self, tokenizer: Any, model_name: str, max_model_len: int,
+    def __init__(self, tokenizer: Any, model_name: str, max_model_len: int, secret: bytes,
                  config: RouterConfig = RouterConfig(), vocab_size: int | None = None):
+        """secret: the cluster secret every node must prove it holds (kvtransport.secret)."""
         self._tokenizer = tokenizer
         self._model_name = model_name
         self._model_max_len = max_model_len
@@ -61,7 +64,7 @@ class DisaggregatedBackend(Backend):
         self._vocab = vocab_size or (1 << 31)   # token ids are checked against it
         self._config = config
         self._registry = NodeRegistry(config.heartbeat_timeout_s)
-        self._server = ControlServer(self._registry, self, config.control_endpoint,
+        self._server = ControlServer(self._registry, self, secret, config.control_endpoint,
                                      expire_interval_s=min(0.25, config.heartbeat_timeout_s / 4))
         self._affinity = PrefixAffinity(config.affinity_blocks_per_node)
         self._admission = Admission(config, self._registry, self._server, self._affinity, self.is_healthy)
@@ -73,7 +76,7 @@ class DisaggregatedBackend(Backend):
                                    "tokens were emitted.", registry=None)
 
     @classmethod
-    def from_model(cls, path: str, config: RouterConfig = RouterConfig()) -> DisaggregatedBackend:
+    def from_model(cls, path: str, secret: bytes, config: RouterConfig = RouterConfig()) -> DisaggregatedBackend:
         """Tokenizer, name and context from the local model folder the nodes serve (a folder
         without a tokenizer serves token-id prompts only)."""
         from transformers import AutoTokenizer
@@ -84,7 +87,7 @@ class DisaggregatedBackend(Backend):
             tokenizer = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError, TypeError):
             tokenizer = None
-        return cls(tokenizer, path.rstrip("/").split("/")[-1], model.max_model_len, config, model.vocab_size)
+        return cls(tokenizer, path.rstrip("/").split("/")[-1], model.max_model_len, secret, config, model.vocab_size)
 
     async def start(self) -> str:
         """Binds the control socket on the running loop; returns its endpoint. Idempotent."""
@@ -202,6 +205,7 @@ class DisaggregatedBackend(Backend):
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context is {self.max_model_len} "
                              "tokens, including at least one output token")
+        _check_control_size(request_id, prompt_ids, params, self._server.block_size or 1)
         choices = []
         for i in range(params.n):
             seed = None if params.seed is None else choice_seed(params.seed, i)
@@ -316,6 +320,18 @@ class DisaggregatedBackend(Backend):
             if (len(choice.token_ids), len(choice.text)) != before or choice.finish_reason is not None:
                 request.events.put_nowait(choice.index)
         return None
+
+
+def _check_control_size(request_id: str, prompt_ids: list[int], params: SamplingParams, block_size: int) -> None:
+    """Raises ValueError if the request's PrefillRequest would be over the control plane's limit:
+    a node could not read it (its socket drops what is larger), so it is refused up front."""
+    blocks = -(-len(prompt_ids) // block_size)
+    probe = PrefillRequest(request_id + "#000~000", tuple(prompt_ids), params, "tcp://" + "x" * 250, "x" * 64,
+                           (MAX_BLOCK_ID,) * blocks, 0, 0)
+    size = len(control.encode(probe))
+    if size > control.MAX_CONTROL_BYTES:
+        raise ValueError(f"the request is {size} bytes on the node network, over its "
+                         f"{control.MAX_CONTROL_BYTES}-byte limit (fewer or shorter stop strings, or a shorter prompt)")
 
 
 async def _drain(queue: asyncio.Queue) -> list[Any]:

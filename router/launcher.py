@@ -3,8 +3,12 @@
     pdserve up [--model DIR] [--prefill N] [--decode M] [--prefill-tp A] [--decode-tp B]
                [--host H] [--port P] [node flags]
     pdserve colocated [flags of `python -m router`]
+    pdserve secret             prints a fresh cluster secret (64 hex digits)
 
 `pdserve up`:
+  0. it takes the cluster secret from --cluster-secret-file or $PDSERVE_CLUSTER_SECRET, else makes
+     a fresh one; every node gets it in its environment (never its argv) and must prove it
+     holds it before the router or a decode node reads a byte it sends (kvtransport.session)
   1. this process binds the router's control socket and spawns N prefill and M decode node
      processes (`python -m prefill_node|decode_node --router ENDPOINT --node-id ...`); each is
      in its own session, so Ctrl-C reaches only this process, and (Linux) gets SIGTERM if this
@@ -35,11 +39,12 @@ import typing
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
+from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
 from router.cli import add_dataclass_args, build_dataclass
 from router.config import RouterConfig
 
 # NodeConfig fields the launcher sets itself, per node, instead of taking them as flags
-_PER_NODE_FIELDS = ("router", "node_id", "kv_bind", "tensor_parallel_size")
+_PER_NODE_FIELDS = ("router", "node_id", "kv_bind", "tensor_parallel_size", "cluster_secret_file")
 _STOP_GRACE_S = 10.0
 # Run as `python -c SHIM PARENT_PID ARGV...`: ask Linux for SIGTERM when the parent dies, then
 # become ARGV. PR_SET_PDEATHSIG (1) survives exec; the ppid check closes the race with an early death.
@@ -84,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv[:1] == ["colocated"]:
         from router.cli import main as colocated
         return colocated(argv[1:])
+    if argv[:1] == ["secret"]:
+        return print(encode_secret(new_secret()))
     args = parse_up(argv)
     model = _model_path(args.model)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
@@ -125,13 +132,14 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
     from router.app import create_app
     from router.disaggregated import DisaggregatedBackend
 
-    backend = DisaggregatedBackend.from_model(model, config)
+    secret = _cluster_secret(config)
+    backend = DisaggregatedBackend.from_model(model, secret, config)
     try:
         endpoint = await backend.start()
         print(f"pdserve: router control plane at {endpoint}; starting {cluster.prefill} prefill "
               f"(tp {cluster.prefill_tp}) and {cluster.decode} decode (tp {cluster.decode_tp}) node(s) "
               f"of {model}", flush=True)
-        nodes.extend(spawn_nodes(endpoint, cluster, node_flags))
+        nodes.extend(spawn_nodes(endpoint, cluster, node_flags, secret))
         if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
         server = uvicorn.Server(uvicorn.Config(create_app(backend, config), host=config.host,
@@ -152,7 +160,17 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
         backend.close()
 
 
-def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str]) -> list[NodeProcess]:
+def _cluster_secret(config: RouterConfig) -> bytes:
+    """The secret given (file or environment), else a fresh one for this deployment."""
+    if config.cluster_secret_file or os.environ.get(ENV_VAR):
+        try:
+            return load_secret(config.cluster_secret_file)
+        except SecretError as err:
+            sys.exit(f"pdserve: {err}")
+    return new_secret()
+
+
+def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str], secret: bytes) -> list[NodeProcess]:
     roles = ["prefill"] * cluster.prefill + ["decode"] * cluster.decode
     tps = {"prefill": cluster.prefill_tp, "decode": cluster.decode_tp}
     counts = {"prefill": 0, "decode": 0}
@@ -160,7 +178,8 @@ def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str]) ->
     # The nodes' ranks share this machine's cores: an equal share per rank rather than
     # oversubscribing (unless OMP_NUM_THREADS is set); a tp node's ranks split the node's threads.
     per_rank = max(1, (os.cpu_count() or 1) // sum(tps[role] for role in roles))
-    base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+                **{ENV_VAR: encode_secret(secret)})
     for role in roles:
         node_id = f"{role}-{counts[role]}"
         counts[role] += 1
@@ -259,7 +278,7 @@ def _parser() -> argparse.ArgumentParser:
     from engine.node_config import NodeConfig
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,colocated}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,colocated,secret}")
     up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
@@ -274,6 +293,7 @@ def _parser() -> argparse.ArgumentParser:
                                metavar=field.name.upper(),
                                default=argparse.SUPPRESS, help=f"node default: {field.default}")
     sub.add_parser("colocated", help="one process, prefill and decode together (python -m router)")
+    sub.add_parser("secret", help="print a fresh cluster secret for nodes started by hand")
     return parser
 
 

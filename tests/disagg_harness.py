@@ -9,11 +9,12 @@ import zmq
 import zmq.asyncio
 
 from engine.sampling_params import SamplingParams
-from kvtransport import control
 from kvtransport.control import DecodeRequest, NodeCommand, NodeHello, NodeStatus, PrefillRequest
 from kvtransport.messages import Reserved
+from kvtransport.testing import TEST_SECRET
 from router.config import RouterConfig
 from router.disaggregated import DisaggregatedBackend
+from tests.control_peer import NodeEnd
 
 
 BLOCK = 4
@@ -24,16 +25,16 @@ END = object()
 
 
 class ScriptedNode:
-    """A node process as the router sees it: a DEALER whose routing id is the node id, saying hello,
-    heartbeating, and answering requests as each test scripts it."""
+    """A node process as the router sees it: a DEALER that opens an authenticated session, says
+    hello, heartbeats, and answers requests as each test scripts it."""
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str, role: str, epoch: str = "e1"):
         self.node_id, self.role, self.epoch = node_id, role, epoch
         self.kv_endpoint = f"tcp://127.0.0.1:{7000 + len(node_id)}/{node_id}" if role == "decode" else ""
         self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, node_id.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
+        self.end = NodeEnd()
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.commands: list[str] = []
         self.kv_usage = 0.0
@@ -41,9 +42,16 @@ class ScriptedNode:
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> ScriptedNode:
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._beat())]
+        await self.connect()
+        self._tasks.append(asyncio.create_task(self._beat()))
         await self.hello()
         return self
+
+    async def connect(self) -> None:
+        """Reads the router's messages from now on and opens the authenticated session."""
+        self._tasks = [asyncio.create_task(self._read())]
+        self.sock.send_multipart(self.end.hello())
+        await until(lambda: self.end.session is not None)
 
     async def hello(self, epoch: str | None = None, block_size: int = BLOCK) -> None:
         self.epoch = epoch or self.epoch
@@ -52,7 +60,7 @@ class ScriptedNode:
         await until(lambda: len(self.commands) > before)
 
     def send(self, msg) -> None:
-        self.sock.send(control.encode(msg))
+        self.sock.send_multipart(self.end.seal(msg))
 
     async def expect(self, cls: type, timeout: float = 5.0):
         msg = await asyncio.wait_for(self.inbox.get(), timeout)
@@ -73,7 +81,9 @@ class ScriptedNode:
 
     async def _read(self) -> None:
         while True:
-            msg = control.decode(await self.sock.recv())
+            msg = self.end.receive(await self.sock.recv_multipart())
+            if msg is None:
+                continue
             if isinstance(msg, NodeCommand):
                 self.commands.append(msg.command)
             else:
@@ -109,7 +119,7 @@ class Cluster:
     """A started backend with scripted nodes; closes everything on exit."""
 
     def __init__(self, config: RouterConfig = CONFIG):
-        self.backend = DisaggregatedBackend(None, "test-model", 256, config, vocab_size=512)
+        self.backend = DisaggregatedBackend(None, "test-model", 256, TEST_SECRET, config, vocab_size=512)
         self.ctx = zmq.asyncio.Context()
         self.nodes: dict[str, ScriptedNode] = {}
 
@@ -121,7 +131,7 @@ class Cluster:
         self.backend.close()
         for node in self.nodes.values():
             node.die()
-        self.ctx.term()
+        self.ctx.destroy(linger=0)      # also any socket a failed test left open
 
     async def node(self, node_id: str, role: str, epoch: str = "e1") -> ScriptedNode:
         node = ScriptedNode(self.ctx, self.backend.control_endpoint, node_id, role, epoch)

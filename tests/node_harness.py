@@ -2,6 +2,8 @@
 over a real ZMQ ROUTER socket speaking the control protocol."""
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,11 +13,23 @@ import zmq
 from decode_node.service import DecodeService
 from engine.node_config import NodeConfig
 from engine.node_runtime import run
-from kvtransport import control
-from kvtransport.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, PrefillRequest,
+from kvtransport.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus, PrefillRequest,
                                  RequestFailed, TokenDelta)
 from kvtransport.messages import Busy, Reserved
+from kvtransport.secret import write_secret
+from kvtransport.testing import TEST_SECRET
 from prefill_node.service import PrefillService
+from tests.control_peer import RouterEnd
+
+_SECRET_DIR = tempfile.mkdtemp(prefix="pdserve-test-")
+
+
+def secret_file() -> str:
+    """A 0600 file holding the test cluster secret (made once per test process)."""
+    path = os.path.join(_SECRET_DIR, "cluster-secret")
+    if not os.path.exists(path):
+        write_secret(path, TEST_SECRET)
+    return path
 
 
 @dataclass
@@ -35,7 +49,8 @@ class NodeHarness:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.bind("tcp://127.0.0.1:0")
         endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        cfg = dict(router=endpoint, model=model_path, **node_kwargs)
+        cfg = dict(router=endpoint, model=model_path, cluster_secret_file=secret_file(), **node_kwargs)
+        self.end = RouterEnd()
         self.prefill = PrefillService(NodeConfig(node_id="prefill-0", tensor_parallel_size=prefill_tp, **cfg))
         self.decode = DecodeService(NodeConfig(node_id="decode-0", tensor_parallel_size=decode_tp, **cfg))
         self.hellos: dict[str, NodeHello] = {}
@@ -46,20 +61,24 @@ class NodeHarness:
         self.pump(until=lambda: len(self.hellos) == 2)
 
     def send(self, node_id: str, msg) -> None:
-        self.sock.send_multipart([node_id.encode(), control.encode(msg)])
+        self.sock.send_multipart(self.end.seal(node_id, msg))
 
     def pump(self, until, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while not until():
             assert time.monotonic() < deadline, "timed out waiting for the nodes"
             if self.sock.poll(50):
-                node, payload = self.sock.recv_multipart()
-                self._on(node.decode(), control.decode(payload))
+                replies, node, msg = self.end.receive(self.sock.recv_multipart())
+                for frames in replies:
+                    self.sock.send_multipart(frames)
+                if msg is not None:
+                    self._on(node, msg)
 
     def _on(self, node: str, msg) -> None:
         if isinstance(msg, NodeHello):
             self.hellos[node] = msg
-            return
+        if isinstance(msg, (NodeHello, NodeStatus)):
+            return self.send(node, NodeCommand("ok"))
         rid = getattr(msg, "rid", None)
         if rid is None or rid not in self.results:
             return

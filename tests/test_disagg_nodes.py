@@ -95,10 +95,11 @@ def test_abort_mid_decode_frees_blocks_on_both_nodes(harness):
 
 
 def test_garbage_control_frames_are_dropped_and_the_node_keeps_serving(harness):
-    """Malformed frames from the router are dropped and counted; the next request completes."""
+    """Malformed or unsealed frames on the router's connection are dropped and counted; the next
+    request completes."""
     for junk in (b"", b"\xc1", b"\x93\x01\xaadecode_req\x90", bytes(range(200))):
-        harness.sock.send_multipart([b"decode-0", junk])
-        harness.sock.send_multipart([b"prefill-0", junk])
+        for node in ("decode-0", "prefill-0"):
+            harness.sock.send_multipart([harness.end.peers[node], junk, b"t" * 40])
     harness.submit("after", [9, 9, 9], GREEDY)
     (after,) = harness.wait(["after"])
     assert after.failed is None and len(after.tokens) == 12
@@ -122,8 +123,7 @@ def test_prompt_logprobs_come_with_the_first_token(harness, model_dir, make_llm)
 def test_a_first_token_too_big_to_send_fails_its_request_and_the_node_serves_on(harness, monkeypatch):
     """Prompt scores that would not fit one control message fail their request (not retryable:
     they would not fit anywhere) instead of being dropped by the router, and the node serves on."""
-    from kvtransport import control
-    monkeypatch.setattr(control, "MAX_CONTROL_BYTES", 2000)
+    monkeypatch.setattr(harness.prefill.link._framer, "max_header_bytes", 2000)
     harness.submit("big", list(range(3, 60)), SamplingParams(temperature=0.0, max_tokens=3, prompt_logprobs=5))
     (big,) = harness.wait(["big"])
     node, failed = big.failures[0]

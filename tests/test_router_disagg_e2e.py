@@ -19,6 +19,7 @@ from router.config import RouterConfig
 from router.disaggregated import DisaggregatedBackend
 from router.launcher import ClusterConfig, spawn_nodes, stop_nodes
 from tests.model_factory import hf_greedy
+from kvtransport.testing import TEST_SECRET
 from tests.node_harness import process_alive
 
 NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "96", "--max-num-seqs", "8", "--block-size", "16"]
@@ -44,10 +45,11 @@ async def _collect(backend: DisaggregatedBackend, rid: str, prompt, params: Samp
 def _with_cluster(model_path: str, config: RouterConfig, cluster: ClusterConfig, test,
                   flags: list[str] = ()) -> None:
     async def main():
-        backend = DisaggregatedBackend.from_model(model_path, config)
+        backend = DisaggregatedBackend.from_model(model_path, TEST_SECRET, config)
         nodes = []
         try:
-            nodes = spawn_nodes(await backend.start(), cluster, ["--model", model_path, *NODE_FLAGS, *flags])
+            nodes = spawn_nodes(await backend.start(), cluster, ["--model", model_path, *NODE_FLAGS, *flags],
+                                TEST_SECRET)
             await _registered(backend, nodes)
             await asyncio.wait_for(test(backend, nodes), 120)
         finally:

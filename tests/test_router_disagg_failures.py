@@ -198,12 +198,12 @@ def test_abort_before_reservation_reaches_only_decode_node():
 
 
 def test_garbage_frames_are_dropped_and_counted_while_a_request_completes():
-    """Malformed, unexpected, unregistered and stray frames are dropped without harm to live work."""
+    """Malformed, unsealed, unexpected, unauthenticated and stray frames are dropped without harm
+    to live work."""
     async def test():
         async with Cluster() as c:
             p, d = await c.pair()
             rogue = c.ctx.socket(zmq.DEALER)
-            rogue.setsockopt(zmq.IDENTITY, b"rogue")
             rogue.setsockopt(zmq.LINGER, 0)
             rogue.connect(c.backend.control_endpoint)
             out = c.generate(max_tokens=2)
@@ -211,7 +211,7 @@ def test_garbage_frames_are_dropped_and_counted_while_a_request_completes():
             for junk in (b"", b"\xc1", b"\x93\x01\xa3bad\x90", control.encode(NodeCommand("ok"))[:-1]):
                 p.sock.send(junk)
             p.sock.send_multipart([b"two", b"frames"])
-            rogue.send(control.encode(FirstToken("r1", 99, "evil", None, "stop")))
+            rogue.send_multipart([control.encode(FirstToken("r1", 99, "evil", None, "stop")), b"t" * 40])
             p.send(NodeCommand("leave"))                                # a router-to-node kind
             p.send(FirstToken("nobody", 1, "x", None, ""))              # no such request
             p.send(FirstToken("r1", 11, "a", None, ""))
@@ -219,9 +219,9 @@ def test_garbage_frames_are_dropped_and_counted_while_a_request_completes():
             d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
             assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
             dropped = c.backend.server.dropped
-            assert {r: counter(dropped, {"reason": r}) for r in ("malformed", "unexpected", "unknown_node",
-                                                               "stray")} == \
-                {"malformed": 5, "unexpected": 1, "unknown_node": 1, "stray": 1}
+            assert {r: counter(dropped, {"reason": r}) for r in ("malformed", "bad_mac", "unexpected",
+                                                               "not_authenticated", "stray")} == \
+                {"malformed": 4, "bad_mac": 1, "unexpected": 1, "not_authenticated": 1, "stray": 1}
             assert c.backend.is_healthy()
             rogue.close(0)
     run(test)
@@ -266,7 +266,7 @@ def test_node_with_another_block_size_is_refused():
             await c.node("prefill-0", "prefill")
             odd = ScriptedNode(c.ctx, c.backend.control_endpoint, "decode-9", "decode")
             c.nodes["decode-9"] = odd
-            odd._tasks = [asyncio.create_task(odd._read())]
+            await odd.connect()
             await odd.hello(block_size=2 * BLOCK)
             assert odd.commands == ["leave"]
             assert c.backend.server.count(NodeRole.DECODE) == 0

@@ -39,7 +39,8 @@ def test_invalid_flags_are_usage_errors():
 def test_node_command_lines(monkeypatch):
     """Each node runs `python -m <role>_node --router EP --node-id <role>-<i>` plus the node flags,
     and `--tensor-parallel-size N` where its kind's tp is above 1; every rank gets an equal share
-    of the cores (a tp node its ranks' shares, which its workers split)."""
+    of the cores (a tp node its ranks' shares, which its workers split); the cluster secret
+    travels in the environment, never in argv."""
     started = []
 
     class FakePopen:
@@ -49,7 +50,7 @@ def test_node_command_lines(monkeypatch):
 
     monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
     nodes = spawn_nodes("tcp://127.0.0.1:5555", ClusterConfig(prefill=2, decode=1, decode_tp=2),
-                        ["--dtype", "float32"])
+                        ["--dtype", "float32"], b"\x01" * 32)
     assert [(n.node_id, n.role) for n in nodes] == [("prefill-0", "prefill"), ("prefill-1", "prefill"),
                                                     ("decode-0", "decode")]
     for (argv, kwargs), node in zip(started, nodes):
@@ -57,6 +58,8 @@ def test_node_command_lines(monkeypatch):
         assert argv[-9 - len(tp):] == [sys.executable, "-m", f"{node.role}_node", "--router", "tcp://127.0.0.1:5555",
                                        "--node-id", node.node_id, "--dtype", "float32", *tp]
         assert kwargs["start_new_session"] is True
+        assert kwargs["env"]["PDSERVE_CLUSTER_SECRET"] == "01" * 32
+        assert not any("01" * 32 in a for a in argv)
         assert kwargs["env"]["OMP_WAIT_POLICY"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
         per_rank = max(1, (os.cpu_count() or 1) // 4)        # 2 prefill ranks + 2 decode ranks
         expected_threads = str(per_rank * (2 if node.role == "decode" else 1))

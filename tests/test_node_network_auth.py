@@ -1,0 +1,215 @@
+"""The node network trusts no local process: a hostile one with ZMQ sockets cannot register, take
+over a node id, read prompts or commands, or make the router send what a node cannot read; a node
+whose session is lost registers again with a new epoch, and no send of a node ever blocks."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import zmq
+
+from engine.router_link import RouterLink
+from engine.sampling_params import SamplingParams
+from kvtransport import control
+from kvtransport.control import DecodeRequest, NodeHello, NodeStatus, TokenDelta
+from kvtransport.secret import ENV_VAR, SecretError, load_secret, write_secret
+from kvtransport.session import AuthKind, auth_frame
+from kvtransport.testing import TEST_SECRET
+from router.registry import NodeRole
+from tests.control_peer import NodeEnd, RouterEnd
+from tests.disagg_harness import Cluster, admit, counter, run, until, view
+
+
+def _hostile(c: Cluster) -> zmq.asyncio.Socket:
+    sock = c.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(c.backend.control_endpoint)
+    return sock
+
+
+async def _received(sock, wait: float = 0.3) -> list[list[bytes]]:
+    """Every message sock gets within `wait` seconds."""
+    got, deadline = [], asyncio.get_running_loop().time() + wait
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        if await sock.poll(int(left * 1000)):
+            got.append(await sock.recv_multipart())
+    return got
+
+
+def test_a_process_without_the_secret_cannot_register_or_read_prompts():
+    """Hellos, statuses and answers without the secret (plain, or sealed with another secret) are
+    dropped unread: no node registers, no prompt reaches the intruder, the real pair serves the
+    request untouched, and the intruder hears nothing but a random challenge or a RESET."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            plain, wrong = _hostile(c), _hostile(c)
+            hello = NodeHello("prefill-9", "e9", "prefill", "", 64, 4, 256)
+            plain.send(control.encode(hello))
+            plain.send_multipart([control.encode(hello), b"t" * 40])
+            spy = NodeEnd(secret=b"w" * 32)
+            wrong.send_multipart(spy.hello())
+            spy.receive((await _received(wrong))[0])                    # a challenge: any key gets one
+            wrong.send_multipart(spy.seal(hello))
+            wrong.send_multipart(spy.seal(NodeStatus("prefill-9", "e9", 0, 0, 0.0, 0.0, 0, 64)))
+            out = c.generate(max_tokens=1)
+            await admit(d, p)
+            p.send(control.FirstToken("r1", 11, "a", None, "length"))
+            assert view(await out.next()) == ([([11], "a", "length")], True)
+            assert sorted(n.node_id for n in c.backend.server.registry.nodes()) == ["decode-0", "prefill-0"]
+            assert await _received(plain) == [[auth_frame(AuthKind.RESET)]]
+            assert await _received(wrong) == []                       # after its challenge: nothing
+            dropped = c.backend.server.dropped
+            assert {r: counter(dropped, {"reason": r}) for r in ("malformed", "not_authenticated", "bad_mac")} == \
+                {"malformed": 1, "not_authenticated": 1, "bad_mac": 2}
+            for sock in (plain, wrong):
+                sock.close(0)
+    run(test)
+
+
+def test_a_forged_hello_cannot_take_over_a_live_node():
+    """A hello naming decode-0 with a new epoch, sent without the secret, leaves decode-0 registered
+    on its own connection and serving (the finding: one 60-byte hello removed it for good)."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            thief = _hostile(c)
+            for frames in ([control.encode(NodeHello("decode-0", "stolen", "decode", "tcp://127.0.0.1:1", 64, 4, 256))],
+                           NodeEnd(secret=b"x" * 32).hello()):
+                thief.send_multipart(frames)
+            await asyncio.sleep(0.2)
+            assert c.backend.server.info("decode-0").hello.epoch == d.epoch
+            out = c.generate(max_tokens=2)
+            await admit(d, p)
+            p.send(control.FirstToken("r1", 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+            assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
+            thief.close(0)
+    run(test)
+
+
+def test_a_request_too_big_for_the_control_plane_is_refused_before_it_is_sent():
+    """A request whose PrefillRequest would be over the nodes' control-message limit is a
+    ValueError (an HTTP 400) up front, and no node is sent anything (the finding: such a message
+    wedged a decode node for good)."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            stops = tuple(f"{i:05d}" + "x" * 1019 for i in range(17_000))    # ~17 MiB of stop strings
+            with pytest.raises(ValueError, match="node network"):
+                await c.backend.generate("big", [5, 6, 7], SamplingParams(max_tokens=4, stop=stops)).__anext__()
+            await d.assert_silent()
+            await p.assert_silent()
+    run(test)
+
+
+def test_a_node_whose_session_is_lost_registers_again_with_a_new_epoch():
+    """When the router no longer knows a node's session (it restarted, say), the node's next
+    heartbeat is answered RESET, and the node handshakes again and registers with a new epoch;
+    its work is dropped (on_reset) for the router to run elsewhere."""
+    async def test():
+        async with Cluster() as c:
+            resets, stop = [], threading.Event()
+            link = RouterLink(c.backend.control_endpoint, TEST_SECRET, _hello, _status, heartbeat_s=0.05,
+                              on_reset=lambda: resets.append(True))
+            loop = threading.Thread(target=lambda: [link.poll(0.01) for _ in iter(stop.is_set, True)])
+            loop.start()
+            try:
+                await until(lambda: c.backend.server.info("decode-7") is not None)
+                first = link.epoch
+                peer = c.backend.server.info("decode-7").peer
+                c.backend.server._auth.forget(peer.hex())                  # as a restarted router would
+                await until(lambda: (i := c.backend.server.info("decode-7")) is not None and i.hello.epoch != first)
+                assert resets == [True] and link.resets == 1 and link.epoch != first
+                assert c.backend.server.count(NodeRole.DECODE) == 1
+            finally:
+                stop.set()
+                loop.join(5)
+                link.close()
+    run(test)
+
+
+def _hello(epoch: str) -> NodeHello:
+    return NodeHello("decode-7", epoch, "decode", "tcp://127.0.0.1:9", 64, 4, 256)
+
+
+def _status(epoch: str) -> NodeStatus:
+    return NodeStatus("decode-7", epoch, 0, 0, 0.0, 0.0, 0, 64)
+
+
+def test_a_node_never_blocks_on_a_router_that_stopped_reading():
+    """Sends to a router that completed the handshake and then stopped reading return at once;
+    when the queue is full the link starts a new session instead of blocking (the finding: the
+    node hung in send forever, deaf to SIGTERM)."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.RCVHWM, 1)
+    router.setsockopt(zmq.RCVBUF, 4096)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    end = RouterEnd()
+    link = RouterLink(f"tcp://127.0.0.1:{port}", TEST_SECRET, _hello, _status, heartbeat_s=60, send_hwm=4)
+    try:
+        for frames in end.receive(router.recv_multipart())[0]:              # the hello: challenge it
+            router.send_multipart(frames)
+        deadline = time.monotonic() + 5
+        while not link.connected and time.monotonic() < deadline:
+            link.poll(0.01)
+        assert link.connected
+        big = TokenDelta("r", 0, (1,), 0, "x" * 500_000, None, "")
+        start = time.monotonic()
+        for _ in range(200):                                                # nobody reads the router
+            link.send(big)
+        assert time.monotonic() - start < 5.0 and link.resets == 1 and not link.connected
+    finally:
+        link.close()
+        router.close(0)
+        ctx.term()
+
+
+def test_a_node_refuses_to_start_without_the_secret(tmp_path):
+    """`python -m decode_node` with no secret exits at once with a message that says how to give
+    one, before it loads a model; a secret file others can read is refused too."""
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    argv = [sys.executable, "-m", "decode_node", "--router", "tcp://127.0.0.1:9", "--node-id", "d"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and ENV_VAR in done.stderr and "Traceback" not in done.stderr
+    loose = tmp_path / "secret"
+    loose.write_text("a" * 64)
+    loose.chmod(0o644)
+    with pytest.raises(SecretError, match="readable by others"):
+        load_secret(str(loose))
+    private = tmp_path / "private"
+    write_secret(str(private), TEST_SECRET)
+    assert load_secret(str(private)) == TEST_SECRET and (private.stat().st_mode & 0o777) == 0o600
+
+
+def test_transfer_ids_are_unguessable_and_bound_to_the_prompt_length(harness_free_decode):
+    """A decode node's reservations carry random 128-bit transfer ids, name the one prefill node
+    the router chose, and accept only a Commit of the prompt's exact length."""
+    res = harness_free_decode
+    assert len(res.xfer_id) == 32 and int(res.xfer_id, 16) >= 0
+    assert res.sender_node_id == "prefill-0" and res.num_tokens == 3
+
+
+@pytest.fixture
+def harness_free_decode(monkeypatch, model_dir, tmp_path):
+    """The Reservation a real DecodeService registers for a 3-token prompt (no router needed)."""
+    from decode_node.service import DecodeService
+    from engine.node_config import NodeConfig
+
+    monkeypatch.setenv(ENV_VAR, TEST_SECRET.hex())
+    service = DecodeService(NodeConfig(router="tcp://127.0.0.1:9", node_id="decode-0", model=model_dir[0],
+                                       num_blocks=16, router_timeout_s=60))
+    seen = []
+    monkeypatch.setattr(service.receiver, "register", seen.append)
+    try:
+        service._reserve(DecodeRequest("r", (5, 6, 7), SamplingParams(max_tokens=2), "prefill-0"))
+        yield seen[0]
+    finally:
+        service.close()
