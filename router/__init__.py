@@ -14,7 +14,7 @@
     metrics.py      per-app Prometheus registry: request latencies, outcomes, node gauges
     app.py          create_app(backend, config): routes, API key, wiring
     registry.py     NodeRegistry: prefill/decode nodes, heartbeats, drain, in-flight counts
-    policy.py       PrefillPolicy (prefix affinity vs load), DecodePolicy (power of two choices)
+    policy.py       PrefillPolicy (prefix affinity vs load), DecodePolicy (least loaded with room, booked at once)
     cli.py          `python -m router`: the colocated server, flags from the config dataclasses
     control_server.py  ControlServer: the nodes' ZMQ ROUTER socket, hello/heartbeat, expiry
     disaggregated.py   DisaggregatedBackend: reserve on D, prefill on P, stream, retry, migrate

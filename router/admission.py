@@ -1,10 +1,24 @@
 """Steps 1-3 of an attempt in disaggregated mode (see router/disaggregated.py): pick a decode node
-D and a prefill node P, get D's reservation (trying other decode nodes, or waiting, while they
-answer Busy), and send P its PrefillRequest into that reservation."""
+D and a prefill node P, get D's reservation, and send P its PrefillRequest into that reservation.
+
+One admission, round by round:
+
+    1. wait until both pools have a live node (a fresh request: 503 at once if one is empty)
+    2. rank the decode nodes (policy.py) and take the least loaded one with room, skipping a node
+       that said Busy to this request until it reports more free blocks; book the request on D
+       and on P at once, so the next request sees them taken
+    3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
+       ending) or a timer (from retry_after_ms, doubling up to _MAX_WAIT_S, with jitter); when the
+       timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
+    4. DecodeRequest to D: Reserved ends admission; Busy releases both bookings and goes to 1
+    5. past admission_timeout_s: 503 naming why (no live node, every decode node busy or full,
+       or a decode node that did not answer)
+"""
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+import random
+from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
@@ -14,71 +28,170 @@ from kvtransport.messages import Busy, Reserved
 from router.config import RouterConfig
 from router.control_server import ControlServer
 from router.disagg_request import Attempt, Choice, Failure, Lost
-from router.policy import DecodePolicy, NoNodeAvailable, PrefillChoice, PrefillPolicy, PrefixAffinity
+from router.policy import DecodePolicy, NoNodeAvailable, Pool, PrefillChoice, PrefillPolicy, PrefixAffinity
 from router.registry import Node, NodeRegistry, NodeRole
 
 _POLL_S = 0.05              # how often a failed-over request looks for a live node
-_MIN_BUSY_WAIT_S = 0.01     # least wait after every decode node said Busy
+_FIRST_WAIT_S = 0.05        # least wait for room before asking a node that looks full
+_MAX_WAIT_S = 1.0           # most wait between two such asks (the timer doubles up to it)
+
+
+class CapacityWatch:
+    """Wakes every admission waiting for room when a decode node may have more of it."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self, node: Node) -> None:
+        if node.role is NodeRole.DECODE:
+            self._event.set()
+            self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True if notified within `timeout_s`, False if the time ran out."""
+        try:
+            await asyncio.wait_for(self._event.wait(), max(0.0, timeout_s))
+            return True
+        except TimeoutError:
+            return False
+
+
+@dataclass(slots=True)
+class _Rounds:
+    """What one admission learned so far."""
+    deadline: float
+    need_blocks: int                        # D's check: prompt + growth
+    refused: dict[str, int] = field(default_factory=dict)   # node -> its reported free blocks at Busy
+    busy_replies: int = 0
+    last_busy: str = ""
+    wait_s: float = _FIRST_WAIT_S           # the timer's period: doubles each time it fires
+    probe_at: float | None = None           # when the timer fires (loop time); None: not set
+    probe: bool = False                     # the timer fired: ask the least loaded node anyway
 
 
 class Admission:
     """The DisaggregatedBackend's admission of one attempt at a time; it counts Busy replies and
-    books each node's blocks in the registry as the attempt reaches it (`Attempt.begun`)."""
+    books each attempt's nodes in the registry from the moment it picks them (`Attempt.bookings`)."""
 
     def __init__(self, config: RouterConfig, registry: NodeRegistry, server: ControlServer,
-                 affinity: PrefixAffinity, is_healthy: Callable[[], bool]):
-        self._config, self._registry, self._server, self._is_healthy = config, registry, server, is_healthy
+                 affinity: PrefixAffinity, capacity: CapacityWatch):
+        self._config, self._registry, self._server, self._capacity = config, registry, server, capacity
         self._prefill_policy = PrefillPolicy(affinity, config.prefill_load_weight)
-        self._decode_policy = DecodePolicy(config.policy_seed)
+        self._decode_policy = DecodePolicy(self._pool, config.policy_seed)
+        self._rng = random.Random(config.policy_seed)
         self.busy = Counter("pdserve_router_busy_replies", "Busy replies from decode nodes.", registry=None)
 
     async def admit(self, choice: Choice, att: Attempt) -> Failure | None:
         """Picks P and D and gets D's reservation. Raises NoNodeAvailable when that cannot happen."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._config.admission_timeout_s
-        busy: dict[str, float] = {}     # decode nodes that said Busy this round: retry_after in s
+        rounds = _Rounds(loop.time() + self._config.admission_timeout_s, 0)
         while True:
-            await self._wait_for_nodes(choice, deadline)
-            decode = self._choose_decode(choice, busy)
-            if decode is None:          # every decode node is busy: wait, then ask them again
-                await asyncio.sleep(min(max(min(busy.values()), _MIN_BUSY_WAIT_S),
-                                        max(0.0, deadline - loop.time())))
-                busy.clear()
+            await self._wait_for_nodes(choice, rounds.deadline)
+            if loop.time() >= rounds.deadline:
+                raise NoNodeAvailable(self._timeout_reason(rounds))
+            rounds.need_blocks = self._need_blocks(att)
+            decode = self._choose_decode(choice, rounds)
+            if decode is None:
+                await self._wait_for_room(rounds)
                 continue
-            if att.prefill is None or self._registry.get(att.prefill_id) is None:
-                att.prefill = self._choose_prefill(choice, att)
-            reply = await self._reserve(att, decode, deadline)
+            self._book(att, decode, self._choose_prefill(choice, att))
+            reply = await self._reserve(att, decode, rounds.deadline)
             if not isinstance(reply, Busy):
                 return reply
-            self.busy.inc()
-            busy[decode.node_id] = reply.retry_after_ms / 1000
+            self._on_busy(att, decode, reply, rounds)
 
     async def _wait_for_nodes(self, choice: Choice, deadline: float) -> None:
         """Until both pools have a live node. A fresh request does not wait: 503 at once; one that
         is failing over waits until the deadline."""
         loop = asyncio.get_running_loop()
-        while not self._is_healthy():
+        while missing := self._missing_pools():
             if choice.num_attempts <= 1 and not choice.token_ids:
-                raise NoNodeAvailable("no live prefill and decode nodes")
+                raise NoNodeAvailable(f"no live {missing} node")
             if loop.time() >= deadline:
-                raise NoNodeAvailable("no live prefill and decode nodes within the admission timeout")
+                raise NoNodeAvailable(f"no live {missing} node within the admission timeout of "
+                                      f"{self._config.admission_timeout_s} s")
             await asyncio.sleep(_POLL_S)
-        if loop.time() >= deadline:
-            raise NoNodeAvailable(f"no decode node had room within {self._config.admission_timeout_s} s")
 
-    def _choose_decode(self, choice: Choice, busy: dict[str, float]) -> Node | None:
-        nodes = [n for n in _prefer(self._registry.candidates(NodeRole.DECODE), choice.avoid)
-                 if n.node_id not in busy]
-        return self._decode_policy.choose(nodes) if nodes else None
+    def _missing_pools(self) -> str:
+        """'prefill', 'decode', 'prefill or decode', or '' when both pools have a live node."""
+        return " or ".join(r.value for r in NodeRole if not self._registry.candidates(r))
+
+    def _choose_decode(self, choice: Choice, rounds: _Rounds) -> Node | None:
+        """The least loaded decode node with room that has not refused the request; when the
+        timer fired, the least loaded one whatever it said."""
+        ranked = self._decode_policy.rank(_prefer(self._registry.candidates(NodeRole.DECODE), choice.avoid))
+        fit = next((n for n in ranked if not self._refused(n, rounds)
+                    and self._decode_policy.has_room(n, rounds.need_blocks)), None)
+        return ranked[0] if fit is None and rounds.probe else fit
+
+    def _refused(self, node: Node, rounds: _Rounds) -> bool:
+        """The node said Busy to this request and has not reported more free blocks since."""
+        free = rounds.refused.get(node.node_id)
+        return free is not None and self._pool(node).free_blocks <= free
+
+    async def _wait_for_room(self, rounds: _Rounds) -> None:
+        """Step 3: until a decode node may have more room, or the timer fires (a heartbeat
+        does not restart the timer)."""
+        now = asyncio.get_running_loop().time()
+        if now >= rounds.deadline:
+            raise NoNodeAvailable(self._timeout_reason(rounds))
+        if rounds.probe_at is None:
+            rounds.probe_at = now + self._jittered(rounds.wait_s)
+        await self._capacity.wait(min(rounds.probe_at, rounds.deadline) - now)
+        if asyncio.get_running_loop().time() >= rounds.probe_at:
+            rounds.probe, rounds.probe_at = True, None
+            rounds.wait_s = min(2 * rounds.wait_s, _MAX_WAIT_S)
+
+    def _jittered(self, wait_s: float) -> float:
+        """wait_s to 1.5 x wait_s, so waiting requests do not ask in step."""
+        return wait_s * (1.0 + 0.5 * self._rng.random())
+
+    def _timeout_reason(self, rounds: _Rounds) -> str:
+        timeout = self._config.admission_timeout_s
+        if rounds.busy_replies:
+            return (f"every decode node was busy for the admission timeout of {timeout} s "
+                    f"({rounds.busy_replies} Busy replies; last: {rounds.last_busy})")
+        return (f"no decode node had room for {rounds.need_blocks} KV blocks (by their last reports) "
+                f"within the admission timeout of {timeout} s")
+
+    def _on_busy(self, att: Attempt, decode: Node, reply: Busy, rounds: _Rounds) -> None:
+        self.busy.inc()
+        self._release_all(att)
+        rounds.refused[decode.node_id] = self._pool(decode).free_blocks
+        rounds.busy_replies += 1
+        rounds.last_busy = f"{decode.node_id}: {reply.reason or 'busy'}"
+        rounds.wait_s = max(rounds.wait_s, reply.retry_after_ms / 1000)
+        rounds.probe_at = asyncio.get_running_loop().time() + self._jittered(rounds.wait_s)
+        rounds.probe = False
 
     def _choose_prefill(self, choice: Choice, att: Attempt) -> PrefillChoice:
+        """The attempt's prefill node: the one chosen in an earlier round while it is still a
+        candidate (its prefix was recorded there), else the policy's choice."""
         nodes = _prefer(self._registry.candidates(NodeRole.PREFILL), choice.avoid)
+        if att.prefill is not None and any(n is att.prefill.node for n in nodes):
+            return att.prefill
         block_size = self._server.block_size
         hashes = chain_hashes(att.prompt_ids, block_size)
         return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // block_size))
 
-    async def _reserve(self, att: Attempt, decode: Node, deadline: float) -> Reserved | Busy | Failure:
-        """Step 2: DecodeRequest to D, and its answer."""
+    def _book(self, att: Attempt, decode: Node, prefill: PrefillChoice) -> None:
+        """Books the attempt on both nodes now, before either has heard of it."""
+        att.prefill = prefill
+        att.bookings[decode.node_id] = self._registry.book(decode.node_id, self._prompt_blocks(att))
+        att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
+
+    def _taken(self, att: Attempt, node_id: str) -> None:
+        booking = att.bookings.get(node_id)
+        if booking is not None:
+            self._registry.taken(booking)
+
+    def _release_all(self, att: Attempt) -> None:
+        for booking in att.bookings.values():
+            self._registry.release(booking)
+        att.bookings.clear()
+
+    async def _reserve(self, att: Attempt, decode: Node, deadline: float) -> Reserved | Busy | Failure | None:
+        """Step 4: DecodeRequest to D, and its answer."""
         att.decode_id = decode.node_id
         att.contacted.add(decode.node_id)
         self._server.send(decode.node_id, DecodeRequest(att.wire_rid, att.prompt_ids, att.params,
@@ -87,8 +200,8 @@ class Admission:
             try:
                 event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
             except TimeoutError:
-                raise NoNodeAvailable(f"decode node {decode.node_id} did not answer within the "
-                                      f"admission timeout") from None
+                raise NoNodeAvailable(f"decode node {decode.node_id} did not answer the reservation within "
+                                      f"the admission timeout of {self._config.admission_timeout_s} s") from None
             if isinstance(event, Lost):
                 return Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
             node_id, msg = event
@@ -101,21 +214,35 @@ class Admission:
                 att.decode_id = ""
                 return msg
             if isinstance(msg, Reserved):
-                self._begin(att, node_id, len(msg.dst_block_ids))
+                self._taken(att, node_id)
                 self._send_prefill(att, decode, msg)
                 return None
 
     def _send_prefill(self, att: Attempt, decode: Node, reserved: Reserved) -> None:
-        """Step 3: PrefillRequest to P, shipping into D's reservation."""
+        """PrefillRequest to P, shipping into D's reservation."""
         att.contacted.add(att.prefill_id)
-        self._begin(att, att.prefill_id, att.prefill.new_blocks)
+        self._taken(att, att.prefill_id)
         self._server.send(att.prefill_id, PrefillRequest(
             att.wire_rid, att.prompt_ids, att.params, decode.endpoint, reserved.xfer_id,
             reserved.dst_block_ids, reserved.cached_prefix_blocks, att.base))
 
-    def _begin(self, att: Attempt, node_id: str, blocks: int) -> None:
-        self._registry.begin(node_id, blocks)
-        att.begun[node_id] = att.begun.get(node_id, 0) + blocks
+    def _pool(self, node: Node) -> Pool:
+        """The node's KV pool by its hello and latest heartbeat (before any: all blocks free)."""
+        info = self._server.info(node.node_id)
+        if info is None:
+            return Pool(0, 0)
+        status = info.status
+        return Pool(info.hello.num_blocks, info.hello.num_blocks if status is None else status.num_free_blocks)
+
+    def _prompt_blocks(self, att: Attempt) -> int:
+        """Blocks D allocates at once: the prompt's."""
+        return -(-len(att.prompt_ids) // self._server.block_size)
+
+    def _need_blocks(self, att: Attempt) -> int:
+        """Blocks D must have free to take the request: the prompt's and its growth's."""
+        room = (self._server.max_model_len or 0) - len(att.prompt_ids)
+        growth = max(0, min(room, att.params.max_tokens or room))
+        return -(-(len(att.prompt_ids) + growth) // self._server.block_size)
 
 
 def _prefer(nodes: list[Node], avoid: set[str]) -> list[Node]:

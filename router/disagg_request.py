@@ -11,6 +11,7 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from kvtransport.control import FirstToken, RequestFailed, TokenDelta
 from router.policy import PrefillChoice
+from router.registry import Booking
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class Attempt:
     decode_done: bool = False       # D sent its last delta: nothing is left to abort
     held: list[TokenDelta] = field(default_factory=list)        # D's deltas that would leave a gap
     contacted: set[str] = field(default_factory=set)            # nodes that got a request
-    begun: dict[str, int] = field(default_factory=dict)         # registry.begin() blocks to undo
+    bookings: dict[str, Booking] = field(default_factory=dict)  # by node id: to release at the end
     ended: bool = False
 
     @property

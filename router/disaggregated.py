@@ -2,9 +2,9 @@
 
 Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
 
-    1. pick a decode node D (KV usage, power of two choices) and a prefill node P (prefix
-       affinity, then load)
-    2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait retry_after_ms;
+    1. pick a decode node D (least loaded with room) and a prefill node P (prefix affinity, then
+       load), and book the request on both at once, so a burst spreads
+    2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait for room;
        no reservation within admission_timeout_s fails the request (503)
     3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router   (steps 1-3: admission.py)
     4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
@@ -35,7 +35,7 @@ from engine.sampling_params import SamplingParams
 from kvtransport import control
 from kvtransport.control import AbortRequest, PrefillRequest
 from kvtransport.schema import MAX_RID_LEN
-from router.admission import Admission
+from router.admission import Admission, CapacityWatch
 from router.backend import Backend, NodeMetrics
 from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, apply_event
 from router.config import RouterConfig
@@ -63,11 +63,12 @@ class DisaggregatedBackend(Backend):
         self._vocab_size = vocab_size
         self._vocab = vocab_size or (1 << 31)   # token ids are checked against it
         self._config = config
-        self._registry = NodeRegistry(config.heartbeat_timeout_s)
+        capacity = CapacityWatch()
+        self._registry = NodeRegistry(config.heartbeat_timeout_s, on_capacity=capacity.notify)
         self._server = ControlServer(self._registry, self, secret, config.control_endpoint,
                                      expire_interval_s=min(0.25, config.heartbeat_timeout_s / 4))
         self._affinity = PrefixAffinity(config.affinity_blocks_per_node)
-        self._admission = Admission(config, self._registry, self._server, self._affinity, self.is_healthy)
+        self._admission = Admission(config, self._registry, self._server, self._affinity, capacity)
         self._requests: dict[str, PendingRequest] = {}
         self._attempts: dict[str, Attempt] = {}
         self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
@@ -288,9 +289,9 @@ class DisaggregatedBackend(Backend):
             return
         att.ended = True
         self._attempts.pop(att.wire_rid, None)
-        for node_id, blocks in att.begun.items():
-            self._registry.end(node_id, blocks)
-        att.begun.clear()
+        for booking in att.bookings.values():
+            self._registry.release(booking)
+        att.bookings.clear()
         if not att.decode_done:
             for node_id in sorted(att.contacted):
                 self._server.send(node_id, AbortRequest(att.wire_rid))
@@ -313,8 +314,8 @@ class DisaggregatedBackend(Backend):
             before = (len(choice.token_ids), len(choice.text))
             had_first = att.first_token
             failure = apply_event(choice, att, await att.inbox.get(), request, self._vocab)
-            if att.first_token and not had_first:    # P's part is done: its load goes
-                self._registry.end(att.prefill_id, att.begun.pop(att.prefill_id, 0))
+            if att.first_token and not had_first and att.prefill_id in att.bookings:
+                self._registry.release(att.bookings.pop(att.prefill_id))    # P's part is done
             if failure is not None:
                 return failure
             if (len(choice.token_ids), len(choice.text)) != before or choice.finish_reason is not None:

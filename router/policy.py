@@ -7,14 +7,22 @@ it holds. The chosen node is the one that finishes soonest by a simple estimate,
 
     cost(node) = load_weight * blocks already in flight there + blocks of this prompt it must compute
 
-Decode: power of two choices: two distinct nodes drawn with a seeded RNG, the one with the lower
-KV usage wins (then fewer requests in flight, then node id).
+Decode: the least-loaded node with room, by the node's last heartbeat plus the router's bookings
+since (registry.py): a request is booked on its node the moment it is chosen, so a burst that
+arrives between two heartbeats spreads instead of landing on the node that looked emptiest.
+
+    free(node)  = free blocks at its last heartbeat (its hello: all) - node.unreported_blocks
+    room        = free(node) >= blocks the request needs (prompt + growth), or it can never fit
+    rank        = (has waiting requests, 1 - free / num_blocks, running + waiting + unreported, coin)
+
+A node with waiting requests already runs all it can (max_num_seqs, which is not on the wire, or
+its blocks): it goes last. Ties are broken by a seeded coin, not by node id.
 """
 from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from router.registry import Node
 
@@ -92,15 +100,32 @@ class PrefillPolicy:
         return cost, node.inflight_requests, queued, node.node_id, node
 
 
+class Pool(NamedTuple):
+    """A decode node's KV pool as it last reported it."""
+    num_blocks: int
+    free_blocks: int
+
+
 class DecodePolicy:
-    def __init__(self, seed: int = 0):
+    def __init__(self, pool: Callable[[Node], Pool], seed: int = 0):
+        self._pool = pool
         self._rng = random.Random(seed)
 
-    def choose(self, nodes: Sequence[Node]) -> Node:
-        """Power of two choices by KV usage. Raises NoNodeAvailable if `nodes` is empty."""
+    def rank(self, nodes: Sequence[Node]) -> list[Node]:
+        """`nodes`, least loaded first. Raises NoNodeAvailable if `nodes` is empty."""
         if not nodes:
-            raise NoNodeAvailable("no decode node available")
-        if len(nodes) == 1:
-            return nodes[0]
-        pair = self._rng.sample(list(nodes), 2)
-        return min(pair, key=lambda n: (n.load.kv_usage, n.inflight_requests, n.node_id))
+            raise NoNodeAvailable("no live decode node")
+        return sorted(nodes, key=self._load)
+
+    def free_blocks(self, node: Node) -> int:
+        """Blocks free on the node now, by its last heartbeat and the router's bookings since."""
+        return self._pool(node).free_blocks - node.unreported_blocks
+
+    def has_room(self, node: Node, blocks: int) -> bool:
+        """Whether a request needing `blocks` blocks fits, or could never fit (the node refuses it)."""
+        return blocks > self._pool(node).num_blocks or self.free_blocks(node) >= blocks
+
+    def _load(self, node: Node) -> tuple:
+        seqs = node.load.num_running + node.load.num_waiting + node.unreported_requests
+        used = 1.0 - self.free_blocks(node) / max(1, self._pool(node).num_blocks)
+        return node.load.num_waiting > 0, used, seqs, self._rng.random()

@@ -10,7 +10,13 @@ Fed by registrations and heartbeats; nodes join and leave at run time. Life of a
     any state ──remove()──▶ removed                     (the node deregistered itself)
 
 Only ACTIVE nodes with a fresh heartbeat are candidates for new work. The router's own count of
-work in flight on each node (begin/end) is kept here too: heartbeats lag, this does not.
+work in flight on each node is kept here too, as bookings: heartbeats lag, bookings do not.
+
+Life of a booking (what a node's load shows of it, `unreported` = what its last heartbeat lacks):
+
+    book() ──▶ PENDING ──taken()──▶ TAKEN ──the node's next heartbeat──▶ shown in its load
+      │  unreported += b    │  (the node has it)        unreported -= b (the heartbeat shows it)
+      └──release()──────────┴──release(): unreported -= b   (gone from the node, or never there)
 """
 from __future__ import annotations
 
@@ -55,16 +61,43 @@ class Node:
     last_seen: float                # clock() at the last registration or heartbeat
     state: NodeState = NodeState.ACTIVE
     load: NodeLoad = field(default_factory=NodeLoad)
-    inflight_requests: int = 0      # requests the router sent here that have not ended
+    inflight_requests: int = 0      # requests booked here that have not ended
     inflight_blocks: int = 0        # KV blocks of work those requests carry (prefill: uncached blocks)
+    pending_requests: int = 0       # booked, not yet taken by the node: no heartbeat shows them
+    pending_blocks: int = 0
+    since_beat_requests: int = 0    # taken less released since the last heartbeat (may be < 0):
+    since_beat_blocks: int = 0      #   what the next heartbeat will show that the last did not
+
+    @property
+    def unreported_requests(self) -> int:
+        """Requests to add to the last heartbeat's load to get the node's load now."""
+        return self.pending_requests + self.since_beat_requests
+
+    @property
+    def unreported_blocks(self) -> int:
+        """Blocks to add to the last heartbeat's usage (negative: blocks freed since)."""
+        return self.pending_blocks + self.since_beat_blocks
+
+
+@dataclass(slots=True, eq=False)
+class Booking:
+    """One request's work on one node, from the moment the router chose the node until it ends."""
+    node: Node
+    blocks: int
+    taken: bool = False             # the node has the work (it answered, or was sent it)
+    released: bool = False
 
 
 class NodeRegistry:
-    def __init__(self, heartbeat_timeout_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, heartbeat_timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 on_capacity: Callable[[Node], None] = lambda node: None):
+        """`on_capacity(node)` is called when the node may have more room: it registered, sent a
+        heartbeat, or work it had taken was released."""
         if heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
         self._timeout = heartbeat_timeout_s
         self._clock = clock
+        self._on_capacity = on_capacity
         self._nodes: dict[str, Node] = {}
 
     def register(self, node_id: str, role: NodeRole, endpoint: str) -> Node:
@@ -75,6 +108,7 @@ class NodeRegistry:
         if node is None:
             node = self._nodes[node_id] = Node(node_id, role, endpoint, self._clock())
         node.endpoint, node.state, node.last_seen = endpoint, NodeState.ACTIVE, self._clock()
+        self._on_capacity(node)
         return node
 
     def heartbeat(self, node_id: str, load: NodeLoad) -> HeartbeatReply:
@@ -82,9 +116,11 @@ class NodeRegistry:
         if node is None:
             return HeartbeatReply.UNKNOWN
         node.load, node.last_seen = load, self._clock()
+        node.since_beat_requests = node.since_beat_blocks = 0
         if node.state is NodeState.DRAINING and load.idle and node.inflight_requests == 0:
             del self._nodes[node_id]
             return HeartbeatReply.LEAVE
+        self._on_capacity(node)
         return HeartbeatReply.OK
 
     def drain(self, node_id: str) -> None:
@@ -114,18 +150,43 @@ class NodeRegistry:
     def get(self, node_id: str) -> Node | None:
         return self._nodes.get(node_id)
 
-    def begin(self, node_id: str, blocks: int) -> None:
-        """Counts one request of `blocks` blocks of work as in flight on the node."""
+    def book(self, node_id: str, blocks: int) -> Booking:
+        """Counts one request of `blocks` blocks of work on the node, from now until release()."""
         node = self._get(node_id)
         node.inflight_requests += 1
         node.inflight_blocks += blocks
+        node.pending_requests += 1
+        node.pending_blocks += blocks
+        return Booking(node, blocks)
 
-    def end(self, node_id: str, blocks: int) -> None:
-        """Undoes begin(); a no-op for a node already removed."""
-        node = self._nodes.get(node_id)
-        if node is not None:
-            node.inflight_requests = max(0, node.inflight_requests - 1)
-            node.inflight_blocks = max(0, node.inflight_blocks - blocks)
+    def taken(self, booking: Booking) -> None:
+        """The node has the work: its next heartbeat shows it. Idempotent."""
+        node = booking.node
+        if booking.taken or booking.released:
+            return
+        booking.taken = True
+        node.pending_requests -= 1
+        node.pending_blocks -= booking.blocks
+        node.since_beat_requests += 1
+        node.since_beat_blocks += booking.blocks
+
+    def release(self, booking: Booking) -> None:
+        """Undoes book(); idempotent, and a no-op for a node removed (or re-registered) since."""
+        if booking.released:
+            return
+        booking.released = True
+        node = booking.node
+        if self._nodes.get(node.node_id) is not node:
+            return
+        node.inflight_requests -= 1
+        node.inflight_blocks -= booking.blocks
+        if booking.taken:
+            node.since_beat_requests -= 1
+            node.since_beat_blocks -= booking.blocks
+            self._on_capacity(node)
+        else:
+            node.pending_requests -= 1
+            node.pending_blocks -= booking.blocks
 
     def _fresh(self, node: Node) -> bool:
         return self._clock() - node.last_seen <= self._timeout

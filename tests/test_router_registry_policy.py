@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.policy import DecodePolicy, NoNodeAvailable, PrefillPolicy, PrefixAffinity
+from router.policy import DecodePolicy, NoNodeAvailable, Pool, PrefillPolicy, PrefixAffinity
 from router.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole, NodeState
 
 P, D = NodeRole.PREFILL, NodeRole.DECODE
@@ -75,12 +75,12 @@ def test_heartbeat_records_load(reg, clock):
 def test_drain_waits_for_idle_then_leaves(reg):
     """A draining node gets no new work, stays while busy, and is removed at its first idle heartbeat."""
     reg.register("d1", D, "tcp://a")
-    reg.begin("d1", 4)
+    booking = reg.book("d1", 4)
     reg.drain("d1")
     assert reg.candidates(D) == [] and reg.get("d1").state is NodeState.DRAINING
     assert reg.heartbeat("d1", NodeLoad(num_running=1)) is HeartbeatReply.OK
     assert reg.heartbeat("d1", NodeLoad()) is HeartbeatReply.OK  # router still has a request there
-    reg.end("d1", 4)
+    reg.release(booking)
     assert reg.heartbeat("d1", NodeLoad()) is HeartbeatReply.LEAVE
     assert reg.get("d1") is None
 
@@ -101,15 +101,40 @@ def test_drain_unknown_node_raises(reg):
 
 
 def test_inflight_accounting(reg):
-    """begin/end count requests and blocks in flight; end on a removed node is a no-op."""
+    """book/release count requests and blocks in flight; release is idempotent, and a no-op on a
+    node removed since."""
     reg.register("p1", P, "tcp://a")
-    reg.begin("p1", 3)
-    reg.begin("p1", 2)
-    reg.end("p1", 3)
+    a, b = reg.book("p1", 3), reg.book("p1", 2)
+    reg.release(a)
+    reg.release(a)
     node = reg.get("p1")
     assert (node.inflight_requests, node.inflight_blocks) == (1, 2)
     assert reg.remove("p1") and not reg.remove("p1")
-    reg.end("p1", 2)
+    reg.register("p1", P, "tcp://a")
+    reg.release(b)
+    assert (reg.get("p1").inflight_requests, reg.get("p1").inflight_blocks) == (0, 0)
+
+
+def test_unreported_work_until_the_heartbeat_after_it_was_taken(reg):
+    """A booking counts as unreported until the first heartbeat after the node took it; releasing
+    work the last heartbeat showed counts as blocks freed until the next heartbeat."""
+    seen = []
+    reg = NodeRegistry(5.0, on_capacity=lambda n: seen.append(n.node_id))
+    node = reg.register("d1", D, "tcp://d")
+    a, b = reg.book("d1", 4), reg.book("d1", 2)
+    reg.heartbeat("d1", NodeLoad())             # neither taken yet: the heartbeat shows neither
+    assert (node.unreported_requests, node.unreported_blocks) == (2, 6)
+    reg.taken(a)
+    assert (node.unreported_requests, node.unreported_blocks) == (2, 6)
+    reg.heartbeat("d1", NodeLoad())
+    assert (node.unreported_requests, node.unreported_blocks) == (1, 2)
+    reg.release(b)                              # never taken: nothing freed on the node
+    reg.release(a)                              # taken and shown: freed since the last heartbeat
+    assert (node.unreported_requests, node.unreported_blocks) == (-1, -4)
+    assert (node.inflight_requests, node.inflight_blocks) == (0, 0)
+    reg.heartbeat("d1", NodeLoad())
+    assert (node.unreported_requests, node.unreported_blocks) == (0, 0)
+    assert seen == ["d1", "d1", "d1", "d1", "d1"]   # register, 3 heartbeats, release of taken work
 
 
 def test_registry_rejects_bad_timeout():
@@ -181,9 +206,9 @@ def test_prefill_affinity_yields_to_load(reg):
     policy = PrefillPolicy(PrefixAffinity(100), load_weight=1.0)
     nodes = _pool(reg, P, "p1", "p2")
     policy.choose(nodes, h(1, 2), num_blocks=3)        # p1 now holds blocks 1, 2
-    reg.begin("p1", 1)
+    reg.book("p1", 1)
     assert policy.choose(nodes, h(1, 2), num_blocks=3).node.node_id == "p1"  # 1 + 1 < 0 + 3
-    reg.begin("p1", 5)
+    reg.book("p1", 5)
     choice = policy.choose(nodes, h(1, 2), num_blocks=3)                     # 6 + 1 > 0 + 3
     assert (choice.node.node_id, choice.matched_blocks) == ("p2", 0)
 
@@ -192,8 +217,8 @@ def test_prefill_spreads_cold_prompts_by_load(reg):
     """Without any hits the node with the fewest queued blocks is chosen."""
     policy = PrefillPolicy(PrefixAffinity(100))
     nodes = _pool(reg, P, "p1", "p2", "p3")
-    reg.begin("p1", 2)
-    reg.begin("p2", 1)
+    reg.book("p1", 2)
+    reg.book("p2", 1)
     assert policy.choose(nodes, h(7), num_blocks=2).node.node_id == "p3"
 
 
@@ -201,9 +226,9 @@ def test_prefill_tie_breaks_on_requests_then_id(reg):
     """Equal cost: fewer requests in flight wins, then the smaller node id."""
     policy = PrefillPolicy(PrefixAffinity(100), load_weight=0.0)
     nodes = _pool(reg, P, "p1", "p2")
-    reg.begin("p1", 0)
+    reg.book("p1", 0)
     assert policy.choose(nodes, [], num_blocks=1).node.node_id == "p2"
-    reg.begin("p2", 0)
+    reg.book("p2", 0)
     assert policy.choose(nodes, [], num_blocks=1).node.node_id == "p1"
 
 
@@ -215,33 +240,61 @@ def test_prefill_no_nodes():
 
 # ---------------------------------------------------------------- decode policy
 
-def test_decode_two_choices_picks_lower_kv_usage(reg):
-    """Of the two sampled nodes the lower KV usage wins; the emptiest node never loses a pair."""
+def _pools(free: dict[str, int], num_blocks: int = 64):
+    return lambda node: Pool(num_blocks, free[node.node_id])
+
+
+def test_decode_ranks_by_reported_usage_plus_bookings(reg):
+    """The node with the most free blocks (as reported, less what was booked since) ranks first."""
     nodes = _pool(reg, D, "d1", "d2", "d3")
-    for i, node_id in enumerate(["d1", "d2", "d3"]):
-        reg.heartbeat(node_id, NodeLoad(kv_usage=[0.9, 0.1, 0.5][i]))
-    picks = [DecodePolicy(seed=s).choose(nodes).node_id for s in range(30)]
-    assert "d1" not in picks and {"d2", "d3"} <= set(picks)
-    assert picks.count("d2") > picks.count("d3")
+    policy = DecodePolicy(_pools({"d1": 10, "d2": 60, "d3": 40}))
+    assert [n.node_id for n in policy.rank(nodes)] == ["d2", "d3", "d1"]
+    reg.book("d2", 30)
+    assert [n.node_id for n in policy.rank(nodes)] == ["d3", "d2", "d1"]
+    assert policy.free_blocks(reg.get("d2")) == 30
+
+
+def test_decode_burst_alternates_between_equal_nodes(reg):
+    """Equal nodes and a burst booked as it is chosen: each node gets every other request."""
+    nodes = _pool(reg, D, "d1", "d2")
+    policy = DecodePolicy(_pools({"d1": 64, "d2": 64}), seed=3)
+    picks = []
+    for _ in range(10):
+        node = policy.rank(nodes)[0]
+        reg.book(node.node_id, 2)
+        picks.append(node.node_id)
+    assert sorted(picks) == ["d1"] * 5 + ["d2"] * 5
+    assert all(picks[i] != picks[i + 1] for i in range(0, 10, 2))
+
+
+def test_decode_node_with_waiting_requests_ranks_last(reg):
+    """A node that reports waiting requests (it runs all it can) ranks after every other."""
+    nodes = _pool(reg, D, "d1", "d2")
+    reg.heartbeat("d1", NodeLoad(num_running=1, num_waiting=1))
+    policy = DecodePolicy(_pools({"d1": 64, "d2": 1}))
+    assert [n.node_id for n in policy.rank(nodes)] == ["d2", "d1"]
+
+
+def test_decode_room_is_free_blocks_less_bookings(reg):
+    """Room: free blocks by the estimate cover the need; a need over the whole pool always 'fits'
+    (the node itself refuses it)."""
+    (node,) = _pool(reg, D, "d1")
+    policy = DecodePolicy(_pools({"d1": 10}, num_blocks=64))
+    assert policy.has_room(node, 10) and not policy.has_room(node, 11)
+    reg.book("d1", 4)
+    assert policy.has_room(node, 6) and not policy.has_room(node, 7)
+    assert policy.has_room(node, 65)
 
 
 def test_decode_seeded_rng_is_deterministic(reg):
-    """The same seed gives the same sequence of choices."""
+    """The same seed breaks ties the same way."""
     nodes = _pool(reg, D, "d1", "d2", "d3", "d4")
-    a, b = DecodePolicy(seed=7), DecodePolicy(seed=7)
-    assert [a.choose(nodes).node_id for _ in range(20)] == [b.choose(nodes).node_id for _ in range(20)]
+    free = _pools(dict.fromkeys(["d1", "d2", "d3", "d4"], 64))
+    a, b = DecodePolicy(free, seed=7), DecodePolicy(free, seed=7)
+    assert [a.rank(nodes)[0].node_id for _ in range(20)] == [b.rank(nodes)[0].node_id for _ in range(20)]
 
 
-def test_decode_tie_on_usage_uses_inflight(reg):
-    """Equal KV usage: the node with fewer requests in flight wins."""
-    nodes = _pool(reg, D, "d1", "d2")
-    reg.begin("d1", 1)
-    assert DecodePolicy(seed=0).choose(nodes).node_id == "d2"
-
-
-def test_decode_single_and_empty(reg):
-    """One node is always chosen; none raises NoNodeAvailable."""
-    nodes = _pool(reg, D, "d1")
-    assert DecodePolicy().choose(nodes).node_id == "d1"
+def test_decode_empty():
+    """No node raises NoNodeAvailable."""
     with pytest.raises(NoNodeAvailable):
-        DecodePolicy().choose([])
+        DecodePolicy(_pools({})).rank([])
