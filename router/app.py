@@ -94,7 +94,7 @@ def _v1_routes() -> APIRouter:
         state = request.app.state
         _check_model(body.model, state.model_name)
         check_request(body, state.config)
-        prompts = await state.workers.run(completion_prompts, body)
+        prompts = await state.workers.run(completion_prompts, body, large=_is_large(request))
         echo = Echo(await state.workers.run(echo_texts, body, prompts), prompts,
                     body.requested_max_tokens() == 0) if body.echo else None
         prompt_logprobs = body.logprobs if body.echo else None
@@ -111,7 +111,8 @@ def _v1_routes() -> APIRouter:
         state = request.app.state
         _check_model(body.model, state.model_name)
         check_request(body, state.config)
-        prompts = [await state.workers.run(chat_prompt, body, state.config.trust_chat_control_tokens)]
+        prompts = [await state.workers.run(chat_prompt, body, state.config.trust_chat_control_tokens,
+                                           large=_is_large(request))]
         top = body.top_logprobs or 0
         logprobs = _valid(body, body.logprobs_count)
         params = _params(body, prompts, state, logprobs)
@@ -140,6 +141,11 @@ def _check_key(request: Request, expected: str | None) -> None:
 def _check_model(requested: str | None, served: str) -> None:
     if requested is not None and requested != served:
         raise model_not_found(requested)
+
+
+def _is_large(request: Request) -> bool:
+    """A body of a megabyte or more: its tokenization's memory is given back at once."""
+    return int(request.headers.get("content-length", "0") or 0) >= 1 << 20
 
 
 def _room(prompt: tuple[list[int], SamplingParams], state: Any) -> int:

@@ -15,6 +15,14 @@ SLOW = ("--steps", "4000", "--interval-s", "0.05", "--stream-stall-timeout-s", "
 STREAM = {"prompt": "hi", "max_tokens": 4000, "stream": True}
 
 
+def _open_stream(router: RouterProcess):
+    """A socket on which a long stream has begun."""
+    sock = router.connect()
+    sock.sendall(http_request("/v1/completions", STREAM))
+    assert b"data: " in read_until(sock, b"data: ")
+    return sock
+
+
 def _exit_within(router: RouterProcess, timeout_s: float) -> float:
     """Seconds until the process exits; fails past timeout_s."""
     start = time.monotonic()
@@ -25,9 +33,7 @@ def _exit_within(router: RouterProcess, timeout_s: float) -> float:
 def test_sigterm_ends_a_reading_stream_with_an_error_event_after_the_grace():
     """A stream still running when the grace ends gets a 503-shaped error event and [DONE]."""
     with RouterProcess(*SLOW, "--shutdown-grace-s", "1") as router:
-        sock = router.connect()
-        sock.sendall(http_request("/v1/completions", STREAM))
-        assert b"data: " in read_until(sock, b"data: ")
+        sock = _open_stream(router)
         router.signal(signal.SIGTERM)
         events = read_until_closed(sock, 15).split(b"\n\n")
         error = json.loads(events[-3].split(b"data: ", 1)[1])["error"]
@@ -39,9 +45,7 @@ def test_sigterm_ends_a_reading_stream_with_an_error_event_after_the_grace():
 def test_sigterm_stops_accepting_at_once():
     """After SIGTERM no new connection is accepted, while the open stream goes on."""
     with RouterProcess(*SLOW, "--shutdown-grace-s", "5") as router:
-        sock = router.connect()
-        sock.sendall(http_request("/v1/completions", STREAM))
-        assert b"data: " in read_until(sock, b"data: ")
+        sock = _open_stream(router)
         router.signal(signal.SIGTERM)
         time.sleep(0.5)
         with pytest.raises(ConnectionRefusedError):
@@ -65,9 +69,7 @@ def test_a_second_signal_exits_at_once():
     """SIGTERM then SIGTERM (or SIGINT): out without waiting for the 30 s grace."""
     for second in (signal.SIGTERM, signal.SIGINT):
         with RouterProcess(*SLOW) as router:
-            sock = router.connect()
-            sock.sendall(http_request("/v1/completions", STREAM))
-            assert b"data: " in read_until(sock, b"data: ")
+            sock = _open_stream(router)
             router.signal(signal.SIGTERM)
             time.sleep(0.5)
             router.signal(second)
