@@ -14,26 +14,30 @@ from __future__ import annotations
 import hmac
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from engine.sampling_params import SamplingParams
 from router.backend import Backend
-from router.chat import chat_response, chat_stream
-from router.completions import completion_response, completion_stream
+from router.chat import build_chat, chat_stream
+from router.completions import Echo, build_completion, completion_stream
 from router.config import RouterConfig
-from router.errors import (OpenAIError, error_body, from_value_error, install_error_handlers,
+from router.errors import (OpenAIError, error_body, from_value_error, install_error_handlers, internal,
                            invalid_api_key, model_not_found, unavailable)
-from router.lifecycle import ClientDisconnected, Generation, ResponseMeta, unless_disconnected
+from router.lifecycle import (ClientDisconnected, Collected, Generation, ResponseMeta, ServerShuttingDown,
+                              StreamBufferFull, collect, unless_disconnected)
+from router.limits import BodyLimit, check_logprob_cells, check_request
 from router.metrics import RouterMetrics
 from router.policy import NoNodeAvailable
 from router.prompts import chat_prompt, completion_prompts, echo_texts, max_tokens_for
 from router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from router.streaming import DONE, ClosingStreamingResponse, sse
+from router.workers import Workers
 
 _CLIENT_CLOSED = 499    # nginx's code for "client closed the request"; nobody reads it
+_Params = list[tuple[list[int], SamplingParams]]
 
 
 def create_app(backend: Backend, config: RouterConfig = RouterConfig()) -> FastAPI:
@@ -43,10 +47,21 @@ def create_app(backend: Backend, config: RouterConfig = RouterConfig()) -> FastA
     app.state.metrics = RouterMetrics(backend)
     app.state.model_name = config.served_model_name or backend.model_name
     app.state.created = int(time.time())
+    app.state.workers = Workers(backend.tokenizer, config.tokenizer_workers)
+    app.state.generations = set()       # every running Generation, for end_all_streams()
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.include_router(_ops_routes())
     app.include_router(_v1_routes(), dependencies=[Depends(_check_api_key)])
     return app
+
+
+def end_all_streams(app: FastAPI, reason: str) -> int:
+    """Ends every running request with a 503 / an error event (shutdown); returns how many."""
+    generations = list(app.state.generations)
+    for generation in generations:
+        generation.fail(ServerShuttingDown(reason))
+    return len(generations)
 
 
 def _ops_routes() -> APIRouter:
@@ -59,6 +74,7 @@ def _ops_routes() -> APIRouter:
 
     @routes.get("/metrics")
     async def metrics(request: Request) -> Response:
+        _check_key(request, request.app.state.config.metrics_api_key)
         return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return routes
@@ -77,34 +93,44 @@ def _v1_routes() -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         state = request.app.state
         _check_model(body.model, state.model_name)
-        prompts = completion_prompts(body, state.backend.tokenizer)
-        echo = echo_texts(body, prompts, state.backend.tokenizer) if body.echo else None
+        check_request(body, state.config)
+        prompts = await state.workers.run(completion_prompts, body, large=_is_large(request))
+        echo = Echo(await state.workers.run(echo_texts, body, prompts), prompts,
+                    body.requested_max_tokens() == 0) if body.echo else None
         prompt_logprobs = body.logprobs if body.echo else None
-        score_only = body.echo and body.requested_max_tokens() == 0     # the prompt's logprobs alone
-        params = _params(body, prompts, state, body.logprobs, prompt_logprobs, 1 if score_only else None)
+        params = _params(body, prompts, state, body.logprobs, prompt_logprobs, 1 if echo and echo.score_only else None)
+        check_logprob_cells([len(p) for p in prompts], body.n, body.logprobs, body.echo,
+                            [_room(p, state) for p in params], state.config)
         return await _serve(request, body, params,
-                            lambda meta, gen: completion_response(meta, gen, state.backend.tokenizer, echo,
-                                                                  score_only),
-                            lambda meta, gen: completion_stream(meta, gen, state.backend.tokenizer,
-                                                                body.include_usage, echo, score_only), "cmpl")
+                            lambda meta, got: state.workers.run(build_completion, meta, got, echo),
+                            lambda meta, gen: completion_stream(meta, gen, state.workers, body.include_usage, echo),
+                            "cmpl")
 
     @routes.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         state = request.app.state
         _check_model(body.model, state.model_name)
-        prompts = [chat_prompt(body, state.backend.tokenizer)]
+        check_request(body, state.config)
+        prompts = [await state.workers.run(chat_prompt, body, state.config.trust_chat_control_tokens,
+                                           large=_is_large(request))]
         top = body.top_logprobs or 0
         logprobs = _valid(body, body.logprobs_count)
-        return await _serve(request, body, _params(body, prompts, state, logprobs),
-                            lambda meta, gen: chat_response(meta, gen, state.backend.tokenizer, top),
-                            lambda meta, gen: chat_stream(meta, gen, state.backend.tokenizer, top,
+        params = _params(body, prompts, state, logprobs)
+        check_logprob_cells([len(prompts[0])], body.n, logprobs, False, [_room(p, state) for p in params],
+                            state.config)
+        return await _serve(request, body, params,
+                            lambda meta, got: state.workers.run(build_chat, meta, got, top),
+                            lambda meta, gen: chat_stream(meta, gen, state.workers.tokenizer, top,
                                                           body.include_usage), "chatcmpl")
 
     return routes
 
 
 async def _check_api_key(request: Request) -> None:
-    expected = request.app.state.config.api_key
+    _check_key(request, request.app.state.config.api_key)
+
+
+def _check_key(request: Request, expected: str | None) -> None:
     if expected is None:
         return
     given = request.headers.get("authorization", "")
@@ -117,9 +143,19 @@ def _check_model(requested: str | None, served: str) -> None:
         raise model_not_found(requested)
 
 
+def _is_large(request: Request) -> bool:
+    """A body of a megabyte or more: its tokenization's memory is given back at once."""
+    return int(request.headers.get("content-length", "0") or 0) >= 1 << 20
+
+
+def _room(prompt: tuple[list[int], SamplingParams], state: Any) -> int:
+    """The most tokens the prompt's choices may generate."""
+    token_ids, params = prompt
+    return params.max_tokens if params.max_tokens is not None else state.backend.max_model_len - len(token_ids)
+
+
 def _params(body: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]], state: Any,
-            logprobs: int | None, prompt_logprobs: int | None = None,
-            max_tokens: int | None = None) -> list[tuple[list[int], SamplingParams]]:
+            logprobs: int | None, prompt_logprobs: int | None = None, max_tokens: int | None = None) -> _Params:
     """Each prompt with its SamplingParams (max_tokens depends on the prompt's length, unless given)."""
     default = state.config.default_max_tokens if isinstance(body, CompletionRequest) else None
     requested = body.requested_max_tokens() if max_tokens is None else max_tokens
@@ -137,37 +173,45 @@ def _valid(body: Any, make: Callable[[], Any]) -> Any:
         raise from_value_error(err, set(type(body).model_fields)) from err
 
 
-async def _serve(request: Request, body: Any, prompts: list[tuple[list[int], SamplingParams]],
-                 whole: Callable, stream: Callable, prefix: str) -> Response:
+async def _serve(request: Request, body: Any, prompts: _Params, whole: Callable[[ResponseMeta, Collected],
+                 Awaitable[bytes]], stream: Callable, prefix: str) -> Response:
     state = request.app.state
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    hold = max((len(s) for _, params in prompts for s in params.stop), default=1) - 1
     meta = ResponseMeta(request_id, int(time.time()), state.model_name, body.n,
-                        [len(token_ids) for token_ids, _ in prompts], hold)
-    generation = Generation(state.backend, state.metrics, request_id, prompts)
+                        [len(token_ids) for token_ids, _ in prompts])
+    generation = Generation(state.backend, state.metrics, request_id, prompts, state.config.max_stream_buffer_bytes)
+    state.generations.add(generation)
     streaming = False
     try:
         await unless_disconnected(request, generation.start())
         if body.stream:
             streaming = True
-            return ClosingStreamingResponse(_guarded(stream(meta, generation)), generation.close)
-        answer = await unless_disconnected(request, whole(meta, generation))
-        return JSONResponse(answer.model_dump())
+            return ClosingStreamingResponse(_guarded(stream(meta, generation)),
+                                            lambda: _close(state, generation))
+        collected = await unless_disconnected(request, collect(generation, meta.n))
+        return Response(await whole(meta, collected), media_type="application/json")
     except ClientDisconnected:
         return Response(status_code=_CLIENT_CLOSED)
     except (ValueError, NoNodeAvailable, RuntimeError) as err:
         raise _as_openai_error(err, body) from err
     finally:
         if not streaming:   # a stream closes its generation when the response ends
-            await generation.close()
+            await _close(state, generation)
 
 
-def _as_openai_error(err: Exception, body: Any) -> OpenAIError:
+async def _close(state: Any, generation: Generation) -> None:
+    state.generations.discard(generation)
+    await generation.close()
+
+
+def _as_openai_error(err: Exception, body: Any = None) -> OpenAIError:
     if isinstance(err, ValueError):
-        return from_value_error(err, set(type(body).model_fields))
-    if isinstance(err, NoNodeAvailable):
+        return from_value_error(err, set(type(body).model_fields) if body is not None else set())
+    if isinstance(err, (NoNodeAvailable, ServerShuttingDown)):
         return unavailable(str(err))
-    return OpenAIError(500, str(err), type="internal_error")
+    if isinstance(err, StreamBufferFull):
+        return OpenAIError(400, str(err), code="stream_buffer_full")
+    return internal(str(err))
 
 
 async def _guarded(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -176,5 +220,5 @@ async def _guarded(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         async for chunk in chunks:
             yield chunk
     except Exception as err:    # noqa: BLE001 -- the status line is already sent
-        yield sse(error_body(OpenAIError(500, str(err), type="internal_error")))
+        yield sse(error_body(_as_openai_error(err)))
         yield DONE

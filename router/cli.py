@@ -45,12 +45,11 @@ def build_dataclass(cls: type, args: dict[str, Any], prefix: str = "") -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    import uvicorn
-
     from engine import EngineConfig, LLMEngine
     from router.app import create_app
     from router.colocated import ColocatedBackend
     from router.config import RouterConfig
+    from router.server import Server
 
     parser = argparse.ArgumentParser(prog="python -m router", description=__doc__.splitlines()[0])
     add_dataclass_args(parser, RouterConfig)
@@ -59,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = build_dataclass(RouterConfig, args)
     backend = ColocatedBackend(LLMEngine(build_dataclass(EngineConfig, args)))
     try:
-        uvicorn.run(create_app(backend, config), host=config.host, port=config.port, loop="uvloop")
+        Server(create_app(backend, config), config, loop="uvloop").run()
     finally:
         backend.close()
 

@@ -1,85 +1,106 @@
-"""/v1/completions responses: the whole completion, or its SSE stream of `text_completion` chunks."""
+"""/v1/completions responses: the whole completion, or its SSE stream of `text_completion` chunks.
+
+Echo with logprobs scores each prompt's tokens once and shares them among its n choices. A whole
+response is built and serialized on a worker thread (`build_completion` there), one choice at a
+time, so a large one never holds the event loop.
+"""
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, NamedTuple
 
-from engine.outputs import CompletionOutput, RequestOutput
-from router.lifecycle import Generation, ResponseMeta, usage
+from router.lifecycle import Collected, FullChoice, Generation, ResponseMeta, usage
 from router.logprobs import completion_logprobs
-from router.protocol import CompletionChoice, CompletionResponse
-from router.streaming import DONE, ChoiceCursor, sse
+from router.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
+from router.streaming import DONE, Delta, sse
+from router.workers import Workers
 
 
-async def completion_response(meta: ResponseMeta, generation: Generation, tokenizer: Any,
-                              echo: list[str] | None = None, score_only: bool = False) -> CompletionResponse:
-    """echo: each prompt's text, to start its choices with (and their logprobs, the prompt's).
-    score_only (echo with max_tokens 0): the one token generated is not returned."""
-    finals: dict[int, Any] = {}
-    async for index, output in generation.outputs():
-        finals[index] = _without_completion(output) if score_only else output
-    choices = []
-    for index, output in sorted(finals.items()):
-        prefix = echo[index] if echo else ""
-        ids, scores = _echoed(output) if echo else ([], [])    # the prompt's tokens come first
-        for c in output.outputs:
-            logprobs = None
-            if c.logprobs is not None:
-                logprobs, _ = completion_logprobs(tokenizer, ids + c.token_ids, scores + c.logprobs, 0)
-            choices.append(CompletionChoice(index=index * meta.n + c.index, text=prefix + c.text,
-                                            logprobs=logprobs, finish_reason=c.finish_reason or "abort"))
-    return CompletionResponse(id=meta.id, created=meta.created, model=meta.model,
-                              choices=sorted(choices, key=lambda ch: ch.index), usage=usage(meta, finals))
+class Echo(NamedTuple):
+    """What `echo` puts before each prompt's choices."""
+    texts: list[str]                # each prompt as given, or its token ids decoded
+    prompts: list[list[int]]        # each prompt's token ids (their logprobs come first)
+    score_only: bool                # max_tokens 0: the one token generated is not returned
 
 
-async def completion_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any, include_usage: bool,
-                            echo: list[str] | None = None, score_only: bool = False) -> AsyncIterator[str]:
+def build_completion(tokenizer: Any, meta: ResponseMeta, collected: Collected, echo: Echo | None) -> bytes:
+    """The whole response as JSON bytes (runs on a worker thread)."""
+    prompt_scores = {i: _prompt_logprobs(tokenizer, echo, collected, i) for i in range(len(meta.prompt_lens))} \
+        if echo else {}
+    parts, generated = [], 0
+    for index, full in sorted(collected.choices.items()):
+        prompt = index // meta.n
+        generated += len(full.token_ids)
+        full = _without_completion(full) if echo and echo.score_only else full
+        logprobs = None
+        if full.logprobs is not None:
+            head, offset = prompt_scores.get(prompt) or (CompletionLogprobs(), 0)
+            logprobs, _ = completion_logprobs(tokenizer, full.token_ids, full.logprobs, offset)
+            logprobs = _joined(head, logprobs)
+        text = (echo.texts[prompt] if echo else "") + full.text
+        parts.append(CompletionChoice(index=index, text=text, logprobs=logprobs,
+                                      finish_reason=full.finish_reason or "abort").model_dump_json())
+    whole = CompletionResponse(id=meta.id, created=meta.created, model=meta.model, choices=[],
+                               usage=usage(meta, 0 if echo and echo.score_only else generated))
+    return (whole.model_dump_json(exclude={"choices"})[:-1] + ',"choices":[' + ",".join(parts) + "]}").encode()
+
+
+async def completion_stream(meta: ResponseMeta, generation: Generation, workers: Workers, include_usage: bool,
+                            echo: Echo | None = None) -> AsyncIterator[str]:
     exclude = None if include_usage else {"usage"}
-    cursors: dict[int, ChoiceCursor] = {}
-    finals: dict[int, Any] = {}
-    async for index, output in generation.outputs():
-        output = finals[index] = _without_completion(output) if score_only else output
-        for c in output.outputs:
-            choice_index = index * meta.n + c.index
-            if choice_index not in cursors:
-                if echo and c.logprobs is not None and output.prompt_logprobs is None and not output.finished:
-                    continue        # its echo waits for the prompt's scores (one choice's prefill sends them)
-                cursors[choice_index] = ChoiceCursor(hold=meta.hold_chars)
-                if echo:            # the prompt goes first, in a chunk of its own
-                    logprobs = None
-                    if c.logprobs is not None:
-                        logprobs, cursors[choice_index].text_offset = completion_logprobs(
-                            tokenizer, *_echoed(output), 0)
-                    yield sse(_chunk(meta, [CompletionChoice(index=choice_index, text=echo[index],
-                                                             logprobs=logprobs)]), exclude)
-            cursor = cursors[choice_index]
-            delta = cursor.advance(c)
-            if delta is None:
+    started: set[int] = set()
+    offsets: dict[int, int] = {}        # choice index -> text offset of its next token
+    scores: dict[int, tuple[CompletionLogprobs, int]] = {}   # prompt index -> its echoed logprobs
+    generated = 0
+    async for out in generation.outputs():
+        if echo and out.prompt_logprobs is not None:
+            scores[out.index] = await workers.run(_score_prompt, echo, out.index, out.prompt_logprobs)
+        for d in out.choices:
+            index = out.index * meta.n + d.index
+            generated += len(d.token_ids)
+            d = _empty(d) if echo and echo.score_only else d
+            if echo and index not in started:       # the prompt goes first, in a chunk of its own
+                logprobs, offsets[index] = scores.get(out.index) or (None, 0)
+                yield sse(_chunk(meta, [CompletionChoice(index=index, text=echo.texts[out.index],
+                                                         logprobs=logprobs if d.logprobs is not None else None)]),
+                          exclude)
+            started.add(index)
+            if not d.text and not d.token_ids and d.finish_reason is None:
                 continue
             logprobs = None
-            if delta.logprobs is not None:
-                logprobs, cursor.text_offset = completion_logprobs(
-                    tokenizer, delta.token_ids, delta.logprobs, cursor.text_offset)
-            choice = CompletionChoice(index=choice_index, text=delta.text, logprobs=logprobs,
-                                      finish_reason=delta.finish_reason)
-            yield sse(_chunk(meta, [choice]), exclude)
+            if d.logprobs is not None:
+                logprobs, offsets[index] = completion_logprobs(workers.tokenizer, d.token_ids, d.logprobs,
+                                                               offsets.get(index, 0))
+            yield sse(_chunk(meta, [CompletionChoice(index=index, text=d.text, logprobs=logprobs,
+                                                     finish_reason=d.finish_reason)]), exclude)
     if include_usage:
-        yield sse(_chunk(meta, [], usage(meta, finals)))
+        yield sse(_chunk(meta, [], usage(meta, 0 if echo and echo.score_only else generated)))
     yield DONE
 
 
-def _without_completion(output: RequestOutput) -> RequestOutput:
-    """The output with its choices emptied (ended "length" once it finishes): echo with
-    max_tokens 0 runs one token, which nobody asked for."""
-    empty = [CompletionOutput(c.index, "", [], None if c.logprobs is None else [],
-                              "length" if c.finish_reason else None) for c in output.outputs]
-    return dataclasses.replace(output, outputs=empty)
+def _score_prompt(tokenizer: Any, echo: Echo, prompt: int, scores: list) -> tuple[CompletionLogprobs, int]:
+    return completion_logprobs(tokenizer, echo.prompts[prompt], scores, 0)
 
 
-def _echoed(output: RequestOutput) -> tuple[list[int], list[dict[int, float] | None]]:
-    """The prompt's tokens and their logprobs (None where the backend has none)."""
-    ids = output.prompt_token_ids
-    return list(ids), list(output.prompt_logprobs or [None] * len(ids))
+def _prompt_logprobs(tokenizer: Any, echo: Echo, collected: Collected, prompt: int) -> tuple[CompletionLogprobs, int]:
+    """The prompt's tokens and their logprobs (None where the backend has none), once per prompt."""
+    ids = echo.prompts[prompt]
+    return completion_logprobs(tokenizer, ids, collected.prompt_logprobs.get(prompt) or [None] * len(ids), 0)
+
+
+def _joined(head: CompletionLogprobs, tail: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
+                              top_logprobs=head.top_logprobs + tail.top_logprobs,
+                              text_offset=head.text_offset + tail.text_offset)
+
+
+def _without_completion(full: FullChoice) -> FullChoice:
+    """Echo with max_tokens 0 runs one token, which nobody asked for: the choice is emptied and
+    ends "length"."""
+    return FullChoice([], [], None if full.logprobs is None else [], "length" if full.finish_reason else None)
+
+
+def _empty(d: Delta) -> Delta:
+    return Delta(d.index, "", [], None if d.logprobs is None else [], "length" if d.finish_reason else None)
 
 
 def _chunk(meta: ResponseMeta, choices: list[CompletionChoice], usage_info: Any = None) -> CompletionResponse:

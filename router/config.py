@@ -19,6 +19,25 @@ class RouterConfig:
     admission_timeout_s: float = 30.0       # disaggregated: longest wait for a decode reservation
     max_retries: int = 3                    # disaggregated: new attempts of a request after failures
     cluster_secret_file: str | None = None  # disaggregated: the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET, else `pdserve up` makes one
+    max_body_bytes: int = 8 << 20           # HTTP: largest request body (a 400 beyond it)
+    max_prompt_chars: int = 1 << 20         # HTTP: characters of all prompts / chat messages, before tokenizing
+    max_prompt_token_ids: int = 1 << 18     # HTTP: token ids of all prompts given as ids
+    max_stop_strings: int = 16              # HTTP: stop strings per request
+    max_stop_chars: int = 256               # HTTP: characters of one stop string
+    max_n: int = 128                        # HTTP: completions per prompt
+    max_logit_bias: int = 300               # HTTP: logit_bias entries (OpenAI's cap)
+    max_logprobs: int = 20                  # HTTP: completions `logprobs` / chat `top_logprobs`
+    max_logprob_cells: int = 1 << 20        # HTTP: prompts x n x (logprobs + 1) x tokens scored, per request
+    metrics_api_key: str | None = None      # when set, /metrics needs `Authorization: Bearer <metrics_api_key>`
+    tokenizer_workers: int = 2              # HTTP: threads that tokenize and build large responses off the event loop
+    max_stream_buffer_bytes: int = 4 << 20  # HTTP: unsent output one request may buffer; beyond it the request ends
+    stream_stall_timeout_s: float = 30.0    # HTTP: a client that accepts no data this long is cut and its request aborted
+    header_timeout_s: float = 10.0          # HTTP: longest wait for a request's complete headers
+    body_timeout_s: float = 30.0            # HTTP: longest wait for a request's complete body
+    keep_alive_timeout_s: float = 5.0       # HTTP: idle keep-alive connections close after this
+    max_connections: int = 512              # HTTP: open connections; requests beyond them get a 503
+    shutdown_grace_s: float = 30.0          # SIGTERM: open streams get this long, then end with an error event
+    trust_chat_control_tokens: bool = False  # chat: parse special tokens typed in messages (trusted clients only)
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host must be a non-empty string")
@@ -39,6 +58,18 @@ class RouterConfig:
         _require(self.admission_timeout_s > 0,
                  f"admission_timeout_s must be > 0, got {self.admission_timeout_s}")
         _require(self.max_retries >= 0, f"max_retries must be >= 0, got {self.max_retries}")
+        _require(self.metrics_api_key is None or bool(self.metrics_api_key),
+                 "metrics_api_key must be None or non-empty")
+        for name in _POSITIVE:
+            _require(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
+        _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        _require(self.max_logit_bias >= 0, f"max_logit_bias must be >= 0, got {self.max_logit_bias}")
+
+
+_POSITIVE = ("max_body_bytes", "max_prompt_chars", "max_prompt_token_ids", "max_stop_strings",
+             "max_stop_chars", "max_n", "max_logprob_cells", "tokenizer_workers", "max_stream_buffer_bytes",
+             "stream_stall_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s",
+             "max_connections", "shutdown_grace_s")
 
 
 def _require(ok: bool, message: str) -> None:

@@ -20,19 +20,32 @@ class OpenAIError(Exception):
         self.info = ErrorInfo(message=message, type=type, param=param, code=code)
 
 
+_QUOTE_CHARS = 64       # user input quoted in a message: at most this many characters
+_MESSAGE_CHARS = 500    # any error message: at most this many characters
+
+
+def quote(text: str) -> str:
+    """A short prefix of user input, for an error message."""
+    return text if len(text) <= _QUOTE_CHARS else f"{text[:_QUOTE_CHARS]}... ({len(text)} characters)"
+
+
 def bad_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, param=param)
 
 
 def from_value_error(err: ValueError, fields: set[str]) -> OpenAIError:
     """A 400 for a rejected value; `param` is the field the message starts with, if any."""
-    message = str(err)
+    message = str(err)[:_MESSAGE_CHARS]
     first = message.split(" ", 1)[0]
     return bad_request(message, param=first if first in fields else None)
 
 
 def model_not_found(name: str) -> OpenAIError:
-    return OpenAIError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+    return OpenAIError(404, f"The model `{quote(name)}` does not exist.", param="model", code="model_not_found")
+
+
+def internal(message: str) -> OpenAIError:
+    return OpenAIError(500, message[:_MESSAGE_CHARS], type="internal_error")
 
 
 def invalid_api_key() -> OpenAIError:
@@ -67,7 +80,7 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
 
 async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
     """Anything unforeseen: a 500 in OpenAI's shape (the server logs the traceback)."""
-    message = f"internal error: {type(exc).__name__}: {exc}"[:500]
+    message = f"internal error: {type(exc).__name__}: {exc}"[:_MESSAGE_CHARS]
     return JSONResponse(error_body(OpenAIError(500, message, type="internal_error")), status_code=500)
 
 
@@ -78,7 +91,7 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
             f"We could not parse the JSON body of your request ({first['msg']}).")), status_code=400)
     loc = [str(part) for part in first["loc"] if part != "body" and not _is_union_tag(part)]
     param = ".".join(loc) or None
-    message = f"{param}: {first['msg']}" if param else first["msg"]
+    message = (f"{param}: {first['msg']}" if param else first["msg"])[:_MESSAGE_CHARS]
     return JSONResponse(error_body(bad_request(message, param)), status_code=400)
 
 

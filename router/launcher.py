@@ -127,10 +127,9 @@ def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: lis
 
 async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_flags: list[str],
                  nodes: list[NodeProcess]) -> int:
-    import uvicorn
-
     from router.app import create_app
     from router.disaggregated import DisaggregatedBackend
+    from router.server import Server
 
     secret = _cluster_secret(config)
     backend = DisaggregatedBackend.from_model(model, secret, config)
@@ -142,8 +141,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
         nodes.extend(spawn_nodes(endpoint, cluster, node_flags, secret))
         if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
-        server = uvicorn.Server(uvicorn.Config(create_app(backend, config), host=config.host,
-                                               port=config.port, log_level="info"))
+        server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/server.py
         serving = asyncio.create_task(server.serve())
         watching = asyncio.create_task(_watch(nodes))
         while not server.started and not serving.done():

@@ -4,13 +4,18 @@
    (`{id}-{i}`), each carrying all n choices
 2. start() waits for every prompt's first output, so a rejection (ValueError) still becomes a 400
    before any response byte is sent
-3. outputs() merges the prompts' outputs as they arrive, tagged with the prompt's index
-4. close() (always, via `async with`) cancels what still runs: the backend generators' cleanup
-   aborts every unfinished request, on error, client disconnect or normal end alike
+3. each backend output is turned into deltas the moment it arrives (ChoiceCursor): what waits for
+   the client is only output it has not been sent, at most max_stream_buffer_bytes of it; a
+   client that falls further behind has its request ended (StreamBufferFull)
+4. outputs() yields those deltas in arrival order, tagged with the prompt's index
+5. close() (always) cancels what still runs: the backend generators' cleanup aborts every
+   unfinished request, on error, client disconnect, shutdown or normal end alike
 """
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, NamedTuple, TypeVar
 
 from fastapi import Request
@@ -19,6 +24,7 @@ from engine.sampling_params import SamplingParams
 from router.backend import Backend
 from router.metrics import RouterMetrics
 from router.protocol import UsageInfo
+from router.streaming import ChoiceCursor, Delta
 
 T = TypeVar("T")
 _DONE = object()    # a prompt's stream ended
@@ -28,21 +34,36 @@ class ClientDisconnected(Exception):
     """The client went away before the response was ready."""
 
 
+class StreamBufferFull(RuntimeError):
+    """The client fell more than max_stream_buffer_bytes behind its output."""
+
+
+class ServerShuttingDown(RuntimeError):
+    """The server's shutdown grace period ended while the request ran."""
+
+
+class PromptDelta(NamedTuple):
+    """What one backend output of one prompt added."""
+    index: int                  # which prompt of the request
+    choices: list[Delta]        # the choices that advanced
+    prompt_logprobs: list[dict[int, float] | None] | None   # the prompt's scores, once, when they come
+    finished: bool
+
+
 class Generation:
     def __init__(self, backend: Backend, metrics: RouterMetrics, request_id: str,
-                 prompts: list[tuple[list[int], SamplingParams]]):
-        self._queue: asyncio.Queue = asyncio.Queue()
+                 prompts: list[tuple[list[int], SamplingParams]], max_buffered_bytes: int):
+        self._items: deque[tuple[int, Any]] = deque()
+        self._wakeup = asyncio.Event()
+        self._buffered = 0              # bytes of deltas not yet taken by the response
+        self._max_buffered = max_buffered_bytes
+        self._failure: BaseException | None = None    # ends the response at once (buffer full, shutdown)
         self._streams = [backend.generate(f"{request_id}-{i}", token_ids, params)
                          for i, (token_ids, params) in enumerate(prompts)]
+        self._params = [params for _, params in prompts]
         self._trackers = [metrics.tracker() for _ in prompts]
         self._tasks: list[asyncio.Task] = []
         self._ready: list[tuple[int, Any]] = []
-
-    async def __aenter__(self) -> Generation:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def start(self) -> None:
         """Waits for each prompt's first output. Raises the backend's ValueError on rejection."""
@@ -53,16 +74,26 @@ class Generation:
             started.add(index)
             self._ready.append((index, item))
 
-    async def outputs(self) -> AsyncIterator[tuple[int, Any]]:
-        """(prompt index, RequestOutput) until every prompt's stream has ended."""
+    async def outputs(self) -> AsyncIterator[PromptDelta]:
+        """Each prompt's deltas until every prompt's stream has ended."""
         open_streams = len(self._streams)
         ready, self._ready = self._ready, []
         while open_streams:
-            index, item = ready.pop(0) if ready else await self._next()
+            _, item = ready.pop(0) if ready else await self._next()
             if item is _DONE:
                 open_streams -= 1
             else:
-                yield index, item
+                yield item
+
+    def fail(self, err: BaseException) -> None:
+        """Ends the response with `err` before any output still waiting; the requests stop."""
+        if self._failure is None:
+            self._failure = err
+            self._items.clear()
+            self._buffered = 0
+            self._wakeup.set()
+            for task in self._tasks:
+                task.cancel()
 
     async def close(self) -> None:
         """Cancels and closes every backend stream (aborting the unfinished); idempotent."""
@@ -74,20 +105,54 @@ class Generation:
             tracker.fail("abort")   # a no-op for requests that finished
 
     async def _next(self) -> tuple[int, Any]:
-        index, item = await self._queue.get()
+        while not self._items and self._failure is None:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        if self._failure is not None:
+            raise self._failure
+        index, item = self._items.popleft()
         if isinstance(item, BaseException):
             raise item
+        self._buffered -= _size(item)
         return index, item
 
+    def _put(self, index: int, item: Any) -> None:
+        self._items.append((index, item))
+        self._buffered += _size(item)
+        self._wakeup.set()
+        if self._buffered > self._max_buffered:
+            self.fail(StreamBufferFull(f"the client fell more than {self._max_buffered} bytes behind its "
+                                       "output (--max-stream-buffer-bytes); the request was ended"))
+
     async def _pump(self, index: int, stream: AsyncIterator[Any]) -> None:
+        cursors: dict[int, ChoiceCursor] = {}
+        hold = max(map(len, self._params[index].stop), default=1) - 1
+        scored = self._params[index].prompt_logprobs is None    # no prompt scores to wait for
         try:
             async for output in stream:
                 self._trackers[index].on_output(output)
-                self._queue.put_nowait((index, output))
-            self._queue.put_nowait((index, _DONE))
+                if not scored and output.prompt_logprobs is None and not output.finished:
+                    continue    # echo: the choices wait for the prompt's scores
+                choices = [d for c in output.outputs
+                           if (d := cursors.setdefault(c.index, ChoiceCursor(hold=hold)).advance(c)) is not None]
+                if choices or not scored:
+                    self._put(index, PromptDelta(index, choices, None if scored else output.prompt_logprobs,
+                                                 output.finished))
+                scored = True
+            self._put(index, _DONE)
         except Exception as err:    # noqa: BLE001 -- handed to the consumer, which re-raises it
             self._trackers[index].fail("rejected" if isinstance(err, ValueError) else "error")
-            self._queue.put_nowait((index, err))
+            self._put(index, err)
+
+
+def _size(item: Any) -> int:
+    """About how many bytes a delta holds: its text, its token ids, its logprob entries."""
+    if not isinstance(item, PromptDelta):
+        return 0
+    size = 64 * len(item.prompt_logprobs or ())
+    for d in item.choices:
+        size += len(d.text) + 8 * len(d.token_ids) + 64 * sum(len(lp) for lp in d.logprobs or ())
+    return size
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -118,11 +183,44 @@ class ResponseMeta(NamedTuple):
     model: str
     n: int                  # choices per prompt: choice index = prompt index * n + output index
     prompt_lens: list[int]  # tokens of each prompt, for usage
-    hold_chars: int = 0     # streaming: characters held back while a choice runs (longest stop - 1)
 
 
-def usage(meta: ResponseMeta, finals: dict[int, Any]) -> UsageInfo:
-    """Usage of the whole request from each prompt's last output."""
-    completion = sum(len(c.token_ids) for out in finals.values() for c in out.outputs)
+@dataclass(slots=True)
+class FullChoice:
+    """One choice of a whole (non-streamed) response, put together from its deltas."""
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+class Collected(NamedTuple):
+    choices: dict[int, FullChoice]      # by choice index (prompt index * n + output index)
+    prompt_logprobs: dict[int, list]    # by prompt index, where the backend sent them
+
+
+async def collect(generation: Generation, n: int) -> Collected:
+    """Every delta of the request, put together per choice."""
+    out = Collected({}, {})
+    async for delta in generation.outputs():
+        if delta.prompt_logprobs is not None:
+            out.prompt_logprobs[delta.index] = delta.prompt_logprobs
+        for d in delta.choices:
+            choice = out.choices.setdefault(delta.index * n + d.index, FullChoice())
+            choice.texts.append(d.text)
+            choice.token_ids += d.token_ids
+            if d.logprobs is not None:
+                choice.logprobs = [] if choice.logprobs is None else choice.logprobs
+                choice.logprobs += d.logprobs
+            choice.finish_reason = d.finish_reason or choice.finish_reason
+    return out
+
+
+def usage(meta: ResponseMeta, completion: int) -> UsageInfo:
+    """Usage of the whole request, given the tokens generated for all its choices."""
     prompt = sum(meta.prompt_lens)
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

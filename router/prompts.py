@@ -1,13 +1,17 @@
-"""Turning a request's prompt into token ids, and checking them against the model's context."""
+"""Turning a request's prompt into token ids, and checking them against the model's context.
+
+These run on a worker thread (router/workers.py): the tokenizer comes first, as Workers.run passes it.
+"""
 from __future__ import annotations
 
 from typing import Any
 
+from router.chat_template import render_chat
 from router.errors import bad_request
 from router.protocol import ChatCompletionRequest, CompletionRequest
 
 
-def completion_prompts(request: CompletionRequest, tokenizer: Any) -> list[list[int]]:
+def completion_prompts(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
     """One token-id list per prompt of the batch. Raises a 400 for an empty prompt or bad ids."""
     prompt = _batch(request.prompt)
     if not prompt:
@@ -15,7 +19,7 @@ def completion_prompts(request: CompletionRequest, tokenizer: Any) -> list[list[
     return [_tokenize(p, tokenizer) for p in prompt]
 
 
-def echo_texts(request: CompletionRequest, prompts: list[list[int]], tokenizer: Any) -> list[str]:
+def echo_texts(tokenizer: Any, request: CompletionRequest, prompts: list[list[int]]) -> list[str]:
     """What `echo` puts before each prompt's choices: the prompt as given, or its token ids decoded."""
     return [p if isinstance(p, str) else tokenizer.decode(ids) for p, ids in zip(_batch(request.prompt), prompts)]
 
@@ -25,14 +29,16 @@ def _batch(prompt: Any) -> list:
     return [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else prompt
 
 
-def chat_prompt(request: ChatCompletionRequest, tokenizer: Any) -> list[int]:
-    """The conversation rendered by the model's chat template, ready for the assistant's turn."""
+def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, trust_control_tokens: bool) -> list[int]:
+    """The conversation rendered by the model's chat template, ready for the assistant's turn.
+    Control strings typed in a message stay text unless `trust_control_tokens`."""
     messages = [m.template_dict() for m in request.messages]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_chat(tokenizer, messages, trust_control_tokens)
+    except ValueError as err:
+        raise bad_request(str(err), "messages") from err
     except Exception as err:    # noqa: BLE001 -- no template, or the template raised (jinja)
-        raise bad_request(f"cannot apply the chat template: {err}", "messages") from err
-    return tokenizer.encode(text, add_special_tokens=False)    # the template places BOS itself
+        raise bad_request(f"cannot apply the chat template: {str(err)[:200]}", "messages") from err
 
 
 def max_tokens_for(prompt_len: int, requested: int | None, default: int | None,

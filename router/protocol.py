@@ -13,16 +13,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 from engine.sampling_params import SamplingParams
 
 
-MAX_N = 128            # completions per prompt, as OpenAI caps it
+# strict: a bool is not an int, a string is not a number or a bool (`"n": "2"` is refused)
+_REQUEST = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(BaseModel):
+    model_config = _REQUEST
     include_usage: bool = False
 
 
 class _SamplingRequest(BaseModel):
     """Fields shared by both endpoints; None means "the default"."""
-    model_config = ConfigDict(extra="ignore")
+    model_config = _REQUEST
 
     model: str | None = None
     max_tokens: int | None = None
@@ -31,7 +33,7 @@ class _SamplingRequest(BaseModel):
     top_p: float | None = None
     top_k: int | None = None                       # extension
     min_p: float | None = None                     # extension
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(1, ge=1)                        # at most --max-n (router/limits.py)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None        # extension
     seed: int | None = None
@@ -85,12 +87,13 @@ class CompletionRequest(_SamplingRequest):
 
 
 class TextPart(BaseModel):
+    model_config = _REQUEST
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _REQUEST
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None

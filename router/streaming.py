@@ -1,4 +1,4 @@
-"""Server-sent events, and the per-choice cursor that turns cumulative outputs into deltas."""
+"""Server-sent events, and the per-choice cursor that turns a backend's cumulative outputs into deltas."""
 from __future__ import annotations
 
 import json
@@ -20,6 +20,8 @@ def sse(payload: BaseModel | dict, exclude: set[str] | None = None) -> str:
 
 
 class Delta(NamedTuple):
+    """The unsent part of one choice."""
+    index: int              # which of the prompt's n choices
     text: str
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None
@@ -55,7 +57,7 @@ class ChoiceCursor:
         if self.done or (not text and not finished):
             return None
         logprobs = None if choice.logprobs is None else choice.logprobs[self.tokens:]
-        delta = Delta(text, choice.token_ids[self.tokens:], logprobs, choice.finish_reason)
+        delta = Delta(choice.index, text, choice.token_ids[self.tokens:], logprobs, choice.finish_reason)
         self.chars, self.tokens = end, len(choice.token_ids)
         self.done = choice.finish_reason is not None
         return delta

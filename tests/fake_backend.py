@@ -15,7 +15,7 @@ MODEL = "fake-model"
 class CharTokenizer:
     """One token per character, id = code point; a bracketed chat template."""
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
         return [ord(c) for c in text]
 
     def decode(self, ids: list[int]) -> str:

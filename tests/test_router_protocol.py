@@ -28,6 +28,7 @@ class Choice:
     token_ids: list[int]
     logprobs: list | None = None
     finish_reason: str | None = None
+    index: int = 0
 
 
 def test_defaults_map_to_engine_defaults():
@@ -94,17 +95,17 @@ def test_chat_message_text_parts_joined():
 def test_completion_prompt_shapes():
     """String, batch of strings, token ids and batch of token ids all become token-id lists."""
     tok = Tok()
-    assert completion_prompts(CompletionRequest(prompt="ab"), tok) == [[97, 98]]
-    assert completion_prompts(CompletionRequest(prompt=["a", "b"]), tok) == [[97], [98]]
-    assert completion_prompts(CompletionRequest(prompt=[5, 6]), tok) == [[5, 6]]
-    assert completion_prompts(CompletionRequest(prompt=[[5], [6, 7]]), tok) == [[5], [6, 7]]
+    assert completion_prompts(tok, CompletionRequest(prompt="ab")) == [[97, 98]]
+    assert completion_prompts(tok, CompletionRequest(prompt=["a", "b"])) == [[97], [98]]
+    assert completion_prompts(tok, CompletionRequest(prompt=[5, 6])) == [[5, 6]]
+    assert completion_prompts(tok, CompletionRequest(prompt=[[5], [6, 7]])) == [[5], [6, 7]]
 
 
 @pytest.mark.parametrize("prompt", ["", [], [[]], ["a", ""], [1000], [-1]])
 def test_bad_prompts_raise_400(prompt):
     """Empty prompts and out-of-vocabulary token ids are a 400 on param prompt."""
     with pytest.raises(OpenAIError) as info:
-        completion_prompts(CompletionRequest(prompt=prompt), Tok())
+        completion_prompts(Tok(), CompletionRequest(prompt=prompt))
     assert info.value.status == 400 and info.value.info.param == "prompt"
 
 
@@ -128,23 +129,23 @@ def test_value_error_param_detection():
 def test_cursor_sends_only_new_text_and_tokens():
     """The cursor yields each choice's unsent suffix, holding tokens whose text is held back."""
     cur = ChoiceCursor()
-    assert cur.advance(Choice("he", [1, 2])) == ("he", [1, 2], None, None)
+    assert cur.advance(Choice("he", [1, 2])) == (0, "he", [1, 2], None, None)
     assert cur.advance(Choice("he", [1, 2, 3])) is None               # text held back
-    assert cur.advance(Choice("hello", [1, 2, 3, 4])) == ("llo", [3, 4], None, None)
-    assert cur.advance(Choice("hello", [1, 2, 3, 4], None, "stop")) == ("", [], None, "stop")
+    assert cur.advance(Choice("hello", [1, 2, 3, 4])) == (0, "llo", [3, 4], None, None)
+    assert cur.advance(Choice("hello", [1, 2, 3, 4], None, "stop")) == (0, "", [], None, "stop")
     assert cur.advance(Choice("hello", [1, 2, 3, 4], None, "stop")) is None
 
 
 def test_cursor_holds_back_a_possible_stop_string_start():
     """hold = longest stop - 1: sent text is always a prefix of the final, stop-cut text."""
     cur = ChoiceCursor(hold=1)                                          # stop "\n\n"
-    assert cur.advance(Choice("Hi", [1])) == ("H", [1], None, None)
-    assert cur.advance(Choice("Hi\n", [1, 2])) == ("i", [2], None, None)   # "\n" held
-    assert cur.advance(Choice("Hi", [1, 2, 3], None, "stop")) == ("", [3], None, "stop")
+    assert cur.advance(Choice("Hi", [1])) == (0, "H", [1], None, None)
+    assert cur.advance(Choice("Hi\n", [1, 2])) == (0, "i", [2], None, None)   # "\n" held
+    assert cur.advance(Choice("Hi", [1, 2, 3], None, "stop")) == (0, "", [3], None, "stop")
     cur = ChoiceCursor(hold=1)
-    assert cur.advance(Choice("a\n", [1, 2])) == ("a", [1, 2], None, None)
-    assert cur.advance(Choice("a\nb", [1, 2, 3])) == ("\n", [3], None, None)   # not a stop after all
-    assert cur.advance(Choice("a\nbc", [1, 2, 3, 4], None, "length")) == ("bc", [4], None, "length")
+    assert cur.advance(Choice("a\n", [1, 2])) == (0, "a", [1, 2], None, None)
+    assert cur.advance(Choice("a\nb", [1, 2, 3])) == (0, "\n", [3], None, None)   # not a stop after all
+    assert cur.advance(Choice("a\nbc", [1, 2, 3, 4], None, "length")) == (0, "bc", [4], None, "length")
 
 
 def test_cursor_slices_logprobs_with_tokens():

@@ -1,0 +1,80 @@
+"""Connection hygiene at the HTTP edge (issue #22): silent, slow and stalled clients are cut; too
+many connections get a 503. Against a real router process (tests/http_server.py) on loopback."""
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+import pytest
+
+from tests.router_process import RouterProcess, closed_by_peer, http_request
+
+FLAGS = ("--header-timeout-s", "1", "--body-timeout-s", "1", "--stream-stall-timeout-s", "2",
+         "--keep-alive-timeout-s", "1")
+
+
+@pytest.fixture(scope="module")
+def router():
+    with RouterProcess(*FLAGS, "--steps", "400", "--interval-s", "0.02") as process:
+        yield process
+
+
+def _aborted(router: RouterProcess) -> float:
+    status, body = router.request("/metrics")
+    match = re.search(rb'pdserve_request_failure_total\{reason="abort"\} ([0-9.]+)', body)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_a_silent_connection_is_closed(router):
+    """A connection that sends nothing is closed once header_timeout_s passes."""
+    sock = router.connect()
+    assert closed_by_peer(sock, 6)
+    sock.close()
+
+
+def test_headers_sent_a_byte_at_a_time_are_cut_off(router):
+    """Slowloris: headers that never complete are cut at header_timeout_s, however they trickle."""
+    sock = router.connect()
+    start = time.monotonic()
+    with pytest.raises(OSError):
+        for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+            sock.send(bytes([byte]))
+            time.sleep(0.1)
+    assert time.monotonic() - start < 6
+    sock.close()
+
+
+def test_a_body_shorter_than_its_length_is_cut_off(router):
+    """A Content-Length 5 bytes longer than the body sent: the connection closes at body_timeout_s."""
+    sock = router.connect()
+    data = http_request("/v1/completions", {"prompt": "hi"})
+    sock.sendall(data.replace(b"Content-Length: 16", b"Content-Length: 21"))
+    assert closed_by_peer(sock, 6)
+    sock.close()
+
+
+def test_a_client_that_stops_reading_is_cut_and_its_request_aborted(router):
+    """n 128 streamed to a 4 KB receive buffer never read: cut after stream_stall_timeout_s, the
+    request aborted (counted), and router RSS stays within a few MB of where it was."""
+    before_rss, before_aborts = router.rss_mb(), _aborted(router)
+    sock = router.connect(rcvbuf=4096)
+    sock.sendall(http_request("/v1/completions", {"prompt": "hi", "n": 128, "max_tokens": 400, "stream": True}))
+    time.sleep(6)       # the stream would run 8 s; the stall timer is 2 s
+    assert _aborted(router) == before_aborts + 1
+    assert router.rss_mb() - before_rss < 40
+    assert closed_by_peer(sock, 10)
+    sock.close()
+
+
+def test_connections_over_the_limit_get_a_503():
+    """Beyond max_connections open connections a request is answered 503, not queued."""
+    with RouterProcess(*FLAGS[:2], "--header-timeout-s", "30", "--max-connections", "4") as router:
+        held = [router.connect() for _ in range(4)]
+        time.sleep(0.3)
+        sock = router.connect()
+        sock.sendall(http_request("/health"))
+        assert sock.recv(4096).split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
+        for s in held + [sock]:
+            s.close()
+        assert router.request("/health")[0] == 200

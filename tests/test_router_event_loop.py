@@ -1,0 +1,63 @@
+"""No request holds the router's event loop (issues #14, #22): a large prompt is tokenized and a
+large echo+logprobs response is built off the loop. Latency bars with generous margins."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.router_process import RouterProcess, http_request, read_until
+
+
+@pytest.fixture(scope="module")
+def router():
+    with RouterProcess("--hf-tokenizer", "--steps", "4000", "--interval-s", "0.02",
+                       "--max-prompt-chars", str(4 << 20)) as process:
+        yield process
+
+
+def _in_background(work) -> threading.Thread:
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_large_prompt_does_not_stall_a_running_stream(router):
+    """While a 4 MiB-character prompt (the largest allowed here) is tokenized, a running stream's
+    longest gap stays under 1 s, and router RSS comes back within 100 MB of where it was."""
+    sock = router.connect()
+    sock.sendall(http_request("/v1/completions", {"prompt": "hi", "max_tokens": 4000, "stream": True}))
+    read_until(sock, b"data: ")
+    before = router.rss_mb()
+    prompt = "ROMEO: what light through yonder window breaks. " * 87_000      # 4,176,000 characters
+    big = _in_background(lambda: router.request("/v1/completions", {"prompt": prompt, "max_tokens": 1}))
+    gaps, last = [], time.monotonic()
+    while big.is_alive() and len(gaps) < 2000:
+        sock.recv(1 << 16)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+    big.join(30)
+    sock.close()
+    print(f"longest gap {max(gaps):.3f} s over {len(gaps)} reads; RSS {before:.0f} -> {router.rss_mb():.0f} MB")
+    assert len(gaps) > 5 and max(gaps) < 1.0
+    assert router.rss_mb() - before < 100
+
+
+def test_health_answers_within_100_ms_beside_the_largest_echo_logprobs_request(router):
+    """Bar: /health answers within 100 ms while a request at max_logprob_cells is built and sent."""
+    body = {"prompt": [[5] * 1000], "max_tokens": 1, "n": 47, "logprobs": 20, "echo": True}  # 988,467 cells
+    result = {}
+    big = _in_background(lambda: result.update(answer=router.request("/v1/completions", body, timeout_s=120)))
+    worst, probes = 0.0, 0
+    while big.is_alive() and probes < 1000:
+        start = time.monotonic()
+        assert router.request("/health")[0] == 200
+        worst, probes = max(worst, time.monotonic() - start), probes + 1
+        time.sleep(0.02)
+    big.join(120)
+    status, data = result["answer"]
+    assert status == 200 and len(data) > 10_000_000 and probes > 5
+    print(f"/health worst {1000 * worst:.1f} ms over {probes} probes; response {len(data)} bytes")
+    assert worst < 0.1
