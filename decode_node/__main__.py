@@ -1,6 +1,6 @@
 """python -m decode_node --router tcp://HOST:PORT --node-id decode-0 [--kv-bind tcp://127.0.0.1:0] [engine flags]"""
 from decode_node.service import DecodeService
-from engine.node_runtime import main
+from node_shell.runtime import main
 
 if __name__ == "__main__":
     main("decode", DecodeService)

@@ -20,20 +20,18 @@ from __future__ import annotations
 import logging
 import secrets
 
-from engine.llm_engine import LLMEngine
-from engine.node_config import NodeConfig
-from engine.node_runtime import kv_identity, node_status
-from engine.outputs import RequestOutput
-from engine.parallel import TPModelRunner, close_runner
-from engine.router_link import RouterLink
 from decode_node.streamer import Streamer
-from kvtransport.control import AbortRequest, DecodeRequest, NodeHello, NodeStatus, RequestFailed
+from engine.outputs import RequestOutput
+from engine.parallel import TPModelRunner
+from kvtransport.control import AbortRequest, DecodeRequest, RequestFailed
 from kvtransport.events import TransferCommitted, TransferFailed
-from kvtransport.handshake import new_epoch
+from kvtransport.handshake import PeerIdentity
 from kvtransport.messages import Busy, Reserved
+from kvtransport.metrics import ReceiverMetrics
 from kvtransport.payload import BlockWriterSink
 from kvtransport.receiver_state import Reservation
-from kvtransport.secret import load_secret
+from node_shell.config import NodeConfig
+from node_shell.service import NodeService
 from kvtransport.torch_dist import DistReceiver
 from kvtransport.zmq_receiver import ZmqReceiver
 
@@ -41,13 +39,17 @@ log = logging.getLogger(__name__)
 BUSY_RETRY_MS = 50
 
 
-class DecodeService:
+class DecodeService(NodeService):
+    role = "decode"
+
     def __init__(self, config: NodeConfig):
-        self.config = config
-        self.epoch = new_epoch()
-        secret = load_secret(config.cluster_secret_file)
-        self.engine = e = LLMEngine(config.engine_config())
-        identity = kv_identity(e, config.node_id, self.epoch, config.kv_transport)
+        self.streamer = Streamer()
+        self.xfer_rid: dict[str, str] = {}          # open transfers: xfer_id -> rid
+        self.aborted: set[str] = set()              # rids the router aborted mid-transfer
+        super().__init__(config)
+
+    def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
+        e, config = self.engine, self.config
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
         write_blocks = e.runner.write_blocks if isinstance(e.runner, TPModelRunner) else None
         if config.kv_transport == "torch_dist":
@@ -56,19 +58,14 @@ class DecodeService:
         else:
             sink = BlockWriterSink(write_blocks, identity.layout) if write_blocks else None
             self.receiver = ZmqReceiver(e.runner.kv_cache, identity, secret, bind=config.kv_bind, sink=sink)
-        self.streamer = Streamer()
-        self.xfer_rid: dict[str, str] = {}          # open transfers: xfer_id -> rid
-        self.aborted: set[str] = set()              # rids the router aborted mid-transfer
-        self.link = RouterLink(config.router, secret, self._hello, self._status, config.heartbeat_s,
-                               config.router_timeout_s, self._drop_all)
 
-    def _hello(self, epoch: str) -> NodeHello:
-        bm = self.engine.block_manager
-        return NodeHello(self.config.node_id, epoch, "decode", self.receiver.endpoint, bm.num_blocks,
-                         bm.block_size, self.engine.max_model_len)
+    @property
+    def transfer_metrics(self) -> ReceiverMetrics:
+        return self.receiver.metrics
 
-    def _status(self, epoch: str) -> NodeStatus:
-        return node_status(self.engine, self.config.node_id, epoch, self.receiver.metrics)
+    @property
+    def kv_endpoint(self) -> str:
+        return self.receiver.endpoint
 
     # -- the loop's hooks -------------------------------------------------------------------
     def poll(self, timeout: float) -> None:
@@ -101,16 +98,11 @@ class DecodeService:
     def busy(self) -> bool:
         return bool(self.xfer_rid)
 
-    def should_stop(self) -> bool:
-        return self.link.leave
-
-    def close(self) -> None:
+    def close_transport(self) -> None:
         for failed in self.receiver.close() or ():      # transfers still open: free their blocks
             rid = self.xfer_rid.pop(failed.xfer_id, None)
             if rid is not None:
                 self.engine.abort_request(rid)
-        self.link.close()
-        close_runner(self.engine.runner)      # tp > 1: stop the worker processes
 
     # -- requests ---------------------------------------------------------------------------
     def _reserve(self, req: DecodeRequest) -> None:
@@ -137,7 +129,7 @@ class DecodeService:
         self.streamer.drop(rid)
         self.link.send(RequestFailed(rid, reason, True))
 
-    def _drop_all(self) -> None:
+    def drop_all(self) -> None:
         """The router's session was lost: every request here is the router's to run again."""
         for rid in list(self.streamer.streams):
             self._abort(rid)

@@ -6,7 +6,8 @@ message is sealed by that session: [msgpack `[version, kind, [fields...]]`, trai
 on decode like the KV transport's own messages (kvtransport.messages); Reserved and Busy are
 shared with it.
 
-  node   -> router: NodeHello (once per epoch), NodeStatus (heartbeat), FirstToken (prefill),
+  node   -> router: NodeHello (once per epoch), NodeStatus (heartbeat), NodeGoodbye (on exit),
+                    FirstToken (prefill),
                     TokenDelta (decode), Reserved | Busy (decode, answering DecodeRequest),
                     RequestFailed
   router -> node:   NodeCommand (answer to hello/heartbeat), DecodeRequest, PrefillRequest,
@@ -128,6 +129,17 @@ KV_COUNTERS = ("kv_blocks_sent", "kv_bytes_sent", "kv_blocks_received", "kv_byte
 
 
 @dataclass(frozen=True, slots=True)
+class NodeGoodbye:
+    """Node -> router on every clean exit: its requests are moved at once, not after a timeout."""
+    node_id: str
+    epoch: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        check_id(self.node_id, "node_id"), check_id(self.epoch, "epoch"), check_str(self.reason, "reason")
+
+
+@dataclass(frozen=True, slots=True)
 class NodeCommand:
     command: str                 # ok | register (unknown epoch: say hello again) | drain | leave
 
@@ -237,7 +249,7 @@ class AbortRequest:
 
 
 KINDS: dict[str, type] = {
-    "node_hello": NodeHello, "node_status": NodeStatus, "node_command": NodeCommand,
+    "node_hello": NodeHello, "node_status": NodeStatus, "node_goodbye": NodeGoodbye, "node_command": NodeCommand,
     "decode_request": DecodeRequest, "prefill_request": PrefillRequest, "first_token": FirstToken,
     "token_delta": TokenDelta, "request_failed": RequestFailed, "abort_request": AbortRequest,
     "reserved": Reserved, "busy": Busy,

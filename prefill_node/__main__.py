@@ -1,5 +1,5 @@
 """python -m prefill_node --router tcp://HOST:PORT --node-id prefill-0 [engine flags]"""
-from engine.node_runtime import main
+from node_shell.runtime import main
 from prefill_node.service import PrefillService
 
 if __name__ == "__main__":

@@ -16,17 +16,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from engine.llm_engine import LLMEngine
-from engine.node_config import NodeConfig
-from engine.node_runtime import kv_identity, node_status
 from engine.outputs import RequestOutput
-from engine.parallel import close_runner
 from engine.sampling_params import SamplingParams
-from engine.router_link import RouterLink
-from kvtransport.control import AbortRequest, FirstToken, NodeHello, NodeStatus, PrefillRequest, RequestFailed
-from kvtransport.handshake import HandshakeError, new_epoch
+from kvtransport.control import AbortRequest, FirstToken, PrefillRequest, RequestFailed
+from kvtransport.handshake import HandshakeError, PeerIdentity
+from kvtransport.metrics import SenderMetrics
 from kvtransport.schema import ProtocolError
-from kvtransport.secret import load_secret
+from node_shell.config import NodeConfig
+from node_shell.service import NodeService
 from kvtransport.torch_dist import DistSender
 from kvtransport.zmq_sender import ZmqSender
 from prefill_node.shipper import BlockShipper, Shipment
@@ -34,31 +31,25 @@ from prefill_node.shipper import BlockShipper, Shipment
 log = logging.getLogger(__name__)
 
 
-class PrefillService:
+class PrefillService(NodeService):
+    role = "prefill"
+
     def __init__(self, config: NodeConfig):
-        self.config = config
-        self.epoch = new_epoch()
-        secret = load_secret(config.cluster_secret_file)
         self.shipper = BlockShipper()
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
-        self.engine = LLMEngine(config.engine_config(), observer=self.shipper)
-        identity = kv_identity(self.engine, config.node_id, self.epoch, config.kv_transport)
-        if config.kv_transport == "torch_dist":
+        super().__init__(config, observer=self.shipper)
+
+    def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
+        if self.config.kv_transport == "torch_dist":
             self.sender = DistSender(identity, secret, device=str(self.engine.runner.kv_cache.device),
-                                     p2p_host=config.p2p_host)
+                                     p2p_host=self.config.p2p_host)
         else:
             self.sender = ZmqSender(identity, secret)
         self.shipper.bind(self.engine, self.sender)
-        self.link = RouterLink(config.router, secret, self._hello, self._status, config.heartbeat_s,
-                               config.router_timeout_s, self._drop_all)
 
-    def _hello(self, epoch: str) -> NodeHello:
-        bm = self.engine.block_manager
-        return NodeHello(self.config.node_id, epoch, "prefill", "", bm.num_blocks, bm.block_size,
-                         self.engine.max_model_len)
-
-    def _status(self, epoch: str) -> NodeStatus:
-        return node_status(self.engine, self.config.node_id, epoch, self.sender.metrics)
+    @property
+    def transfer_metrics(self) -> SenderMetrics:
+        return self.sender.metrics
 
     # -- the loop's hooks -------------------------------------------------------------------
     def poll(self, timeout: float) -> None:
@@ -98,13 +89,8 @@ class PrefillService:
     def busy(self) -> bool:
         return bool(self.shipper.shipments)
 
-    def should_stop(self) -> bool:
-        return self.link.leave
-
-    def close(self) -> None:
+    def close_transport(self) -> None:
         self.sender.close()
-        self.link.close()
-        close_runner(self.engine.runner)      # tp > 1: stop the worker processes
 
     # -- requests ---------------------------------------------------------------------------
     def _start(self, req: PrefillRequest) -> None:
@@ -129,7 +115,7 @@ class PrefillService:
     def fail(self, rid: str, reason: str) -> None:
         self._abort(rid, reason, notify=True)
 
-    def _drop_all(self) -> None:
+    def drop_all(self) -> None:
         """The router's session was lost: every request here is the router's to run again."""
         for rid in list(self.shipper.shipments):
             self._abort(rid, "the router's session was lost", notify=False)

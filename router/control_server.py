@@ -12,7 +12,7 @@
    hello with a new epoch for a known node id is a restarted node, whatever connection it
    comes on: the old one is lost first (its requests fail over)
 3. NodeStatus is the heartbeat: answered "ok", "register" (unknown node or stale epoch) or
-   "leave" (drained and idle)
+   "leave" (drained and idle); NodeGoodbye (a clean exit) loses the node at once
 4. request messages (Reserved, Busy, FirstToken, TokenDelta, RequestFailed) go to the listener
 5. a node silent for heartbeat_timeout_s is removed and the listener told that it is lost
 
@@ -30,8 +30,8 @@ import zmq.asyncio
 from prometheus_client import Counter
 
 from kvtransport import control
-from kvtransport.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeHello, NodeStatus, RequestFailed,
-                                 TokenDelta)
+from kvtransport.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeGoodbye, NodeHello, NodeStatus,
+                                 RequestFailed, TokenDelta)
 from kvtransport.framing import FrameError
 from kvtransport.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
@@ -197,6 +197,8 @@ class ControlServer:
         node_id = self._node_of.get(peer)
         if isinstance(msg, NodeStatus):
             return self._on_status(peer, node_id, msg)
+        if isinstance(msg, NodeGoodbye):
+            return self._on_goodbye(peer, node_id, msg)
         if not isinstance(msg, REQUEST_MESSAGES):
             return self._drop("unexpected", f"{type(msg).__name__} from {node_id!r}")
         if node_id is None or node_id not in self._nodes:
@@ -256,6 +258,18 @@ class ControlServer:
             self._listener.on_node_lost(node_id, "left" if reply is HeartbeatReply.LEAVE else "expired")
         self._send_to(peer, NodeCommand({HeartbeatReply.OK: "ok", HeartbeatReply.LEAVE: "leave",
                                         HeartbeatReply.UNKNOWN: "register"}[reply]))
+
+    def _on_goodbye(self, peer: bytes, node_id: str | None, bye: NodeGoodbye) -> None:
+        info = self._nodes.get(bye.node_id)
+        if node_id != bye.node_id or info is None or info.hello.epoch != bye.epoch:
+            return self._drop("unexpected", f"goodbye from {node_id!r} names {bye.node_id!r}/{bye.epoch}")
+        self._lose(bye.node_id, f"said goodbye ({bye.reason})")
+        self._auth.forget(peer.hex())
+
+    def node_exited(self, node_id: str, detail: str) -> None:
+        """A process supervisor saw the node's process end: its work is lost now, not after the
+        heartbeat timeout (the launcher calls this for the nodes it started)."""
+        self._lose(node_id, f"process exited ({detail})")
 
     def _lose(self, node_id: str, reason: str) -> None:
         self.registry.remove(node_id)

@@ -19,7 +19,7 @@
 
 Flags come from the config dataclasses: RouterConfig's (--port, --api-key, ...), ClusterConfig's
 (--prefill, --decode, --prefill-tp, --decode-tp, --startup-timeout-s) and the node's own
-(engine.node_config.NodeConfig: --dtype, --block-size, --kv-cache-gib, --max-num-seqs, ...),
+(node_shell.config.NodeConfig: --dtype, --block-size, --kv-cache-gib, --max-num-seqs, ...),
 passed to every node only if given. --prefill-tp / --decode-tp set each kind's
 --tensor-parallel-size (each node then runs that many processes); any two values pair, since
 blocks travel between nodes with every kv head.
@@ -143,7 +143,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
             return 1
         server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/server.py
         serving = asyncio.create_task(server.serve())
-        watching = asyncio.create_task(_watch(nodes))
+        watching = asyncio.create_task(_watch(nodes, backend.server))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started:
@@ -229,15 +229,17 @@ async def _wait_registered(backend: Any, nodes: list[NodeProcess], timeout_s: fl
         await asyncio.sleep(0.1)
 
 
-async def _watch(nodes: list[NodeProcess]) -> None:
-    """Reports a node process that exits while the router serves."""
+async def _watch(nodes: list[NodeProcess], server: Any) -> None:
+    """Reports a node process that exits while the router serves, and tells the router at once
+    (its requests move now, even if it died without a goodbye)."""
     while True:
         for node in nodes:
             if not node.reported and node.process.poll() is not None:
                 node.reported = True
                 print(f"pdserve: {node.node_id} exited with status {node.process.returncode}",
                       file=sys.stderr, flush=True)
-        await asyncio.sleep(1.0)
+                server.node_exited(node.node_id, f"status {node.process.returncode}")
+        await asyncio.sleep(0.2)
 
 
 async def _first_request(config: RouterConfig, model_name: str) -> None:
@@ -273,7 +275,7 @@ def _print_ready(config: RouterConfig, model_name: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from engine.node_config import NodeConfig
+    from node_shell.config import NodeConfig
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{up,colocated,secret}")

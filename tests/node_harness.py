@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import zmq
 
 from decode_node.service import DecodeService
-from engine.node_config import NodeConfig
-from engine.node_runtime import run
+from node_shell.config import NodeConfig
+from node_shell.runtime import run
 from kvtransport.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus, PrefillRequest,
                                  RequestFailed, TokenDelta)
 from kvtransport.messages import Busy, Reserved

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
-from engine.node_runtime import kv_identity
+from node_shell.identity import kv_identity
 from tests.model_factory import hf_greedy
 from tests.node_harness import NodeHarness
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import zmq
 
-from engine.router_link import RouterLink
+from node_shell.router_link import RouterLink
 from engine.sampling_params import SamplingParams
 from kvtransport import control
 from kvtransport.control import DecodeRequest, NodeHello, NodeStatus, TokenDelta
@@ -201,7 +201,7 @@ def test_transfer_ids_are_unguessable_and_bound_to_the_prompt_length(harness_fre
 def harness_free_decode(monkeypatch, model_dir, tmp_path):
     """The Reservation a real DecodeService registers for a 3-token prompt (no router needed)."""
     from decode_node.service import DecodeService
-    from engine.node_config import NodeConfig
+    from node_shell.config import NodeConfig
 
     monkeypatch.setenv(ENV_VAR, TEST_SECRET.hex())
     service = DecodeService(NodeConfig(router="tcp://127.0.0.1:9", node_id="decode-0", model=model_dir[0],

@@ -134,6 +134,32 @@ def test_decode_node_frozen_mid_stream_is_migrated_with_identical_greedy_output(
     _with_cluster(path, RouterConfig(heartbeat_timeout_s=1.0), ClusterConfig(1, 2), test)
 
 
+def test_decode_node_stopped_mid_stream_says_goodbye_and_its_request_moves_at_once(model_dir):
+    """SIGTERM to the decode node serving a request: the node's goodbye reaches the router, which
+    moves the request at once (the heartbeat timeout here is 60 s and never comes into it), and the
+    client still gets transformers' exact greedy output."""
+    path, hf_model = model_dir
+    prompt, max_tokens = PROMPTS[0], 120
+
+    async def test(backend, nodes):
+        stopped, losses = [], []
+        lost = backend.on_node_lost
+        backend.on_node_lost = lambda node_id, reason: (losses.append((node_id, reason)), lost(node_id, reason))
+
+        def stop_decode_node(output) -> None:
+            if not stopped and output.outputs[0].token_ids:
+                decode_id = backend.placement("g")[0][1]
+                next(n.process for n in nodes if n.node_id == decode_id).send_signal(signal.SIGTERM)
+                stopped.append((decode_id, time.monotonic()))
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        out = await _collect(backend, "g", prompt, params, stop_decode_node)
+        assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, max_tokens)
+        assert losses[0] == (stopped[0][0], "said goodbye (SIGTERM)")
+        assert time.monotonic() - stopped[0][1] < 30       # far below the 60 s heartbeat timeout
+    _with_cluster(path, RouterConfig(heartbeat_timeout_s=60.0), ClusterConfig(1, 2), test)
+
+
 @pytest.mark.skipif(not os.path.isfile(os.path.join(BUILTIN_MODEL_PATH, "config.json")),
                     reason="the built-in model is not built")
 def test_pdserve_up_serves_and_stops_its_nodes_on_sigterm(tmp_path):

@@ -9,9 +9,10 @@ import zmq
 
 from engine.sampling_params import SamplingParams
 from kvtransport import control
-from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
-                                 PrefillRequest, TokenDelta)
+from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeGoodbye, NodeHello,
+                                 NodeStatus, PrefillRequest, TokenDelta)
 from kvtransport.messages import Reserved
+from router.config import RouterConfig
 from router.metrics import RouterMetrics
 from router.policy import NoNodeAvailable
 from router.registry import NodeRole
@@ -338,4 +339,20 @@ def test_prometheus_exposes_router_counters_and_nodes():
                            'pdserve_kv_transfers_failed_total{node="decode-0",role="decode"} 1.0',
                            'pdserve_kv_frames_dropped_total{node="decode-0",role="decode"} 3.0'):
                 assert series in text, series
+    run(test)
+
+
+def test_a_goodbye_loses_the_node_at_once_and_a_stale_one_is_dropped():
+    """A node's NodeGoodbye (its epoch) takes it out of the registry and health at once, its
+    request fails over; a goodbye naming another epoch changes nothing."""
+    async def test():
+        async with Cluster(RouterConfig(heartbeat_timeout_s=60.0, admission_timeout_s=5.0)) as c:
+            p, d = await c.pair()
+            d.send(NodeGoodbye("decode-0", "other-epoch", "SIGTERM"))
+            await asyncio.sleep(0.1)
+            assert c.backend.server.count(NodeRole.DECODE) == 1
+            d.send(NodeGoodbye("decode-0", d.epoch, "SIGTERM"))
+            await until(lambda: c.backend.server.count(NodeRole.DECODE) == 0)
+            assert not c.backend.is_healthy()
+            assert counter(c.backend.server.dropped, {"reason": "unexpected"}) == 1
     run(test)

@@ -19,9 +19,10 @@ from typing import Any, Callable
 import zmq
 
 from kvtransport import control
-from kvtransport.control import NodeCommand, NodeHello, NodeStatus
+from kvtransport.control import NodeCommand, NodeGoodbye, NodeHello, NodeStatus
 from kvtransport.framing import FrameError
 from kvtransport.handshake import new_epoch
+from kvtransport.schema import MAX_TEXT_LEN
 from kvtransport.session import AuthKind, Initiator, Session, parse_auth_frame
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,10 @@ class RouterLink:
                 if msg is not None and not self._command(msg):
                     messages.append(msg)
         return messages
+
+    def goodbye(self, reason: str) -> None:
+        """Tell the router this node is leaving (if a session is up); close() lets it go out."""
+        self.send(NodeGoodbye(self._hello(self.epoch).node_id, self.epoch, reason[:MAX_TEXT_LEN]))
 
     def close(self) -> None:
         if self._sock is not None:

@@ -1,0 +1,58 @@
+"""The loop that serves a node: poll the router and the transport, step the engine, forward.
+
+The loop never blocks on the network while the engine has work: control messages and transport
+frames are polled with a zero timeout between steps, and with a short one when idle.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from node_shell.config import NodeConfig
+    from node_shell.service import NodeService
+
+log = logging.getLogger(__name__)
+IDLE_POLL_S = 0.005
+
+
+def main(role: str, make_service: Callable[[NodeConfig], NodeService]) -> None:
+    """`python -m {role}_node`: the node from its flags, served until told to stop."""
+    from kvtransport.secret import SecretError
+    from node_shell.config import NodeConfig
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
+    config = NodeConfig.from_argv(f"python -m {role}_node")
+    try:
+        service = make_service(config)
+    except SecretError as err:
+        sys.exit(f"{role} node {config.node_id}: {err}")
+    run(service)
+
+
+def run(service: NodeService) -> None:
+    """Serve until the router says leave or the process gets SIGTERM/SIGINT; then say goodbye
+    (with the reason) and close."""
+    stopping = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _: stopping.append(signal.Signals(signum).name))
+    reason = ""
+    try:
+        while not stopping and not service.should_stop():
+            working = service.engine.has_unfinished_requests()
+            service.poll(0.0 if working or service.busy() else IDLE_POLL_S)
+            if service.engine.has_unfinished_requests():
+                outputs, failed = service.engine.safe_step()      # a broken engine raises: the node ends
+                for rid, why in failed.items():
+                    service.fail(rid, why)
+                service.on_outputs(outputs)
+        reason = stopping[0] if stopping else "told to leave"
+    except BaseException as err:
+        reason = f"failed: {type(err).__name__}: {err}"[:200]
+        raise
+    finally:
+        service.close(reason)

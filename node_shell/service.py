@@ -1,0 +1,94 @@
+"""The lifecycle every node kind shares; a prefill or decode node adds only what differs.
+
+    NodeService(config)
+      1. the cluster secret (a node without one refuses to start), the engine, the KV identity
+      2. open_transport(): the node kind's sender or receiver
+      3. the link to the router: an authenticated session, then NodeHello (kv_endpoint, blocks)
+      4. serving (node_shell.runtime.run): poll(), the engine's steps, on_outputs()
+      5. close(reason): NodeGoodbye to the router first, so it moves this node's work at once,
+         then the transport, the link and the tensor-parallel workers
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from engine.llm_engine import LLMEngine, StepObserver
+from engine.outputs import RequestOutput
+from engine.parallel import close_runner
+from kvtransport.control import NodeHello, NodeStatus
+from kvtransport.handshake import new_epoch
+from kvtransport.metrics import ReceiverMetrics, SenderMetrics
+from kvtransport.secret import load_secret
+from node_shell.config import NodeConfig
+from node_shell.identity import kv_identity, node_status
+from node_shell.router_link import RouterLink
+
+
+class NodeService(ABC):
+    role: str                                        # "prefill" | "decode"
+
+    def __init__(self, config: NodeConfig, observer: StepObserver | None = None) -> None:
+        self.config = config
+        self.epoch = new_epoch()                     # this process's KV identity (the link has its own)
+        secret = load_secret(config.cluster_secret_file)
+        self.engine = LLMEngine(config.engine_config(), observer=observer)
+        self.open_transport(kv_identity(self.engine, config.node_id, self.epoch, config.kv_transport), secret)
+        self.link = RouterLink(config.router, secret, self._hello, self._status, config.heartbeat_s,
+                               config.router_timeout_s, self.drop_all)
+
+    # -- what a node kind provides ----------------------------------------------------------
+    @abstractmethod
+    def open_transport(self, identity: Any, secret: bytes) -> None:
+        """Make this node's KV sender or receiver."""
+
+    @property
+    @abstractmethod
+    def transfer_metrics(self) -> SenderMetrics | ReceiverMetrics: ...
+
+    @property
+    def kv_endpoint(self) -> str:
+        """Where prefill nodes ship blocks to this node ("" for a node that only sends)."""
+        return ""
+
+    @abstractmethod
+    def poll(self, timeout: float) -> None:
+        """Take control messages and transport events for up to `timeout` seconds."""
+
+    @abstractmethod
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Forward the outputs of one engine step."""
+
+    @abstractmethod
+    def busy(self) -> bool:
+        """Whether work is pending besides the engine's own (e.g. transfers in flight)."""
+
+    @abstractmethod
+    def fail(self, rid: str, reason: str) -> None:
+        """Tell the router request `rid` failed here (the engine has already dropped it)."""
+
+    @abstractmethod
+    def drop_all(self) -> None:
+        """The router's session was lost: drop every request (the router runs them elsewhere)."""
+
+    @abstractmethod
+    def close_transport(self) -> None: ...
+
+    # -- the shared lifecycle ---------------------------------------------------------------
+    def should_stop(self) -> bool:
+        return self.link.leave
+
+    def close(self, reason: str = "") -> None:
+        """Goodbye first (the router moves this node's requests at once), then everything else."""
+        self.link.goodbye(reason or "closed")
+        self.close_transport()
+        self.link.close()
+        close_runner(self.engine.runner)      # tp > 1: stop the worker processes
+
+    def _hello(self, epoch: str) -> NodeHello:
+        bm = self.engine.block_manager
+        return NodeHello(self.config.node_id, epoch, self.role, self.kv_endpoint, bm.num_blocks,
+                         bm.block_size, self.engine.max_model_len)
+
+    def _status(self, epoch: str) -> NodeStatus:
+        return node_status(self.engine, self.config.node_id, epoch, self.transfer_metrics)
