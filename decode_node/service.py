@@ -65,7 +65,7 @@ class DecodeService(NodeService):
 
     @property
     def kv_endpoint(self) -> str:
-        return self.receiver.endpoint
+        return self.config.kv_advertised(self.receiver.endpoint)
 
     # -- the loop's hooks -------------------------------------------------------------------
     def poll(self, timeout: float) -> None:

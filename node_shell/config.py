@@ -3,6 +3,10 @@
     python -m prefill_node --router tcp://127.0.0.1:7100 --node-id prefill-0 [--model DIR] ...
     python -m decode_node  --router tcp://127.0.0.1:7100 --node-id decode-0 --kv-bind tcp://127.0.0.1:0
 
+A decode node's KV receiver binds --kv-bind and is announced to the router (and so to prefill
+nodes) at that address, or at --kv-advertise-host with the bound port: a node bound to a wildcard
+address (0.0.0.0, ::) must name the address other hosts reach it at.
+
 --tensor-parallel-size N splits a node's model and KV heads over N ranks (engine.parallel). Each
 node picks its own: blocks travel between nodes with every kv head, so a prefill node of one tp
 ships to a decode node of any other.
@@ -25,6 +29,13 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 
 
 KV_TRANSPORTS = ("zmq", "torch_dist")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "*", "")
+
+
+def _tcp_host(endpoint: str) -> str | None:
+    """The host of a tcp:// endpoint (None for ipc://)."""
+    m = re.fullmatch(r"tcp://\[?([^\]]*?)\]?:[0-9*]+", endpoint)
+    return m.group(1) if m else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +52,7 @@ class NodeConfig:
     device: str = "auto"
     seed: int = 0
     kv_bind: str = "tcp://127.0.0.1:0"   # decode nodes: where the KV receiver listens
+    kv_advertise_host: str | None = None  # decode nodes: the host prefill nodes reach it at; default: kv_bind's
     heartbeat_s: float = 0.5
     router_timeout_s: float = 10.0       # no reply from the router this long: register again (new epoch)
     lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
@@ -61,6 +73,18 @@ class NodeConfig:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        host = self.kv_advertise_host or _tcp_host(self.kv_bind)
+        if host in WILDCARD_HOSTS:
+            raise ValueError(f"a decode node bound to {self.kv_bind} must say where prefill nodes reach it: "
+                             f"--kv-advertise-host HOST (not a wildcard address)")
+
+    def kv_advertised(self, bound: str) -> str:
+        """The endpoint prefill nodes connect to, for a receiver bound at `bound` (its real port)."""
+        if self.kv_advertise_host is None or not bound.startswith("tcp://"):
+            return bound
+        port = bound.rsplit(":", 1)[1]
+        host = self.kv_advertise_host
+        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
     def engine_config(self) -> EngineConfig:
         cache = CacheConfig(self.block_size, self.num_blocks, self.kv_cache_gib)

@@ -19,13 +19,14 @@ log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.005
 
 
-def main(role: str, make_service: Callable[[NodeConfig], NodeService]) -> None:
-    """`python -m {role}_node`: the node from its flags, served until told to stop."""
+def main(role: str, make_service: Callable[[NodeConfig], NodeService], argv: list[str] | None = None) -> None:
+    """`python -m {role}_node` (or `pdserve {role}`): the node from its flags, served until told
+    to stop."""
     from kvtransport.secret import SecretError
     from node_shell.config import NodeConfig
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
-    config = NodeConfig.from_argv(f"python -m {role}_node")
+    config = NodeConfig.from_argv(f"pdserve {role}", argv)
     try:
         service = make_service(config)
     except SecretError as err:

@@ -2,8 +2,16 @@
 
     pdserve up [--model DIR] [--prefill N] [--decode M] [--prefill-tp A] [--decode-tp B]
                [--host H] [--port P] [node flags]
+    pdserve router [--model DIR] [router flags]     the router alone: nodes join from anywhere
+    pdserve prefill|decode --router ENDPOINT --node-id ID [node flags]   one node
     pdserve colocated [flags of `python -m router`]
     pdserve secret             prints a fresh cluster secret (64 hex digits)
+
+A multi-host deployment: `pdserve secret > secret && chmod 600 secret`, copy the file to every
+host, then `pdserve router --cluster-secret-file secret --host 0.0.0.0 --control-endpoint
+tcp://0.0.0.0:7100` on host A, and on hosts B, C: `pdserve prefill|decode --router tcp://A:7100
+--node-id ... --cluster-secret-file secret` (decode nodes: `--kv-bind tcp://0.0.0.0:7200
+--kv-advertise-host B`).
 
 `pdserve up`:
   0. it takes the cluster secret from --cluster-secret-file or $PDSERVE_CLUSTER_SECRET, else makes
@@ -36,7 +44,7 @@ import signal
 import subprocess
 import sys
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
@@ -54,19 +62,23 @@ _PARENT_DEATH_SHIM = ("import ctypes, os, sys; ctypes.CDLL(None, use_errno=True)
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    prefill: int = 1                    # prefill node processes
-    decode: int = 1                     # decode node processes
+    prefill: int = 1                    # prefill node processes started here (others may join)
+    decode: int = 1                     # decode node processes started here (others may join)
     prefill_tp: int = 1                 # tensor_parallel_size of each prefill node
     decode_tp: int = 1                  # tensor_parallel_size of each decode node
     startup_timeout_s: float = 600.0    # longest wait for every node to register
+    max_restarts: int = 3               # a node that dies is started again at most this often
+    restart_backoff_s: float = 1.0      # wait before a node's first restart, doubled for each next one
 
     def __post_init__(self) -> None:
-        if self.prefill < 1 or self.decode < 1:
-            raise ValueError(f"need >= 1 prefill and decode node, got {self.prefill} and {self.decode}")
+        if self.prefill < 0 or self.decode < 0:
+            raise ValueError(f"need >= 0 prefill and decode nodes, got {self.prefill} and {self.decode}")
         if self.prefill_tp < 1 or self.decode_tp < 1:
             raise ValueError(f"tp must be >= 1, got prefill_tp {self.prefill_tp} and decode_tp {self.decode_tp}")
         if self.startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        if self.max_restarts < 0 or self.restart_backoff_s < 0:
+            raise ValueError("max_restarts and restart_backoff_s must be >= 0")
 
 
 @dataclass(slots=True)
@@ -74,7 +86,14 @@ class NodeProcess:
     node_id: str
     role: str                           # "prefill" | "decode"
     process: subprocess.Popen
+    argv: list[str] = field(default_factory=list)        # how to start it again
+    env: dict[str, str] = field(default_factory=dict)
     reported: bool = False              # its exit has been reported
+    restarts: int = 0
+    restart_at: float | None = None     # when it starts again (loop time), once it died
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(_with_parent_death_signal(self.argv), start_new_session=True, env=self.env)
 
 
 class UpArgs(NamedTuple):
@@ -91,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         return colocated(argv[1:])
     if argv[:1] == ["secret"]:
         return print(encode_secret(new_secret()))
+    if argv[:1] in (["prefill"], ["decode"]):
+        return _node_main(argv[0], argv[1:])
+    if argv[:1] == ["router"]:
+        argv = ["up", *argv[1:], "--prefill", "0", "--decode", "0"]
     args = parse_up(argv)
     model = _model_path(args.model)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
@@ -131,41 +154,56 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
     from router.disaggregated import DisaggregatedBackend
     from router.server import Server
 
-    secret = _cluster_secret(config)
+    secret = _cluster_secret(config, cluster)
     backend = DisaggregatedBackend.from_model(model, secret, config)
     try:
         endpoint = await backend.start()
         print(f"pdserve: router control plane at {endpoint}; starting {cluster.prefill} prefill "
               f"(tp {cluster.prefill_tp}) and {cluster.decode} decode (tp {cluster.decode_tp}) node(s) "
-              f"of {model}", flush=True)
+              f"of {model}; more join with `pdserve prefill|decode --router {endpoint} --node-id ID` "
+              f"and the cluster secret", flush=True)
         nodes.extend(spawn_nodes(endpoint, cluster, node_flags, secret))
         if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
         server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/server.py
         serving = asyncio.create_task(server.serve())
-        watching = asyncio.create_task(_watch(nodes, backend.server))
+        watching = asyncio.create_task(_watch(nodes, backend, cluster))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
+        greeting = None
         if server.started:
             _print_ready(config, backend.model_name)
-            greeting = asyncio.create_task(_first_request(config, backend.model_name))
+            if nodes:          # a router alone waits for nodes from elsewhere: nothing to greet yet
+                greeting = asyncio.create_task(_first_request(config, backend.model_name))
         await serving
         watching.cancel()
-        if server.started:
+        if greeting is not None:
             greeting.cancel()
         return 0 if server.started else 1
     finally:
         backend.close()
 
 
-def _cluster_secret(config: RouterConfig) -> bytes:
-    """The secret given (file or environment), else a fresh one for this deployment."""
-    if config.cluster_secret_file or os.environ.get(ENV_VAR):
+def _cluster_secret(config: RouterConfig, cluster: ClusterConfig) -> bytes:
+    """The secret given (file or environment), else a fresh one for a deployment whose nodes
+    all start here; a router that others' nodes join must be given one."""
+    if config.cluster_secret_file or os.environ.get(ENV_VAR) or cluster.prefill == 0 or cluster.decode == 0:
         try:
             return load_secret(config.cluster_secret_file)
         except SecretError as err:
             sys.exit(f"pdserve: {err}")
     return new_secret()
+
+
+def _node_main(role: str, argv: list[str]) -> None:
+    """`pdserve prefill|decode ...`: one node of that role, as `python -m <role>_node`."""
+    from node_shell.runtime import main as node_main
+
+    if role == "prefill":
+        from prefill_node.service import PrefillService as service
+    else:
+        from decode_node.service import DecodeService as service
+    node_main(role, service, argv)
 
 
 def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str], secret: bytes) -> list[NodeProcess]:
@@ -175,7 +213,7 @@ def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str], se
     nodes = []
     # The nodes' ranks share this machine's cores: an equal share per rank rather than
     # oversubscribing (unless OMP_NUM_THREADS is set); a tp node's ranks split the node's threads.
-    per_rank = max(1, (os.cpu_count() or 1) // sum(tps[role] for role in roles))
+    per_rank = max(1, (os.cpu_count() or 1) // max(1, sum(tps[role] for role in roles)))
     base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                 **{ENV_VAR: encode_secret(secret)})
     for role in roles:
@@ -186,8 +224,9 @@ def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str], se
         if tp > 1:
             argv += ["--tensor-parallel-size", str(tp)]
         env = dict(base, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(per_rank * tp)))
-        process = subprocess.Popen(_with_parent_death_signal(argv), start_new_session=True, env=env)
-        nodes.append(NodeProcess(node_id, role, process))
+        node = NodeProcess(node_id, role, None, argv, env)
+        node.start()
+        nodes.append(node)
     return nodes
 
 
@@ -229,17 +268,35 @@ async def _wait_registered(backend: Any, nodes: list[NodeProcess], timeout_s: fl
         await asyncio.sleep(0.1)
 
 
-async def _watch(nodes: list[NodeProcess], server: Any) -> None:
-    """Reports a node process that exits while the router serves, and tells the router at once
-    (its requests move now, even if it died without a goodbye)."""
+async def _watch(nodes: list[NodeProcess], backend: Any, cluster: ClusterConfig) -> None:
+    """Supervises the nodes started here while the router serves: a node process that exits is
+    reported, and the router told at once (its requests move now, even without a goodbye); it is
+    started again after a backoff (restart_backoff_s, doubled each time), at most max_restarts
+    times, and rejoins with a new epoch."""
+    loop = asyncio.get_running_loop()
     while True:
         for node in nodes:
             if not node.reported and node.process.poll() is not None:
                 node.reported = True
                 print(f"pdserve: {node.node_id} exited with status {node.process.returncode}",
                       file=sys.stderr, flush=True)
-                server.node_exited(node.node_id, f"status {node.process.returncode}")
+                backend.server.node_exited(node.node_id, f"status {node.process.returncode}")
+                if node.restarts < cluster.max_restarts:
+                    node.restart_at = loop.time() + cluster.restart_backoff_s * 2 ** node.restarts
+            if node.restart_at is not None and loop.time() >= node.restart_at:
+                node.restarts, node.restart_at, node.reported = node.restarts + 1, None, False
+                print(f"pdserve: starting {node.node_id} again (restart {node.restarts} of "
+                      f"{cluster.max_restarts})", file=sys.stderr, flush=True)
+                node.start()
+                _note_restart(backend, node.node_id)
         await asyncio.sleep(0.2)
+
+
+def _note_restart(backend: Any, node_id: str) -> None:
+    """Counts the restart in the router's metrics, where the backend keeps such a count."""
+    note = getattr(backend, "note_restart", None)
+    if note is not None:
+        note(node_id)
 
 
 async def _first_request(config: RouterConfig, model_name: str) -> None:
@@ -278,7 +335,8 @@ def _parser() -> argparse.ArgumentParser:
     from node_shell.config import NodeConfig
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,colocated,secret}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{up,router,prefill,decode,colocated,secret}")
     up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
@@ -292,6 +350,9 @@ def _parser() -> argparse.ArgumentParser:
             nodes.add_argument("--" + field.name.replace("_", "-"), dest=f"node_{field.name}", type=kind,
                                metavar=field.name.upper(),
                                default=argparse.SUPPRESS, help=f"node default: {field.default}")
+    sub.add_parser("router", help="the router alone (up --prefill 0 --decode 0): nodes join from other hosts")
+    sub.add_parser("prefill", help="one prefill node (python -m prefill_node)")
+    sub.add_parser("decode", help="one decode node (python -m decode_node)")
     sub.add_parser("colocated", help="one process, prefill and decode together (python -m router)")
     sub.add_parser("secret", help="print a fresh cluster secret for nodes started by hand")
     return parser

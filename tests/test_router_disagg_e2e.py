@@ -19,6 +19,7 @@ from router.config import RouterConfig
 from router.disaggregated import DisaggregatedBackend
 from router.launcher import ClusterConfig, spawn_nodes, stop_nodes
 from tests.model_factory import hf_greedy
+from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET
 from tests.node_harness import process_alive
 
@@ -215,3 +216,93 @@ def _children(pid: int) -> list[int]:
             except OSError:
                 pass
     return out
+
+
+def test_nodes_started_by_hand_on_other_hosts_join_a_router_alone(model_dir, tmp_path):
+    """`pdserve prefill` and `pdserve decode` started by hand, as on other hosts (127.0.0.2 for the
+    router, 127.0.0.3 for the decode node's KV receiver), join the router with the cluster secret
+    from a 0600 file; the decode node advertises the address it bound, and greedy output over
+    the pair equals transformers'."""
+    path, hf_model = model_dir
+    secret_file = tmp_path / "secret"
+    write_secret(str(secret_file), TEST_SECRET)
+
+    async def main():
+        backend = DisaggregatedBackend.from_model(path, TEST_SECRET, RouterConfig(control_endpoint="tcp://127.0.0.2:0"))
+        endpoint, procs = await backend.start(), []
+        env = {k: v for k, v in os.environ.items() if k != "PDSERVE_CLUSTER_SECRET"}
+        common = ["--router", endpoint, "--model", path, *NODE_FLAGS, "--cluster-secret-file", str(secret_file)]
+        try:
+            for role, extra in (("prefill", []), ("decode", ["--kv-bind", "tcp://127.0.0.3:0"])):
+                procs.append(subprocess.Popen([sys.executable, "-m", "router.launcher", role, "--node-id", f"{role}-0",
+                                               *common, *extra], env=env, start_new_session=True))
+            deadline = time.monotonic() + 120
+            while backend.server.info("prefill-0") is None or backend.server.info("decode-0") is None:
+                assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            assert backend.server.info("decode-0").hello.kv_endpoint.startswith("tcp://127.0.0.3:")
+            params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+            out = await _collect(backend, "h", PROMPTS[1], params)
+            assert out.outputs[0].token_ids == hf_greedy(hf_model, PROMPTS[1], 12)
+        finally:
+            backend.close()
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                assert proc.wait(30) == 0
+    asyncio.run(main())
+
+
+def test_a_decode_node_bound_to_a_wildcard_address_must_advertise_one():
+    """A decode node bound to 0.0.0.0 without --kv-advertise-host refuses its config (it would
+    announce an address other hosts resolve to themselves); with one it announces that host."""
+    from node_shell.config import NodeConfig
+    with pytest.raises(ValueError, match="kv-advertise-host"):
+        NodeConfig(router="tcp://127.0.0.1:1", node_id="d", kv_bind="tcp://0.0.0.0:0")
+    with pytest.raises(ValueError, match="kv-advertise-host"):
+        NodeConfig(router="tcp://127.0.0.1:1", node_id="d", kv_bind="tcp://0.0.0.0:0", kv_advertise_host="::")
+    config = NodeConfig(router="tcp://127.0.0.1:1", node_id="d", kv_bind="tcp://0.0.0.0:0", kv_advertise_host="127.0.0.3")
+    assert config.kv_advertised("tcp://0.0.0.0:5601") == "tcp://127.0.0.3:5601"
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(BUILTIN_MODEL_PATH, "config.json")),
+                    reason="the built-in model is not built")
+def test_pdserve_up_starts_a_killed_node_again_and_serves_on(tmp_path):
+    """kill -9 of `pdserve up`'s decode node: the launcher tells the router at once (/health 503
+    while the pool is empty), starts the node again, it rejoins with a new epoch, and the next
+    request completes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(tmp_path / "pdserve.log", "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "router.launcher", "up", "--port", str(port),
+                                 "--kv-cache-gib", "0.05", "--restart-backoff-s", "0.5"],
+                                stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(port, proc)
+        before = set(_children(proc.pid))
+        decode = max(before, key=lambda pid: _cmdline(pid).count("decode_node"))
+        os.kill(decode, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not set(_children(proc.pid)) - before:
+            assert time.monotonic() < deadline, "the node was not started again"
+            time.sleep(0.1)
+        _wait_healthy(port, proc)
+        after = set(_children(proc.pid))
+        assert decode not in after and len(after) == 2 and len(after - before) == 1
+        body = json.dumps({"prompt": "ROMEO:", "max_tokens": 4, "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        assert json.load(urllib.request.urlopen(req, timeout=60))["usage"]["completion_tokens"] == 4
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "pdserve.log").read_text(errors="replace")
+    assert "decode-0 exited with status -9" in log and "starting decode-0 again (restart 1 of 3)" in log
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode(errors="replace")
