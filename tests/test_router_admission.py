@@ -13,6 +13,9 @@ from kvtransport.messages import Busy, Reserved
 from router.policy import NoNodeAvailable
 from tests.disagg_harness import CONFIG, END, Cluster, ScriptedNode, counter, run, until
 
+# No test here is about heartbeats: a generous timeout keeps a loaded machine from losing nodes
+STEADY = dataclasses.replace(CONFIG, heartbeat_timeout_s=10.0)
+
 BURST = 48
 
 
@@ -64,7 +67,7 @@ def test_a_burst_spreads_evenly_over_equal_nodes(num_nodes):
     """48 requests arriving at once (between two heartbeats) split evenly over equal decode nodes
     and over equal prefill nodes: each is booked on its nodes the moment they are chosen."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(STEADY) as c:
             ps, ds = await _cluster_nodes(c, num_nodes, num_nodes)
             outs = [c.generate(f"r{i}", prompt=[100 + i, 5, 6, 7, 8, 9], max_tokens=2) for i in range(BURST)]
             finals = await _finish(outs)
@@ -83,7 +86,7 @@ def test_busy_nodes_are_not_asked_again_until_they_report_room():
     requests, window_s = 16, 1.0
 
     async def test():
-        async with Cluster() as c:
+        async with Cluster(STEADY) as c:
             ps, ds = await _cluster_nodes(c, 1, 2)
             for r in ds:
                 r.busy, r.node.free_blocks = True, 8
@@ -106,7 +109,7 @@ def test_a_request_waits_for_a_heartbeat_with_room_without_asking():
     """A decode node that reports too few free blocks is not asked; the heartbeat that reports
     room admits the request."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(STEADY) as c:
             ps, (d,) = await _cluster_nodes(c, 1, 1)
             d.node.free_blocks = 1
             await asyncio.sleep(0.1)
@@ -124,7 +127,7 @@ def test_a_request_waits_for_a_heartbeat_with_room_without_asking():
 def test_no_live_node_names_the_empty_pool(roles, missing):
     """A fresh request with an empty pool fails at once with a 503 naming that pool."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(STEADY) as c:
             for role in roles:
                 await c.node(f"{role}-0", role)
             err = await c.generate().next()
@@ -135,7 +138,7 @@ def test_no_live_node_names_the_empty_pool(roles, missing):
 def test_every_decode_node_busy_until_the_timeout_says_so():
     """Busy until the admission timeout: the 503 says every decode node was busy, and why."""
     async def test():
-        async with Cluster(dataclasses.replace(CONFIG, admission_timeout_s=0.4)) as c:
+        async with Cluster(dataclasses.replace(STEADY, admission_timeout_s=0.4)) as c:
             _, ds = await _cluster_nodes(c, 1, 2)
             for r in ds:
                 r.busy = True
@@ -149,7 +152,7 @@ def test_every_decode_node_busy_until_the_timeout_says_so():
 def test_a_decode_node_that_does_not_answer_is_named():
     """A decode node silent on the reservation until the admission timeout is named in the 503."""
     async def test():
-        async with Cluster(dataclasses.replace(CONFIG, admission_timeout_s=0.3)) as c:
+        async with Cluster(dataclasses.replace(STEADY, admission_timeout_s=0.3)) as c:
             await c.node("prefill-0", "prefill")
             d = await c.node("decode-0", "decode")
             out = c.generate()
@@ -164,7 +167,7 @@ def test_a_decode_node_that_does_not_answer_is_named():
 def test_busy_releases_both_bookings():
     """A Busy reply releases the request's bookings on D and P at once."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(STEADY) as c:
             p = await c.node("prefill-0", "prefill")
             d = await c.node("decode-0", "decode")
             c.generate()
