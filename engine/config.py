@@ -73,8 +73,8 @@ class ModelConfig:
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     block_size: int = 16                 # tokens per KV block
-    num_blocks: int | None = None        # fixed pool size; None: size from memory_budget_gib
-    memory_budget_gib: float = 1.0       # KV pool memory when num_blocks is None
+    num_blocks: int | None = None        # fixed pool size; None: size from kv_cache_gib
+    kv_cache_gib: float = 1.0            # KV pool memory when num_blocks is None
     enable_prefix_caching: bool = True
     swap_space_gib: float = 0.0          # host swap pool for swap preemption; 0: recompute only
 
@@ -85,8 +85,8 @@ class CacheConfig:
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
-        if self.memory_budget_gib <= 0:
-            raise ValueError(f"memory_budget_gib must be > 0, got {self.memory_budget_gib}")
+        if self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
 
 
 @dataclass(frozen=True, slots=True)

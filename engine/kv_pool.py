@@ -18,7 +18,7 @@ def block_bytes(model: ModelConfig, block_size: int) -> int:
 def num_blocks_for(model: ModelConfig, cache: CacheConfig) -> int:
     if cache.num_blocks is not None:
         return cache.num_blocks
-    return max(1, int(cache.memory_budget_gib * 2**30) // block_bytes(model, cache.block_size))
+    return max(1, int(cache.kv_cache_gib * 2**30) // block_bytes(model, cache.block_size))
 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int,

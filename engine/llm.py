@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from tqdm import tqdm
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.args import EngineArgs
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.parallel import close_runner
@@ -18,17 +19,10 @@ from engine.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str | None = None, *, dtype: str = "auto", block_size: int = 16,
-                 num_blocks: int | None = None, kv_cache_gib: float = 1.0,
-                 enable_prefix_caching: bool = True, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
-                 max_model_len: int | None = None, device: str = "auto", seed: int = 0,
-                 tensor_parallel_size: int = 1, swap_space_gib: float = 0.0,
-                 preemption_mode: str = "auto"):
-        cache = CacheConfig(block_size, num_blocks, kv_cache_gib, enable_prefix_caching, swap_space_gib)
-        sched = SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, preemption_mode)
-        self.engine = LLMEngine(EngineConfig(model, dtype, max_model_len, device, seed, cache, sched,
-                                             tensor_parallel_size))
+    def __init__(self, model: str | None = None, **engine_args: Any):
+        """engine_args: any field of engine.args.EngineArgs (dtype, num_blocks, kv_cache_gib,
+        max_num_seqs, ...), the same names as every CLI's flags."""
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args).engine_config())
         self._ids = itertools.count()
 
     def close(self) -> None:

@@ -21,11 +21,11 @@ on ZeroMQ. Both nodes of a pair must use the same transport (the handshake check
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 from dataclasses import dataclass
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.args import EngineArgs
+from engine.flags import add_dataclass_args, build_dataclass
 
 
 KV_TRANSPORTS = ("zmq", "torch_dist")
@@ -38,25 +38,17 @@ def _tcp_host(endpoint: str) -> str | None:
     return m.group(1) if m else None
 
 
-@dataclass(frozen=True, slots=True)
-class NodeConfig:
-    router: str                          # the router's control endpoint
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig(EngineArgs):
+    """A node is an engine (EngineArgs: the same knobs, under the same names, as `LLM(...)` and
+    `python -m router`) plus how it joins the deployment."""
+    router: str                          # the router's control endpoint, e.g. tcp://10.0.0.1:7100
     node_id: str                         # unique among the router's nodes
-    model: str | None = None             # local HF folder; None: the built-in model
-    dtype: str = "auto"
-    block_size: int = 16
-    kv_cache_gib: float = 1.0
-    num_blocks: int | None = None        # overrides kv_cache_gib
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    device: str = "auto"
-    seed: int = 0
-    kv_bind: str = "tcp://127.0.0.1:0"   # decode nodes: where the KV receiver listens
+    kv_bind: str = "tcp://127.0.0.1:0"   # decode nodes: where the KV receiver listens (port 0: any free)
     kv_advertise_host: str | None = None  # decode nodes: the host prefill nodes reach it at; default: kv_bind's
-    heartbeat_s: float = 0.5
+    heartbeat_s: float = 0.5             # seconds between heartbeats to the router
     router_timeout_s: float = 10.0       # no reply from the router this long: register again (new epoch)
     lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
-    tensor_parallel_size: int = 1        # ranks (processes) sharing this node's heads; any mix of P and D
     kv_transport: str = "zmq"            # zmq: payloads as ZeroMQ frames; torch_dist: tensor sends
                                          # (NCCL between CUDA pools, gloo between CPU pools)
     p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups use
@@ -86,20 +78,9 @@ class NodeConfig:
         host = self.kv_advertise_host
         return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
-    def engine_config(self) -> EngineConfig:
-        cache = CacheConfig(self.block_size, self.num_blocks, self.kv_cache_gib)
-        sched = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens)
-        return EngineConfig(self.model, self.dtype, None, self.device, self.seed, cache, sched,
-                            self.tensor_parallel_size)
-
     @classmethod
     def from_argv(cls, prog: str, argv: list[str] | None = None) -> "NodeConfig":
         parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                          formatter_class=argparse.RawDescriptionHelpFormatter)
-        for f in dataclasses.fields(cls):
-            required = f.default is dataclasses.MISSING
-            kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, required=required,
-                                default=None if required else f.default,
-                                help=None if required else f"default: {f.default}")
-        return cls(**vars(parser.parse_args(argv)))
+        add_dataclass_args(parser, cls)
+        return build_dataclass(cls, vars(parser.parse_args(argv)))

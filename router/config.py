@@ -7,7 +7,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class RouterConfig:
     host: str = "127.0.0.1"                 # loopback unless an address is given
-    port: int = 8000
+    port: int = 8000                        # the HTTP port of the OpenAI API, /health and /metrics
     api_key: str | None = None              # when set, /v1/* needs `Authorization: Bearer <api_key>`
     served_model_name: str | None = None    # name clients use; None: the backend's model name
     default_max_tokens: int = 16            # /v1/completions default (OpenAI's); chat defaults to the context

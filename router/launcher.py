@@ -36,19 +36,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
-import typing
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
-from router.cli import add_dataclass_args, build_dataclass
+from engine.flags import add_dataclass_args, build_dataclass
 from router.config import RouterConfig
 
 # NodeConfig fields the launcher sets itself, per node, instead of taking them as flags
@@ -341,15 +339,8 @@ def _parser() -> argparse.ArgumentParser:
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
     add_dataclass_args(up_parser, ClusterConfig)
-    nodes = up_parser.add_argument_group("node flags (passed to every node when given)")
-    hints = typing.get_type_hints(NodeConfig)
-    for field in dataclasses.fields(NodeConfig):
-        if field.name not in _PER_NODE_FIELDS:
-            kind = typing.get_args(hints[field.name])[0] if typing.get_args(hints[field.name]) \
-                else hints[field.name]
-            nodes.add_argument("--" + field.name.replace("_", "-"), dest=f"node_{field.name}", type=kind,
-                               metavar=field.name.upper(),
-                               default=argparse.SUPPRESS, help=f"node default: {field.default}")
+    nodes = up_parser.add_argument_group("engine and node flags (passed to every node when given)")
+    add_dataclass_args(nodes, NodeConfig, dest_prefix="node_", skip=_PER_NODE_FIELDS)
     sub.add_parser("router", help="the router alone (up --prefill 0 --decode 0): nodes join from other hosts")
     sub.add_parser("prefill", help="one prefill node (python -m prefill_node)")
     sub.add_parser("decode", help="one decode node (python -m decode_node)")
@@ -363,7 +354,9 @@ def _node_flags(args: dict[str, Any]) -> list[str]:
     flags = []
     for key, value in args.items():
         if key.startswith("node_") and key != "node_model":
-            flags += ["--" + key[len("node_"):].replace("_", "-"), str(value)]
+            name = key[len("node_"):].replace("_", "-")
+            flags += [f"--{name}" if value is True else f"--no-{name}"] if type(value) is bool \
+                else [f"--{name}", str(value)]
     return flags
 
 

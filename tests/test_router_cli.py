@@ -1,37 +1,64 @@
-"""The launcher's flags, generated from the config dataclasses."""
+"""Every CLI's flags come from the config dataclasses: one name per knob, a help line per flag."""
 from __future__ import annotations
 
 import argparse
 
 import pytest
 
-from engine import EngineConfig
-from router.cli import add_dataclass_args, build_dataclass
+from engine.args import EngineArgs
+from engine.flags import add_dataclass_args, build_dataclass, field_help
+from node_shell.config import NodeConfig
 from router.config import RouterConfig
+from router.launcher import ClusterConfig, _parser
 
 
-def _parse(argv: list[str]) -> tuple[RouterConfig, EngineConfig]:
+def _parse(argv: list[str]) -> tuple[RouterConfig, EngineArgs]:
     parser = argparse.ArgumentParser()
     add_dataclass_args(parser, RouterConfig)
-    add_dataclass_args(parser, EngineConfig)
+    add_dataclass_args(parser, EngineArgs)
     args = vars(parser.parse_args(argv))
-    return build_dataclass(RouterConfig, args), build_dataclass(EngineConfig, args)
+    return build_dataclass(RouterConfig, args), build_dataclass(EngineArgs, args)
 
 
 def test_no_flags_give_the_defaults():
     """Without flags both configs equal their dataclass defaults."""
-    assert _parse([]) == (RouterConfig(), EngineConfig())
+    assert _parse([]) == (RouterConfig(), EngineArgs())
 
 
-def test_flags_reach_fields_and_nested_configs():
-    """Scalar, optional, boolean and nested (prefixed) fields are set from flags."""
-    router, engine = _parse(["--port", "9000", "--api-key", "k", "--model", "/m", "--max-model-len", "128",
-                             "--cache-num-blocks", "32", "--no-cache-enable-prefix-caching",
-                             "--scheduler-max-num-seqs", "4"])
+def test_flags_reach_fields_and_the_engine_config():
+    """Scalar, optional and boolean fields are set from flags, and reach the engine's nested config."""
+    router, args = _parse(["--port", "9000", "--api-key", "k", "--model", "/m", "--max-model-len", "128",
+                           "--num-blocks", "32", "--no-enable-prefix-caching", "--max-num-seqs", "4",
+                           "--kv-cache-gib", "0.5", "--preemption-mode", "swap", "--swap-space-gib", "1"])
     assert (router.port, router.api_key, router.host) == (9000, "k", "127.0.0.1")
+    engine = args.engine_config()
     assert (engine.model, engine.max_model_len) == ("/m", 128)
-    assert (engine.cache.num_blocks, engine.cache.enable_prefix_caching) == (32, False)
-    assert engine.scheduler.max_num_seqs == 4
+    assert (engine.cache.num_blocks, engine.cache.enable_prefix_caching, engine.cache.kv_cache_gib) == (32, False, 0.5)
+    assert (engine.scheduler.max_num_seqs, engine.scheduler.preemption_mode) == (4, "swap")
+
+
+def test_nodes_take_every_engine_flag_under_the_same_name():
+    """A node's CLI takes every EngineArgs flag (max_model_len, prefix caching, chunked prefill,
+    swap, preemption mode included) and its own; pdserve up passes them on unchanged."""
+    config = NodeConfig.from_argv("node", ["--router", "tcp://127.0.0.1:1", "--node-id", "d", "--max-model-len", "64",
+                                           "--no-enable-chunked-prefill", "--preemption-mode", "recompute",
+                                           "--num-blocks", "8", "--heartbeat-s", "0.25"])
+    assert (config.max_model_len, config.enable_chunked_prefill, config.preemption_mode, config.num_blocks,
+            config.heartbeat_s) == (64, False, "recompute", 8, 0.25)
+    assert config.engine_config().scheduler.enable_chunked_prefill is False
+    from router.launcher import parse_up
+    up = parse_up(["up", "--no-enable-prefix-caching", "--max-num-seqs", "3", "--port", "1234"])
+    assert up.node_flags == ["--no-enable-prefix-caching", "--max-num-seqs", "3"] and up.router.port == 1234
+
+
+def test_every_flag_has_a_one_line_description():
+    """Each field of every config record that becomes a flag has a help line (its comment)."""
+    for cls in (RouterConfig, ClusterConfig, NodeConfig, EngineArgs):
+        helps = field_help(cls)
+        missing = [name for name in cls.__dataclass_fields__ if not helps.get(name)]
+        assert missing == [], f"{cls.__name__}: {missing}"
+    up_help = _parser()._subparsers._group_actions[0].choices["up"].format_help()
+    assert "sequences running in one step" in up_help and "the HTTP port" in up_help
 
 
 def test_invalid_values_are_refused():

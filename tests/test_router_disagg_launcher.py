@@ -27,9 +27,11 @@ def test_flags_reach_router_cluster_and_nodes():
 
 
 def test_invalid_flags_are_usage_errors():
-    """No decode node, a tp below 1, a bad router value or a per-node flag (--kv-bind; the node's
-    --tensor-parallel-size, which --prefill-tp / --decode-tp set per kind) is a usage error."""
-    for argv in (["up", "--decode", "0"], ["up", "--prefill-tp", "0"], ["up", "--port", "-1"],
+    """A negative node count, a tp below 1, a bad router value or a per-node flag (--kv-bind; the
+    node's --tensor-parallel-size, which --prefill-tp / --decode-tp set per kind) is a usage error
+    (no local node of a kind is allowed: nodes may join from other hosts)."""
+    assert parse_up(["up", "--decode", "0"]).cluster.decode == 0
+    for argv in (["up", "--decode", "-1"], ["up", "--prefill-tp", "0"], ["up", "--port", "-1"],
                  ["up", "--kv-bind", "tcp://x:1"], ["up", "--tensor-parallel-size", "2"]):
         with pytest.raises(SystemExit) as exit_info:
             parse_up(argv)

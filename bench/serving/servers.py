@@ -66,8 +66,8 @@ class ServerFailed(RuntimeError):
 def pdserve_colocated(model: str, port: int, k: Knobs) -> ServerSpec:
     argv = (sys.executable, "-m", "router", "--model", model, "--port", str(port), "--dtype", k.dtype,
             "--served-model-name", SERVED_NAME, "--max-model-len", str(k.max_model_len),
-            "--cache-memory-budget-gib", str(k.kv_cache_gib), "--scheduler-max-num-seqs", str(k.max_num_seqs),
-            "--scheduler-max-num-batched-tokens", str(k.max_num_batched_tokens))
+            "--kv-cache-gib", str(k.kv_cache_gib), "--max-num-seqs", str(k.max_num_seqs),
+            "--max-num-batched-tokens", str(k.max_num_batched_tokens))
     return ServerSpec("pdserve-colocated", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME))
 
 

@@ -1,0 +1,40 @@
+"""EngineArgs: every knob of an engine, under one name each. `LLM(...)`'s keywords, the flags of
+`python -m router`, `pdserve up` and both node CLIs are generated from it (engine/flags.py), so a
+knob has the same name and help everywhere. Imports nothing heavy; engine_config() builds the
+validated, nested EngineConfig the engine runs on."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineArgs:
+    model: str | None = None              # a local Hugging Face folder (safetensors); default: the built-in model
+    dtype: str = "auto"                   # auto (the checkpoint's; float16 runs as bfloat16 on CPU) | float32 | bfloat16 | float16
+    max_model_len: int | None = None      # longest prompt + output in tokens; default: the model's context
+    device: str = "auto"                  # auto | cpu | cuda
+    seed: int = 0                         # the sampling seed of requests without their own
+    block_size: int = 16                  # tokens per KV block (8, 16, 32, 64 or 128)
+    num_blocks: int | None = None         # KV blocks in the pool; default: as many as kv_cache_gib holds
+    kv_cache_gib: float = 1.0             # KV pool memory (GiB) when num_blocks is not given
+    enable_prefix_caching: bool = True    # keep full prompt blocks for reuse by later prompts (hash-chained)
+    swap_space_gib: float = 0.0           # host memory (GiB) for swap preemption; 0: preempt by recompute only
+    max_num_seqs: int = 64                # sequences running in one step
+    max_num_batched_tokens: int = 2048    # tokens in one step: prefill chunks plus one per decoding sequence
+    enable_chunked_prefill: bool = True   # split long prompts over steps; off: the context is at most max_num_batched_tokens
+    preemption_mode: str = "auto"         # recompute | swap | auto (swap long sequences when swap space allows)
+    tensor_parallel_size: int = 1         # processes the heads and MLP are split over
+
+    def engine_config(self) -> EngineConfig:
+        from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+
+        cache = CacheConfig(self.block_size, self.num_blocks, self.kv_cache_gib, self.enable_prefix_caching,
+                            self.swap_space_gib)
+        scheduler = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
+                                    self.preemption_mode)
+        return EngineConfig(self.model, self.dtype, self.max_model_len, self.device, self.seed, cache, scheduler,
+                            self.tensor_parallel_size)
