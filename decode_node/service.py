@@ -23,14 +23,14 @@ import secrets
 from engine.llm_engine import LLMEngine
 from engine.node_config import NodeConfig
 from engine.node_runtime import kv_identity, node_status
-from engine.outputs import RequestOutput
+from pdwire.outputs import RequestOutput
 from engine.parallel import TPModelRunner, close_runner
 from engine.router_link import RouterLink
 from decode_node.streamer import Streamer
-from kvtransport.control import AbortRequest, DecodeRequest, NodeHello, NodeStatus, RequestFailed
+from pdwire.control import AbortRequest, DecodeRequest, NodeHello, NodeStatus, RequestFailed
 from kvtransport.events import TransferCommitted, TransferFailed
-from kvtransport.handshake import new_epoch
-from kvtransport.messages import Busy, Reserved
+from pdwire.handshake import new_epoch
+from pdwire.messages import Busy, Reserved
 from kvtransport.payload import BlockWriterSink
 from kvtransport.receiver_state import Reservation
 from kvtransport.secret import load_secret

@@ -17,7 +17,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from engine.block_hash import BlockHash, chain_hashes
+from pdwire.block_hash import BlockHash, chain_hashes
 from engine.sequence import Sequence
 
 

@@ -12,9 +12,9 @@ from tqdm import tqdm
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from pdwire.outputs import RequestOutput
 from engine.parallel import close_runner
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 
 
 class LLM:

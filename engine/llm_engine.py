@@ -22,10 +22,10 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import DecodeState, Detokenizer, find_stop
 from engine.kv_pool import block_bytes, num_blocks_for
-from engine.outputs import CompletionOutput, EngineMetrics, RequestOutput
+from pdwire.outputs import CompletionOutput, EngineMetrics, RequestOutput
 from engine.parallel import make_runner
-from engine.sampler import Sampler, SampledToken, SamplingRow, choice_seed
-from engine.sampling_params import SamplingParams
+from engine.sampler import Sampler, SampledToken, SamplingRow
+from pdwire.sampling_params import SamplingParams, choice_seed
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
 from engine.swap import PreemptionMode, SwapPool

@@ -18,8 +18,8 @@ import torch
 from engine.config import ModelConfig
 from engine.llm_engine import LLMEngine
 from engine.model import CausalLM
-from kvtransport.control import KV_COUNTERS, NodeStatus
-from kvtransport.handshake import KVLayout, PeerIdentity, model_fingerprint
+from pdwire.control import KV_COUNTERS, NodeStatus
+from pdwire.handshake import KVLayout, PeerIdentity, model_fingerprint
 from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 
 if TYPE_CHECKING:

@@ -19,13 +19,13 @@ import logging
 from engine.llm_engine import LLMEngine
 from engine.node_config import NodeConfig
 from engine.node_runtime import kv_identity, node_status
-from engine.outputs import RequestOutput
+from pdwire.outputs import RequestOutput
 from engine.parallel import close_runner
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 from engine.router_link import RouterLink
-from kvtransport.control import AbortRequest, FirstToken, NodeHello, NodeStatus, PrefillRequest, RequestFailed
-from kvtransport.handshake import HandshakeError, new_epoch
-from kvtransport.schema import ProtocolError
+from pdwire.control import AbortRequest, FirstToken, NodeHello, NodeStatus, PrefillRequest, RequestFailed
+from pdwire.handshake import HandshakeError, new_epoch
+from pdwire.schema import ProtocolError
 from kvtransport.secret import load_secret
 from kvtransport.torch_dist import DistSender
 from kvtransport.zmq_sender import ZmqSender

@@ -9,8 +9,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable
 
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from pdwire.outputs import RequestOutput
+from pdwire.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

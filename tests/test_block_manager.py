@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.block_hash import chain_hashes, hash_block
+from pdwire.block_hash import chain_hashes, hash_block
 from engine.block_manager import BlockCopy, BlockManager, NoFreeBlocks
 from engine.sequence import Sequence
 

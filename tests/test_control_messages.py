@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine import SamplingParams
-from kvtransport import control
-from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
+from pdwire import control
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
                                  PrefillRequest, RequestFailed, TokenDelta)
-from kvtransport.schema import ProtocolError
+from pdwire.schema import ProtocolError
 
 PARAMS = SamplingParams(temperature=0.7, top_k=5, stop=("\n\n",), seed=3, max_tokens=9, logprobs=2)
 MESSAGES = [

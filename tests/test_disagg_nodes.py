@@ -9,8 +9,8 @@ import zmq
 
 from decode_node.streamer import Streamer
 from engine import SamplingParams
-from engine.outputs import CompletionOutput, RequestOutput
-from kvtransport.control import AbortRequest
+from pdwire.outputs import CompletionOutput, RequestOutput
+from pdwire.control import AbortRequest
 from tests.model_factory import hf_greedy
 from tests.node_harness import NodeHarness
 

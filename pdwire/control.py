@@ -2,8 +2,8 @@
 
 Topology: the router binds one ZMQ ROUTER socket; each node connects a DEALER, proves that it
 holds the cluster secret (kvtransport.session) and then names itself in its NodeHello. Every
-message is sealed by that session: [msgpack `[version, kind, [fields...]]`, trailer], validated
-on decode like the KV transport's own messages (kvtransport.messages); Reserved and Busy are
+message is sealed by that session (kvtransport.framing.control_framer): [msgpack `[version, kind, [fields...]]`, trailer], validated
+on decode like the KV transport's own messages (pdwire.messages); Reserved and Busy are
 shared with it.
 
   node   -> router: NodeHello (once per epoch), NodeStatus (heartbeat), FirstToken (prefill),
@@ -19,11 +19,10 @@ from typing import Any
 
 import msgpack
 
-from engine.sampling_params import SamplingParams
-from kvtransport import messages
-from kvtransport.framing import Framer
-from kvtransport.messages import Busy, Reserved
-from kvtransport.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
+from pdwire import messages
+from pdwire.messages import Busy, Reserved
+from pdwire.sampling_params import SamplingParams
+from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
                                 check_bool, check_id, check_int, check_ints, check_seq, check_str)
 
 MAX_PROMPT_TOKENS = 1 << 20
@@ -243,11 +242,6 @@ KINDS: dict[str, type] = {
     "reserved": Reserved, "busy": Busy,
 }
 _KIND_OF = {cls: kind for kind, cls in KINDS.items()}
-
-
-def framer() -> Framer:
-    """Packs and unpacks sealed control messages of at most MAX_CONTROL_BYTES."""
-    return Framer(max_payload_bytes=0, max_header_bytes=MAX_CONTROL_BYTES, encoder=encode, decoder=decode)
 
 
 def encode(msg: Any) -> bytes:
