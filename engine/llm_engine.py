@@ -118,18 +118,6 @@ class LLMEngine:
             self._forget(group)
         return out
 
-    def pin_blocks(self, block_ids: list[int]) -> Sequence:
-        """Keep these blocks from being freed or evicted (zero-copy sends read them) until
-        `unpin_blocks(holder)`."""
-        holder = Sequence([], 0)
-        self.block_manager.share(holder, block_ids)
-        self.scheduler.pinned.append(holder)
-        return holder
-
-    def unpin_blocks(self, holder: Sequence) -> None:
-        self.scheduler.pinned.remove(holder)
-        self.block_manager.free(holder)
-
     def _new_group(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                    prior_outputs: int = 0) -> SequenceGroup:
         if not isinstance(request_id, str) or not request_id:
