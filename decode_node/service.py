@@ -24,7 +24,7 @@ from engine.llm_engine import LLMEngine
 from engine.node_config import NodeConfig
 from engine.node_runtime import kv_identity, node_status
 from pdwire.outputs import RequestOutput
-from engine.parallel import TPModelRunner, close_runner
+from engine.parallel import close_runner
 from engine.router_link import RouterLink
 from decode_node.streamer import Streamer
 from pdwire.control import AbortRequest, DecodeRequest, NodeHello, NodeStatus, RequestFailed
@@ -49,7 +49,7 @@ class DecodeService:
         self.engine = e = LLMEngine(config.engine_config())
         identity = kv_identity(e, config.node_id, self.epoch, config.kv_transport)
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
-        write_blocks = e.runner.write_blocks if isinstance(e.runner, TPModelRunner) else None
+        write_blocks = e.runner.block_writer()
         if config.kv_transport == "torch_dist":
             self.receiver = DistReceiver(e.runner.kv_cache, identity, secret, bind=config.kv_bind,
                                          p2p_host=config.p2p_host, write_blocks=write_blocks)

@@ -19,7 +19,6 @@ import torch
 
 from engine.block_manager import PinHandle
 from engine.llm_engine import LLMEngine
-from engine.parallel import TPModelRunner
 from engine.sequence import Sequence, SequenceGroup
 from kvtransport.base import KVSender
 
@@ -64,12 +63,12 @@ class BlockShipper:
 
     def _full_head_blocks(self, s: Shipment, blocks: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Where to send `blocks` from, with every kv head: (tensor [n, L, 2, bs, H, D], its ids)."""
-        runner = self.engine.runner
-        if isinstance(runner, TPModelRunner):
-            s.staged.append(runner.gather_blocks(blocks))
-            return s.staged[-1], list(range(len(blocks)))
-        s.pins.append(self.engine.block_manager.pin(blocks))
-        return runner.kv_cache, blocks
+        export = self.engine.runner.export_blocks(blocks)
+        if export.aliases_pool:
+            s.pins.append(self.engine.block_manager.pin(blocks))
+        else:
+            s.staged.append(export.kv_cache)
+        return export.kv_cache, export.ids
 
     def close(self, rid: str) -> Shipment | None:
         """The request is over here (committed or aborted); its pins go once sent."""
