@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 
 from pdwire import messages
+from pdwire.figures import KV_COUNTERS, NodeFigures, TransferCounters
 from pdwire.messages import Busy, Reserved
 from pdwire.sampling_params import SamplingParams
 from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
@@ -121,9 +122,19 @@ class NodeStatus:
             check_int(getattr(self, name), name)
         _float(self.kv_usage, "kv_usage", hi=1.0), _float(self.prefix_hit_rate, "prefix_hit_rate", hi=1.0)
 
+    @classmethod
+    def of(cls, node_id: str, epoch: str, figures: NodeFigures) -> NodeStatus:
+        """The heartbeat carrying `figures` (flat on the wire, as peers before the record expect)."""
+        return cls(node_id, epoch, *figures[:-1], *figures.transfer)
 
-KV_COUNTERS = ("kv_blocks_sent", "kv_bytes_sent", "kv_blocks_received", "kv_bytes_received", "kv_transfers_done",
-               "kv_transfers_failed", "kv_frames_dropped")
+    @property
+    def transfer(self) -> TransferCounters:
+        return TransferCounters(*(getattr(self, name) for name in KV_COUNTERS))
+
+    @property
+    def figures(self) -> NodeFigures:
+        return NodeFigures(self.num_running, self.num_waiting, self.kv_usage, self.prefix_hit_rate,
+                           self.num_preemptions, self.num_free_blocks, self.transfer)
 
 
 @dataclass(frozen=True, slots=True)

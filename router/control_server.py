@@ -30,8 +30,7 @@ import zmq.asyncio
 from prometheus_client import Counter
 
 from pdwire import control
-from pdwire.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeHello, NodeStatus, RequestFailed,
-                                 TokenDelta)
+from pdwire.control import FirstToken, NodeCommand, NodeHello, NodeStatus, RequestFailed, TokenDelta
 from kvtransport.framing import FrameError, control_framer
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
@@ -153,7 +152,7 @@ class ControlServer:
             out.append(NodeMetrics(node.node_id, node.role.value, node.load.num_running,
                                    node.load.num_waiting, node.load.kv_usage,
                                    s.prefix_hit_rate if s else 0.0, s.num_preemptions if s else 0,
-                                   tuple(getattr(s, name) for name in KV_COUNTERS) if s else ()))
+                                   s.transfer if s else ()))
         return out
 
     # ------------------------------------------------------------ loops

@@ -90,3 +90,13 @@ def test_random_bytes_only_raise_protocol_error(data):
         control.decode(data)
     except ProtocolError:
         pass
+
+
+def test_node_status_carries_figures_flat_and_back():
+    """NodeStatus.of(figures) is the same flat wire message as before, and .figures gives the record back."""
+    from pdwire.figures import NodeFigures, TransferCounters
+    figures = NodeFigures(2, 1, 0.5, 0.25, 3, 7, TransferCounters(blocks_received=4, bytes_received=64,
+                                                                 transfers_done=1, frames_dropped=2))
+    status = NodeStatus.of("n1", "e1", figures)
+    assert status == NodeStatus("n1", "e1", 2, 1, 0.5, 0.25, 3, 7, 0, 0, 4, 64, 1, 0, 2)
+    assert control.decode(control.encode(status)).figures == figures
