@@ -27,7 +27,7 @@ import zmq
 
 from kvtransport.events import TransferCommitted
 from kvtransport.framing import Framer
-from kvtransport.messages import BlockFrame
+from pdwire.messages import BlockFrame
 from kvtransport.receiver_state import Reservation
 from kvtransport.session import Session
 from kvtransport.testing import make_identity, make_pool

@@ -21,12 +21,11 @@ import logging
 import secrets
 
 from decode_node.streamer import Streamer
-from engine.outputs import RequestOutput
-from engine.parallel import TPModelRunner
-from kvtransport.control import AbortRequest, DecodeRequest, RequestFailed
+from pdwire.outputs import RequestOutput
+from pdwire.control import AbortRequest, DecodeRequest, RequestFailed
 from kvtransport.events import TransferCommitted, TransferFailed
-from kvtransport.handshake import PeerIdentity
-from kvtransport.messages import Busy, Reserved
+from pdwire.handshake import PeerIdentity
+from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import ReceiverMetrics
 from kvtransport.payload import BlockWriterSink
 from kvtransport.receiver_state import Reservation
@@ -51,7 +50,7 @@ class DecodeService(NodeService):
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
         e, config = self.engine, self.config
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
-        write_blocks = e.runner.write_blocks if isinstance(e.runner, TPModelRunner) else None
+        write_blocks = e.runner.block_writer()
         if config.kv_transport == "torch_dist":
             self.receiver = DistReceiver(e.runner.kv_cache, identity, secret, bind=config.kv_bind,
                                          p2p_host=config.p2p_host, write_blocks=write_blocks)

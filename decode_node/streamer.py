@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.outputs import RequestOutput
-from kvtransport.control import TokenDelta
+from pdwire.outputs import RequestOutput
+from pdwire.control import TokenDelta
 
 
 @dataclass(slots=True)

@@ -11,11 +11,19 @@ import os
 if "GOMP_SPINCOUNT" not in os.environ:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput, EngineMetrics, RequestOutput
-from engine.sampling_params import SamplingParams
+from pdwire.outputs import CompletionOutput, EngineMetrics, RequestOutput  # noqa: E402
+from pdwire.sampling_params import SamplingParams  # noqa: E402
+
+# The heavy names (torch, the model) load on first use, so `import engine.x` stays light.
+_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "EngineConfig": "engine.config",
+         "ModelConfig": "engine.config", "CacheConfig": "engine.config", "SchedulerConfig": "engine.config"}
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "EngineConfig", "ModelConfig", "CacheConfig",
            "SchedulerConfig", "RequestOutput", "CompletionOutput", "EngineMetrics"]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(_LAZY[name]), name)

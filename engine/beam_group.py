@@ -12,8 +12,8 @@ import torch
 
 from engine.beam_search import BeamState
 from engine.block_manager import BlockManager
-from engine.outputs import CompletionOutput
-from engine.sampling_params import SamplingParams
+from pdwire.outputs import CompletionOutput
+from pdwire.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
 

@@ -3,7 +3,7 @@ copy-on-write and the hash-chained prefix cache.
 
 Every physical block is in exactly one state:
 
-    in use     ref_count > 0             held by one or more block tables
+    in use     ref_count > 0             held by one or more block tables or pins
     cached     ref_count == 0, hashed    in `_evictable`, reusable by a prefix hit until evicted
     free       ref_count == 0, unhashed  in `_free`
 
@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, NewType
 
-from engine.block_hash import BlockHash, chain_hashes
+from pdwire.block_hash import BlockHash, chain_hashes
 from engine.sequence import Sequence
+
+
+PinHandle = NewType("PinHandle", int)   # one pin(): its blocks stay in use until unpin(handle)
 
 
 @dataclass(slots=True)
@@ -58,6 +61,8 @@ class BlockManager:
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()   # LRU first
         self._cached: dict[BlockHash, int] = {}
+        self._pins: dict[PinHandle, tuple[int, ...]] = {}   # blocks held outside any block table
+        self._next_pin = 0
         self.stats = PrefixCacheStats()
 
     # -- capacity ---------------------------------------------------------------------------
@@ -232,12 +237,26 @@ class BlockManager:
             self._ref(block_id)
         child.block_table = list(parent.block_table)
 
-    def share(self, holder: Sequence, block_ids: list[int]) -> None:
-        """`holder` (a sequence with no tokens of its own) takes a reference to each block, e.g.
-        to keep blocks still being sent from being evicted and rewritten. Free it to let go."""
+    # -- pins -------------------------------------------------------------------------------
+    def pin(self, block_ids: list[int]) -> PinHandle:
+        """One more reference to each block until `unpin(handle)`: a pinned block is never freed,
+        evicted or rewritten (a zero-copy send is still reading it). Blocks must be in use."""
         for block_id in block_ids:
             self._ref(block_id)
-        holder.block_table = holder.block_table + list(block_ids)
+        handle = PinHandle(self._next_pin)
+        self._next_pin += 1
+        self._pins[handle] = tuple(block_ids)
+        return handle
+
+    def unpin(self, handle: PinHandle) -> None:
+        """Drop the pin's references, tail block first (as `free` does). KeyError if the handle is
+        unknown or already unpinned."""
+        for block_id in reversed(self._pins.pop(handle)):
+            self._unref(block_id)
+
+    @property
+    def num_pins(self) -> int:
+        return len(self._pins)
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references, tail block first. Safe to call twice."""
@@ -290,7 +309,7 @@ class BlockManager:
     # -- checks and figures -----------------------------------------------------------------
     def check_integrity(self, seqs: list[Sequence] | None = None) -> None:
         """Assert free + cached + in use == total, and (given every live sequence) that each
-        reference count equals the number of block tables holding that block."""
+        reference count equals the number of block tables and pins holding that block."""
         free, cached = set(self._free), set(self._evictable)
         in_use = {b.block_id for b in self.blocks if b.ref_count > 0}
         assert len(free) == len(self._free), "a block is twice in the free queue"
@@ -301,8 +320,8 @@ class BlockManager:
         assert all(self.blocks[b].block_hash == h for h, b in self._cached.items()), "stale cache entry"
         if seqs is not None:
             refs = [0] * self.num_blocks
-            for seq in seqs:
-                for block_id in seq.block_table:
+            for table in [s.block_table for s in seqs] + list(self._pins.values()):
+                for block_id in table:
                     refs[block_id] += 1
             assert refs == [b.ref_count for b in self.blocks], "reference counts disagree with tables"
 

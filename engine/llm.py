@@ -13,9 +13,9 @@ from tqdm import tqdm
 
 from engine.args import EngineArgs
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from pdwire.outputs import RequestOutput
 from engine.parallel import close_runner
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 
 
 class LLM:

@@ -22,10 +22,10 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import DecodeState, Detokenizer, find_stop
 from engine.kv_pool import block_bytes, num_blocks_for
-from engine.outputs import CompletionOutput, EngineMetrics, RequestOutput
+from pdwire.outputs import CompletionOutput, EngineMetrics, RequestOutput
 from engine.parallel import make_runner
-from engine.sampler import Sampler, SampledToken, SamplingRow, choice_seed
-from engine.sampling_params import SamplingParams
+from engine.sampler import Sampler, SampledToken, SamplingRow
+from pdwire.sampling_params import SamplingParams, choice_seed
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
 from engine.swap import PreemptionMode, SwapPool
@@ -117,18 +117,6 @@ class LLMEngine:
         if group.is_finished:
             self._forget(group)
         return out
-
-    def pin_blocks(self, block_ids: list[int]) -> Sequence:
-        """Keep these blocks from being freed or evicted (zero-copy sends read them) until
-        `unpin_blocks(holder)`."""
-        holder = Sequence([], 0)
-        self.block_manager.share(holder, block_ids)
-        self.scheduler.pinned.append(holder)
-        return holder
-
-    def unpin_blocks(self, holder: Sequence) -> None:
-        self.scheduler.pinned.remove(holder)
-        self.block_manager.free(holder)
 
     def _new_group(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                    prior_outputs: int = 0) -> SequenceGroup:

@@ -8,12 +8,13 @@ from engine.block_manager import BlockCopy
 from engine.config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.model import CausalLM
+from engine.runner_base import BlockExport, RunnerBase, WriteBlocks
 from engine.packed_linear import pack_linears
 from engine.scheduler import ScheduledSeq
 from engine.swap import BlockMove
 
 
-class ModelRunner:
+class ModelRunner(RunnerBase):
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int):
         self.model = model
         pack_linears(model)             # CPU: oneDNN-packed weights (after any tp sharding)
@@ -21,6 +22,13 @@ class ModelRunner:
         self.block_size = block_size
         self.device = kv_cache.device
         self.swap_cache: torch.Tensor | None = None   # host pool shaped like kv_cache, if enabled
+
+    def export_blocks(self, block_ids: list[int]) -> BlockExport:
+        """The pool itself: sends read the blocks zero-copy, so they are pinned until sent."""
+        return BlockExport(self.kv_cache, list(block_ids), aliases_pool=True)
+
+    def block_writer(self) -> WriteBlocks | None:
+        return None                     # every head is here: bytes go straight into the pool
 
     @property
     def config(self) -> ModelConfig:

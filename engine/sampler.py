@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.logit_filter import filter_logits
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -93,12 +93,6 @@ class Sampler:
 
 _MASK64 = (1 << 64) - 1
 _LOGIT_LIMIT = 1e30       # |logit| after penalties: still finite once divided by the smallest temperature
-
-
-def choice_seed(seed: int, index: int) -> int:
-    """The seed of completion `index` of an n > 1 request seeded with `seed`: seed + index,
-    wrapped into int64 (draw_seed only sees it modulo 2**64 anyway)."""
-    return (seed + index + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 def draw_seed(seed: int, draw: int) -> int:

@@ -73,7 +73,6 @@ class Scheduler:
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.reserved: dict[str, SequenceGroup] = {}   # blocks held, K/V arriving from a peer
-        self.pinned: list[Sequence] = []                # holders of blocks still being sent
         self.num_preemptions = 0
         self.watermark = max(1, block_manager.num_blocks // 100)   # room kept for running growth
 
@@ -135,9 +134,9 @@ class Scheduler:
         return [s for g in self.swapped for s in g.unfinished()]
 
     def live_seqs(self) -> list[Sequence]:
-        """Every sequence holding blocks: running, reserved and pinned."""
+        """Every sequence holding blocks: running and reserved (pins are the block manager's)."""
         groups = self.running + list(self.reserved.values())
-        return [s for g in groups for s in g.unfinished()] + self.pinned
+        return [s for g in groups for s in g.unfinished()]
 
     # -- one step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -173,7 +172,7 @@ class Scheduler:
         """Preempt later groups until `group` can append; False if `group` itself had to go."""
         while self._blocks_to_append(group) > self.bm.num_free_blocks:
             victim = self.running[-1]
-            if victim is group and len(self.running) == 1 and not self.reserved and not self.pinned:
+            if victim is group and len(self.running) == 1 and not self.reserved and not self.bm.num_pins:
                 self.running.remove(group)      # alone and still too big for the pool
                 self._finish_too_big(group, out)
                 return False
@@ -194,13 +193,14 @@ class Scheduler:
         out.finished.append(group)
 
     def _num_seqs(self) -> int:
-        """Sequences running or about to: a group that has not forked yet counts as its n."""
+        """Sequences running or about to: a group that has not forked yet counts as its n (and,
+        as before pins had their own type, each pin counts as one)."""
         groups = self.running + list(self.reserved.values())
-        return sum(_max_seqs(g) for g in groups) + len(self.pinned)
+        return sum(_max_seqs(g) for g in groups) + self.bm.num_pins
 
     def _alone(self) -> bool:
         """Nothing else holds blocks here or will: whatever is free now is all there will be."""
-        return not self.running and not self.reserved and not self.pinned
+        return not self.running and not self.reserved and not self.bm.num_pins
 
     def _schedule_group(self, group: SequenceGroup, budget: int, out: SchedulerOutput) -> int:
         if group.beam is not None:

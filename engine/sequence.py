@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.beam_search import BeamState

@@ -1,9 +1,10 @@
 """kvtransport: ships paged KV blocks from prefill nodes straight into decode nodes' reserved blocks.
 
-    schema.py          protocol version, limits, field checks, ProtocolError
-    handshake.py       KVLayout, PeerIdentity, model_fingerprint, check_compatible (names the field)
-    messages.py        every cross-process message as a dataclass; msgpack encode / decode
-    framing.py         a message as frames [header, payload?, mac?]; HMAC-SHA256 auth
+    (the messages, their schema and the handshake's identities live in pdwire, the wire
+    vocabulary that imports neither torch nor this package)
+    session.py         authenticated sessions: nonces, per-direction keys, sealed trailers, replay window
+    secret.py          the cluster secret from a 0600 file or PDSERVE_CLUSTER_SECRET
+    framing.py         a message as sealed frames [header, payload?, trailer]; control_framer()
     state.py           TransferState: RESERVED -> TRANSFERRING -> COMMITTED | FAILED
     events.py          TransferCommitted / TransferFailed, FailReason
     metrics.py         ReceiverMetrics / SenderMetrics counters, DropReason
@@ -18,22 +19,22 @@
     fake.py            FakeSender / FakeReceiver: in-process, instant, with FaultPlan injection
     testing.py         pools and identities for tests and benchmarks
 """
-from kvtransport.base import KVReceiver, KVSender, TransportError
-from kvtransport.events import FailReason, TransferCommitted, TransferEvent, TransferFailed
-from kvtransport.handshake import (HandshakeError, KVLayout, PeerIdentity, check_compatible,
-                                   model_fingerprint, new_epoch)
-from kvtransport.messages import (Abort, BlockFrame, Busy, Commit, Heartbeat, Hello, HelloAck,
-                                  P2PJoin, Reserve, Reserved, decode, encode)
-from kvtransport.metrics import DropReason, ReceiverMetrics, SenderMetrics
-from kvtransport.receiver_state import Reservation
-from kvtransport.schema import PROTOCOL_VERSION, ProtocolError
-from kvtransport.state import IllegalTransition, TransferState
+import importlib
 
-__all__ = [
-    "KVReceiver", "KVSender", "TransportError", "FailReason", "TransferCommitted", "TransferEvent",
-    "TransferFailed", "HandshakeError", "KVLayout", "PeerIdentity", "check_compatible",
-    "model_fingerprint", "new_epoch", "Abort", "BlockFrame", "Busy", "Commit", "Heartbeat", "Hello",
-    "HelloAck", "P2PJoin", "Reserve", "Reserved", "decode", "encode", "DropReason",
-    "ReceiverMetrics", "SenderMetrics", "Reservation", "PROTOCOL_VERSION", "ProtocolError",
-    "IllegalTransition", "TransferState",
-]
+# Names load on first use, so a process that needs only the session or the metrics does not
+# import torch (base, payload and the backends do).
+_LAZY = {
+    "kvtransport.base": ("KVReceiver", "KVSender", "TransportError"),
+    "kvtransport.events": ("FailReason", "TransferCommitted", "TransferEvent", "TransferFailed"),
+    "kvtransport.metrics": ("DropReason", "ReceiverMetrics", "SenderMetrics"),
+    "kvtransport.receiver_state": ("Reservation",),
+    "kvtransport.state": ("IllegalTransition", "TransferState"),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'kvtransport' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

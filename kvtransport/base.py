@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from kvtransport.events import TransferEvent, TransferFailed
-from kvtransport.handshake import PeerIdentity
+from pdwire.handshake import PeerIdentity
 from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 from kvtransport.receiver_state import Reservation
 

@@ -20,7 +20,7 @@ import torch
 from kvtransport.base import KVReceiver, KVSender, TransportError
 from kvtransport.events import TransferEvent, TransferFailed
 from kvtransport.framing import Buffer
-from kvtransport.handshake import PeerIdentity
+from pdwire.handshake import PeerIdentity
 from kvtransport.payload import InlineSink, block_bytes
 from kvtransport.receiver_core import ReceiverCore
 from kvtransport.receiver_state import Reservation

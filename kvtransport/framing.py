@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
-from kvtransport.messages import MAX_HEADER_BYTES, ProtocolError, decode, encode
 from kvtransport.metrics import DropReason
 from kvtransport.session import TRAILER_LEN, AuthError, Buffer, Session
+from pdwire import control
+from pdwire.messages import MAX_HEADER_BYTES, ProtocolError, decode, encode
 
 
 class FrameError(Exception):
@@ -76,3 +77,9 @@ class Framer:
             return Unpacked(self._decode(header), payload)
         except ProtocolError as e:
             raise FrameError(DropReason.MALFORMED, str(e)) from None
+
+
+def control_framer() -> Framer:
+    """Packs and unpacks sealed control messages (pdwire.control) of at most MAX_CONTROL_BYTES."""
+    return Framer(max_payload_bytes=0, max_header_bytes=control.MAX_CONTROL_BYTES,
+                  encoder=control.encode, decoder=control.decode)

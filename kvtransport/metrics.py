@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
+from pdwire.figures import TransferCounters
+
 log = logging.getLogger("kvtransport")
 
 _LOG_FIRST = 10       # log the first few drops of each reason, then one in _LOG_EVERY
@@ -52,6 +54,12 @@ class ReceiverMetrics:
     def frames_dropped(self) -> int:
         return sum(self.drops.values())
 
+    def counters(self) -> TransferCounters:
+        """What a decode node's heartbeat reports."""
+        return TransferCounters(blocks_received=self.blocks_written, bytes_received=self.bytes_written,
+                                transfers_done=self.transfers_committed,
+                                transfers_failed=self.transfers_failed, frames_dropped=self.frames_dropped)
+
 
 @dataclass(slots=True)
 class SenderMetrics:
@@ -61,3 +69,8 @@ class SenderMetrics:
     commits_sent: int = 0
     aborts_sent: int = 0
     transfers_failed: int = 0
+
+    def counters(self) -> TransferCounters:
+        """What a prefill node's heartbeat reports."""
+        return TransferCounters(blocks_sent=self.blocks_sent, bytes_sent=self.bytes_sent,
+                                transfers_done=self.commits_sent, transfers_failed=self.transfers_failed)

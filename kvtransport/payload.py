@@ -16,10 +16,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from kvtransport.handshake import KV_DTYPES, KVLayout, dtype_name
-from kvtransport.messages import BlockFrame
 from kvtransport.receiver_core import PayloadSink
+from pdwire.handshake import KVLayout, dtype_name
+from pdwire.messages import BlockFrame
 
+TORCH_DTYPES: dict[str, torch.dtype] = {      # pdwire.handshake.KV_DTYPES' names as torch dtypes
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+}
 WriteBlocks = Callable[[list[int], torch.Tensor], None]   # (pool block ids, blocks [n, L, 2, bs, H, D])
 
 
@@ -63,7 +67,7 @@ def block_tensor(payload: memoryview, layout: KVLayout) -> torch.Tensor:
     """One block's payload (exactly layout.block_nbytes bytes, checked by the caller) as a tensor
     [num_layers, 2, block_size, num_kv_heads, head_dim]; it aliases a writable payload."""
     raw = payload if not payload.readonly else bytearray(payload)
-    return torch.frombuffer(raw, dtype=torch.uint8).view(KV_DTYPES[layout.kv_dtype]).view(layout.block_shape)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(TORCH_DTYPES[layout.kv_dtype]).view(layout.block_shape)
 
 
 class InlineSink(PayloadSink):

@@ -23,8 +23,8 @@ from typing import Callable, Sequence
 
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
-from kvtransport.handshake import HandshakeError, PeerIdentity, check_compatible
-from kvtransport.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
+from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
+from pdwire.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from kvtransport.session import AuthError, AuthKind, Buffer, Responder, auth_frame, parse_auth_frame

@@ -18,10 +18,10 @@ from typing import Callable
 
 from kvtransport.events import FailReason, TransferCommitted, TransferEvent, TransferFailed
 from kvtransport.framing import FrameError
-from kvtransport.handshake import KVLayout
-from kvtransport.messages import Abort, BlockFrame, Commit, Reserved
+from pdwire.handshake import KVLayout
+from pdwire.messages import Abort, BlockFrame, Commit, Reserved
 from kvtransport.metrics import DropReason, ReceiverMetrics
-from kvtransport.schema import MAX_BLOCKS, check_id
+from pdwire.schema import MAX_BLOCKS, check_id
 from kvtransport.state import TransferState
 
 _MAX_TOMBSTONES = 1 << 16   # finished xfer ids remembered, to tell "late" from "unknown"

@@ -24,8 +24,8 @@ import torch
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Framer, FrameError
-from kvtransport.handshake import PeerIdentity, check_compatible, dtype_name
-from kvtransport.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
+from pdwire.handshake import PeerIdentity, check_compatible, dtype_name
+from pdwire.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
 from kvtransport.metrics import SenderMetrics
 from kvtransport.session import AuthKind, Buffer, Initiator, Session, check_secret, parse_auth_frame
 

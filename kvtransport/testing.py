@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kvtransport.handshake import KVLayout, PeerIdentity, model_fingerprint, new_epoch
+from pdwire.handshake import KVLayout, PeerIdentity, model_fingerprint, new_epoch
 
 TINY_MODEL = model_fingerprint({"arch": "llama", "hidden": 64}, [("embed.weight", (128, 64))])
 

@@ -29,12 +29,12 @@ import zmq
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Buffer
-from kvtransport.handshake import KV_DTYPES, KVLayout, PeerIdentity
-from kvtransport.messages import BlockFrame, Message, P2PJoin
-from kvtransport.payload import WriteBlocks, block_view, check_whole_blocks
+from kvtransport.payload import TORCH_DTYPES, WriteBlocks, block_view, check_whole_blocks
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_receiver import DEFAULT_BIND, ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
+from pdwire.handshake import KVLayout, PeerIdentity
+from pdwire.messages import BlockFrame, Message, P2PJoin
 
 log = logging.getLogger("kvtransport")
 
@@ -116,7 +116,7 @@ class _DistSink(PayloadSink):
                                     timeout=datetime.timedelta(seconds=timeout))
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._scratch = torch.empty(layout.block_nbytes, dtype=torch.uint8, device=kv_cache.device)
-        self._scratch_block = self._scratch.view(KV_DTYPES[layout.kv_dtype]).view(layout.block_shape)[None]
+        self._scratch_block = self._scratch.view(TORCH_DTYPES[layout.kv_dtype]).view(layout.block_shape)[None]
 
     def paired(self, peer: str, identity: PeerIdentity, reply: Callable[[Message], None]) -> None:
         self.forget(peer)

@@ -18,8 +18,8 @@ import zmq
 from kvtransport.base import KVReceiver
 from kvtransport.events import TransferEvent
 from kvtransport.framing import Buffer
-from kvtransport.handshake import PeerIdentity
-from kvtransport.messages import MAX_HEADER_BYTES
+from pdwire.handshake import PeerIdentity
+from pdwire.messages import MAX_HEADER_BYTES
 from kvtransport.payload import InlineSink
 from kvtransport.receiver_core import PayloadSink, ReceiverCore
 from kvtransport.receiver_state import Reservation

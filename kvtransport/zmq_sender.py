@@ -20,8 +20,8 @@ import zmq
 from kvtransport.base import KVSender, TransportError
 from kvtransport.events import TransferFailed
 from kvtransport.framing import Buffer
-from kvtransport.handshake import PeerIdentity
-from kvtransport.messages import BlockFrame
+from pdwire.handshake import PeerIdentity
+from pdwire.messages import BlockFrame
 from kvtransport.payload import block_bytes
 from kvtransport.sender_core import SenderCore
 

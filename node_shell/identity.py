@@ -9,8 +9,9 @@ import torch
 from engine.config import ModelConfig
 from engine.llm_engine import LLMEngine
 from engine.model import CausalLM
-from kvtransport.control import KV_COUNTERS, NodeStatus
-from kvtransport.handshake import KVLayout, PeerIdentity, model_fingerprint
+from pdwire.control import NodeStatus
+from pdwire.figures import NodeFigures, TransferCounters
+from pdwire.handshake import KVLayout, PeerIdentity, model_fingerprint
 from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 
 
@@ -36,15 +37,7 @@ def node_status(engine: LLMEngine, node_id: str, epoch: str,
                 transfer: SenderMetrics | ReceiverMetrics | None = None) -> NodeStatus:
     """The heartbeat: the engine's figures and, if given, the node's KV transfer counters."""
     m = engine.metrics()
-    return NodeStatus(node_id, epoch, m.num_running, m.num_waiting, min(1.0, max(0.0, m.kv_usage)),
-                      min(1.0, m.prefix_hit_rate), m.num_preemptions, m.num_free_blocks,
-                      *_transfer_counters(transfer))
-
-
-def _transfer_counters(t: SenderMetrics | ReceiverMetrics | None) -> tuple[int, ...]:
-    """NodeStatus's KV_COUNTERS, in order, from a sender's or a receiver's metrics."""
-    if isinstance(t, SenderMetrics):
-        return t.blocks_sent, t.bytes_sent, 0, 0, t.commits_sent, t.transfers_failed, 0
-    if isinstance(t, ReceiverMetrics):
-        return 0, 0, t.blocks_written, t.bytes_written, t.transfers_committed, t.transfers_failed, t.frames_dropped
-    return (0,) * len(KV_COUNTERS)
+    figures = NodeFigures(m.num_running, m.num_waiting, min(1.0, max(0.0, m.kv_usage)), min(1.0, m.prefix_hit_rate),
+                          m.num_preemptions, m.num_free_blocks,
+                          transfer.counters() if transfer is not None else TransferCounters())
+    return NodeStatus.of(node_id, epoch, figures)

@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import zmq
 
-from kvtransport import control
-from kvtransport.control import NodeCommand, NodeGoodbye, NodeHello, NodeStatus
-from kvtransport.framing import FrameError
-from kvtransport.handshake import new_epoch
-from kvtransport.schema import MAX_TEXT_LEN
+from pdwire import control
+from pdwire.control import NodeCommand, NodeGoodbye, NodeHello, NodeStatus
+from kvtransport.framing import FrameError, control_framer
+from pdwire.handshake import new_epoch
+from pdwire.schema import MAX_TEXT_LEN
 from kvtransport.session import AuthKind, Initiator, Session, parse_auth_frame
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class RouterLink:
         self.heartbeat_s, self._timeout_s, self._on_reset = heartbeat_s, timeout_s, on_reset
         self._send_hwm = send_hwm
         self._initiator = Initiator(secret)
-        self._framer = control.framer()
+        self._framer = control_framer()
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket | None = None
         self._session: Session | None = None

@@ -14,10 +14,9 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from engine.llm_engine import LLMEngine, StepObserver
-from engine.outputs import RequestOutput
-from engine.parallel import close_runner
-from kvtransport.control import NodeHello, NodeStatus
-from kvtransport.handshake import new_epoch
+from pdwire.outputs import RequestOutput
+from pdwire.control import NodeHello, NodeStatus
+from pdwire.handshake import new_epoch
 from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 from kvtransport.secret import load_secret
 from node_shell.config import NodeConfig
@@ -83,7 +82,7 @@ class NodeService(ABC):
         self.link.goodbye(reason or "closed")
         self.close_transport()
         self.link.close()
-        close_runner(self.engine.runner)      # tp > 1: stop the worker processes
+        self.engine.runner.close()            # tp > 1: stop the worker processes
 
     def _hello(self, epoch: str) -> NodeHello:
         bm = self.engine.block_manager

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from kvtransport.control import AbortRequest, FirstToken, PrefillRequest, RequestFailed
-from kvtransport.handshake import HandshakeError, PeerIdentity
+from pdwire.outputs import RequestOutput
+from pdwire.sampling_params import SamplingParams
+from pdwire.control import AbortRequest, FirstToken, PrefillRequest, RequestFailed
+from pdwire.handshake import HandshakeError, PeerIdentity
 from kvtransport.metrics import SenderMetrics
-from kvtransport.schema import ProtocolError
+from pdwire.schema import ProtocolError
 from node_shell.config import NodeConfig
 from node_shell.service import NodeService
 from kvtransport.torch_dist import DistSender

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.block_manager import PinHandle
 from engine.llm_engine import LLMEngine
-from engine.parallel import TPModelRunner
 from engine.sequence import Sequence, SequenceGroup
 from kvtransport.base import KVSender
 
@@ -30,7 +30,7 @@ class Shipment:
     dst_block_ids: tuple[int, ...]      # D's whole block table for the prompt
     prompt_len: int
     next_index: int                     # first block not shipped yet (starts past D's cached prefix)
-    pins: list[Sequence] = field(default_factory=list)       # tp = 1: pool blocks held until sent
+    pins: list[PinHandle] = field(default_factory=list)      # tp = 1: pool blocks held until sent
     staged: list[torch.Tensor] = field(default_factory=list)  # tp > 1: gathered copies held until sent
     closed: bool = False                # committed or aborted: only pins / staged copies remain
 
@@ -63,12 +63,12 @@ class BlockShipper:
 
     def _full_head_blocks(self, s: Shipment, blocks: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Where to send `blocks` from, with every kv head: (tensor [n, L, 2, bs, H, D], its ids)."""
-        runner = self.engine.runner
-        if isinstance(runner, TPModelRunner):
-            s.staged.append(runner.gather_blocks(blocks))
-            return s.staged[-1], list(range(len(blocks)))
-        s.pins.append(self.engine.pin_blocks(blocks))
-        return runner.kv_cache, blocks
+        export = self.engine.runner.export_blocks(blocks)
+        if export.aliases_pool:
+            s.pins.append(self.engine.block_manager.pin(blocks))
+        else:
+            s.staged.append(export.kv_cache)
+        return export.kv_cache, export.ids
 
     def close(self, rid: str) -> Shipment | None:
         """The request is over here (committed or aborted); its pins go once sent."""
@@ -81,6 +81,6 @@ class BlockShipper:
         """Unpin the blocks of closed shipments whose bytes have all left the process."""
         for rid, s in list(self.shipments.items()):
             if s.closed and self.sender.is_sent(s.xfer_id):
-                for holder in s.pins:
-                    self.engine.unpin_blocks(holder)
+                for handle in s.pins:
+                    self.engine.block_manager.unpin(handle)
                 del self.shipments[rid]

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from engine.block_hash import chain_hashes
-from kvtransport.control import DecodeRequest, PrefillRequest, RequestFailed
-from kvtransport.messages import Busy, Reserved
+from pdwire.block_hash import chain_hashes
+from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed
+from pdwire.messages import Busy, Reserved
 from router.config import RouterConfig
 from router.control_server import ControlServer
 from router.disagg_request import Attempt, Choice, Failure, Lost

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 from router.backend import Backend
 from router.chat import build_chat, chat_stream
 from router.completions import Echo, build_completion, completion_stream

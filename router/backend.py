@@ -9,8 +9,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable
 
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from pdwire.figures import TransferCounters
+from pdwire.outputs import RequestOutput
+from pdwire.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,7 @@ class NodeMetrics:
     kv_usage: float             # fraction of KV blocks in use, 0..1
     prefix_hit_rate: float      # fraction of prompt tokens served from the prefix cache, 0..1
     num_preemptions: int        # since the node started
-    kv: tuple[int, ...] = ()    # disaggregated nodes: NodeStatus's KV_COUNTERS (transfer totals), in order
+    kv: TransferCounters | tuple[()] = ()   # disaggregated nodes: transfer totals (KV_COUNTERS order)
 
 
 class Backend(ABC):

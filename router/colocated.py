@@ -19,8 +19,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from pdwire.outputs import RequestOutput
+from pdwire.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
 from router.policy import NoNodeAvailable
 

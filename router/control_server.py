@@ -5,7 +5,7 @@
 
 0. a connection first proves that it holds the cluster secret (kvtransport.session); until it
    does, its frames are dropped unread (answered RESET if they look sealed) and counted
-1. every sealed frame is authenticated, then decoded with kvtransport.control; a malformed
+1. every sealed frame is authenticated, then decoded with pdwire.control; a malformed
    frame, a router-to-node kind, or a message from a connection that has not said hello is
    dropped and counted, never raised
 2. NodeHello binds the connection to the node id it names and registers the node ("ok"); a
@@ -29,11 +29,11 @@ import zmq
 import zmq.asyncio
 from prometheus_client import Counter
 
-from kvtransport import control
-from kvtransport.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeGoodbye, NodeHello, NodeStatus,
+from pdwire import control
+from pdwire.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeGoodbye, NodeHello, NodeStatus,
                                  RequestFailed, TokenDelta)
-from kvtransport.framing import FrameError
-from kvtransport.messages import Busy, Reserved
+from kvtransport.framing import FrameError, control_framer
+from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
 from kvtransport.session import AuthError, AuthKind, Responder, auth_frame, parse_auth_frame
 from router.backend import NodeMetrics
@@ -67,7 +67,7 @@ class ControlServer:
                  bind: str = "tcp://127.0.0.1:0", expire_interval_s: float = 0.25):
         self.registry = registry
         self._auth = Responder(secret)
-        self._framer = control.framer()
+        self._framer = control_framer()
         self._node_of: dict[bytes, str] = {}     # routing id -> the node id its session said hello as
         self._listener = listener
         self._bind = bind
@@ -153,7 +153,7 @@ class ControlServer:
             out.append(NodeMetrics(node.node_id, node.role.value, node.load.num_running,
                                    node.load.num_waiting, node.load.kv_usage,
                                    s.prefix_hit_rate if s else 0.0, s.num_preemptions if s else 0,
-                                   tuple(getattr(s, name) for name in KV_COUNTERS) if s else ()))
+                                   s.transfer if s else ()))
         return out
 
     # ------------------------------------------------------------ loops

@@ -7,9 +7,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
-from kvtransport.control import FirstToken, RequestFailed, TokenDelta
+from pdwire.outputs import CompletionOutput, RequestOutput
+from pdwire.sampling_params import SamplingParams
+from pdwire.control import FirstToken, RequestFailed, TokenDelta
 from router.policy import PrefillChoice
 from router.registry import Booking
 

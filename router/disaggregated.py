@@ -29,12 +29,11 @@ from typing import Any, AsyncIterator, Iterable
 
 from prometheus_client import Counter
 
-from engine.outputs import RequestOutput
-from engine.sampler import choice_seed
-from engine.sampling_params import SamplingParams
-from kvtransport import control
-from kvtransport.control import AbortRequest, PrefillRequest
-from kvtransport.schema import MAX_RID_LEN
+from pdwire.outputs import RequestOutput
+from pdwire.sampling_params import SamplingParams, choice_seed
+from pdwire import control
+from pdwire.control import AbortRequest, PrefillRequest
+from pdwire.schema import MAX_RID_LEN
 from router.admission import Admission, CapacityWatch
 from router.backend import Backend, NodeMetrics
 from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, apply_event

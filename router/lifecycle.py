@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, NamedTuple, TypeVar
 
 from fastapi import Request
 
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 from router.backend import Backend
 from router.metrics import RouterMetrics
 from router.protocol import UsageInfo

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 
 
 # strict: a bool is not an int, a string is not a number or a bool (`"n": "2"` is refused)

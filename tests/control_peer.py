@@ -1,11 +1,12 @@
 """Both ends of an authenticated control-plane session, for tests that stand in for a node
 (a DEALER) or for the router (a ROUTER) over real ZMQ sockets."""
 from __future__ import annotations
+from kvtransport.framing import control_framer
 
 from typing import Any
 
-from kvtransport import control
-from kvtransport.control import NodeHello
+from pdwire import control
+from pdwire.control import NodeHello
 from kvtransport.session import AuthKind, Initiator, Responder, Session, parse_auth_frame
 from kvtransport.testing import TEST_SECRET
 
@@ -15,7 +16,7 @@ class NodeEnd:
 
     def __init__(self, secret: bytes = TEST_SECRET) -> None:
         self._initiator = Initiator(secret)
-        self._framer = control.framer()
+        self._framer = control_framer()
         self.session: Session | None = None
         self.resets = 0
 
@@ -44,7 +45,7 @@ class RouterEnd:
 
     def __init__(self, secret: bytes = TEST_SECRET) -> None:
         self._auth = Responder(secret)
-        self._framer = control.framer()
+        self._framer = control_framer()
         self.peers: dict[str, bytes] = {}       # node id -> routing id
 
     def receive(self, frames: list[bytes]) -> tuple[list[list[bytes]], str | None, Any]:

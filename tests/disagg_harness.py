@@ -8,9 +8,9 @@ import uvloop
 import zmq
 import zmq.asyncio
 
-from engine.sampling_params import SamplingParams
-from kvtransport.control import DecodeRequest, NodeCommand, NodeHello, NodeStatus, PrefillRequest
-from kvtransport.messages import Reserved
+from pdwire.sampling_params import SamplingParams
+from pdwire.control import DecodeRequest, NodeCommand, NodeHello, NodeStatus, PrefillRequest
+from pdwire.messages import Reserved
 from kvtransport.testing import TEST_SECRET
 from router.config import RouterConfig
 from router.disaggregated import DisaggregatedBackend

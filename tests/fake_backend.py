@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
+from pdwire.outputs import CompletionOutput, RequestOutput
+from pdwire.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
 
 REPLY = "hello world"   # what choice 0 says; choice 1 says it in upper case

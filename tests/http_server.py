@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 
-from engine.outputs import CompletionOutput, RequestOutput
+from pdwire.outputs import CompletionOutput, RequestOutput
 from router.cli import add_dataclass_args, build_dataclass
 from router.config import RouterConfig
 from tests.fake_backend import CharTokenizer, FakeBackend

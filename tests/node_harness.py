@@ -13,9 +13,9 @@ import zmq
 from decode_node.service import DecodeService
 from node_shell.config import NodeConfig
 from node_shell.runtime import run
-from kvtransport.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus, PrefillRequest,
+from pdwire.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus, PrefillRequest,
                                  RequestFailed, TokenDelta)
-from kvtransport.messages import Busy, Reserved
+from pdwire.messages import Busy, Reserved
 from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET
 from prefill_node.service import PrefillService

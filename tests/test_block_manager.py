@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.block_hash import chain_hashes, hash_block
+from pdwire.block_hash import chain_hashes, hash_block
 from engine.block_manager import BlockCopy, BlockManager, NoFreeBlocks
 from engine.sequence import Sequence
 
@@ -198,3 +198,63 @@ def test_random_operations_never_leak(ops):
         bm.free(s)
     bm.check_integrity([])
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_pin_holds_blocks_past_free_and_unpin_releases_tail_first():
+    """A pin is one more reference per block: free keeps pinned blocks in use, unpin frees them tail first."""
+    bm = BlockManager(4, BS, enable_prefix_caching=False)
+    s = seq_of(range(10))
+    bm.allocate(s)
+    handle = bm.pin([0, 1])
+    assert [b.ref_count for b in bm.blocks] == [2, 2, 1, 0]
+    assert bm.num_pins == 1
+    bm.check_integrity([s])
+    bm.free(s)
+    assert [b.ref_count for b in bm.blocks] == [1, 1, 0, 0]
+    assert list(bm._free) == [3, 2]
+    bm.check_integrity([])
+    bm.unpin(handle)
+    assert [b.ref_count for b in bm.blocks] == [0, 0, 0, 0]
+    assert list(bm._free) == [3, 2, 1, 0] and bm.num_pins == 0
+    bm.check_integrity([])
+
+
+def test_pinned_cached_block_is_not_evicted():
+    """A pinned prefix block stays hashed and in use; after unpin it is cached (evictable), not free."""
+    bm = BlockManager(2, BS)
+    s = seq_of(range(8))
+    bm.allocate(s)
+    finish_prefill(bm, s)
+    handle = bm.pin(list(s.block_table))
+    bm.free(s)
+    assert [b.ref_count for b in bm.blocks] == [1, 1] and bm.num_free_blocks == 0
+    with pytest.raises(NoFreeBlocks):
+        bm.allocate(seq_of(range(100, 104)))
+    bm.unpin(handle)
+    assert bm.num_cached_blocks == 2 and list(bm._evictable) == [1, 0]
+    bm.check_integrity([])
+
+
+def test_unpin_twice_raises():
+    """An unknown or already released pin handle raises instead of dropping references twice."""
+    bm = BlockManager(2, BS)
+    s = seq_of(range(4))
+    bm.allocate(s)
+    handle = bm.pin([0])
+    bm.unpin(handle)
+    with pytest.raises(KeyError):
+        bm.unpin(handle)
+    assert [b.ref_count for b in bm.blocks] == [1, 0]
+    bm.check_integrity([s])
+
+
+def test_check_integrity_counts_pins():
+    """check_integrity fails when a pinned block's count is not the tables' plus the pins' references."""
+    bm = BlockManager(2, BS)
+    s = seq_of(range(4))
+    bm.allocate(s)
+    bm.pin([0])
+    bm.check_integrity([s])
+    bm.blocks[0].ref_count = 1
+    with pytest.raises(AssertionError):
+        bm.check_integrity([s])

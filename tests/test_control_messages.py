@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine import SamplingParams
-from kvtransport import control
-from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
+from pdwire import control
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
                                  PrefillRequest, RequestFailed, TokenDelta)
-from kvtransport.schema import ProtocolError
+from pdwire.schema import ProtocolError
 
 PARAMS = SamplingParams(temperature=0.7, top_k=5, stop=("\n\n",), seed=3, max_tokens=9, logprobs=2)
 MESSAGES = [
@@ -90,3 +90,13 @@ def test_random_bytes_only_raise_protocol_error(data):
         control.decode(data)
     except ProtocolError:
         pass
+
+
+def test_node_status_carries_figures_flat_and_back():
+    """NodeStatus.of(figures) is the same flat wire message as before, and .figures gives the record back."""
+    from pdwire.figures import NodeFigures, TransferCounters
+    figures = NodeFigures(2, 1, 0.5, 0.25, 3, 7, TransferCounters(blocks_received=4, bytes_received=64,
+                                                                 transfers_done=1, frames_dropped=2))
+    status = NodeStatus.of("n1", "e1", figures)
+    assert status == NodeStatus("n1", "e1", 2, 1, 0.5, 0.25, 3, 7, 0, 0, 4, 64, 1, 0, 2)
+    assert control.decode(control.encode(status)).figures == figures

@@ -9,8 +9,8 @@ import zmq
 
 from decode_node.streamer import Streamer
 from engine import SamplingParams
-from engine.outputs import CompletionOutput, RequestOutput
-from kvtransport.control import AbortRequest
+from pdwire.outputs import CompletionOutput, RequestOutput
+from pdwire.control import AbortRequest
 from tests.model_factory import hf_greedy
 from tests.node_harness import NodeHarness
 
@@ -25,7 +25,7 @@ def harness(model_dir):
     h.close()
     for service in (h.prefill, h.decode):
         service.engine.check_integrity()
-        assert not service.engine.scheduler.pinned, "a shipped block stayed pinned"
+        assert not service.engine.block_manager.num_pins, "a shipped block stayed pinned"
 
 
 def _tokens(result) -> list[int]:

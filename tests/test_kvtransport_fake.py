@@ -7,8 +7,8 @@ import torch
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.fake import FakeNetwork, FakeReceiver, FakeSender, FaultPlan, ManualClock
-from kvtransport import messages
-from kvtransport.messages import BlockFrame, Commit
+from pdwire import messages
+from pdwire.messages import BlockFrame, Commit
 from kvtransport.metrics import DropReason
 from kvtransport.payload import block_bytes
 from kvtransport.receiver_state import Reservation

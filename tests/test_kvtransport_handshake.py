@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvtransport.testing import TEST_SECRET
-from kvtransport.handshake import (HandshakeError, KVLayout, PeerIdentity, check_compatible,
+from pdwire.handshake import (HandshakeError, KVLayout, PeerIdentity, check_compatible,
                                    model_fingerprint, new_epoch)
 from kvtransport.payload import InlineSink
 from kvtransport.sender_core import SenderCore

@@ -5,11 +5,11 @@ from hypothesis import given, settings, strategies as st
 
 from kvtransport.framing import Framer, FrameError
 from kvtransport.session import TRAILER_LEN, Session
-from kvtransport.handshake import KVLayout, PeerIdentity
-from kvtransport.messages import (KINDS, Abort, BlockFrame, Busy, Commit, Heartbeat, Hello, HelloAck,
+from pdwire.handshake import KVLayout, PeerIdentity
+from pdwire.messages import (KINDS, Abort, BlockFrame, Busy, Commit, Heartbeat, Hello, HelloAck,
                                   P2PJoin, Reserve, Reserved, decode, encode)
 from kvtransport.metrics import DropReason
-from kvtransport.schema import PROTOCOL_VERSION, ProtocolError
+from pdwire.schema import PROTOCOL_VERSION, ProtocolError
 
 LAYOUT = KVLayout("0123abcd", "bfloat16", 16, 8, 8, 64)
 IDENT = PeerIdentity("prefill-0", "a1b2c3d4e5f60718", "zmq", LAYOUT)

@@ -13,7 +13,7 @@ import zmq
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.framing import Framer
-from kvtransport.messages import BlockFrame, Hello
+from pdwire.messages import BlockFrame, Hello
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.session import AuthKind, Initiator, auth_frame, parse_auth_frame

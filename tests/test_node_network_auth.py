@@ -14,9 +14,9 @@ import pytest
 import zmq
 
 from node_shell.router_link import RouterLink
-from engine.sampling_params import SamplingParams
-from kvtransport import control
-from kvtransport.control import DecodeRequest, NodeHello, NodeStatus, TokenDelta
+from pdwire.sampling_params import SamplingParams
+from pdwire import control
+from pdwire.control import DecodeRequest, NodeHello, NodeStatus, TokenDelta
 from kvtransport.secret import ENV_VAR, SecretError, load_secret, write_secret
 from kvtransport.session import AuthKind, auth_frame
 from kvtransport.testing import TEST_SECRET

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from kvtransport.control import DecodeRequest, FirstToken, PrefillRequest
-from kvtransport.messages import Busy, Reserved
+from pdwire.control import DecodeRequest, FirstToken, PrefillRequest
+from pdwire.messages import Busy, Reserved
 from router.policy import NoNodeAvailable
 from tests.disagg_harness import CONFIG, END, Cluster, ScriptedNode, counter, run, until
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 from router.app import create_app
 from router.config import RouterConfig
 from tests.fake_backend import MODEL, CharTokenizer, FakeBackend

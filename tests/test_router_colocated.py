@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
+from pdwire.outputs import CompletionOutput, RequestOutput
+from pdwire.sampling_params import SamplingParams
 from router.backend import NodeMetrics
 from router.colocated import ColocatedBackend
 from router.policy import NoNodeAvailable

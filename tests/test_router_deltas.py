@@ -8,8 +8,8 @@ from unittest import mock
 from fastapi.testclient import TestClient
 
 import router.completions
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
+from pdwire.outputs import CompletionOutput, RequestOutput
+from pdwire.sampling_params import SamplingParams
 from router.app import create_app
 from router.config import RouterConfig
 from router.lifecycle import Generation, StreamBufferFull

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, PrefillRequest, RequestFailed,
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, PrefillRequest, RequestFailed,
                                  TokenDelta)
-from kvtransport.messages import Busy, Reserved
+from pdwire.messages import Busy, Reserved
 from router.policy import NoNodeAvailable
 from tests.disagg_harness import PROMPT, CONFIG, END, Cluster, run, first_of, view, counter, admit
 

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from engine.builtin import BUILTIN_MODEL_PATH
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 from router.config import RouterConfig
 from router.disaggregated import DisaggregatedBackend
 from router.launcher import ClusterConfig, spawn_nodes, stop_nodes
@@ -82,7 +82,7 @@ async def _transfer_counters_agree(backend: DisaggregatedBackend, timeout: float
     """The nodes' heartbeats carry their KV transfer counters: what P sent, D received, and both
     count the same committed transfers (one per prompt and choice: 3 + 2 here); nothing failed or
     was dropped."""
-    from kvtransport.control import KV_COUNTERS
+    from pdwire.control import KV_COUNTERS
     deadline = time.monotonic() + timeout
     while True:
         kv = {m.role: dict(zip(KV_COUNTERS, m.kv)) for m in backend.metrics()}

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 import zmq
 
-from engine.sampling_params import SamplingParams
-from kvtransport import control
-from kvtransport.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeGoodbye, NodeHello,
+from pdwire.sampling_params import SamplingParams
+from pdwire import control
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeGoodbye, NodeHello,
                                  NodeStatus, PrefillRequest, TokenDelta)
-from kvtransport.messages import Reserved
+from pdwire.messages import Reserved
 from router.config import RouterConfig
 from router.metrics import RouterMetrics
 from router.policy import NoNodeAvailable

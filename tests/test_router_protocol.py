@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 from pydantic import ValidationError
 
-from engine.sampling_params import SamplingParams
+from pdwire.sampling_params import SamplingParams
 from router.errors import OpenAIError, from_value_error
 from router.prompts import completion_prompts, max_tokens_for
 from router.protocol import (ChatCompletionRequest, ChatCompletionChunk, ChatStreamChoice, CompletionRequest,

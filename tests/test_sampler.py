@@ -6,7 +6,8 @@ import torch
 
 from engine import SamplingParams
 from engine.logit_filter import _sorted_filter, filter_logits
-from engine.sampler import Sampler, SamplingRow, _filter, choice_seed, draw_seed
+from engine.sampler import Sampler, SamplingRow, _filter, draw_seed
+from pdwire.sampling_params import choice_seed
 
 
 def _row(**params) -> SamplingRow:

@@ -31,6 +31,7 @@ from engine.block_manager import BlockCopy
 from engine.config import EngineConfig, ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import allocate_kv_cache
+from engine.runner_base import BlockExport, RunnerBase, WriteBlocks
 from engine.model_runner import ModelRunner
 from engine.parallel.block_log import BlockLog
 from engine.parallel.group import TPGroup, host_store
@@ -47,7 +48,7 @@ SHUTDOWN_TIMEOUT_S = 10.0
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def make_runner(config: EngineConfig, model_config: ModelConfig, num_blocks: int) -> ModelRunner | TPModelRunner:
+def make_runner(config: EngineConfig, model_config: ModelConfig, num_blocks: int) -> RunnerBase:
     """A ModelRunner for tensor_parallel_size 1, else a TPModelRunner over that many ranks."""
     bs = config.cache.block_size
     if config.tensor_parallel_size == 1:
@@ -57,13 +58,12 @@ def make_runner(config: EngineConfig, model_config: ModelConfig, num_blocks: int
     return TPModelRunner(config, model_config, num_blocks)
 
 
-def close_runner(runner: ModelRunner | TPModelRunner) -> None:
+def close_runner(runner: RunnerBase) -> None:
     """Stop a runner's worker processes, if it has any (idempotent)."""
-    if isinstance(runner, TPModelRunner):
-        runner.close()
+    runner.close()
 
 
-class TPModelRunner:
+class TPModelRunner(RunnerBase):
     """Runs the model over `tp` ranks: this process is rank 0, ranks 1..tp-1 are worker processes.
     A failed worker or collective raises RuntimeError from execute; the engine cannot step after."""
 
@@ -134,6 +134,13 @@ class TPModelRunner:
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.kv_cache.device)
         self.kv_cache[ids] = blocks[..., :self.kv_cache.shape[4], :].to(self.kv_cache.device)
         self._log.add_written(block_ids, blocks)
+
+    def export_blocks(self, block_ids: list[int]) -> BlockExport:
+        """A host copy gathered from every rank, held by the caller until sent."""
+        return BlockExport(self.gather_blocks(block_ids), list(range(len(block_ids))), aliases_pool=False)
+
+    def block_writer(self) -> WriteBlocks | None:
+        return self.write_blocks        # each rank takes its heads of every received block
 
     def gather_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """A host copy of pool blocks with every rank's heads:

@@ -18,9 +18,7 @@ import secrets
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Sequence
 
-import torch
-
-from kvtransport.schema import (PROTOCOL_VERSION, MAX_ID_LEN, ProtocolError, check_id, check_int,
+from pdwire.schema import (PROTOCOL_VERSION, MAX_ID_LEN, ProtocolError, check_id, check_int,
                                check_str)
 
 # One tensor per node for all layers, block-major, so one block (all layers' K and V) is one
@@ -28,10 +26,9 @@ from kvtransport.schema import (PROTOCOL_VERSION, MAX_ID_LEN, ProtocolError, che
 # node's rank r holds heads [r*H/tp, (r+1)*H/tp) of that region's last-but-one axis).
 POOL_LAYOUT = "num_blocks,num_layers,2,block_size,num_kv_heads,head_dim"
 
-KV_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
-}
+# The dtypes a KV pool may use, by their torch name, and their bytes per element
+# (kvtransport.payload maps the names to torch dtypes; this package does not import torch).
+KV_DTYPES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 TRANSPORTS = ("zmq", "torch_dist", "fake")
 
 
@@ -43,7 +40,7 @@ class HandshakeError(RuntimeError):
         self.field = field
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: Any) -> str:
     """'float32' for torch.float32; raises ValueError for dtypes a KV pool may not use."""
     name = str(dtype).removeprefix("torch.")
     if name not in KV_DTYPES:
@@ -91,7 +88,7 @@ class KVLayout:
         check_int(self.protocol_version, "protocol_version", lo=0, hi=1 << 16)
 
     @classmethod
-    def for_pool(cls, kv_cache: torch.Tensor, model_id: str, tensor_parallel_size: int = 1) -> KVLayout:
+    def for_pool(cls, kv_cache: Any, model_id: str, tensor_parallel_size: int = 1) -> KVLayout:
         """The wire layout of a pool `kv_cache: [num_blocks, num_layers, 2, block_size, H / tp, D]`
         holding one tp rank's share of the H kv heads (all of them when tp is 1)."""
         if kv_cache.dim() != 6 or kv_cache.shape[2] != 2:
@@ -109,7 +106,7 @@ class KVLayout:
     @property
     def block_nbytes(self) -> int:
         n = self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
-        return n * KV_DTYPES[self.kv_dtype].itemsize
+        return n * KV_DTYPES[self.kv_dtype]
 
     def to_wire(self) -> list:
         return [getattr(self, f.name) for f in fields(self)]

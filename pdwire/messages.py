@@ -20,8 +20,8 @@ from typing import Any, Union
 
 import msgpack
 
-from kvtransport.handshake import KV_DTYPES, PeerIdentity
-from kvtransport.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION,
+from pdwire.handshake import KV_DTYPES, PeerIdentity
+from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION,
                                 ProtocolError, check_bool, check_hashes, check_id, check_ids,
                                 check_int, check_ints, check_str)
 

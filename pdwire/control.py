@@ -2,8 +2,8 @@
 
 Topology: the router binds one ZMQ ROUTER socket; each node connects a DEALER, proves that it
 holds the cluster secret (kvtransport.session) and then names itself in its NodeHello. Every
-message is sealed by that session: [msgpack `[version, kind, [fields...]]`, trailer], validated
-on decode like the KV transport's own messages (kvtransport.messages); Reserved and Busy are
+message is sealed by that session (kvtransport.framing.control_framer): [msgpack `[version, kind, [fields...]]`, trailer], validated
+on decode like the KV transport's own messages (pdwire.messages); Reserved and Busy are
 shared with it.
 
   node   -> router: NodeHello (once per epoch), NodeStatus (heartbeat), NodeGoodbye (on exit),
@@ -20,11 +20,11 @@ from typing import Any
 
 import msgpack
 
-from engine.sampling_params import SamplingParams
-from kvtransport import messages
-from kvtransport.framing import Framer
-from kvtransport.messages import Busy, Reserved
-from kvtransport.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
+from pdwire import messages
+from pdwire.figures import KV_COUNTERS, NodeFigures, TransferCounters
+from pdwire.messages import Busy, Reserved
+from pdwire.sampling_params import SamplingParams
+from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
                                 check_bool, check_id, check_int, check_ints, check_seq, check_str)
 
 MAX_PROMPT_TOKENS = 1 << 20
@@ -123,9 +123,19 @@ class NodeStatus:
             check_int(getattr(self, name), name)
         _float(self.kv_usage, "kv_usage", hi=1.0), _float(self.prefix_hit_rate, "prefix_hit_rate", hi=1.0)
 
+    @classmethod
+    def of(cls, node_id: str, epoch: str, figures: NodeFigures) -> NodeStatus:
+        """The heartbeat carrying `figures` (flat on the wire, as peers before the record expect)."""
+        return cls(node_id, epoch, *figures[:-1], *figures.transfer)
 
-KV_COUNTERS = ("kv_blocks_sent", "kv_bytes_sent", "kv_blocks_received", "kv_bytes_received", "kv_transfers_done",
-               "kv_transfers_failed", "kv_frames_dropped")
+    @property
+    def transfer(self) -> TransferCounters:
+        return TransferCounters(*(getattr(self, name) for name in KV_COUNTERS))
+
+    @property
+    def figures(self) -> NodeFigures:
+        return NodeFigures(self.num_running, self.num_waiting, self.kv_usage, self.prefix_hit_rate,
+                           self.num_preemptions, self.num_free_blocks, self.transfer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,11 +265,6 @@ KINDS: dict[str, type] = {
     "reserved": Reserved, "busy": Busy,
 }
 _KIND_OF = {cls: kind for kind, cls in KINDS.items()}
-
-
-def framer() -> Framer:
-    """Packs and unpacks sealed control messages of at most MAX_CONTROL_BYTES."""
-    return Framer(max_payload_bytes=0, max_header_bytes=MAX_CONTROL_BYTES, encoder=encode, decoder=decode)
 
 
 def encode(msg: Any) -> bytes:

@@ -100,6 +100,12 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
 
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of completion `index` of an n > 1 request seeded with `seed`: seed + index,
+    wrapped into int64 (engine.sampler.draw_seed only sees it modulo 2**64 anyway)."""
+    return (seed + index + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
