@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from router.node_operator import NodeOperator
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,11 @@ class Backend(ABC):
 
     def is_healthy(self) -> bool:
         return True
+
+    @property
+    def operator(self) -> NodeOperator | None:
+        """What the operator API acts on (list, drain, remove nodes); None: no nodes to manage."""
+        return None
 
     def collectors(self) -> Iterable[Any]:
         """Extra prometheus collectors (e.g. KV transfer metrics) for the app's registry."""
