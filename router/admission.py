@@ -203,7 +203,7 @@ class Admission:
                 raise NoNodeAvailable(f"decode node {decode.node_id} did not answer the reservation within "
                                       f"the admission timeout of {self._config.admission_timeout_s} s") from None
             if isinstance(event, Lost):
-                return Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
+                return event.failure()
             node_id, msg = event
             if node_id != att.decode_id:
                 continue

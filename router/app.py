@@ -30,6 +30,7 @@ from router.lifecycle import (ClientDisconnected, Collected, Generation, Respons
                               StreamBufferFull, collect, unless_disconnected)
 from router.limits import BodyLimit, check_logprob_cells, check_request
 from router.metrics import RouterMetrics
+from router.operator import operator_routes
 from router.policy import NoNodeAvailable
 from router.prompts import chat_prompt, completion_prompts, echo_texts, max_tokens_for
 from router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -52,6 +53,7 @@ def create_app(backend: Backend, config: RouterConfig = RouterConfig()) -> FastA
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.include_router(_ops_routes())
+    app.include_router(operator_routes())      # /admin/*: its own key (config.admin_api_key)
     app.include_router(_v1_routes(), dependencies=[Depends(_check_api_key)])
     return app
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
 
 from pdwire.figures import TransferCounters
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from router.node_operator import NodeOperator
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,11 @@ class Backend(ABC):
 
     def is_healthy(self) -> bool:
         return True
+
+    @property
+    def operator(self) -> NodeOperator | None:
+        """What the operator API acts on (list, drain, remove nodes); None: no nodes to manage."""
+        return None
 
     def collectors(self) -> Iterable[Any]:
         """Extra prometheus collectors (e.g. KV transfer metrics) for the app's registry."""

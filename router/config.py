@@ -38,6 +38,7 @@ class RouterConfig:
     max_connections: int = 512              # HTTP: open connections; requests beyond them get a 503
     shutdown_grace_s: float = 30.0          # SIGTERM: open streams get this long, then end with an error event
     trust_chat_control_tokens: bool = False  # chat: parse special tokens typed in messages (trusted clients only)
+    admin_api_key: str | None = None        # /admin/* (drain, remove, list nodes) needs `Authorization: Bearer <admin_api_key>`; unset: /admin/* answers 403
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host must be a non-empty string")
@@ -60,6 +61,9 @@ class RouterConfig:
         _require(self.max_retries >= 0, f"max_retries must be >= 0, got {self.max_retries}")
         _require(self.metrics_api_key is None or bool(self.metrics_api_key),
                  "metrics_api_key must be None or non-empty")
+        _require(self.admin_api_key is None or bool(self.admin_api_key), "admin_api_key must be None or non-empty")
+        _require(self.admin_api_key is None or self.admin_api_key != self.api_key,
+                 "admin_api_key must differ from api_key")
         for name in _POSITIVE:
             _require(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")

@@ -13,8 +13,11 @@
    comes on: the old one is lost first (its requests fail over)
 3. NodeStatus is the heartbeat: answered "ok", "register" (unknown node or stale epoch) or
    "leave" (drained and idle); NodeGoodbye (a clean exit) loses the node at once
+   A node told to leave (drained, removed) is answered "leave" until it says goodbye, so it
+   cannot register again in the same epoch
 4. request messages (Reserved, Busy, FirstToken, TokenDelta, RequestFailed) go to the listener
 5. a node silent for heartbeat_timeout_s is removed and the listener told that it is lost
+   (every loss carries a router.membership.LossCause, counted in `membership`)
 
 Everything runs on the event loop that called start(); nothing here blocks.
 """
@@ -37,6 +40,7 @@ from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
 from kvtransport.session import AuthError, AuthKind, Responder, auth_frame, parse_auth_frame
 from router.backend import NodeMetrics
+from router.membership import LossCause, MembershipMetrics, NodeLoss
 from router.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
 
 log = logging.getLogger(__name__)
@@ -51,7 +55,7 @@ class ControlListener(Protocol):
     def on_request_message(self, node_id: str, msg: Any) -> bool:
         """A request message from a registered node; False if nobody waits for it (dropped)."""
 
-    def on_node_lost(self, node_id: str, reason: str) -> None:
+    def on_node_lost(self, node_id: str, loss: NodeLoss) -> None:
         """The node died, restarted or left: whatever it was doing will not finish."""
 
 
@@ -73,6 +77,7 @@ class ControlServer:
         self._bind = bind
         self._expire_interval_s = expire_interval_s
         self._nodes: dict[str, NodeInfo] = {}
+        self._leaving: dict[str, NodeInfo] = {}  # told to leave, no goodbye yet: by node id
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
@@ -80,6 +85,7 @@ class ControlServer:
         self.endpoint: str | None = None      # the bound address, once started
         self.dropped = Counter("pdserve_router_dropped_control_frames",
                                "Control frames the router dropped, by reason.", ["reason"], registry=None)
+        self.membership = MembershipMetrics(registry.nodes)
 
     async def start(self) -> str:
         """Binds the socket and starts serving on the running loop; returns the endpoint. Idempotent."""
@@ -122,9 +128,18 @@ class ControlServer:
             sent.add_done_callback(_log_send_failure)
 
     def drain(self, node_id: str) -> None:
-        """No new work for the node; it is told to leave at its first idle heartbeat."""
+        """No new work for the node; it is told to leave at its first idle heartbeat. KeyError if unknown."""
         self.registry.drain(node_id)
         self.send(node_id, NodeCommand("drain"))
+
+    def remove(self, node_id: str, loss: NodeLoss) -> None:
+        """Tells the node to leave and loses it now (its requests move). KeyError if unknown."""
+        info = self._nodes.get(node_id)
+        if info is None:
+            raise KeyError(f"unknown node {node_id!r}")
+        self._send_to(info.peer, NodeCommand("leave"))
+        self._leaving[node_id] = info
+        self._lose(node_id, loss)
 
     # ------------------------------------------------------------ what the backend reads
 
@@ -171,7 +186,7 @@ class ControlServer:
         while True:
             await asyncio.sleep(self._expire_interval_s)
             for node_id in self.registry.expire():
-                self._lose(node_id, "heartbeat timeout")
+                self._lose(node_id, NodeLoss(LossCause.HEARTBEAT))
 
     # ------------------------------------------------------------ one frame
 
@@ -214,11 +229,13 @@ class ControlServer:
         node_id = hello.node_id
         if self._node_of.get(peer, node_id) != node_id:
             return self._drop("unexpected", f"a session of {self._node_of[peer]!r} said hello as {node_id!r}")
+        if self._still_leaving(node_id, hello.epoch):
+            return self._send_to(peer, NodeCommand("leave"))
         known = self._nodes.get(node_id)
         if known is not None and known.peer != peer:     # its old connection is done with
             self._auth.forget(known.peer.hex())
         if known is not None and known.hello.epoch != hello.epoch:
-            self._lose(node_id, "restarted")
+            self._lose(node_id, NodeLoss(LossCause.RESTARTED))
             known = None
         if known is not None and known.hello.role != hello.role:
             return self._drop("unexpected", f"{node_id!r} changed role within epoch {hello.epoch}")
@@ -238,6 +255,7 @@ class ControlServer:
         self._nodes[node_id] = NodeInfo(hello, peer)
         self._node_of[peer] = node_id
         if known is None:
+            self.membership.joins.inc()
             log.info("%s node %s registered (epoch %s, %d blocks of %d)", hello.role, node_id,
                      hello.epoch, hello.num_blocks, hello.block_size)
         self.send(node_id, NodeCommand("ok"))
@@ -246,36 +264,58 @@ class ControlServer:
         if status.node_id != node_id:
             if node_id is not None:
                 return self._drop("unexpected", f"status from {node_id!r} names {status.node_id!r}")
-            return self._send_to(peer, NodeCommand("register"))
+            left = self._leaving.get(status.node_id)
+            told = left is not None and left.peer == peer and left.hello.epoch == status.epoch
+            return self._send_to(peer, NodeCommand("leave" if told else "register"))
         info = self._nodes.get(node_id)
         if info is None or info.hello.epoch != status.epoch or info.peer != peer:
             return self._send_to(peer, NodeCommand("register"))
         reply = self.registry.heartbeat(node_id, NodeLoad(status.num_running, status.num_waiting,
                                                           status.kv_usage))
         info.status = status
+        if reply is HeartbeatReply.LEAVE:     # drained and idle: the registry let it go
+            self._leaving[node_id] = info
         if reply is not HeartbeatReply.OK:
             self._forget(node_id)
-            self._listener.on_node_lost(node_id, "left" if reply is HeartbeatReply.LEAVE else "expired")
+            loss = NodeLoss(LossCause.DRAINED, "idle") if reply is HeartbeatReply.LEAVE \
+                else NodeLoss(LossCause.HEARTBEAT)
+            self.membership.losses.labels(loss.cause.value).inc()
+            self._listener.on_node_lost(node_id, loss)
         self._send_to(peer, NodeCommand({HeartbeatReply.OK: "ok", HeartbeatReply.LEAVE: "leave",
                                         HeartbeatReply.UNKNOWN: "register"}[reply]))
 
     def _on_goodbye(self, peer: bytes, node_id: str | None, bye: NodeGoodbye) -> None:
+        left = self._leaving.get(bye.node_id)
+        if left is not None and left.peer == peer and left.hello.epoch == bye.epoch:
+            del self._leaving[bye.node_id]       # told to leave, and gone: lost already
+            self.membership.goodbyes.inc()
+            return self._auth.forget(peer.hex())
         info = self._nodes.get(bye.node_id)
         if node_id != bye.node_id or info is None or info.hello.epoch != bye.epoch:
             return self._drop("unexpected", f"goodbye from {node_id!r} names {bye.node_id!r}/{bye.epoch}")
-        self._lose(bye.node_id, f"said goodbye ({bye.reason})")
+        self.membership.goodbyes.inc()
+        self._lose(bye.node_id, NodeLoss(LossCause.GOODBYE, bye.reason))
         self._auth.forget(peer.hex())
 
     def node_exited(self, node_id: str, detail: str) -> None:
         """A process supervisor saw the node's process end: its work is lost now, not after the
         heartbeat timeout (the launcher calls this for the nodes it started)."""
-        self._lose(node_id, f"process exited ({detail})")
+        self._leaving.pop(node_id, None)
+        self._lose(node_id, NodeLoss(LossCause.EXITED, detail))
 
-    def _lose(self, node_id: str, reason: str) -> None:
+    def _still_leaving(self, node_id: str, epoch: str) -> bool:
+        """Whether this epoch of the node was told to leave; a new epoch forgets that."""
+        left = self._leaving.get(node_id)
+        if left is not None and left.hello.epoch != epoch:
+            del self._leaving[node_id]
+        return node_id in self._leaving
+
+    def _lose(self, node_id: str, loss: NodeLoss) -> None:
         self.registry.remove(node_id)
         if self._forget(node_id) is not None:
-            log.warning("node %s lost: %s", node_id, reason)
-            self._listener.on_node_lost(node_id, reason)
+            log.warning("node %s lost: %s", node_id, loss)
+            self.membership.losses.labels(loss.cause.value).inc()
+            self._listener.on_node_lost(node_id, loss)
 
     def _forget(self, node_id: str) -> NodeInfo | None:
         """Unbinds the node from its connection; its session stays (it may say hello again)."""

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from pdwire.outputs import CompletionOutput, RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire.control import FirstToken, RequestFailed, TokenDelta
+from router.membership import NODE_FAILURE, NodeLoss
 from router.policy import PrefillChoice
 from router.registry import Booking
 
@@ -19,7 +20,10 @@ log = logging.getLogger(__name__)
 class Lost(NamedTuple):
     """In an attempt's inbox: one of its nodes died, restarted or left."""
     node_id: str
-    reason: str
+    loss: NodeLoss
+
+    def failure(self) -> Failure:
+        return Failure(self.node_id, f"node {self.node_id} lost ({self.loss})", True, self.loss.cause.value)
 
 
 class Failure(NamedTuple):
@@ -27,6 +31,7 @@ class Failure(NamedTuple):
     node_id: str            # the node to avoid on the next attempt
     reason: str
     retryable: bool
+    cause: str = NODE_FAILURE   # a LossCause's value when a node was lost: the retry's metric label
 
 
 @dataclass(slots=True, eq=False)
@@ -154,7 +159,7 @@ def apply_event(choice: Choice, att: Attempt, event: Any, request: PendingReques
     if isinstance(event, Lost):
         if event.node_id == att.prefill_id and att.first_token:
             return None     # P's part is done; D goes on (if the transfer broke, D says so)
-        return Failure(event.node_id, f"node {event.node_id} lost ({event.reason})", True)
+        return event.failure()
     node_id, msg = event
     if isinstance(msg, RequestFailed):
         if node_id == att.prefill_id and att.first_token:

@@ -9,7 +9,8 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
     3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router   (steps 1-3: admission.py)
     4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
        offset, so a token D re-sends is not emitted twice
-    5. P or D fails or dies (RequestFailed, heartbeat timeout, new epoch): AbortRequest to both,
+    5. P or D fails or leaves (RequestFailed, heartbeat timeout, new epoch, goodbye, an operator's
+       remove or drain deadline: router/node_operator.py): AbortRequest to both,
        then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
        and min_tokens less those tokens: a retry before the first token, a migration after it
     6. client gone / generator closed / abort(): AbortRequest to the nodes of the attempt
@@ -39,6 +40,8 @@ from router.backend import Backend, NodeMetrics
 from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, apply_event
 from router.config import RouterConfig
 from router.control_server import ControlServer
+from router.membership import NodeLoss
+from router.node_operator import NodeOperator
 from router.policy import PrefixAffinity
 from router.registry import NodeRegistry, NodeRole
 
@@ -70,10 +73,11 @@ class DisaggregatedBackend(Backend):
         self._admission = Admission(config, self._registry, self._server, self._affinity, capacity)
         self._requests: dict[str, PendingRequest] = {}
         self._attempts: dict[str, Attempt] = {}
+        self._operator = NodeOperator(self._server)
         self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
-                                "token after a node failed.", registry=None)
+                                "token after a node failed, by cause.", ["cause"], registry=None)
         self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after "
-                                   "tokens were emitted.", registry=None)
+                                   "tokens were emitted, by cause.", ["cause"], registry=None)
 
     @classmethod
     def from_model(cls, path: str, secret: bytes, config: RouterConfig = RouterConfig()) -> DisaggregatedBackend:
@@ -100,6 +104,14 @@ class DisaggregatedBackend(Backend):
     @property
     def server(self) -> ControlServer:
         return self._server
+
+    @property
+    def operator(self) -> NodeOperator:
+        return self._operator
+
+    def note_restart(self, node_id: str) -> None:
+        """A supervisor restarted the node's process: counted in pdserve_router_node_restarts."""
+        self._operator.note_restart(node_id)
 
     # ------------------------------------------------------------ Backend
 
@@ -160,12 +172,14 @@ class DisaggregatedBackend(Backend):
         return self._server.count(NodeRole.PREFILL) > 0 and self._server.count(NodeRole.DECODE) > 0
 
     def collectors(self) -> Iterable[Any]:
-        return (self._retries, self._migrations, self._admission.busy, self._server.dropped)
+        return (self._retries, self._migrations, self._admission.busy, self._server.dropped,
+                *self._server.membership.collectors())
 
     def close(self) -> None:
         for request in list(self._requests.values()):
             request.events.put_nowait(RuntimeError("the router is shutting down"))
             self._stop(request)
+        self._operator.close()
         self._server.close()
 
     # ------------------------------------------------------------ control plane (ControlListener)
@@ -177,11 +191,11 @@ class DisaggregatedBackend(Backend):
         att.inbox.put_nowait((node_id, msg))
         return True
 
-    def on_node_lost(self, node_id: str, reason: str) -> None:
+    def on_node_lost(self, node_id: str, loss: NodeLoss) -> None:
         self._affinity.forget(node_id)
         for att in self._attempts.values():
             if node_id in (att.prefill_id, att.decode_id):
-                att.inbox.put_nowait(Lost(node_id, reason))
+                att.inbox.put_nowait(Lost(node_id, loss))
 
     # ------------------------------------------------------------ a request
 
@@ -244,9 +258,10 @@ class DisaggregatedBackend(Backend):
     # ------------------------------------------------------------ a choice: attempts until it ends
 
     async def _run_choice(self, request: PendingRequest, choice: Choice) -> None:
+        cause = ""      # why the last attempt failed
         try:
             while choice.finish_reason is None:
-                att = self._next_attempt(request, choice)
+                att = self._next_attempt(request, choice, cause)
                 if att is None:
                     break
                 try:
@@ -256,10 +271,11 @@ class DisaggregatedBackend(Backend):
                     self._end_attempt(att)
                 if failure is not None:
                     self._after_failure(choice, failure)
+                    cause = failure.cause
         except Exception as err:    # noqa: BLE001 -- handed to generate(), which raises it
             request.events.put_nowait(err)
 
-    def _next_attempt(self, request: PendingRequest, choice: Choice) -> Attempt | None:
+    def _next_attempt(self, request: PendingRequest, choice: Choice, cause: str) -> Attempt | None:
         """The next try from what was emitted; None (and the choice finished) if nothing is left."""
         emitted = len(choice.token_ids)
         max_tokens = None if choice.params.max_tokens is None else choice.params.max_tokens - emitted
@@ -275,7 +291,7 @@ class DisaggregatedBackend(Backend):
         k = choice.num_attempts
         choice.num_attempts += 1
         if k > 0:
-            (self._migrations if emitted else self._retries).inc()
+            (self._migrations if emitted else self._retries).labels(cause).inc()
         att = Attempt(choice.rid if k == 0 else f"{choice.rid}~{k}",
                        request.prompt_ids + choice.token_ids, params, emitted, len(choice.text))
         choice.attempt = self._attempts[att.wire_rid] = att

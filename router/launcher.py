@@ -6,6 +6,7 @@
     pdserve prefill|decode --router ENDPOINT --node-id ID [node flags]   one node
     pdserve colocated [flags of `python -m router`]
     pdserve secret             prints a fresh cluster secret (64 hex digits)
+    pdserve nodes | drain NODE | remove NODE      the operator API (router/operator_cli.py)
 
 A multi-host deployment: `pdserve secret > secret && chmod 600 secret`, copy the file to every
 host, then `pdserve router --cluster-secret-file secret --host 0.0.0.0 --control-endpoint
@@ -110,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         return print(encode_secret(new_secret()))
     if argv[:1] in (["prefill"], ["decode"]):
         return _node_main(argv[0], argv[1:])
+    if argv[:1] in (["nodes"], ["drain"], ["remove"]):
+        from router import operator_cli
+        sys.exit(operator_cli.main(argv))
     if argv[:1] == ["router"]:
         argv = ["up", *argv[1:], "--prefill", "0", "--decode", "0"]
     args = parse_up(argv)
@@ -268,9 +272,10 @@ async def _wait_registered(backend: Any, nodes: list[NodeProcess], timeout_s: fl
 
 async def _watch(nodes: list[NodeProcess], backend: Any, cluster: ClusterConfig) -> None:
     """Supervises the nodes started here while the router serves: a node process that exits is
-    reported, and the router told at once (its requests move now, even without a goodbye); it is
-    started again after a backoff (restart_backoff_s, doubled each time), at most max_restarts
-    times, and rejoins with a new epoch."""
+    reported, and the router told at once (its requests move now, even without a goodbye); unless
+    it exited cleanly (status 0: drained, removed or stopped on purpose) it is started again after
+    a backoff (restart_backoff_s, doubled each time), at most max_restarts times, and rejoins with
+    a new epoch."""
     loop = asyncio.get_running_loop()
     while True:
         for node in nodes:
@@ -279,22 +284,15 @@ async def _watch(nodes: list[NodeProcess], backend: Any, cluster: ClusterConfig)
                 print(f"pdserve: {node.node_id} exited with status {node.process.returncode}",
                       file=sys.stderr, flush=True)
                 backend.server.node_exited(node.node_id, f"status {node.process.returncode}")
-                if node.restarts < cluster.max_restarts:
+                if node.process.returncode != 0 and node.restarts < cluster.max_restarts:
                     node.restart_at = loop.time() + cluster.restart_backoff_s * 2 ** node.restarts
             if node.restart_at is not None and loop.time() >= node.restart_at:
                 node.restarts, node.restart_at, node.reported = node.restarts + 1, None, False
                 print(f"pdserve: starting {node.node_id} again (restart {node.restarts} of "
                       f"{cluster.max_restarts})", file=sys.stderr, flush=True)
                 node.start()
-                _note_restart(backend, node.node_id)
+                backend.note_restart(node.node_id)
         await asyncio.sleep(0.2)
-
-
-def _note_restart(backend: Any, node_id: str) -> None:
-    """Counts the restart in the router's metrics, where the backend keeps such a count."""
-    note = getattr(backend, "note_restart", None)
-    if note is not None:
-        note(node_id)
 
 
 async def _first_request(config: RouterConfig, model_name: str) -> None:
@@ -334,7 +332,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{up,router,prefill,decode,colocated,secret}")
+                                metavar="{up,router,prefill,decode,colocated,secret,nodes,drain,remove}")
     up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
@@ -346,6 +344,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("decode", help="one decode node (python -m decode_node)")
     sub.add_parser("colocated", help="one process, prefill and decode together (python -m router)")
     sub.add_parser("secret", help="print a fresh cluster secret for nodes started by hand")
+    sub.add_parser("nodes", help="list the router's nodes (operator API, needs the admin key)")
+    sub.add_parser("drain", help="drain a node: no new work, running requests finish or move, then it leaves")
+    sub.add_parser("remove", help="remove a node now: its requests move to other nodes")
     return parser
 
 

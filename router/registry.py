@@ -150,6 +150,10 @@ class NodeRegistry:
     def get(self, node_id: str) -> Node | None:
         return self._nodes.get(node_id)
 
+    def silence_s(self, node: Node) -> float:
+        """Seconds since the node's last heartbeat or registration."""
+        return self._clock() - node.last_seen
+
     def book(self, node_id: str, blocks: int) -> Booking:
         """Counts one request of `blocks` blocks of work on the node, from now until release()."""
         node = self._get(node_id)

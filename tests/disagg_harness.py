@@ -38,6 +38,7 @@ class ScriptedNode:
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.commands: list[str] = []
         self.kv_usage = 0.0
+        self.num_running = 1                        # what the heartbeat reports (0: idle)
         self.free_blocks = 64                       # of the 64 its hello announces
         self.kv_counters: tuple[int, ...] = ()      # NodeStatus's KV_COUNTERS the heartbeat reports
         self._tasks: list[asyncio.Task] = []
@@ -92,7 +93,7 @@ class ScriptedNode:
 
     async def _beat(self) -> None:
         while True:
-            self.send(NodeStatus(self.node_id, self.epoch, 1, 0, self.kv_usage, 0.25, 2, self.free_blocks,
+            self.send(NodeStatus(self.node_id, self.epoch, self.num_running, 0, self.kv_usage, 0.25, 2, self.free_blocks,
                                         *self.kv_counters))
             await asyncio.sleep(BEAT_S)
 

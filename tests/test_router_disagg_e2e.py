@@ -145,7 +145,7 @@ def test_decode_node_stopped_mid_stream_says_goodbye_and_its_request_moves_at_on
     async def test(backend, nodes):
         stopped, losses = [], []
         lost = backend.on_node_lost
-        backend.on_node_lost = lambda node_id, reason: (losses.append((node_id, reason)), lost(node_id, reason))
+        backend.on_node_lost = lambda node_id, loss: (losses.append((node_id, str(loss))), lost(node_id, loss))
 
         def stop_decode_node(output) -> None:
             if not stopped and output.outputs[0].token_ids:

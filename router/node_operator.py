@@ -1,0 +1,85 @@
+"""What an operator does to the nodes of a disaggregated router: list, drain, remove.
+
+    drain(node, deadline_s) ──▶ DRAINING: no new work; its running requests go on
+        ├─ idle at a heartbeat ─────────▶ told "leave" (registry), lost as DRAINED ("idle")
+        └─ deadline_s passes, still busy ─▶ told "leave", lost as DRAINED: its requests move to
+                                           other nodes (re-prefilled from prompt + emitted tokens)
+    remove(node) ──▶ told "leave" and lost as REMOVED at once: its requests move
+    a node told to leave says goodbye and exits; adding a node is starting one
+
+Everything runs on the backend's event loop; nothing here blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from router.control_server import ControlServer
+from router.membership import DEFAULT_DRAIN_DEADLINE_S, LossCause, NodeLoss, NodeView
+from router.registry import Node, NodeState
+
+
+class NodeOperator:
+    def __init__(self, server: ControlServer):
+        self._server = server
+        self._deadlines: dict[str, tuple[str, asyncio.TimerHandle]] = {}   # node id -> (epoch, timer)
+
+    def nodes(self) -> list[NodeView]:
+        """Every registered node, by id."""
+        return [self._view(node) for node in self._server.registry.nodes()]
+
+    def node(self, node_id: str) -> NodeView:
+        """KeyError if the node is not registered."""
+        node = self._server.registry.get(node_id)
+        if node is None or self._server.info(node_id) is None:
+            raise KeyError(f"unknown node {node_id!r}")
+        return self._view(node)
+
+    def drain(self, node_id: str, deadline_s: float = DEFAULT_DRAIN_DEADLINE_S) -> NodeView:
+        """Starts (or re-times) the node's drain; KeyError if unknown. Call on the event loop."""
+        epoch = self.node(node_id).epoch
+        self._server.drain(node_id)
+        self._cancel(node_id)
+        timer = asyncio.get_running_loop().call_later(deadline_s, self._deadline_passed, node_id, epoch, deadline_s)
+        self._deadlines[node_id] = (epoch, timer)
+        self._server.membership.drains.inc()
+        return self.node(node_id)
+
+    def remove(self, node_id: str) -> NodeView:
+        """Tells the node to leave and moves its requests now; KeyError if unknown."""
+        view = self.node(node_id)
+        self._cancel(node_id)
+        self._server.remove(node_id, NodeLoss(LossCause.REMOVED))
+        self._server.membership.removals.inc()
+        return replace(view, state="removed", drain_deadline_s=None)
+
+    def note_restart(self, node_id: str) -> None:
+        """A supervisor restarted the node's process (counted in pdserve_router_node_restarts)."""
+        self._server.membership.restarts.labels(node_id).inc()
+
+    def close(self) -> None:
+        for node_id in list(self._deadlines):
+            self._cancel(node_id)
+
+    def _deadline_passed(self, node_id: str, epoch: str, deadline_s: float) -> None:
+        self._deadlines.pop(node_id, None)
+        info, node = self._server.info(node_id), self._server.registry.get(node_id)
+        if info is None or node is None or info.hello.epoch != epoch or node.state is not NodeState.DRAINING:
+            return      # gone already (idle), or back as a new incarnation
+        self._server.remove(node_id, NodeLoss(LossCause.DRAINED, f"its {deadline_s:g} s drain deadline passed"))
+
+    def _cancel(self, node_id: str) -> None:
+        entry = self._deadlines.pop(node_id, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    def _view(self, node: Node) -> NodeView:
+        info = self._server.info(node.node_id)
+        status = info.status if info is not None else None
+        num_blocks = info.hello.num_blocks if info is not None else 0
+        entry = self._deadlines.get(node.node_id)
+        left = None if entry is None else max(0.0, entry[1].when() - asyncio.get_running_loop().time())
+        return NodeView(node.node_id, node.role.value, node.state.value, info.hello.epoch if info else "",
+                        node.endpoint, node.load.num_running, node.load.num_waiting, node.load.kv_usage,
+                        status.num_free_blocks if status else num_blocks, num_blocks, node.inflight_requests,
+                        self._server.registry.silence_s(node), left)

@@ -1,0 +1,81 @@
+"""The operator API: /admin/* routes to list, drain and remove nodes (router/node_operator.py).
+
+    GET  /admin/nodes                  {"object": "list", "data": [NodeView, ...]}
+    POST /admin/nodes/{id}/drain       body {"deadline_s": 60} (optional): the node's NodeView
+    POST /admin/nodes/{id}/remove      the node's NodeView, state "removed"
+
+Every route needs `Authorization: Bearer <admin_api_key>`, a key apart from the API key. With no
+admin key configured they answer 403 on every host, loopback included: a reverse proxy or another
+user on the same box reaches the router from loopback too, so the address proves nothing.
+Errors are OpenAI's shape: 401 wrong key, 403 no admin key, 400 a backend without nodes
+(colocated), 404 an unknown node.
+"""
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, Callable, Literal
+
+from fastapi import APIRouter, Body, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from router.errors import OpenAIError, invalid_api_key
+from router.membership import DEFAULT_DRAIN_DEADLINE_S, NodeView
+
+if TYPE_CHECKING:
+    from router.node_operator import NodeOperator
+
+MAX_DRAIN_DEADLINE_S = 86_400.0
+
+
+class NodeList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[NodeView]
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    deadline_s: float = Field(DEFAULT_DRAIN_DEADLINE_S, gt=0, le=MAX_DRAIN_DEADLINE_S)   # then its requests move
+
+
+def operator_routes() -> APIRouter:
+    routes = APIRouter(prefix="/admin", dependencies=[Depends(_check_admin_key)])
+
+    @routes.get("/nodes")
+    async def nodes(request: Request) -> NodeList:
+        return NodeList(data=_operator(request).nodes())
+
+    @routes.post("/nodes/{node_id}/drain")
+    async def drain(node_id: str, request: Request, body: DrainRequest | None = Body(None)) -> NodeView:
+        deadline_s = (body or DrainRequest()).deadline_s
+        return _known(node_id, lambda: _operator(request).drain(node_id, deadline_s))
+
+    @routes.post("/nodes/{node_id}/remove")
+    async def remove(node_id: str, request: Request) -> NodeView:
+        return _known(node_id, lambda: _operator(request).remove(node_id))
+
+    return routes
+
+
+async def _check_admin_key(request: Request) -> None:
+    expected = request.app.state.config.admin_api_key
+    if expected is None:
+        raise OpenAIError(403, "no admin key configured: start the router with --admin-api-key to use /admin",
+                          type="permission_error", code="admin_disabled")
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+        raise invalid_api_key()
+
+
+def _operator(request: Request) -> NodeOperator:
+    operator = request.app.state.backend.operator
+    if operator is None:
+        raise OpenAIError(400, "this router has no nodes to manage (colocated mode)", code="no_nodes")
+    return operator
+
+
+def _known(node_id: str, act: Callable[[], NodeView]) -> NodeView:
+    try:
+        return act()
+    except KeyError:
+        raise OpenAIError(404, f"no node {node_id[:64]!r} is registered", type="not_found_error",
+                          param="node_id", code="node_not_found") from None

@@ -1,0 +1,262 @@
+"""The operator API (/admin/*: list, drain, remove nodes) and the membership metrics, over a real
+DisaggregatedBackend with scripted nodes (tests/disagg_harness.py) and the app on the same loop."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from pdwire.control import AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, PrefillRequest, TokenDelta
+from pdwire.messages import Reserved
+from router.app import create_app
+from router.config import RouterConfig
+from router.metrics import RouterMetrics
+from tests.disagg_harness import PROMPT, END, Cluster, ScriptedNode, first_of, run, until, view
+from tests.fake_backend import FakeBackend
+from tests.http_helpers import error_of
+
+ADMIN, API = "admin-key", "api-key"
+APP_CONFIG = RouterConfig(api_key=API, admin_api_key=ADMIN)
+
+
+def admin_client(backend, config: RouterConfig = APP_CONFIG, key: str | None = ADMIN) -> httpx.AsyncClient:
+    """The app on this loop (the backend's), with the admin key unless told otherwise."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(backend, config)),
+                             base_url="http://router", headers=headers)
+
+
+def membership(backend) -> dict[str, float]:
+    """Every pdserve_router_* membership, retry and migration sample on /metrics."""
+    text = RouterMetrics(backend).render().decode()
+    names = ("pdserve_router_node", "pdserve_router_retries_total", "pdserve_router_migrations_total")
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(names) and "_created" not in line}
+
+
+def counts(joins: int, active: tuple[int, int], goodbyes: int = 0, drains: int = 0, removals: int = 0,
+           draining: tuple[int, int] = (0, 0), extra: dict[str, float] | None = None) -> dict[str, float]:
+    """The expected membership samples; active/draining are (prefill, decode) node counts."""
+    out = {"pdserve_router_node_joins_total": joins, "pdserve_router_node_goodbyes_total": goodbyes,
+           "pdserve_router_node_drains_total": drains, "pdserve_router_node_removals_total": removals}
+    for i, role in enumerate(("prefill", "decode")):
+        out[f'pdserve_router_nodes{{role="{role}",state="active"}}'] = active[i]
+        out[f'pdserve_router_nodes{{role="{role}",state="draining"}}'] = draining[i]
+    return {**out, **(extra or {})}
+
+
+async def cast(c: Cluster) -> tuple[ScriptedNode, list[ScriptedNode]]:
+    p = await c.node("prefill-0", "prefill")
+    return p, [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
+
+
+async def first_tokens(p: ScriptedNode, ds: list[ScriptedNode], out) -> tuple[ScriptedNode, ScriptedNode]:
+    """Admits r1 on whichever decode node it picks; P's token 11 and D's token 12 reach the client.
+    Returns (that node, the other)."""
+    d, _ = await first_of(ds, DecodeRequest)
+    d.send(Reserved("r1", "x1", (3, 4), 0))
+    await p.expect(PrefillRequest)
+    p.send(FirstToken("r1", 11, "a", None, ""))
+    assert view(await out.next()) == ([([11], "a", None)], False)
+    d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, ""))
+    assert view(await out.next()) == ([([11, 12], "ab", None)], False)
+    return d, ds[1 - ds.index(d)]
+
+
+# ------------------------------------------------------------------ listing
+
+
+def test_nodes_lists_role_state_load_epoch_address_and_heartbeat_age():
+    """GET /admin/nodes: each registered node by id, with its last heartbeat's load and its address."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            ds[1].kv_usage, ds[1].free_blocks, ds[1].num_running = 0.5, 32, 3
+            await until(lambda: c.backend.server.info("decode-1").status.num_free_blocks == 32)
+            async with admin_client(c.backend) as http:
+                reply = await http.get("/admin/nodes")
+            assert reply.status_code == 200
+            body = reply.json()
+            ages = [n.pop("last_heartbeat_age_s") for n in body["data"]]
+            assert all(0 <= age < c.backend.server.registry._timeout for age in ages)
+            base = {"state": "active", "epoch": "e1", "num_waiting": 0, "num_blocks": 64, "booked_requests": 0,
+                    "drain_deadline_s": None}
+            assert body == {"object": "list", "data": [
+                {**base, "id": "decode-0", "role": "decode", "address": ds[0].kv_endpoint, "num_running": 1,
+                 "kv_usage": 0.0, "num_free_blocks": 64},
+                {**base, "id": "decode-1", "role": "decode", "address": ds[1].kv_endpoint, "num_running": 3,
+                 "kv_usage": 0.5, "num_free_blocks": 32},
+                {**base, "id": "prefill-0", "role": "prefill", "address": "", "num_running": 1,
+                 "kv_usage": 0.0, "num_free_blocks": 64}]}
+            assert membership(c.backend) == counts(3, (1, 2))
+    run(test)
+
+
+# ------------------------------------------------------------------ the admin key
+
+
+def test_admin_routes_answer_403_without_an_admin_key_configured():
+    """No admin_api_key: every /admin route is 403, whatever key the client sends (the API key too)."""
+    async def test():
+        async with Cluster() as c:
+            await cast(c)
+            async with admin_client(c.backend, RouterConfig(api_key=API), key=API) as http:
+                replies = [await http.get("/admin/nodes"), await http.post("/admin/nodes/decode-0/drain"),
+                           await http.post("/admin/nodes/decode-0/remove")]
+            for reply in replies:
+                assert error_of(reply, 403)["code"] == "admin_disabled"
+            assert [n.state.value for n in c.backend.server.registry.nodes()] == ["active"] * 3
+    run(test)
+
+
+@pytest.mark.parametrize("key", [None, API, "wrong"])
+def test_admin_routes_need_the_admin_key_not_the_api_key(key):
+    """With an admin key set, no key, the API key or a wrong key get 401 and change nothing."""
+    async def test():
+        async with Cluster() as c:
+            await cast(c)
+            async with admin_client(c.backend, key=key) as http:
+                listed = await http.get("/admin/nodes")
+                drained = await http.post("/admin/nodes/decode-0/drain")
+            assert error_of(listed, 401)["code"] == error_of(drained, 401)["code"] == "invalid_api_key"
+            assert c.backend.server.count(c.backend.server.registry.get("decode-0").role) == 2
+    run(test)
+
+
+def test_the_admin_key_must_differ_from_the_api_key():
+    """RouterConfig refuses an admin key equal to the API key."""
+    with pytest.raises(ValueError, match="admin_api_key must differ from api_key"):
+        RouterConfig(api_key="k", admin_api_key="k")
+
+
+def test_colocated_backend_answers_400_and_an_unknown_node_404():
+    """A backend without nodes answers 400 no_nodes; a node id nobody registered, 404 node_not_found;
+    a bad drain body, 400."""
+    async def test():
+        async with admin_client(FakeBackend()) as http:
+            for reply in (await http.get("/admin/nodes"), await http.post("/admin/nodes/x/remove")):
+                assert error_of(reply, 400)["code"] == "no_nodes"
+        async with Cluster() as c:
+            await cast(c)
+            async with admin_client(c.backend) as http:
+                for path in ("/admin/nodes/decode-9/drain", "/admin/nodes/decode-9/remove"):
+                    assert error_of(await http.post(path), 404)["code"] == "node_not_found"
+                for body in ({"deadline_s": 0}, {"deadline_s": 10, "other": 1}):
+                    error_of(await http.post("/admin/nodes/decode-0/drain", json=body), 400)
+            assert [n.state.value for n in c.backend.server.registry.nodes()] == ["active"] * 3
+    run(test)
+
+
+# ------------------------------------------------------------------ drain and remove
+
+
+def test_drain_lets_the_running_request_finish_sends_no_new_work_then_tells_the_node_to_leave():
+    """A drained decode node finishes its request, gets no new one, is told "leave" at its first idle
+    heartbeat and its goodbye is taken; the metrics count one drain, one drained loss, one goodbye."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            out = c.generate(max_tokens=3)
+            drained, other = await first_tokens(p, ds, out)
+            async with admin_client(c.backend) as http:
+                reply = await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 30})
+                assert reply.status_code == 200
+                assert (reply.json()["state"], 29 < reply.json()["drain_deadline_s"] <= 30) == ("draining", True)
+                await until(lambda: "drain" in drained.commands)
+                second = c.generate("r2", max_tokens=1)
+                assert (await other.expect(DecodeRequest)).rid == "r2"
+                drained.send(TokenDelta("r1", 2, (13,), 2, "c", None, "length"))
+                assert view(await out.next()) == ([([11, 12, 13], "abc", "length")], True)
+                assert await out.next() is END
+                await drained.assert_silent(0.1)
+                assert "leave" not in drained.commands          # it still reports a running request
+                drained.num_running = 0
+                await until(lambda: "leave" in drained.commands)
+                drained.stop_heartbeat()
+                drained.send(NodeGoodbye(drained.node_id, drained.epoch, "told to leave"))
+                await until(lambda: membership(c.backend)["pdserve_router_node_goodbyes_total"] == 1)
+                listed = [n["id"] for n in (await http.get("/admin/nodes")).json()["data"]]
+            assert listed == sorted(["prefill-0", other.node_id])
+            assert membership(c.backend) == counts(3, (1, 1), goodbyes=1, drains=1, extra={
+                'pdserve_router_node_losses_total{cause="drained"}': 1})
+            second.task.cancel()
+    run(test)
+
+
+def test_drain_deadline_moves_the_running_request_with_an_exact_continuation():
+    """A drained node still busy at its deadline is told to leave and lost (cause drained): its
+    request continues on the other decode node from prompt + the 2 emitted tokens, exactly."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            out = c.generate(max_tokens=4)
+            drained, live = await first_tokens(p, ds, out)
+            async with admin_client(c.backend) as http:
+                reply = await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
+                assert reply.status_code == 200
+                req = await live.expect(DecodeRequest, timeout=3.0)
+            await until(lambda: "leave" in drained.commands)
+            assert drained.commands.index("drain") < drained.commands.index("leave")
+            await continue_on(live, p, req, out)
+            assert membership(c.backend) == counts(3, (1, 1), drains=1, extra={
+                'pdserve_router_node_losses_total{cause="drained"}': 1,
+                'pdserve_router_migrations_total{cause="drained"}': 1})
+    run(test)
+
+
+def test_remove_moves_the_running_request_at_once_and_the_node_cannot_rejoin_in_its_epoch():
+    """POST remove: the node is told "leave" and lost (cause removed), its request continues
+    exactly on the other decode node; a hello or heartbeat in the same epoch is answered "leave"."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            out = c.generate(max_tokens=4)
+            removed, live = await first_tokens(p, ds, out)
+            async with admin_client(c.backend) as http:
+                reply = await http.post(f"/admin/nodes/{removed.node_id}/remove")
+                assert (reply.status_code, reply.json()["state"]) == (200, "removed")
+                req = await live.expect(DecodeRequest, timeout=3.0)
+                await continue_on(live, p, req, out)
+                await until(lambda: "leave" in removed.commands)
+                await removed.hello()
+                await asyncio.sleep(0.15)        # heartbeats go on: each answered "leave"
+                assert set(removed.commands[removed.commands.index("leave"):]) == {"leave"}
+                listed = [n["id"] for n in (await http.get("/admin/nodes")).json()["data"]]
+            assert listed == sorted(["prefill-0", live.node_id])
+            assert membership(c.backend) == counts(3, (1, 1), removals=1, extra={
+                'pdserve_router_node_losses_total{cause="removed"}': 1,
+                'pdserve_router_migrations_total{cause="removed"}': 1})
+    run(test)
+
+
+async def continue_on(live: ScriptedNode, p: ScriptedNode, req: DecodeRequest, out) -> None:
+    """r1's move after tokens 11, 12 (of max 4): prompt + both, 2 tokens left; 13, 14 finish it."""
+    assert (req.rid, list(req.prompt_ids), req.params.max_tokens, req.prior_outputs) == \
+        ("r1~1", PROMPT + [11, 12], 2, 2)
+    assert (await p.expect(AbortRequest)).rid == "r1"
+    live.send(Reserved("r1~1", "x2", (7, 8), 0))
+    assert (await p.expect(PrefillRequest)).kv_endpoint == live.kv_endpoint
+    p.send(FirstToken("r1~1", 13, "c", None, ""))
+    live.send(TokenDelta("r1~1", 0, (13, 14), 0, "cd", None, "length"))
+    while (final := await out.next()) is not END and not final.finished:
+        pass
+    assert view(final) == ([([11, 12, 13, 14], "abcd", "length")], True)
+
+
+def test_restarts_and_losses_by_cause_are_counted():
+    """note_restart counts per node; a heartbeat loss, a new epoch and an exit each count their cause."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            c.backend.note_restart("decode-0")
+            await ds[0].hello(epoch="e2")                       # restarted
+            c.backend.server.node_exited("decode-0", "status 1")
+            ds[1].stop_heartbeat()
+            await until(lambda: c.backend.server.info("decode-1") is None)
+            assert membership(c.backend) == counts(4, (1, 0), extra={
+                'pdserve_router_node_restarts_total{node="decode-0"}': 1,
+                'pdserve_router_node_losses_total{cause="restarted"}': 1,
+                'pdserve_router_node_losses_total{cause="exited"}': 1,
+                'pdserve_router_node_losses_total{cause="heartbeat"}': 1})
+    run(test)
