@@ -26,6 +26,7 @@ from router.completions import Echo, build_completion, completion_stream
 from router.config import RouterConfig
 from router.errors import (OpenAIError, error_body, from_value_error, install_error_handlers, internal,
                            invalid_api_key, model_not_found, unavailable)
+from router.info_routes import keyed_routes, open_routes
 from router.lifecycle import (ClientDisconnected, Collected, Generation, ResponseMeta, ServerShuttingDown,
                               StreamBufferFull, collect, unless_disconnected)
 from router.limits import BodyLimit, check_logprob_cells, check_request
@@ -53,6 +54,8 @@ def create_app(backend: Backend, config: RouterConfig = RouterConfig()) -> FastA
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.include_router(_ops_routes())
     app.include_router(_v1_routes(), dependencies=[Depends(_check_api_key)])
+    app.include_router(keyed_routes(), dependencies=[Depends(_check_api_key)])
+    app.include_router(open_routes())
     return app
 
 
