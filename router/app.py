@@ -106,7 +106,7 @@ def _v1_routes() -> APIRouter:
                             [_room(p, state) for p in params], state.config)
         return await _serve(request, body, params,
                             lambda meta, got: state.workers.run(build_completion, meta, got, echo),
-                            lambda meta, gen: completion_stream(meta, gen, state.workers, body.include_usage, echo),
+                            lambda meta, gen: completion_stream(meta, gen, state.workers, body.stream_usage, echo),
                             "cmpl")
 
     @routes.post("/chat/completions")
@@ -124,7 +124,7 @@ def _v1_routes() -> APIRouter:
         return await _serve(request, body, params,
                             lambda meta, got: state.workers.run(build_chat, meta, got, top),
                             lambda meta, gen: chat_stream(meta, gen, state.workers.tokenizer, top,
-                                                          body.include_usage), "chatcmpl")
+                                                          body.stream_usage), "chatcmpl")
 
     return routes
 
