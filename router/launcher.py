@@ -150,8 +150,13 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
                  nodes: list[NodeProcess]) -> int:
     from router.app import create_app
     from router.disaggregated import DisaggregatedBackend
-    from router.server import Server
+    from router.server import PortInUse, Server, bind_http
 
+    try:
+        sock = bind_http(config)
+    except PortInUse as err:
+        print(err, file=sys.stderr, flush=True)
+        return 1
     secret = _cluster_secret(config, cluster)
     backend = DisaggregatedBackend.from_model(model, secret, config)
     try:
@@ -164,7 +169,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
         if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
         server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/server.py
-        serving = asyncio.create_task(server.serve())
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
         watching = asyncio.create_task(_watch(nodes, backend, cluster))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
@@ -180,6 +185,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
         return 0 if server.started else 1
     finally:
         backend.close()
+        sock.close()
 
 
 def _cluster_secret(config: RouterConfig, cluster: ClusterConfig) -> bytes:

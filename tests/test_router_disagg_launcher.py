@@ -92,3 +92,24 @@ def test_node_dies_with_its_launcher_even_on_sigkill():
     while process_alive(node_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not process_alive(node_pid)
+
+
+def test_up_on_a_taken_port_fails_before_anything_loads(monkeypatch, capsys):
+    """pdserve up on a taken port: status 1 and one line on stderr; no tokenizer, no node started."""
+    import socket
+
+    from router.disaggregated import DisaggregatedBackend
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("ran before the port was checked")
+    monkeypatch.setattr(DisaggregatedBackend, "from_model", must_not_run)
+    monkeypatch.setattr(launcher, "spawn_nodes", must_not_run)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = launcher.up("/nonexistent", RouterConfig(port=port), ClusterConfig(), [])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.startswith(f"pdserve: cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert err.count("\n") == 1
