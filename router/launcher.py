@@ -312,6 +312,9 @@ async def _first_request(config: RouterConfig, model_name: str) -> None:
     body = {"model": config.served_model_name or model_name, "prompt": "ROMEO:\n", "max_tokens": 64,
             "temperature": 0.8, "seed": 0, "stream": True}
     print("pdserve: a first request, ROMEO:", flush=True)
+    httpx_log = logging.getLogger("httpx")
+    level = httpx_log.level
+    httpx_log.setLevel(logging.WARNING)     # its "HTTP Request: POST ..." line read as the router calling itself
     try:
         async with httpx.AsyncClient(timeout=60) as client:
             async with client.stream("POST", url, json=body, headers=headers) as response:
@@ -321,6 +324,8 @@ async def _first_request(config: RouterConfig, model_name: str) -> None:
         print("\n", flush=True)
     except (httpx.HTTPError, KeyError, ValueError) as e:
         print(f"pdserve: the first request failed: {e}", file=sys.stderr, flush=True)
+    finally:
+        httpx_log.setLevel(level)
 
 
 def _print_ready(config: RouterConfig, model_name: str) -> None:

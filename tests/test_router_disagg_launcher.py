@@ -113,3 +113,35 @@ def test_up_on_a_taken_port_fails_before_anything_loads(monkeypatch, capsys):
     assert status == 1
     assert err.startswith(f"pdserve: cannot listen on 127.0.0.1:{port}: Address already in use")
     assert err.count("\n") == 1
+
+
+def test_start_up_greeting_logs_no_httpx_line(caplog, capsys):
+    """The greeting prints the streamed text; httpx logs no "HTTP Request" line the router seems to send itself."""
+    import asyncio
+    import dataclasses
+    import logging
+
+    from router.app import create_app
+    from router.server import Server, bind_http
+    from tests.fake_backend import MODEL, REPLY, FakeBackend
+
+    config = RouterConfig(port=0)
+    sock = bind_http(config)
+    config = dataclasses.replace(config, port=sock.getsockname()[1])
+
+    async def greet():
+        server = Server(create_app(FakeBackend(max_model_len=4096), config), config, log_level="warning")
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        for _ in range(500):
+            if server.started:
+                break
+            await asyncio.sleep(0.01)
+        await launcher._first_request(config, MODEL)
+        server.should_exit = True
+        await serving
+
+    caplog.set_level(logging.INFO)
+    asyncio.run(greet())
+    assert capsys.readouterr().out == f"pdserve: a first request, ROMEO:\n{REPLY}\n\n"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("httpx")] == []
+    assert logging.getLogger("httpx").level == logging.NOTSET
