@@ -334,7 +334,8 @@ class LLMEngine:
         if group.params.prompt_logprobs is not None:
             lead = group.seqs[0]
             prompt = list(lead.prompt_logprobs or [None] * lead.num_prompt_tokens)
-        return RequestOutput(group.request_id, group.prompt_token_ids, outs, group.is_finished, prompt)
+        return RequestOutput(group.request_id, group.prompt_token_ids, outs, group.is_finished, prompt,
+                             group.num_cached_tokens or 0)
 
     def _forget(self, group: SequenceGroup) -> None:
         self._groups.pop(group.request_id, None)

@@ -270,6 +270,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.bm.allocate_group(seqs)
+            if group.num_cached_tokens is None:     # a readmission after preemption does not count
+                group.num_cached_tokens = seqs[0].num_computed_tokens
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
             self.running.append(group)

@@ -134,6 +134,7 @@ def _build(name: str) -> str:
     else:
         raise RuntimeError("no writable directory for the built kernels")
     os.close(fd)
+    log.info("building the C kernels %s with %s (once; cached in %s)", name, cc, os.path.dirname(path))
     try:
         proc = subprocess.run([cc, *flags, "-o", tmp, src, "-lm"], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:

@@ -136,6 +136,7 @@ class RouterLink:
         if auth is not None and auth[0] is AuthKind.CHALLENGE and self._session is None:
             self._session = self._initiator.on_challenge(auth[1])
             self.send(self._hello(self.epoch))
+            log.info("registered with the router at %s", self._endpoint)
             return None
         if auth is not None and auth[0] is AuthKind.RESET:
             self._lose("the router has no session for this node")

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -23,6 +24,8 @@ from node_shell.config import NodeConfig
 from node_shell.identity import kv_identity, node_status
 from node_shell.router_link import RouterLink
 
+log = logging.getLogger(__name__)
+
 
 class NodeService(ABC):
     role: str                                        # "prefill" | "decode"
@@ -31,6 +34,7 @@ class NodeService(ABC):
         self.config = config
         self.epoch = new_epoch()                     # this process's KV identity (the link has its own)
         secret = load_secret(config.cluster_secret_file)
+        log.info("%s node %s: loading the model %s", self.role, config.node_id, config.model or "(built-in)")
         self.engine = LLMEngine(config.engine_config(), observer=observer)
         self.open_transport(kv_identity(self.engine, config.node_id, self.epoch, config.kv_transport), secret)
         self.link = RouterLink(config.router, secret, self._hello, self._status, config.heartbeat_s,

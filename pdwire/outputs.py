@@ -20,6 +20,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     prompt_logprobs: list[dict[int, float] | None] | None = None   # per prompt token (the first: None)
+    num_cached_tokens: int = 0   # prompt tokens whose K/V came from the prefix cache when first scheduled
 
 
 @dataclass(slots=True)

@@ -214,6 +214,7 @@ class Admission:
                 att.decode_id = ""
                 return msg
             if isinstance(msg, Reserved):
+                att.cached_blocks = msg.cached_prefix_blocks
                 self._taken(att, node_id)
                 self._send_prefill(att, decode, msg)
                 return None

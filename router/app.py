@@ -26,6 +26,7 @@ from router.completions import Echo, build_completion, completion_stream
 from router.config import RouterConfig
 from router.errors import (OpenAIError, error_body, from_value_error, install_error_handlers, internal,
                            invalid_api_key, model_not_found, unavailable)
+from router.info_routes import keyed_routes, open_routes
 from router.lifecycle import (ClientDisconnected, Collected, Generation, ResponseMeta, ServerShuttingDown,
                               StreamBufferFull, collect, unless_disconnected)
 from router.limits import BodyLimit, check_logprob_cells, check_request
@@ -55,6 +56,8 @@ def create_app(backend: Backend, config: RouterConfig = RouterConfig()) -> FastA
     app.include_router(_ops_routes())
     app.include_router(operator_routes())      # /admin/*: its own key (config.admin_api_key)
     app.include_router(_v1_routes(), dependencies=[Depends(_check_api_key)])
+    app.include_router(keyed_routes(), dependencies=[Depends(_check_api_key)])
+    app.include_router(open_routes())
     return app
 
 
@@ -105,7 +108,7 @@ def _v1_routes() -> APIRouter:
                             [_room(p, state) for p in params], state.config)
         return await _serve(request, body, params,
                             lambda meta, got: state.workers.run(build_completion, meta, got, echo),
-                            lambda meta, gen: completion_stream(meta, gen, state.workers, body.include_usage, echo),
+                            lambda meta, gen: completion_stream(meta, gen, state.workers, body.stream_usage, echo),
                             "cmpl")
 
     @routes.post("/chat/completions")
@@ -123,7 +126,7 @@ def _v1_routes() -> APIRouter:
         return await _serve(request, body, params,
                             lambda meta, got: state.workers.run(build_chat, meta, got, top),
                             lambda meta, gen: chat_stream(meta, gen, state.workers.tokenizer, top,
-                                                          body.include_usage), "chatcmpl")
+                                                          body.stream_usage), "chatcmpl")
 
     return routes
 

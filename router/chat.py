@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from router.lifecycle import Collected, Generation, ResponseMeta, usage
+from router.lifecycle import Collected, Generation, ResponseMeta, usage, usage_so_far
 from router.logprobs import chat_logprobs
 from router.protocol import (AssistantMessage, ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
-                             ChatCompletionResponse, ChatStreamChoice, DeltaMessage)
+                             ChatCompletionResponse, ChatStreamChoice, DeltaMessage, StreamUsage)
 from router.streaming import DONE, sse
 
 
@@ -27,17 +27,17 @@ def build_chat(tokenizer: Any, meta: ResponseMeta, collected: Collected, top_log
         parts.append(ChatChoice(index=index, message=AssistantMessage(content=full.text), logprobs=logprobs,
                                 finish_reason=full.finish_reason or "abort").model_dump_json())
     whole = ChatCompletionResponse(id=meta.id, created=meta.created, model=meta.model, choices=[],
-                                   usage=usage(meta, generated))
+                                   usage=usage(meta, generated, collected.cached_tokens))
     return (whole.model_dump_json(exclude={"choices"})[:-1] + ',"choices":[' + ",".join(parts) + "]}").encode()
 
 
 async def chat_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any, top_logprobs: int,
-                      include_usage: bool) -> AsyncIterator[str]:
-    exclude = None if include_usage else {"usage"}
+                      usage_mode: StreamUsage) -> AsyncIterator[str]:
+    exclude = None if usage_mode is not StreamUsage.NONE else {"usage"}
+    generated = 0
     for i in range(len(meta.prompt_lens) * meta.n):
         opening = ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-        yield sse(_chunk(meta, [opening]), exclude)
-    generated = 0
+        yield sse(_chunk(meta, [opening], usage_so_far(meta, generated, generation, usage_mode)), exclude)
     async for out in generation.outputs():
         for d in out.choices:
             generated += len(d.token_ids)
@@ -46,9 +46,9 @@ async def chat_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any
                 logprobs = ChatChoiceLogprobs(content=chat_logprobs(tokenizer, d.token_ids, d.logprobs, top_logprobs))
             choice = ChatStreamChoice(index=out.index * meta.n + d.index, delta=DeltaMessage(content=d.text),
                                       logprobs=logprobs, finish_reason=d.finish_reason)
-            yield sse(_chunk(meta, [choice]), exclude)
-    if include_usage:
-        yield sse(_chunk(meta, [], usage(meta, generated)))
+            yield sse(_chunk(meta, [choice], usage_so_far(meta, generated, generation, usage_mode)), exclude)
+    if usage_mode is not StreamUsage.NONE:
+        yield sse(_chunk(meta, [], usage(meta, generated, generation.num_cached_tokens)))
     yield DONE
 
 

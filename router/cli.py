@@ -7,6 +7,7 @@ RouterConfig's fields as `--port`, `--api-key`, ...; EngineArgs' as `--model`, `
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Sequence
 
 from engine.flags import add_dataclass_args, build_dataclass  # noqa: F401 -- this module's face
@@ -18,15 +19,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     from router.app import create_app
     from router.colocated import ColocatedBackend
     from router.config import RouterConfig
-    from router.server import Server
+    from router.server import PortInUse, Server, bind_http
 
     parser = argparse.ArgumentParser(prog="python -m router", description=__doc__.splitlines()[0])
     add_dataclass_args(parser, RouterConfig)
     add_dataclass_args(parser, EngineArgs)
     args = vars(parser.parse_args(argv))
     config = build_dataclass(RouterConfig, args)
+    try:
+        sock = bind_http(config)
+    except PortInUse as err:
+        sys.exit(str(err))
     backend = ColocatedBackend(LLMEngine(build_dataclass(EngineArgs, args).engine_config()))
     try:
-        Server(create_app(backend, config), config, loop="uvloop").run()
+        Server(create_app(backend, config), config, loop="uvloop").run(sockets=[sock])
     finally:
         backend.close()
+        sock.close()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, NamedTuple
 
-from router.lifecycle import Collected, FullChoice, Generation, ResponseMeta, usage
+from router.lifecycle import Collected, FullChoice, Generation, ResponseMeta, usage, usage_so_far
 from router.logprobs import completion_logprobs
-from router.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
+from router.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse, StreamUsage
 from router.streaming import DONE, Delta, sse
 from router.workers import Workers
 
@@ -40,13 +40,13 @@ def build_completion(tokenizer: Any, meta: ResponseMeta, collected: Collected, e
         parts.append(CompletionChoice(index=index, text=text, logprobs=logprobs,
                                       finish_reason=full.finish_reason or "abort").model_dump_json())
     whole = CompletionResponse(id=meta.id, created=meta.created, model=meta.model, choices=[],
-                               usage=usage(meta, 0 if echo and echo.score_only else generated))
+                               usage=usage(meta, 0 if echo and echo.score_only else generated, collected.cached_tokens))
     return (whole.model_dump_json(exclude={"choices"})[:-1] + ',"choices":[' + ",".join(parts) + "]}").encode()
 
 
-async def completion_stream(meta: ResponseMeta, generation: Generation, workers: Workers, include_usage: bool,
-                            echo: Echo | None = None) -> AsyncIterator[str]:
-    exclude = None if include_usage else {"usage"}
+async def completion_stream(meta: ResponseMeta, generation: Generation, workers: Workers,
+                            usage_mode: StreamUsage, echo: Echo | None = None) -> AsyncIterator[str]:
+    exclude = None if usage_mode is not StreamUsage.NONE else {"usage"}
     started: set[int] = set()
     offsets: dict[int, int] = {}        # choice index -> text offset of its next token
     scores: dict[int, tuple[CompletionLogprobs, int]] = {}   # prompt index -> its echoed logprobs
@@ -56,13 +56,14 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, workers:
             scores[out.index] = await workers.run(_score_prompt, echo, out.index, out.prompt_logprobs)
         for d in out.choices:
             index = out.index * meta.n + d.index
-            generated += len(d.token_ids)
+            generated += 0 if echo and echo.score_only else len(d.token_ids)
             d = _empty(d) if echo and echo.score_only else d
+            so_far = usage_so_far(meta, generated, generation, usage_mode)
             if echo and index not in started:       # the prompt goes first, in a chunk of its own
                 logprobs, offsets[index] = scores.get(out.index) or (None, 0)
                 yield sse(_chunk(meta, [CompletionChoice(index=index, text=echo.texts[out.index],
-                                                         logprobs=logprobs if d.logprobs is not None else None)]),
-                          exclude)
+                                                         logprobs=logprobs if d.logprobs is not None else None)],
+                                 so_far), exclude)
             started.add(index)
             if not d.text and not d.token_ids and d.finish_reason is None:
                 continue
@@ -71,9 +72,9 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, workers:
                 logprobs, offsets[index] = completion_logprobs(workers.tokenizer, d.token_ids, d.logprobs,
                                                                offsets.get(index, 0))
             yield sse(_chunk(meta, [CompletionChoice(index=index, text=d.text, logprobs=logprobs,
-                                                     finish_reason=d.finish_reason)]), exclude)
-    if include_usage:
-        yield sse(_chunk(meta, [], usage(meta, 0 if echo and echo.score_only else generated)))
+                                                     finish_reason=d.finish_reason)], so_far), exclude)
+    if usage_mode is not StreamUsage.NONE:
+        yield sse(_chunk(meta, [], usage(meta, generated, generation.num_cached_tokens)))
     yield DONE
 
 

@@ -46,6 +46,7 @@ class Attempt:
     prefill: PrefillChoice | None = None
     decode_id: str = ""
     first_token: bool = False       # P's FirstToken merged: D's deltas may follow it
+    cached_blocks: int = 0          # leading prompt blocks D had in its prefix cache (Reserved)
     decode_done: bool = False       # D sent its last delta: nothing is left to abort
     held: list[TokenDelta] = field(default_factory=list)        # D's deltas that would leave a gap
     contacted: set[str] = field(default_factory=set)            # nodes that got a request
@@ -84,11 +85,12 @@ class PendingRequest:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)   # choice index | exception | the abort marker
     tasks: list[asyncio.Task] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] | None = None   # from choice 0's first prefill
+    num_cached_tokens: int | None = None    # prompt tokens D found cached, by choice 0's first reservation
 
     def output(self) -> RequestOutput:
         finished = all(c.finish_reason is not None for c in self.choices)
         return RequestOutput(self.request_id, list(self.prompt_ids), [c.output() for c in self.choices],
-                             finished, self.prompt_logprobs)
+                             finished, self.prompt_logprobs, self.num_cached_tokens or 0)
 
 
 def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], text_offset: int,

@@ -265,8 +265,10 @@ class DisaggregatedBackend(Backend):
                 if att is None:
                     break
                 try:
-                    failure = (await self._admission.admit(choice, att)
-                               or await self._stream(request, choice, att))
+                    failure = await self._admission.admit(choice, att)
+                    if failure is None:
+                        self._note_cached(request, choice, att)
+                        failure = await self._stream(request, choice, att)
                 finally:
                     self._end_attempt(att)
                 if failure is not None:
@@ -274,6 +276,13 @@ class DisaggregatedBackend(Backend):
                     cause = failure.cause
         except Exception as err:    # noqa: BLE001 -- handed to generate(), which raises it
             request.events.put_nowait(err)
+
+    def _note_cached(self, request: PendingRequest, choice: Choice, att: Attempt) -> None:
+        """The request's cached prompt tokens: what D held of the prompt at choice 0's first
+        reservation (whole blocks; at least the last prompt token is always computed)."""
+        if choice.index == 0 and att.base == 0 and request.num_cached_tokens is None:
+            request.num_cached_tokens = min(att.cached_blocks * self._server.block_size,
+                                            len(request.prompt_ids) - 1)
 
     def _next_attempt(self, request: PendingRequest, choice: Choice, cause: str) -> Attempt | None:
         """The next try from what was emitted; None (and the choice finished) if nothing is left."""

@@ -154,8 +154,13 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
                  nodes: list[NodeProcess]) -> int:
     from router.app import create_app
     from router.disaggregated import DisaggregatedBackend
-    from router.server import Server
+    from router.server import PortInUse, Server, bind_http
 
+    try:
+        sock = bind_http(config)
+    except PortInUse as err:
+        print(err, file=sys.stderr, flush=True)
+        return 1
     secret = _cluster_secret(config, cluster)
     backend = DisaggregatedBackend.from_model(model, secret, config)
     try:
@@ -168,7 +173,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
         if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
         server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/server.py
-        serving = asyncio.create_task(server.serve())
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
         watching = asyncio.create_task(_watch(nodes, backend, cluster))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
@@ -184,6 +189,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
         return 0 if server.started else 1
     finally:
         backend.close()
+        sock.close()
 
 
 def _cluster_secret(config: RouterConfig, cluster: ClusterConfig) -> bytes:
@@ -304,6 +310,9 @@ async def _first_request(config: RouterConfig, model_name: str) -> None:
     body = {"model": config.served_model_name or model_name, "prompt": "ROMEO:\n", "max_tokens": 64,
             "temperature": 0.8, "seed": 0, "stream": True}
     print("pdserve: a first request, ROMEO:", flush=True)
+    httpx_log = logging.getLogger("httpx")
+    level = httpx_log.level
+    httpx_log.setLevel(logging.WARNING)     # its "HTTP Request: POST ..." line read as the router calling itself
     try:
         async with httpx.AsyncClient(timeout=60) as client:
             async with client.stream("POST", url, json=body, headers=headers) as response:
@@ -313,6 +322,8 @@ async def _first_request(config: RouterConfig, model_name: str) -> None:
         print("\n", flush=True)
     except (httpx.HTTPError, KeyError, ValueError) as e:
         print(f"pdserve: the first request failed: {e}", file=sys.stderr, flush=True)
+    finally:
+        httpx_log.setLevel(level)
 
 
 def _print_ready(config: RouterConfig, model_name: str) -> None:

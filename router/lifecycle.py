@@ -23,7 +23,7 @@ from fastapi import Request
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend
 from router.metrics import RouterMetrics
-from router.protocol import UsageInfo
+from router.protocol import PromptTokensDetails, StreamUsage, UsageInfo
 from router.streaming import ChoiceCursor, Delta
 
 T = TypeVar("T")
@@ -62,6 +62,7 @@ class Generation:
                          for i, (token_ids, params) in enumerate(prompts)]
         self._params = [params for _, params in prompts]
         self._trackers = [metrics.tracker() for _ in prompts]
+        self._cached_tokens = [0] * len(prompts)      # each prompt's prefix-cache hit tokens
         self._tasks: list[asyncio.Task] = []
         self._ready: list[tuple[int, Any]] = []
 
@@ -84,6 +85,11 @@ class Generation:
                 open_streams -= 1
             else:
                 yield item
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens of the request served from the prefix cache, as its backend reported them."""
+        return sum(self._cached_tokens)
 
     def fail(self, err: BaseException) -> None:
         """Ends the response with `err` before any output still waiting; the requests stop."""
@@ -131,6 +137,7 @@ class Generation:
         try:
             async for output in stream:
                 self._trackers[index].on_output(output)
+                self._cached_tokens[index] = max(self._cached_tokens[index], output.num_cached_tokens)
                 if not scored and output.prompt_logprobs is None and not output.finished:
                     continue    # echo: the choices wait for the prompt's scores
                 choices = [d for c in output.outputs
@@ -201,6 +208,7 @@ class FullChoice:
 class Collected(NamedTuple):
     choices: dict[int, FullChoice]      # by choice index (prompt index * n + output index)
     prompt_logprobs: dict[int, list]    # by prompt index, where the backend sent them
+    cached_tokens: int = 0              # prompt tokens served from the prefix cache, all prompts
 
 
 async def collect(generation: Generation, n: int) -> Collected:
@@ -217,10 +225,17 @@ async def collect(generation: Generation, n: int) -> Collected:
                 choice.logprobs = [] if choice.logprobs is None else choice.logprobs
                 choice.logprobs += d.logprobs
             choice.finish_reason = d.finish_reason or choice.finish_reason
-    return out
+    return out._replace(cached_tokens=generation.num_cached_tokens)
 
 
-def usage(meta: ResponseMeta, completion: int) -> UsageInfo:
-    """Usage of the whole request, given the tokens generated for all its choices."""
+def usage(meta: ResponseMeta, completion: int, cached: int) -> UsageInfo:
+    """Usage of the request, given the tokens generated for all its choices and the prompt tokens
+    served from the prefix cache."""
     prompt = sum(meta.prompt_lens)
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def usage_so_far(meta: ResponseMeta, completion: int, generation: Generation, mode: StreamUsage) -> UsageInfo | None:
+    """What a streamed chunk carries as usage: the usage so far when continuous, else nothing."""
+    return usage(meta, completion, generation.num_cached_tokens) if mode is StreamUsage.CONTINUOUS else None

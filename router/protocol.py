@@ -6,6 +6,7 @@ the engine's SamplingParams, which does the range checks and raises ValueError.
 """
 from __future__ import annotations
 
+import enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
@@ -17,9 +18,17 @@ from pdwire.sampling_params import SamplingParams
 _REQUEST = ConfigDict(extra="ignore", strict=True)
 
 
+class StreamUsage(enum.Enum):
+    """Where a stream reports usage."""
+    NONE = "none"               # nowhere
+    FINAL = "final"             # one last chunk with no choices (include_usage)
+    CONTINUOUS = "continuous"   # that, and every chunk with the usage so far (+ continuous_usage_stats)
+
+
 class StreamOptions(BaseModel):
     model_config = _REQUEST
     include_usage: bool = False
+    continuous_usage_stats: bool = False   # vLLM's: with include_usage, every chunk carries the usage so far
 
 
 class _SamplingRequest(BaseModel):
@@ -54,6 +63,12 @@ class _SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def stream_usage(self) -> StreamUsage:
+        if not self.include_usage:
+            return StreamUsage.NONE
+        return StreamUsage.CONTINUOUS if self.stream_options.continuous_usage_stats else StreamUsage.FINAL
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -135,10 +150,15 @@ def _as_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- responses
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0      # prompt tokens whose K/V came from the prefix cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class CompletionLogprobs(BaseModel):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,24 @@ class GuardedProtocol(H11Protocol):
         log.info("closing the connection from %s: %s", self.client, why)
         self._deadline = self._stall = None
         self.transport.abort()      # drops unsent data; connection_lost tells the app
+
+
+class PortInUse(OSError):
+    """The HTTP port cannot be bound; the message is the one line to show."""
+
+
+def bind_http(config: RouterConfig) -> socket.socket:
+    """The HTTP port, bound now (before any model loads) for `Server.serve(sockets=[...])`.
+    Raises PortInUse when it is taken or not ours to bind."""
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as uvicorn binds
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as err:
+        sock.close()
+        raise PortInUse(f"pdserve: cannot listen on {config.host}:{config.port}: {err.strerror} "
+                        "(is another server running there? choose one with --host / --port)") from None
+    return sock
 
 
 class Server(uvicorn.Server):

@@ -43,3 +43,6 @@ def error_of(response, status: int) -> dict:
     body = response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     return body["error"]
+
+
+UNCACHED = {"prompt_tokens_details": {"cached_tokens": 0}}     # usage of a prompt without prefix-cache hits

@@ -373,3 +373,18 @@ def test_c_kernels_carry_every_16_bit_value_exactly(dtype, rows):
     nan = torch.isnan(v_rows)
     assert torch.equal(torch.isnan(first), nan)
     assert torch.equal(first[~nan], v_rows[~nan])                 # exact (as values: -0 == +0)
+
+
+def test_building_the_c_kernels_says_so_once(monkeypatch, tmp_path, caplog):
+    """A build logs one "building the C kernels" line; the cached library logs nothing the next time."""
+    import logging
+
+    from kernels import cpu_kernels
+
+    monkeypatch.setenv("PDSERVE_KERNEL_CACHE", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="kernels.cpu_kernels")
+    path = cpu_kernels._build("paged_decode")
+    again = cpu_kernels._build("paged_decode")
+    lines = [r.getMessage() for r in caplog.records]
+    assert path == again and len(lines) == 1
+    assert lines[0].startswith("building the C kernels paged_decode with ") and str(tmp_path) in lines[0]

@@ -13,7 +13,7 @@ from pdwire.sampling_params import SamplingParams
 from router.app import create_app
 from router.config import RouterConfig
 from tests.fake_backend import MODEL, CharTokenizer, FakeBackend
-from tests.http_helpers import backend, client, error_of, events, strip_ids  # noqa: F401 -- fixtures
+from tests.http_helpers import UNCACHED, backend, client, error_of, events, strip_ids  # noqa: F401 -- fixtures
 
 
 # ---------------------------------------------------------------- completions
@@ -26,7 +26,7 @@ def test_completion_body_and_usage(client, backend):
     assert body["object"] == "text_completion" and body["model"] == MODEL
     assert body["id"].startswith("cmpl-")
     assert body["choices"] == [{"index": 0, "text": "hello", "logprobs": None, "finish_reason": "length"}]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8, **UNCACHED}
     (_, prompt, params), = backend.requests
     assert prompt == [97, 98, 99] and params.max_tokens == 5
 
@@ -57,7 +57,7 @@ def test_completion_batch_and_n_indices(client):
     r = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "n": 2, "max_tokens": 2})
     body = r.json()
     assert [(c["index"], c["text"]) for c in body["choices"]] == [(0, "he"), (1, "HE"), (2, "he"), (3, "HE")]
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13, **UNCACHED}
 
 
 def test_completion_token_id_prompts(client, backend):
@@ -93,7 +93,7 @@ def test_completion_stream_include_usage(client):
         chunks = events(r.read().decode())
     assert [c["usage"] for c in chunks[:2]] == [None, None]
     assert chunks[2]["choices"] == [] and chunks[2]["usage"] == {
-        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, **UNCACHED}
     assert chunks[3] == "[DONE]"
 
 
@@ -158,7 +158,7 @@ def test_completion_echo_with_max_tokens_0_scores_the_prompt_only(client, backen
     (choice,) = body["choices"]
     assert (choice["text"], choice["finish_reason"]) == ("abc", "length")
     assert choice["logprobs"]["tokens"] == ["a", "b", "c"] and choice["logprobs"]["token_logprobs"][0] is None
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3, **UNCACHED}
     assert backend.requests[-1][2].max_tokens == 1
     chunks = events(client.post("/v1/completions", json={**payload, "stream": True}).text)
     assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks[:-1]] == \
@@ -181,7 +181,8 @@ def test_chat_body_uses_chat_template(client, backend):
     assert CharTokenizer().decode(prompt) == "[system]s[user]hi[assistant]"
     assert params.max_tokens == 5
     prompt_len = len("[system]s[user]hi[assistant]")
-    assert body["usage"] == {"prompt_tokens": prompt_len, "completion_tokens": 5, "total_tokens": prompt_len + 5}
+    assert body["usage"] == {"prompt_tokens": prompt_len, "completion_tokens": 5, "total_tokens": prompt_len + 5,
+                             **UNCACHED}
 
 
 def test_chat_default_max_tokens_is_context(client, backend):
@@ -202,7 +203,8 @@ def test_chat_stream_exact_sse(client):
         {**head, "choices": [choice({"role": "assistant", "content": ""}, None)], "usage": None},
         {**head, "choices": [choice({"content": "h"}, None)], "usage": None},
         {**head, "choices": [choice({"content": "e"}, "length")], "usage": None},
-        {**head, "choices": [], "usage": {"prompt_tokens": 19, "completion_tokens": 2, "total_tokens": 21}},
+        {**head, "choices": [], "usage": {"prompt_tokens": 19, "completion_tokens": 2, "total_tokens": 21,
+                                          **UNCACHED}},
         "[DONE]"]
 
 
@@ -306,3 +308,26 @@ def test_client_disconnect_aborts(stream):
     if stream:
         bodies = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
         assert bodies.startswith(b'data: {"id"') and b"[DONE]" not in bodies
+
+
+def test_continuous_usage_stats_on_every_chunk(client):
+    """stream_options.continuous_usage_stats: every chunk carries the usage so far, then the final one."""
+    for path, body in (("/v1/completions", {"prompt": "abc"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abc"}]})):
+        r = client.post(path, json={**body, "max_tokens": 3, "stream": True,
+                                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        chunks = events(r.text)[:-1]
+        prompt = chunks[0]["usage"]["prompt_tokens"]
+        completion = [c["usage"]["completion_tokens"] for c in chunks]
+        assert completion == ([0] if "chat" in path else []) + [1, 2, 3, 3]
+        assert all(c["usage"] == {"prompt_tokens": prompt, "completion_tokens": k, "total_tokens": prompt + k,
+                                  **UNCACHED} for c, k in zip(chunks, completion))
+        assert chunks[-1]["choices"] == []
+
+
+def test_usage_without_continuous_stats_is_null_per_chunk(client):
+    """include_usage alone: chunks carry usage null, only the last one has it."""
+    r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2, "stream": True,
+                                             "stream_options": {"include_usage": True}})
+    chunks = events(r.text)[:-1]
+    assert [c["usage"] is None for c in chunks] == [True, True, False]

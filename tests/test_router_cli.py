@@ -65,3 +65,26 @@ def test_invalid_values_are_refused():
     """Config validation runs on flag values."""
     with pytest.raises(ValueError, match="port"):
         _parse(["--port", "70000"])
+
+
+def test_port_in_use_exits_at_once_with_one_line(monkeypatch):
+    """python -m router on a taken port: exit status 1 with one line, before the engine loads."""
+    import socket
+
+    import engine.llm_engine
+    from router.cli import main
+
+    monkeypatch.setattr(engine.llm_engine, "LLMEngine", _must_not_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main(["--port", str(port), "--model", "/nonexistent"])
+    message = exit_.value.code
+    assert message.startswith(f"pdserve: cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert "\n" not in message
+
+
+def _must_not_load(*args, **kwargs):
+    raise AssertionError("the model was loaded before the port was checked")

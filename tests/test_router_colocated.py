@@ -14,6 +14,7 @@ from pdwire.sampling_params import SamplingParams
 from router.backend import NodeMetrics
 from router.colocated import ColocatedBackend
 from router.policy import NoNodeAvailable
+from tests.http_helpers import UNCACHED
 from tests.tiny_chat_model import tiny_chat_model_folder
 
 
@@ -261,7 +262,8 @@ def test_streamed_greedy_completion_matches_engine(real_engine):
         assert chunks[-1] == "[DONE]"
         usage, text_chunks = chunks[-2], chunks[:-2]
         assert usage["choices"] == [] and usage["usage"] == {
-            "prompt_tokens": len(prompt_ids), "completion_tokens": 12, "total_tokens": len(prompt_ids) + 12}
+            "prompt_tokens": len(prompt_ids), "completion_tokens": 12, "total_tokens": len(prompt_ids) + 12,
+            **UNCACHED}
         tokens = [t for c in text_chunks for t in c["choices"][0]["logprobs"]["tokens"]]
         assert tokens == [engine.tokenizer.decode([t]) for t in reference.token_ids]
         assert "".join(c["choices"][0]["text"] for c in text_chunks) == reference.text
@@ -332,7 +334,7 @@ def test_chat_and_abort_over_real_engine(real_engine):
                                                         add_generation_prompt=True)
         prompt_len = len(engine.tokenizer.encode(rendered, add_special_tokens=False))
         assert r.json()["usage"] == {"prompt_tokens": prompt_len, "completion_tokens": 5,
-                                     "total_tokens": prompt_len + 5}
+                                     "total_tokens": prompt_len + 5, **UNCACHED}
         assert client.post("/v1/completions", json={"prompt": "x" * 400}).status_code == 400
 
         async def leave_early():
@@ -395,3 +397,26 @@ def test_uvicorn_client_disconnect_aborts(real_engine):
         backend.close()
     engine.check_integrity()
     assert not engine.has_unfinished_requests()
+
+
+def test_repeated_prompt_reports_cached_tokens(real_engine):
+    """A prompt sent again reports its prefix-cache hits in usage: whole blocks, below its length."""
+    from fastapi.testclient import TestClient
+
+    from router.app import create_app
+
+    backend = ColocatedBackend(real_engine)
+    prompt = list(range(3, 3 + 40))    # 40 tokens: two full blocks of 16 can hit
+    try:
+        client = TestClient(create_app(backend))
+        body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+        first = client.post("/v1/completions", json=body).json()["usage"]
+        second = client.post("/v1/completions", json=body).json()["usage"]
+        streamed = client.post("/v1/completions", json={**body, "stream": True,
+                                                        "stream_options": {"include_usage": True}}).text
+    finally:
+        backend.close()
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert second["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert json.loads(streamed.split("\n\n")[-3][6:])["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    real_engine.check_integrity()

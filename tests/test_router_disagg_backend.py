@@ -287,3 +287,19 @@ def test_non_retryable_failure_before_any_token_is_a_rejection():
             err = await out.next()
             assert isinstance(err, ValueError) and "more blocks" in str(err)
     run(test)
+
+
+@pytest.mark.parametrize("cached_blocks, cached_tokens", [(0, 0), (1, 4), (2, 5)])
+def test_cached_tokens_come_from_the_decode_reservation(cached_blocks, cached_tokens):
+    """num_cached_tokens: D's cached prefix blocks x block size, at most the prompt's length - 1."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(max_tokens=1)
+            await d.expect(DecodeRequest)
+            d.send(Reserved("r1", "x1", (3, 4), cached_blocks))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1", 11, "a", None, "length"))
+            final = await out.next()
+            assert final.finished and final.num_cached_tokens == cached_tokens
+    run(test)

@@ -92,3 +92,56 @@ def test_node_dies_with_its_launcher_even_on_sigkill():
     while process_alive(node_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not process_alive(node_pid)
+
+
+def test_up_on_a_taken_port_fails_before_anything_loads(monkeypatch, capsys):
+    """pdserve up on a taken port: status 1 and one line on stderr; no tokenizer, no node started."""
+    import socket
+
+    from router.disaggregated import DisaggregatedBackend
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("ran before the port was checked")
+    monkeypatch.setattr(DisaggregatedBackend, "from_model", must_not_run)
+    monkeypatch.setattr(launcher, "spawn_nodes", must_not_run)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = launcher.up("/nonexistent", RouterConfig(port=port), ClusterConfig(), [])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.startswith(f"pdserve: cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert err.count("\n") == 1
+
+
+def test_start_up_greeting_logs_no_httpx_line(caplog, capsys):
+    """The greeting prints the streamed text; httpx logs no "HTTP Request" line the router seems to send itself."""
+    import asyncio
+    import dataclasses
+    import logging
+
+    from router.app import create_app
+    from router.server import Server, bind_http
+    from tests.fake_backend import MODEL, REPLY, FakeBackend
+
+    config = RouterConfig(port=0)
+    sock = bind_http(config)
+    config = dataclasses.replace(config, port=sock.getsockname()[1])
+
+    async def greet():
+        server = Server(create_app(FakeBackend(max_model_len=4096), config), config, log_level="warning")
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        for _ in range(500):
+            if server.started:
+                break
+            await asyncio.sleep(0.01)
+        await launcher._first_request(config, MODEL)
+        server.should_exit = True
+        await serving
+
+    caplog.set_level(logging.INFO)
+    asyncio.run(greet())
+    assert capsys.readouterr().out == f"pdserve: a first request, ROMEO:\n{REPLY}\n\n"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("httpx")] == []
+    assert logging.getLogger("httpx").level == logging.NOTSET
