@@ -28,7 +28,7 @@ start=$SECONDS
 if "$PY_CHOSEN" -c "import pytest" 2>/dev/null; then
   echo "== kernel and engine tests on CUDA (CPU kernel cases too) =="
   timeout 300 "$PY_CHOSEN" -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/gpu/ tests/test_kernels_cpu.py 2>&1 | tee bench/results/gpu_check_tests.log | tail -40
+    tests/gpu/ tests/kernels/test_kernels_cpu.py 2>&1 | tee bench/results/gpu_check_tests.log | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: TESTS FAILED (log: bench/results/gpu_check_tests.log)"; status=1; }
 else
   echo "gpu_check: pytest is not installed for $PY_CHOSEN; tests skipped"; status=1

@@ -5,7 +5,7 @@ can pick; `compile_variant(v, cc)` builds it for GPUTarget("cuda", cc, 32) down 
 (triton bundles ptxas) and reports its shared memory. Like the JIT on a real launch, it tells
 the compiler that pointers and the strides of realistic shapes are multiples of 16
 (tt.divisibility), which turns on vectorized loads and cp.async pipelining; the scalars the
-JIT would specialize when equal to 1 are marked do_not_specialize in the kernels. tests/test_kernels_triton_compile.py
+JIT would specialize when equal to 1 are marked do_not_specialize in the kernels. tests/kernels/test_kernels_triton_compile.py
 runs them for sm_90 (H100/H200) and sm_80 (A100).
 """
 

@@ -87,7 +87,7 @@ def _find_sequence(cu_q_ptr, q_block, num_seqs, block_q):
 
 
 # Scalars that may equal 1: Triton would make them constexpr (a different compiled variant
-# from the one tests/test_kernels_triton_compile.py builds), so they stay plain int32.
+# from the one tests/kernels/test_kernels_triton_compile.py builds), so they stay plain int32.
 _RUNTIME_INTS = ["num_seqs", "num_heads", "group", "block_q", "block_size", "num_segments", "split"]
 
 

@@ -6,8 +6,8 @@ import asyncio
 from pdwire.sampling_params import SamplingParams
 from router.config import RouterConfig
 from router.launcher import ClusterConfig
-from tests.test_router_disagg_e2e import PROMPTS, _collect, _with_cluster
-from tests.test_router_operator import counts, membership
+from tests.router.test_router_disagg_e2e import PROMPTS, _collect, _with_cluster
+from tests.router.test_router_operator import counts, membership
 
 REQUESTS, CONCURRENCY, MAX_TOKENS = 24, 4, 12
 

@@ -11,7 +11,7 @@ from router.app import create_app
 from router.registry import NodeState
 from tests.disagg_harness import Cluster, run, until
 from tests.http_server import free_port
-from tests.test_router_operator import ADMIN, APP_CONFIG
+from tests.router.test_router_operator import ADMIN, APP_CONFIG
 
 
 async def live(c: Cluster) -> tuple[uvicorn.Server, asyncio.Task, str]:

@@ -54,7 +54,7 @@ def test_gloo_pair_moves_blocks_bit_exactly():
         recvs[name].register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
     before = {n: p.clone() for n, p in pools.items()}
     endpoints = {n: r.endpoint for n, r in recvs.items()}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen([sys.executable, __file__, json.dumps(endpoints)], cwd=root, env=env)
     try:

@@ -69,7 +69,7 @@ def model32(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def interpreted(model32) -> dict:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1", PDSERVE_TRITON_ON_CPU="1", PYTHONPATH=str(root))
     proc = subprocess.run([sys.executable, __file__, model32[0]], env=env, cwd=root, capture_output=True,
                           text=True, timeout=600)

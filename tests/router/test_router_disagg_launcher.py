@@ -86,7 +86,7 @@ def test_node_dies_with_its_launcher_even_on_sigkill():
               "p = subprocess.Popen(_with_parent_death_signal([sys.executable, '-c', 'import time; time.sleep(60)'])); "
               "print(p.pid, flush=True); import time; time.sleep(1.0); os._exit(0)")
     middle = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     node_pid = int(middle.stdout.split()[0])
     deadline = time.monotonic() + 10
     while process_alive(node_pid) and time.monotonic() < deadline:

@@ -44,7 +44,7 @@ COPIES = [f"{kind}-{dtype}" for kind in ("store_kv", "copy_blocks", "gather", "s
 @pytest.fixture(scope="module")
 def results() -> dict:
     """Run every case once in an interpreted child process; name -> max abs error or 'equal'."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
     proc = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True,
                           text=True, timeout=900)
