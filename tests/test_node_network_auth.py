@@ -257,3 +257,14 @@ def harness_free_decode(monkeypatch, model_dir, tmp_path):
         yield seen[0]
     finally:
         service.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_secret_file_owned_by_another_user_is_refused(tmp_path):
+    """A 0600 secret file that another user owns is refused: its owner can read (or set) the secret
+    (the finding: a root operator's --cluster-secret-file that a local user had created was used)."""
+    planted = tmp_path / "secret"
+    write_secret(str(planted), TEST_SECRET)
+    os.chown(planted, 65534, -1)
+    with pytest.raises(SecretError, match="owned by uid 65534"):
+        load_secret(str(planted))
