@@ -114,7 +114,8 @@ class Session:
         if behind >= REPLAY_WINDOW or (behind >= 0 and self._recv_seen >> behind & 1):
             raise AuthError(DropReason.REPLAY, f"sequence {seq} with {self._recv_seq} seen")
         if behind < 0:
-            self._recv_seen = (self._recv_seen << -behind | 1) & ((1 << REPLAY_WINDOW) - 1)
+            kept = self._recv_seen << -behind if -behind < REPLAY_WINDOW else 0   # a jump: all out
+            self._recv_seen = (kept | 1) & ((1 << REPLAY_WINDOW) - 1)
             self._recv_seq = seq
         else:
             self._recv_seen |= 1 << behind

@@ -109,3 +109,16 @@ def test_a_connection_gets_one_challenge_and_one_reset_however_many_it_asks_for(
     assert responder.open("p", _sealed(session))[1] == [b"h"]
     responder.forget("p")
     assert responder.refuse("p") == auth_frame(AuthKind.RESET)
+
+
+def test_a_jump_in_sequence_numbers_costs_nothing():
+    """A sealed message numbered 2**63 is taken at once (no 2**63-bit window is built) and everything
+    before it is then a REPLAY."""
+    i, r = _pair()
+    first, second = _sealed(i), _sealed(i)
+    r.open(second)
+    i._send_seq = 1 << 63
+    assert r.open(_sealed(i, b"j")) == [b"j"]
+    with pytest.raises(AuthError) as e:
+        r.open(first)
+    assert e.value.reason is DropReason.REPLAY
