@@ -1,13 +1,16 @@
 """Size limits at the HTTP edge, checked before any work: each a RouterConfig flag, each refused
 with a 400 in OpenAI's shape that names the limit and its flag.
 
-    body bytes ──▶ (parse) ──▶ n, stop strings, logit_bias, logprobs, prompt size, valid Unicode
+    body bytes, JSON values (its commas outside strings) ──▶ (parse) ──▶ n, stop strings,
+               logit_bias, logprobs, prompt size, valid Unicode
                ──▶ (tokenize off the loop) ──▶ prompts x n x (logprobs + 1) x tokens scored
 """
 from __future__ import annotations
 
 import hmac
 from typing import Any, Iterable
+
+import numpy as np
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -90,9 +93,11 @@ class BodyLimit:
     the limit (chunked bodies); the app never sees it. With an API key, a /v1 request without it
     gets its 401 here, from its headers, before any of its body is read."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, api_key: str | None = None):
+    def __init__(self, app: ASGIApp, max_bytes: int, api_key: str | None = None,
+                 max_token_ids: int = RouterConfig.max_prompt_token_ids):
         self.app = app
         self.max_bytes = max_bytes
+        self._max_values = max_token_ids + _OTHER_VALUES
         self._authorization = None if api_key is None else f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -114,7 +119,11 @@ class BodyLimit:
             size += len(chunks[-1])
             if size > self.max_bytes:
                 return await self._refuse(send, self._too_big(size))
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        body = b"".join(chunks)
+        if body.count(b",") > self._max_values and (values := _json_values(body)) > self._max_values:
+            return await self._refuse(send, over_limit("JSON values in the request body", values,
+                                                       self._max_values, "max_prompt_token_ids", None))
+        replay = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replayed() -> Message:
             return replay.pop() if replay else await receive()
@@ -127,6 +136,17 @@ class BodyLimit:
         from fastapi.responses import JSONResponse
         response = JSONResponse(error_body(error), status_code=error.status, headers={"Connection": "close"})
         await response({"type": "http"}, _no_receive, send)
+
+
+_OTHER_VALUES = 1 << 16      # JSON values a request may hold besides its token ids (messages, stop...)
+
+
+def _json_values(body: bytes) -> int:
+    """About how many values the JSON text holds (its commas outside strings), in one vectorized
+    pass: parsing and validating millions of them would hold the event loop for seconds."""
+    text = np.frombuffer(body.replace(b"\\\\", b"").replace(b'\\"', b""), np.uint8)
+    inside = np.bitwise_xor.accumulate(text == ord('"'))      # True within a string (and its opening quote)
+    return int(np.count_nonzero((text == ord(",")) & ~inside))
 
 
 async def _no_receive() -> Message:
