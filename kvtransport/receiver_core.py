@@ -27,7 +27,7 @@ from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
 from pdwire.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
-from kvtransport.session import AuthError, AuthKind, Buffer, Responder, auth_frame, parse_auth_frame
+from kvtransport.session import AuthError, AuthKind, Buffer, Responder, parse_auth_frame
 
 log = logging.getLogger("kvtransport")
 
@@ -131,14 +131,16 @@ class ReceiverCore:
         if auth is not None:
             if auth[0] is not AuthKind.HELLO:
                 raise FrameError(DropReason.UNEXPECTED, f"auth {auth[0].name}")
-            self._send(peer, [self._auth.challenge(peer, auth[1])])
+            challenge = self._auth.challenge(peer, auth[1])
+            if challenge is not None:
+                self._send(peer, [challenge])
             return Unpacked(None, None)
         self._framer.check_sizes(frames)
         try:
             _, opened = self._auth.open(peer, frames)
         except AuthError as e:
-            if e.reason is DropReason.NOT_AUTHENTICATED:    # e.g. this node restarted: start again
-                self._send(peer, [auth_frame(AuthKind.RESET)])
+            if e.reason is DropReason.NOT_AUTHENTICATED and (reset := self._auth.refuse(peer)):
+                self._send(peer, [reset])                   # e.g. this node restarted: start again
             raise FrameError(e.reason, e.detail) from None
         return self._framer.decode(opened)
 

@@ -1,7 +1,8 @@
 """The cluster secret: what every process of one deployment's node network proves it holds.
 
 Where it comes from, first found wins (never the command line, which `ps` shows to everyone):
-  1. a file named by --cluster-secret-file, readable by its owner only (mode 0600 or 0400);
+  1. a file named by --cluster-secret-file, owned by this user and readable by it only (mode 0600
+     or 0400);
   2. the environment variable PDSERVE_CLUSTER_SECRET.
 Either holds 64 hex digits (`pdserve secret` prints a fresh one) or any text of 16+ bytes.
 `pdserve up` makes a fresh secret per deployment and hands it to its nodes in their environment.
@@ -51,11 +52,15 @@ def write_secret(path: str, secret: bytes) -> None:
 
 
 def _read_private(path: str) -> str:
+    """The file's text; it must be ours and private (checked on the file opened, not its name)."""
     try:
-        mode = os.stat(path).st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise SecretError(f"{path} is readable by others (mode {stat.S_IMODE(mode):o}); chmod 600 it")
         with open(path) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid():
+                raise SecretError(f"{path} is owned by uid {st.st_uid}, not by this user ({os.geteuid()}): "
+                                  "its owner can read or change the secret")
+            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise SecretError(f"{path} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it")
             return f.read()
     except OSError as e:
         raise SecretError(f"cannot read the cluster secret file {path}: {e.strerror}") from None

@@ -114,7 +114,8 @@ class Session:
         if behind >= REPLAY_WINDOW or (behind >= 0 and self._recv_seen >> behind & 1):
             raise AuthError(DropReason.REPLAY, f"sequence {seq} with {self._recv_seq} seen")
         if behind < 0:
-            self._recv_seen = (self._recv_seen << -behind | 1) & ((1 << REPLAY_WINDOW) - 1)
+            kept = self._recv_seen << -behind if -behind < REPLAY_WINDOW else 0   # a jump: all out
+            self._recv_seen = (kept | 1) & ((1 << REPLAY_WINDOW) - 1)
             self._recv_seq = seq
         else:
             self._recv_seen |= 1 << behind
@@ -156,9 +157,15 @@ class Responder:
         self._max_pending, self._ttl, self._clock = max_pending, pending_ttl_s, clock
         self._pending: OrderedDict[str, tuple[float, Session]] = OrderedDict()
         self._sessions: dict[str, Session] = {}
+        self._refused: OrderedDict[str, None] = OrderedDict()   # peers sent a RESET (bounded)
 
-    def challenge(self, peer: str, nonce_i: bytes) -> bytes:
-        """Answer peer's hello: its session waits for its first sealed message."""
+    def challenge(self, peer: str, nonce_i: bytes) -> bytes | None:
+        """Answer peer's hello: its session waits for its first sealed message. None (no answer)
+        while peer's earlier handshake is pending: an initiator says hello once per connection,
+        so a flood of hellos on one connection costs one challenge."""
+        held = self._pending.get(peer)
+        if held is not None and self._clock() - held[0] <= self._ttl:
+            return None
         nonce_r = secrets.token_bytes(NONCE_LEN)
         self._pending.pop(peer, None)
         self._pending[peer] = (self._clock(), Session(self._secret, nonce_i, nonce_r, initiator=False))
@@ -180,11 +187,22 @@ class Responder:
                     raise
             else:
                 self._sessions[peer] = pending[1]
+                self._refused.pop(peer, None)
                 return pending[1], opened
         session = self._sessions.get(peer)
         if session is None:
             raise AuthError(DropReason.NOT_AUTHENTICATED, "no session")
         return session, session.open(frames)
+
+    def refuse(self, peer: str) -> bytes | None:
+        """The RESET that answers a sealed message from peer, which has no session; None if peer
+        was sent one already and has not opened a session since (a flood is answered once)."""
+        if peer in self._refused:
+            return None
+        self._refused[peer] = None
+        while len(self._refused) > self._max_pending:
+            self._refused.popitem(last=False)
+        return auth_frame(AuthKind.RESET)
 
     def session(self, peer: str) -> Session | None:
         return self._sessions.get(peer)
@@ -192,6 +210,7 @@ class Responder:
     def forget(self, peer: str) -> None:
         self._sessions.pop(peer, None)
         self._pending.pop(peer, None)
+        self._refused.pop(peer, None)
 
     @property
     def num_pending(self) -> int:

@@ -38,7 +38,7 @@ from pdwire.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeGoodbye, N
 from kvtransport.framing import FrameError, control_framer
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
-from kvtransport.session import AuthError, AuthKind, Responder, auth_frame, parse_auth_frame
+from kvtransport.session import AuthError, AuthKind, Responder, parse_auth_frame
 from router.backend import NodeMetrics
 from router.membership import LossCause, MembershipMetrics, NodeLoss
 from router.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
@@ -49,6 +49,7 @@ REQUEST_MESSAGES = (Reserved, Busy, FirstToken, TokenDelta, RequestFailed)
 _SEND_HWM = 10_000      # queued messages per node before the socket drops (a wedged node)
 _RECV_HWM = 10_000      # queued messages from all connections before the socket stops reading
 _CLOSE_LINGER_MS = 200
+_YIELD_EVERY = 64       # messages handled before the receive loop lets other tasks run
 
 
 class ControlListener(Protocol):
@@ -174,6 +175,7 @@ class ControlServer:
     # ------------------------------------------------------------ loops
 
     async def _receive_loop(self) -> None:
+        handled = 0
         while True:
             frames = await self._sock.recv_multipart()
             try:
@@ -181,6 +183,9 @@ class ControlServer:
             except Exception:   # noqa: BLE001 -- one bad message must not stop the control plane
                 log.exception("control message handling failed")
                 self.dropped.labels("error").inc()
+            handled += 1
+            if handled % _YIELD_EVERY == 0:    # a queued message is a finished await: let HTTP run
+                await asyncio.sleep(0)
 
     async def _expire_loop(self) -> None:
         while True:
@@ -196,14 +201,15 @@ class ControlServer:
         if auth is not None:
             if auth[0] is not AuthKind.HELLO:
                 return self._drop("unexpected", f"auth {auth[0].name}")
-            return self._reply_raw(peer, self._auth.challenge(peer.hex(), auth[1]))
+            challenge = self._auth.challenge(peer.hex(), auth[1])
+            return None if challenge is None else self._reply_raw(peer, challenge)
         try:
             self._framer.check_sizes(frames)
             _, opened = self._auth.open(peer.hex(), frames)
             msg = self._framer.decode(opened).msg
         except AuthError as err:
-            if err.reason is DropReason.NOT_AUTHENTICATED:
-                self._reply_raw(peer, auth_frame(AuthKind.RESET))
+            if err.reason is DropReason.NOT_AUTHENTICATED and (reset := self._auth.refuse(peer.hex())):
+                self._reply_raw(peer, reset)
             return self._drop(err.reason.value, err.detail)
         except FrameError as err:
             return self._drop(err.reason.value, err.detail)

@@ -1,17 +1,21 @@
 """Size limits at the HTTP edge, checked before any work: each a RouterConfig flag, each refused
 with a 400 in OpenAI's shape that names the limit and its flag.
 
-    body bytes ──▶ (parse) ──▶ n, stop strings, logit_bias, logprobs, prompt size, valid Unicode
+    body bytes, JSON values (its commas outside strings) ──▶ (parse) ──▶ n, stop strings,
+               logit_bias, logprobs, prompt size, valid Unicode
                ──▶ (tokenize off the loop) ──▶ prompts x n x (logprobs + 1) x tokens scored
 """
 from __future__ import annotations
 
+import hmac
 from typing import Any, Iterable
+
+import numpy as np
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.config import RouterConfig
-from router.errors import OpenAIError, bad_request, error_body
+from router.errors import OpenAIError, bad_request, error_body, invalid_api_key
 from router.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -86,18 +90,26 @@ def _at_most(what: str, given: int, limit: int, flag: str, param: str | None) ->
 class BodyLimit:
     """ASGI middleware: reads a request's body up to `max_bytes`, then hands it to the app. A body
     over the limit gets a 400 before it is read (by its Content-Length) or as soon as it grows past
-    the limit (chunked bodies); the app never sees it."""
+    the limit (chunked bodies); the app never sees it. With an API key, a /v1 request without it
+    gets its 401 here, from its headers, before any of its body is read."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, api_key: str | None = None,
+                 max_token_ids: int = RouterConfig.max_prompt_token_ids):
         self.app = app
         self.max_bytes = max_bytes
+        self._max_values = max_token_ids + _OTHER_VALUES
+        self._authorization = None if api_key is None else f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length", b"")
+        headers = dict(scope["headers"])
+        if (self._authorization is not None and scope["path"].startswith("/v1/")
+                and not hmac.compare_digest(headers.get(b"authorization", b""), self._authorization)):
+            return await self._refuse(send, invalid_api_key())      # from its headers: no body read
+        declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send, int(declared))
+            return await self._refuse(send, self._too_big(int(declared)))
         chunks, size, message = [], 0, {"more_body": True}
         while message.get("more_body", False):
             message = await receive()
@@ -106,18 +118,35 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                return await self._refuse(send, size)
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+                return await self._refuse(send, self._too_big(size))
+        body = b"".join(chunks)
+        if body.count(b",") > self._max_values and (values := _json_values(body)) > self._max_values:
+            return await self._refuse(send, over_limit("JSON values in the request body", values,
+                                                       self._max_values, "max_prompt_token_ids", None))
+        replay = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replayed() -> Message:
             return replay.pop() if replay else await receive()
         await self.app(scope, replayed, send)
 
-    async def _refuse(self, send: Send, size: int) -> None:
+    def _too_big(self, size: int) -> OpenAIError:
+        return over_limit("request body (bytes)", size, self.max_bytes, "max_body_bytes", None)
+
+    async def _refuse(self, send: Send, error: OpenAIError) -> None:
         from fastapi.responses import JSONResponse
-        error = over_limit("request body (bytes)", size, self.max_bytes, "max_body_bytes", None)
-        response = JSONResponse(error_body(error), status_code=400, headers={"Connection": "close"})
+        response = JSONResponse(error_body(error), status_code=error.status, headers={"Connection": "close"})
         await response({"type": "http"}, _no_receive, send)
+
+
+_OTHER_VALUES = 1 << 16      # JSON values a request may hold besides its token ids (messages, stop...)
+
+
+def _json_values(body: bytes) -> int:
+    """About how many values the JSON text holds (its commas outside strings), in one vectorized
+    pass: parsing and validating millions of them would hold the event loop for seconds."""
+    text = np.frombuffer(body.replace(b"\\\\", b"").replace(b'\\"', b""), np.uint8)
+    inside = np.bitwise_xor.accumulate(text == ord('"'))      # True within a string (and its opening quote)
+    return int(np.count_nonzero((text == ord(",")) & ~inside))
 
 
 async def _no_receive() -> Message:

@@ -49,19 +49,19 @@ def test_responder_handshake_opens_a_session_only_with_the_secret():
     """A challenge answers any hello; a first message sealed with the secret opens the session, one
     sealed with another secret does not, and a connection without a hello is NOT_AUTHENTICATED."""
     responder = Responder(SECRET)
-    for secret, ok in ((b"w" * 32, False), (SECRET, True)):
+    for peer, secret, ok in (("p", b"w" * 32, False), ("p2", SECRET, True)):
         initiator = Initiator(secret)
         kind, nonce = parse_auth_frame([initiator.hello()])
         assert kind is AuthKind.HELLO
-        kind, nonce_r = parse_auth_frame([responder.challenge("p", nonce)])
+        kind, nonce_r = parse_auth_frame([responder.challenge(peer, nonce)])
         session = initiator.on_challenge(nonce_r)
         if ok:
-            assert responder.open("p", _sealed(session))[1] == [b"h"]
-            assert responder.session("p") is not None
+            assert responder.open(peer, _sealed(session))[1] == [b"h"]
+            assert responder.session(peer) is not None
         else:
             with pytest.raises(AuthError) as e:
-                responder.open("p", _sealed(session))
-            assert e.value.reason is DropReason.BAD_MAC and responder.session("p") is None
+                responder.open(peer, _sealed(session))
+            assert e.value.reason is DropReason.BAD_MAC and responder.session(peer) is None
     with pytest.raises(AuthError) as e:
         responder.open("q", [b"h", b"t" * 40])
     assert e.value.reason is DropReason.NOT_AUTHENTICATED
@@ -90,3 +90,35 @@ def test_only_well_formed_handshake_frames_parse():
     for frames in ([auth_frame(AuthKind.HELLO, b"n" * 15)], [auth_frame(AuthKind.RESET) + b"x"],
                    [b"PDA1z" + b"n" * 16], [auth_frame(AuthKind.HELLO, b"n" * 16), b""]):
         assert parse_auth_frame(frames) is None
+
+
+def test_a_connection_gets_one_challenge_and_one_reset_however_many_it_asks_for():
+    """A second hello while a connection's handshake is pending, and a second sealed message from a
+    connection without a session, are not answered (a flood costs one reply); once the handshake
+    has expired the connection may say hello again, and once a session opens it may be reset again."""
+    clock = ManualClock()
+    responder = Responder(SECRET, pending_ttl_s=5.0, clock=clock)
+    assert parse_auth_frame([responder.challenge("p", b"n" * 16)])[0] is AuthKind.CHALLENGE
+    assert [responder.challenge("p", b"m" * 16) for _ in range(100)] == [None] * 100
+    assert [responder.refuse("q") for _ in range(3)] == [auth_frame(AuthKind.RESET), None, None]
+    clock.advance(6.0)
+    initiator = Initiator(SECRET)
+    nonce = parse_auth_frame([initiator.hello()])[1]
+    session = initiator.on_challenge(parse_auth_frame([responder.challenge("p", nonce)])[1])
+    assert responder.refuse("p") == auth_frame(AuthKind.RESET)
+    assert responder.open("p", _sealed(session))[1] == [b"h"]
+    responder.forget("p")
+    assert responder.refuse("p") == auth_frame(AuthKind.RESET)
+
+
+def test_a_jump_in_sequence_numbers_costs_nothing():
+    """A sealed message numbered 2**63 is taken at once (no 2**63-bit window is built) and everything
+    before it is then a REPLAY."""
+    i, r = _pair()
+    first, second = _sealed(i), _sealed(i)
+    r.open(second)
+    i._send_seq = 1 << 63
+    assert r.open(_sealed(i, b"j")) == [b"j"]
+    with pytest.raises(AuthError) as e:
+        r.open(first)
+    assert e.value.reason is DropReason.REPLAY

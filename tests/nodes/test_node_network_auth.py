@@ -18,7 +18,7 @@ from pdwire.sampling_params import SamplingParams
 from pdwire import control
 from pdwire.control import DecodeRequest, NodeHello, NodeStatus, TokenDelta
 from kvtransport.secret import ENV_VAR, SecretError, load_secret, write_secret
-from kvtransport.session import AuthKind, auth_frame
+from kvtransport.session import AuthKind, auth_frame, parse_auth_frame
 from kvtransport.testing import TEST_SECRET
 from router.registry import NodeRole
 from tests.control_peer import NodeEnd, RouterEnd
@@ -91,6 +91,50 @@ def test_a_forged_hello_cannot_take_over_a_live_node():
             d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
             assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
             thief.close(0)
+    run(test)
+
+
+def test_a_flood_of_hellos_and_garbage_without_the_secret_neither_stalls_the_router_nor_is_answered():
+    """20,000 hellos on one connection and 20,000 sealed-looking frames on another, without the
+    secret, get one challenge and one RESET, never hold the router's event loop for 0.5 s, and the
+    real nodes stay registered (the finding: 50,000 hellos froze the loop for 7 s, nodes were lost)."""
+    def flood(socks) -> None:              # in a thread: the scripted nodes keep beating
+        for k in range(20_000):
+            socks[0].send(auth_frame(AuthKind.HELLO, k.to_bytes(16, "little")))
+            socks[1].send_multipart([b"x" * 10, b"t" * 40])
+
+    def answers(sock) -> list[list[bytes]]:
+        got = []
+        while sock.poll(300):
+            got.append(sock.recv_multipart())
+        return got
+
+    async def test():
+        async with Cluster() as c:
+            await c.pair()
+            gaps, loop = [], asyncio.get_running_loop()
+
+            async def tick():
+                last = loop.time()
+                while True:
+                    await asyncio.sleep(0.005)
+                    gaps.append(loop.time() - last)
+                    last = loop.time()
+            ticker = asyncio.create_task(tick())
+            ctx = zmq.Context()
+            socks = [ctx.socket(zmq.DEALER) for _ in range(2)]
+            for sock in socks:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(c.backend.control_endpoint)
+            await asyncio.to_thread(flood, socks)
+            await until(lambda: counter(c.backend.server.dropped, {"reason": "not_authenticated"}) == 20_000, 30)
+            ticker.cancel()
+            hellos, garbage = [await asyncio.to_thread(answers, sock) for sock in socks]
+            ctx.destroy(0)
+            assert [parse_auth_frame(m)[0] for m in hellos] == [AuthKind.CHALLENGE]
+            assert garbage == [[auth_frame(AuthKind.RESET)]]
+            assert max(gaps) < 0.5
+            assert sorted(n.node_id for n in c.backend.server.registry.nodes()) == ["decode-0", "prefill-0"]
     run(test)
 
 
@@ -213,3 +257,14 @@ def harness_free_decode(monkeypatch, model_dir, tmp_path):
         yield seen[0]
     finally:
         service.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_secret_file_owned_by_another_user_is_refused(tmp_path):
+    """A 0600 secret file that another user owns is refused: its owner can read (or set) the secret
+    (the finding: a root operator's --cluster-secret-file that a local user had created was used)."""
+    planted = tmp_path / "secret"
+    write_secret(str(planted), TEST_SECRET)
+    os.chown(planted, 65534, -1)
+    with pytest.raises(SecretError, match="owned by uid 65534"):
+        load_secret(str(planted))

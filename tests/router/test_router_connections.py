@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.router_process import RouterProcess, closed_by_peer, http_request
+from tests.router_process import RouterProcess, closed_by_peer, http_request, read_until
 
 FLAGS = ("--header-timeout-s", "1", "--body-timeout-s", "1", "--stream-stall-timeout-s", "2",
          "--keep-alive-timeout-s", "1")
@@ -78,3 +78,18 @@ def test_connections_over_the_limit_get_a_503():
         for s in held + [sock]:
             s.close()
         assert router.request("/health")[0] == 200
+
+
+def test_a_request_without_the_api_key_is_refused_before_its_body_is_read():
+    """With --api-key, a /v1 request without the key gets its 401 from its headers alone: the router
+    neither waits for nor parses its body (the finding: an 8 MB body was read and parsed, holding the
+    event loop ~0.8 s, before the 401)."""
+    with RouterProcess(*FLAGS[:2], "--api-key", "k1") as router:
+        for key in ("", "Authorization: Bearer wrong\r\n"):
+            sock = router.connect()
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{key}"
+                         f"Content-Length: {8 << 20}\r\n\r\n".encode())
+            head = read_until(sock, b"\r\n\r\n", timeout_s=5)
+            assert head.split(b"\r\n")[0] == b"HTTP/1.1 401 Unauthorized"
+            sock.close()
+        assert router.request("/v1/models")[0] == 401

@@ -116,3 +116,16 @@ def test_limits_leave_ordinary_requests_alone():
     """A request inside every limit is served as before."""
     r = _post(_client(FakeBackend()), "/v1/completions", {"model": MODEL, "prompt": "hi", "stop": ["x"], "n": 2})
     assert r.status_code == 200 and [c["text"] for c in r.json()["choices"]] == ["hello world", "HELLO WORLD"]
+
+
+def test_a_body_of_too_many_json_values_is_refused_before_parsing_but_commas_in_text_are_text():
+    """Beyond --max-prompt-token-ids + 65,536 JSON values the body is refused unparsed; commas,
+    quotes and backslashes inside strings are not counted."""
+    backend = FakeBackend()
+    client = _client(backend, max_prompt_token_ids=100)
+    err = error_of(_post(client, "/v1/completions", {"prompt": [1] * 70_000}), 400)
+    assert err["message"] == ("JSON values in the request body: 69999 is over the limit of 65636 "
+                              "(--max-prompt-token-ids)") and backend.requests == []
+    text = ',\\"\\\\' * 25_000       # 125,000 characters: parsed and tokenized, too long for the model
+    err = error_of(_post(client, "/v1/completions", {"prompt": text, "max_tokens": 1}), 400)
+    assert err["message"] == "This model's maximum context length is 64 tokens, but the prompt has 125000 tokens."
