@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/pdserve up
 
 demo: $(STAMP)
-	$(BIN)/python -m engine.demo
+	$(BIN)/python scripts/demo.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -1,6 +1,6 @@
 """`make run` before serving: offline generation on the built-in model.
 
-    python -m engine.demo [--model DIR] [--max-tokens N] [PROMPT ...]
+    python scripts/demo.py [--model DIR] [--max-tokens N] [PROMPT ...]
 """
 from __future__ import annotations
 
