@@ -137,15 +137,16 @@ def test_decode_node_frozen_mid_stream_is_migrated_with_identical_greedy_output(
 
 def test_decode_node_stopped_mid_stream_says_goodbye_and_its_request_moves_at_once(model_dir):
     """SIGTERM to the decode node serving a request: the node's goodbye reaches the router, which
-    moves the request at once (the heartbeat timeout here is 60 s and never comes into it), and the
-    client still gets transformers' exact greedy output."""
+    moves the request at once (the issue's bar is 1 s; the heartbeat timeout here is 60 s and never
+    comes into it), and the client still gets transformers' exact greedy output."""
     path, hf_model = model_dir
     prompt, max_tokens = PROMPTS[0], 120
 
     async def test(backend, nodes):
         stopped, losses = [], []
         lost = backend.on_node_lost
-        backend.on_node_lost = lambda node_id, loss: (losses.append((node_id, str(loss))), lost(node_id, loss))
+        backend.on_node_lost = lambda node_id, loss: (losses.append((node_id, str(loss), time.monotonic())),
+                                                      lost(node_id, loss))
 
         def stop_decode_node(output) -> None:
             if not stopped and output.outputs[0].token_ids:
@@ -156,8 +157,9 @@ def test_decode_node_stopped_mid_stream_says_goodbye_and_its_request_moves_at_on
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         out = await _collect(backend, "g", prompt, params, stop_decode_node)
         assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, max_tokens)
-        assert losses[0] == (stopped[0][0], "said goodbye (SIGTERM)")
-        assert time.monotonic() - stopped[0][1] < 30       # far below the 60 s heartbeat timeout
+        assert losses[0][:2] == (stopped[0][0], "said goodbye (SIGTERM)")
+        print(f"goodbye reached the router {losses[0][2] - stopped[0][1]:.3f} s after SIGTERM")
+        assert losses[0][2] - stopped[0][1] < 2.0          # the bar is 1 s; twice that on a loaded machine
     _with_cluster(path, RouterConfig(heartbeat_timeout_s=60.0), ClusterConfig(1, 2), test)
 
 
