@@ -175,8 +175,8 @@ class DisaggregatedBackend(Backend):
         return self._server.count(NodeRole.PREFILL) > 0 and self._server.count(NodeRole.DECODE) > 0
 
     def collectors(self) -> Iterable[Any]:
-        return (self._retries, self._migrations, self._kv_transfer_time, self._admission.busy, self._server.dropped,
-                *self._server.membership.collectors())
+        return (self._retries, self._migrations, self._admission.busy, self._server.dropped,
+                *self._server.membership.collectors(), self._kv_transfer_time)
 
     def close(self) -> None:
         for request in list(self._requests.values()):
