@@ -335,7 +335,7 @@ class LLMEngine:
             lead = group.seqs[0]
             prompt = list(lead.prompt_logprobs or [None] * lead.num_prompt_tokens)
         return RequestOutput(group.request_id, group.prompt_token_ids, outs, group.is_finished, prompt,
-                             group.num_cached_tokens or 0)
+                             group.num_cached_tokens or 0, group.queue_time)
 
     def _forget(self, group: SequenceGroup) -> None:
         self._groups.pop(group.request_id, None)
@@ -350,7 +350,8 @@ class LLMEngine:
             num_running=sum(len(g.unfinished()) for g in sched.running), num_waiting=len(sched.waiting), kv_usage=bm.usage,
             num_free_blocks=bm.num_free_blocks, num_cached_blocks=bm.num_cached_blocks,
             num_total_blocks=bm.num_blocks, prefix_hit_rate=bm.stats.hit_rate,
-            num_preemptions=sched.num_preemptions, wasted_slots=bm.wasted_slots(live))
+            num_preemptions=sched.num_preemptions, wasted_slots=bm.wasted_slots(live), block_size=bm.block_size,
+            prefix_queried_tokens=bm.stats.queried_tokens, prefix_hit_tokens=bm.stats.hit_tokens)
 
     def check_integrity(self) -> None:
         """Block conservation in the device pool and, with swap, in the swap pool."""

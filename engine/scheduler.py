@@ -16,6 +16,7 @@ generated, rather than waiting forever.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -272,6 +273,7 @@ class Scheduler:
             self.bm.allocate_group(seqs)
             if group.num_cached_tokens is None:     # a readmission after preemption does not count
                 group.num_cached_tokens = seqs[0].num_computed_tokens
+                group.queue_time = time.monotonic() - group.arrival
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
             self.running.append(group)

@@ -101,6 +101,7 @@ class SequenceGroup:
     forked: bool = False                          # n > 1 groups fork once after the prefill
     beam: "BeamState | None" = None               # beam search state (engine/beam_search.py)
     num_cached_tokens: int | None = None          # prefix-cache hit tokens at its first admission
+    queue_time: float | None = None               # seconds from arrival to its first admission
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -10,7 +10,7 @@ from engine.config import ModelConfig
 from engine.llm_engine import LLMEngine
 from engine.model import CausalLM
 from pdwire.control import NodeStatus
-from pdwire.figures import NodeFigures, TransferCounters
+from pdwire.figures import NodeFigures, PrefixCounters, TransferCounters
 from pdwire.handshake import KVLayout, PeerIdentity, model_fingerprint
 from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 
@@ -39,5 +39,6 @@ def node_status(engine: LLMEngine, node_id: str, epoch: str,
     m = engine.metrics()
     figures = NodeFigures(m.num_running, m.num_waiting, min(1.0, max(0.0, m.kv_usage)), min(1.0, m.prefix_hit_rate),
                           m.num_preemptions, m.num_free_blocks,
-                          transfer.counters() if transfer is not None else TransferCounters())
+                          transfer.counters() if transfer is not None else TransferCounters(),
+                          PrefixCounters(m.prefix_queried_tokens, m.prefix_hit_tokens))
     return NodeStatus.of(node_id, epoch, figures)

@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 
 from pdwire import messages
-from pdwire.figures import KV_COUNTERS, NodeFigures, TransferCounters
+from pdwire.figures import KV_COUNTERS, PREFIX_COUNTERS, NodeFigures, PrefixCounters, TransferCounters
 from pdwire.messages import Busy, Reserved
 from pdwire.sampling_params import SamplingParams
 from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
@@ -116,26 +116,35 @@ class NodeStatus:
     kv_transfers_done: int = 0       # committed: sent (P) or adopted-ready (D)
     kv_transfers_failed: int = 0
     kv_frames_dropped: int = 0       # malformed or hostile frames a decode node dropped
+    # prefix-cache totals since the node started, in prompt tokens (optional: older peers send none)
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0       # <= prefix_queried_tokens
 
     def __post_init__(self) -> None:
         check_id(self.node_id, "node_id"), check_id(self.epoch, "epoch")
-        for name in ("num_running", "num_waiting", "num_preemptions", "num_free_blocks", *KV_COUNTERS):
+        for name in ("num_running", "num_waiting", "num_preemptions", "num_free_blocks", *KV_COUNTERS,
+                     *PREFIX_COUNTERS):
             check_int(getattr(self, name), name)
+        check_int(self.prefix_hit_tokens, "prefix_hit_tokens", hi=self.prefix_queried_tokens)
         _float(self.kv_usage, "kv_usage", hi=1.0), _float(self.prefix_hit_rate, "prefix_hit_rate", hi=1.0)
 
     @classmethod
     def of(cls, node_id: str, epoch: str, figures: NodeFigures) -> NodeStatus:
         """The heartbeat carrying `figures` (flat on the wire, as peers before the record expect)."""
-        return cls(node_id, epoch, *figures[:-1], *figures.transfer)
+        return cls(node_id, epoch, *figures[:-2], *figures.transfer, *figures.prefix)
 
     @property
     def transfer(self) -> TransferCounters:
         return TransferCounters(*(getattr(self, name) for name in KV_COUNTERS))
 
     @property
+    def prefix(self) -> PrefixCounters:
+        return PrefixCounters(self.prefix_queried_tokens, self.prefix_hit_tokens)
+
+    @property
     def figures(self) -> NodeFigures:
         return NodeFigures(self.num_running, self.num_waiting, self.kv_usage, self.prefix_hit_rate,
-                           self.num_preemptions, self.num_free_blocks, self.transfer)
+                           self.num_preemptions, self.num_free_blocks, self.transfer, self.prefix)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,13 @@ class TransferCounters(NamedTuple):
     frames_dropped: int = 0          # malformed or hostile frames a decode node dropped
 
 
+class PrefixCounters(NamedTuple):
+    """Prefix-cache totals since the node started, in prompt tokens (vLLM's prefix_cache_queries
+    and prefix_cache_hits): counters, so a dashboard can rate() them over any window."""
+    queried_tokens: int = 0
+    hit_tokens: int = 0              # <= queried_tokens
+
+
 class NodeFigures(NamedTuple):
     """One heartbeat's figures, as NodeStatus carries them after node_id and epoch."""
     num_running: int
@@ -26,6 +33,8 @@ class NodeFigures(NamedTuple):
     num_preemptions: int
     num_free_blocks: int
     transfer: TransferCounters = TransferCounters()
+    prefix: PrefixCounters = PrefixCounters()
 
 
 KV_COUNTERS = tuple(f"kv_{name}" for name in TransferCounters._fields)   # NodeStatus's field names
+PREFIX_COUNTERS = tuple(f"prefix_{name}" for name in PrefixCounters._fields)   # after KV_COUNTERS

@@ -21,6 +21,7 @@ class RequestOutput:
     finished: bool
     prompt_logprobs: list[dict[int, float] | None] | None = None   # per prompt token (the first: None)
     num_cached_tokens: int = 0   # prompt tokens whose K/V came from the prefix cache when first scheduled
+    queue_time: float | None = None   # seconds from arrival to first scheduled, as the backend saw it
 
 
 @dataclass(slots=True)
@@ -34,3 +35,6 @@ class EngineMetrics:
     prefix_hit_rate: float       # prompt tokens found cached / prompt tokens allocated
     num_preemptions: int
     wasted_slots: int            # allocated token slots holding no token
+    block_size: int = 0          # tokens per KV block
+    prefix_queried_tokens: int = 0   # since start: prompt tokens looked up in the prefix cache
+    prefix_hit_tokens: int = 0       # since start: of those, tokens found cached

@@ -11,7 +11,8 @@
     completions.py  /v1/completions bodies and streams
     chat.py         /v1/chat/completions bodies and streams
     logprobs.py     engine logprobs in OpenAI's two shapes
-    metrics.py      per-app Prometheus registry: request latencies, outcomes, node gauges
+    metrics.py      per-app Prometheus registry: request latencies and phases, lengths, outcomes
+    node_collector.py  per-node series at scrape time: load, prefix-cache and KV counters, cache layout
     app.py          create_app(backend, config): routes, API key, wiring
     registry.py     NodeRegistry: prefill/decode nodes, heartbeats, drain, in-flight counts
     policy.py       PrefillPolicy (prefix affinity vs load), DecodePolicy (least loaded with room, booked at once)

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
 
-from pdwire.figures import TransferCounters
+from pdwire.figures import PrefixCounters, TransferCounters
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 
@@ -28,6 +28,9 @@ class NodeMetrics:
     prefix_hit_rate: float      # fraction of prompt tokens served from the prefix cache, 0..1
     num_preemptions: int        # since the node started
     kv: TransferCounters | tuple[()] = ()   # disaggregated nodes: transfer totals (KV_COUNTERS order)
+    prefix: PrefixCounters = PrefixCounters()   # prefix-cache query and hit tokens since the node started
+    block_size: int = 0         # tokens per KV block (0: not known yet)
+    num_blocks: int = 0         # KV blocks the node holds
 
 
 class Backend(ABC):

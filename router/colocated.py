@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from pdwire.figures import PrefixCounters
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
@@ -183,4 +184,6 @@ class ColocatedBackend(Backend):
     def _snapshot(self) -> NodeMetrics:
         m = self._engine.metrics()
         return NodeMetrics(self._node_id, "colocated", m.num_running, m.num_waiting, m.kv_usage,
-                           m.prefix_hit_rate, m.num_preemptions)
+                           m.prefix_hit_rate, m.num_preemptions, (),
+                           PrefixCounters(m.prefix_queried_tokens, m.prefix_hit_tokens), m.block_size,
+                           m.num_total_blocks)

@@ -36,6 +36,7 @@ from pdwire import control
 from pdwire.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeGoodbye, NodeHello, NodeStatus,
                                  RequestFailed, TokenDelta)
 from kvtransport.framing import FrameError, control_framer
+from pdwire.figures import PrefixCounters
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
 from kvtransport.session import AuthError, AuthKind, Responder, parse_auth_frame
@@ -169,7 +170,8 @@ class ControlServer:
             out.append(NodeMetrics(node.node_id, node.role.value, node.load.num_running,
                                    node.load.num_waiting, node.load.kv_usage,
                                    s.prefix_hit_rate if s else 0.0, s.num_preemptions if s else 0,
-                                   s.transfer if s else ()))
+                                   s.transfer if s else (), s.prefix if s else PrefixCounters(),
+                                   info.hello.block_size if info else 0, info.hello.num_blocks if info else 0))
         return out
 
     # ------------------------------------------------------------ loops

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -86,11 +87,20 @@ class PendingRequest:
     tasks: list[asyncio.Task] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] | None = None   # from choice 0's first prefill
     num_cached_tokens: int | None = None    # prompt tokens D found cached, by choice 0's first reservation
+    arrival: float = field(default_factory=time.monotonic)
+    queue_time: float | None = None         # arrival until choice 0's first PrefillRequest went out
+
+    def note_admitted(self, choice: Choice, att: Attempt, block_size: int) -> None:
+        """At choice 0's first admission: the prompt tokens D held cached (whole blocks; at least
+        the last prompt token is always computed) and the time the request queued."""
+        if choice.index == 0 and att.base == 0 and self.queue_time is None:
+            self.num_cached_tokens = min(att.cached_blocks * block_size, len(self.prompt_ids) - 1)
+            self.queue_time = time.monotonic() - self.arrival
 
     def output(self) -> RequestOutput:
         finished = all(c.finish_reason is not None for c in self.choices)
         return RequestOutput(self.request_id, list(self.prompt_ids), [c.output() for c in self.choices],
-                             finished, self.prompt_logprobs, self.num_cached_tokens or 0)
+                             finished, self.prompt_logprobs, self.num_cached_tokens or 0, self.queue_time)
 
 
 def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], text_offset: int,
@@ -204,3 +214,26 @@ def _merge_held(choice: Choice, att: Attempt) -> None:
                 att.held.remove(delta)
                 att.decode_done = att.decode_done or bool(delta.finish_reason)
                 progress = True
+
+
+class TransferTimer:
+    """P's first token to D's first delta, as the router receives them, once per attempt: the KV
+    transfer, D's adoption of the blocks and its first decode step (0 if D's delta came first)."""
+
+    def __init__(self, histogram: Any, clock=time.monotonic):
+        self._histogram, self._clock = histogram, clock
+        self._first_at: float | None = None     # P's FirstToken merged
+        self._decode_at: float | None = None    # D's first TokenDelta received
+        self._done = False
+
+    def note(self, event: Any, att: Attempt) -> None:
+        """After each event of the attempt's inbox has been applied."""
+        now = self._clock()
+        if self._first_at is None and att.first_token:
+            self._first_at = now
+        if self._decode_at is None and isinstance(event, tuple) and event[0] == att.decode_id \
+                and isinstance(event[1], TokenDelta):
+            self._decode_at = now
+        if not self._done and self._first_at is not None and self._decode_at is not None:
+            self._done = True
+            self._histogram.observe(max(0.0, self._decode_at - self._first_at))

@@ -28,7 +28,7 @@ import dataclasses
 import logging
 from typing import Any, AsyncIterator, Iterable
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams, choice_seed
@@ -37,10 +37,11 @@ from pdwire.control import AbortRequest, PrefillRequest
 from pdwire.schema import MAX_RID_LEN
 from router.admission import Admission, CapacityWatch
 from router.backend import Backend, NodeMetrics
-from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, apply_event
+from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, TransferTimer, apply_event
 from router.config import RouterConfig
 from router.control_server import ControlServer
 from router.membership import NodeLoss
+from router.metrics import LATENCY_BUCKETS
 from router.node_operator import NodeOperator
 from router.policy import PrefixAffinity
 from router.registry import NodeRegistry, NodeRole
@@ -78,6 +79,8 @@ class DisaggregatedBackend(Backend):
                                 "token after a node failed, by cause.", ["cause"], registry=None)
         self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after "
                                    "tokens were emitted, by cause.", ["cause"], registry=None)
+        self._kv_transfer_time = Histogram("pdserve_kv_transfer_time_seconds", TransferTimer.__doc__,
+                                           buckets=LATENCY_BUCKETS, registry=None)
 
     @classmethod
     def from_model(cls, path: str, secret: bytes, config: RouterConfig = RouterConfig()) -> DisaggregatedBackend:
@@ -173,7 +176,7 @@ class DisaggregatedBackend(Backend):
 
     def collectors(self) -> Iterable[Any]:
         return (self._retries, self._migrations, self._admission.busy, self._server.dropped,
-                *self._server.membership.collectors())
+                *self._server.membership.collectors(), self._kv_transfer_time)
 
     def close(self) -> None:
         for request in list(self._requests.values()):
@@ -267,7 +270,7 @@ class DisaggregatedBackend(Backend):
                 try:
                     failure = await self._admission.admit(choice, att)
                     if failure is None:
-                        self._note_cached(request, choice, att)
+                        request.note_admitted(choice, att, self._server.block_size or 1)
                         failure = await self._stream(request, choice, att)
                 finally:
                     self._end_attempt(att)
@@ -276,13 +279,6 @@ class DisaggregatedBackend(Backend):
                     cause = failure.cause
         except Exception as err:    # noqa: BLE001 -- handed to generate(), which raises it
             request.events.put_nowait(err)
-
-    def _note_cached(self, request: PendingRequest, choice: Choice, att: Attempt) -> None:
-        """The request's cached prompt tokens: what D held of the prompt at choice 0's first
-        reservation (whole blocks; at least the last prompt token is always computed)."""
-        if choice.index == 0 and att.base == 0 and request.num_cached_tokens is None:
-            request.num_cached_tokens = min(att.cached_blocks * self._server.block_size,
-                                            len(request.prompt_ids) - 1)
 
     def _next_attempt(self, request: PendingRequest, choice: Choice, cause: str) -> Attempt | None:
         """The next try from what was emitted; None (and the choice finished) if nothing is left."""
@@ -334,10 +330,13 @@ class DisaggregatedBackend(Backend):
 
     async def _stream(self, request: PendingRequest, choice: Choice, att: Attempt) -> Failure | None:
         """Merges P's first token and D's deltas into the choice until it finishes or fails."""
+        timer = TransferTimer(self._kv_transfer_time)
         while choice.finish_reason is None:
             before = (len(choice.token_ids), len(choice.text))
             had_first = att.first_token
-            failure = apply_event(choice, att, await att.inbox.get(), request, self._vocab)
+            event = await att.inbox.get()
+            failure = apply_event(choice, att, event, request, self._vocab)
+            timer.note(event, att)
             if att.first_token and not had_first and att.prefill_id in att.bookings:
                 self._registry.release(att.bookings.pop(att.prefill_id))    # P's part is done
             if failure is not None:

@@ -79,6 +79,9 @@ def test_prefix_cache_hit_gives_same_tokens(model_dir, make_llm):
     first = llm.generate([a], GREEDY)
     second = llm.generate([b], GREEDY)
     assert llm.engine.block_manager.stats.hit_tokens == 32
+    m = llm.engine.metrics()    # the counters /metrics rates: every prompt token queried, 32 hit
+    assert (m.prefix_queried_tokens, m.prefix_hit_tokens, m.block_size) == (len(a) + len(b), 32, 8)
+    assert first[0].queue_time is not None and first[0].queue_time >= 0.0
     assert _tokens(first + second) == [hf_greedy(hf, a, 24), hf_greedy(hf, b, 24)]
 
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from engine import SamplingParams
 from pdwire import control
+from pdwire.figures import PrefixCounters
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
                                  PrefillRequest, RequestFailed, TokenDelta)
 from pdwire.schema import ProtocolError
@@ -32,10 +33,21 @@ def test_a_status_without_the_newer_counters_still_decodes():
     envelope = lambda values: msgpack.packb([control.PROTOCOL_VERSION, "node_status", values])
     old = control.decode(envelope(["prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64]))
     assert isinstance(old, NodeStatus) and old.kv_bytes_sent == old.kv_frames_dropped == 0
-    for values in (["prefill-0", "e1", 3, 1, 0.5, 0.25, 2], ["prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64] + [0] * 8,
+    for values in (["prefill-0", "e1", 3, 1, 0.5, 0.25, 2], ["prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64] + [0] * 10,
                    ["prefill-0", "e1", 3, 1, 0.5, 0.25, 2, 64, -1]):
         with pytest.raises(ProtocolError):
             control.decode(envelope(values))
+
+
+def test_a_status_without_the_prefix_counters_still_decodes():
+    """A node from before the prefix-cache counters sends 15 fields: they read as 0; hits above queries are refused."""
+    envelope = lambda values: msgpack.packb([control.PROTOCOL_VERSION, "node_status", values])
+    head = ["decode-0", "e1", 3, 1, 0.5, 0.25, 2, 64, 0, 0, 12, 4096, 4, 1, 7]
+    old = control.decode(envelope(head))
+    assert old.prefix == PrefixCounters(0, 0) and old.kv_frames_dropped == 7
+    assert control.decode(envelope(head + [96, 32])).figures.prefix == PrefixCounters(96, 32)
+    with pytest.raises(ProtocolError):
+        control.decode(envelope(head + [32, 96]))
 
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
@@ -96,7 +108,8 @@ def test_node_status_carries_figures_flat_and_back():
     """NodeStatus.of(figures) is the same flat wire message as before, and .figures gives the record back."""
     from pdwire.figures import NodeFigures, TransferCounters
     figures = NodeFigures(2, 1, 0.5, 0.25, 3, 7, TransferCounters(blocks_received=4, bytes_received=64,
-                                                                 transfers_done=1, frames_dropped=2))
+                                                                 transfers_done=1, frames_dropped=2),
+                          PrefixCounters(48, 16))
     status = NodeStatus.of("n1", "e1", figures)
-    assert status == NodeStatus("n1", "e1", 2, 1, 0.5, 0.25, 3, 7, 0, 0, 4, 64, 1, 0, 2)
+    assert status == NodeStatus("n1", "e1", 2, 1, 0.5, 0.25, 3, 7, 0, 0, 4, 64, 1, 0, 2, 48, 16)
     assert control.decode(control.encode(status)).figures == figures

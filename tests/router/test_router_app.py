@@ -246,13 +246,13 @@ def test_metrics_exposition(client):
     client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3})
     client.post("/v1/completions", json={"prompt": "reject"})
     text = client.get("/metrics").text
-    for line in ['pdserve_time_to_first_token_seconds_count 1.0',
-                 'pdserve_inter_token_latency_seconds_count 2.0',
-                 'pdserve_e2e_request_latency_seconds_count 1.0',
-                 'pdserve_request_success_total{finish_reason="length"} 1.0',
-                 'pdserve_request_failure_total{reason="rejected"} 1.0',
-                 'pdserve_prompt_tokens_total 3.0',
-                 'pdserve_generation_tokens_total 3.0',
+    for line in ['pdserve_time_to_first_token_seconds_count{model_name="fake-model"} 1.0',
+                 'pdserve_inter_token_latency_seconds_count{model_name="fake-model"} 2.0',
+                 'pdserve_e2e_request_latency_seconds_count{model_name="fake-model"} 1.0',
+                 'pdserve_request_success_total{finish_reason="length",model_name="fake-model"} 1.0',
+                 'pdserve_request_failure_total{model_name="fake-model",reason="rejected"} 1.0',
+                 'pdserve_prompt_tokens_total{model_name="fake-model"} 3.0',
+                 'pdserve_generation_tokens_total{model_name="fake-model"} 3.0',
                  'pdserve_num_requests_running{node="colocated",role="colocated"} 2.0',
                  'pdserve_num_requests_waiting{node="colocated",role="colocated"} 1.0',
                  'pdserve_kv_cache_usage{node="colocated",role="colocated"} 0.25',
@@ -265,8 +265,8 @@ def test_metrics_registry_per_app(backend):
     """Two apps keep separate metric registries (no global state)."""
     a, b = TestClient(create_app(backend)), TestClient(create_app(backend))
     a.post("/v1/completions", json={"prompt": "abc", "max_tokens": 1})
-    assert "pdserve_e2e_request_latency_seconds_count 1.0" in a.get("/metrics").text
-    assert "pdserve_e2e_request_latency_seconds_count 0.0" in b.get("/metrics").text
+    assert 'pdserve_e2e_request_latency_seconds_count{model_name="fake-model"} 1.0' in a.get("/metrics").text
+    assert 'pdserve_e2e_request_latency_seconds_count{model_name="fake-model"} 0.0' in b.get("/metrics").text
 
 
 # ---------------------------------------------------------------- client disconnect

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from pdwire.figures import PrefixCounters
 from pdwire.outputs import CompletionOutput, RequestOutput
 from pdwire.sampling_params import SamplingParams
 from router.backend import NodeMetrics
@@ -25,6 +26,10 @@ class _Metrics:
     kv_usage: float
     prefix_hit_rate: float
     num_preemptions: int
+    num_total_blocks: int = 512
+    block_size: int = 16
+    prefix_queried_tokens: int = 96
+    prefix_hit_tokens: int = 32
 
 
 class FakeEngine:
@@ -208,7 +213,8 @@ def test_a_failed_step_fails_its_requests_and_the_engine_serves_on():
 def test_metrics_snapshot_and_close(engine_and_backend):
     """metrics() returns the engine thread's latest snapshot; close() stops the thread."""
     _, backend = engine_and_backend
-    assert backend.metrics() == [NodeMetrics("colocated", "colocated", 0, 0, 0.5, 0.25, 1)]
+    assert backend.metrics() == [NodeMetrics("colocated", "colocated", 0, 0, 0.5, 0.25, 1, (),
+                                             PrefixCounters(96, 32), 16, 512)]
     backend.close()
     backend.close()
     assert not backend.is_healthy()
@@ -385,11 +391,11 @@ def test_uvicorn_client_disconnect_aborts(real_engine):
         with httpx.Client(base_url=base) as client:
             for _ in range(500):
                 text = client.get("/metrics").text
-                if 'pdserve_request_failure_total{reason="abort"} 2.0' in text and \
+                if f'pdserve_request_failure_total{{model_name="{backend.model_name}",reason="abort"}} 2.0' in text and \
                         backend.metrics()[0].num_running == 0:
                     break
                 time.sleep(0.01)
-        assert 'pdserve_request_failure_total{reason="abort"} 2.0' in text
+        assert f'pdserve_request_failure_total{{model_name="{backend.model_name}",reason="abort"}} 2.0' in text
         assert "pdserve_request_success_total{" not in text
     finally:
         server.should_exit = True

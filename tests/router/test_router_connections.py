@@ -22,7 +22,7 @@ def router():
 
 def _aborted(router: RouterProcess) -> float:
     status, body = router.request("/metrics")
-    match = re.search(rb'pdserve_request_failure_total\{reason="abort"\} ([0-9.]+)', body)
+    match = re.search(rb'pdserve_request_failure_total\{model_name="[^"]*",reason="abort"\} ([0-9.]+)', body)
     return float(match.group(1)) if match else 0.0
 
 
