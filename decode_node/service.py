@@ -27,12 +27,10 @@ from kvtransport.events import TransferCommitted, TransferFailed
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import ReceiverMetrics
-from kvtransport.payload import BlockWriterSink
+from kvtransport.factory import make_receiver
 from kvtransport.receiver_state import Reservation
 from node_shell.config import NodeConfig
 from node_shell.service import NodeService
-from kvtransport.torch_dist import DistReceiver
-from kvtransport.zmq_receiver import ZmqReceiver
 
 log = logging.getLogger(__name__)
 BUSY_RETRY_MS = 50
@@ -48,15 +46,10 @@ class DecodeService(NodeService):
         super().__init__(config)
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
-        e, config = self.engine, self.config
+        runner, config = self.engine.runner, self.config
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
-        write_blocks = e.runner.block_writer()
-        if config.kv_transport == "torch_dist":
-            self.receiver = DistReceiver(e.runner.kv_cache, identity, secret, bind=config.kv_bind,
-                                         p2p_host=config.p2p_host, write_blocks=write_blocks)
-        else:
-            sink = BlockWriterSink(write_blocks, identity.layout) if write_blocks else None
-            self.receiver = ZmqReceiver(e.runner.kv_cache, identity, secret, bind=config.kv_bind, sink=sink)
+        self.receiver = make_receiver(config.kv_transport, runner.kv_cache, identity, secret, bind=config.kv_bind,
+                                      p2p_host=config.p2p_host, write_blocks=runner.block_writer())
 
     @property
     def transfer_metrics(self) -> ReceiverMetrics:

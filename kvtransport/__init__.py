@@ -9,14 +9,21 @@
     events.py          TransferCommitted / TransferFailed, FailReason
     metrics.py         ReceiverMetrics / SenderMetrics counters, DropReason
     receiver_state.py  Reservation and ReceiveLedger: frame checks, leases, exactly-once outcomes
-    receiver_core.py   receive side shared by backends: handshake, dispatch, peer liveness
+    receiver_core.py   receive side shared by backends: handshake, dispatch, peer liveness, PayloadSink
     sender_core.py     send side shared by backends: links, open transfers, heartbeats
-    payload.py         a block's raw bytes, zero-copy out of and straight into the pool
+    payload.py         a block's raw bytes, zero-copy out of and straight into the pool; the sinks
     base.py            KVSender / KVReceiver interfaces and the node-facing lifecycle
-    zmq_sender.py      ZmqSender    (DEALER per decode node, zero-copy, HWM backpressure)
-    zmq_receiver.py    ZmqReceiver  (one ROUTER, TCP or IPC, loopback by default)
-    torch_dist.py      DistSender / DistReceiver: control over ZMQ, payloads over NCCL / gloo
-    fake.py            FakeSender / FakeReceiver: in-process, instant, with FaultPlan injection
+    sender.py          Sender: the one send flow, over a SendLink and a PayloadChannel
+    receiver.py        Receiver: the one receive flow, over a ReceiveLink and a PayloadSink
+    link.py            SendLink / ReceiveLink: the link strategies' contracts
+    zmq_link.py        DEALER per decode node (zero-copy, HWM backpressure); one ROUTER (TCP or IPC)
+    fake_link.py       in-process delivery with FaultPlan injection, ManualClock
+    payload_channel.py PayloadChannel: inline frames, or out of band (torch_dist.DistChannel)
+    zmq_sender.py      ZmqSender    = Sender(zmq link, inline payloads)
+    zmq_receiver.py    ZmqReceiver  = Receiver(zmq link, InlineSink / BlockWriterSink)
+    torch_dist.py      DistSender / DistReceiver: zmq link, payloads over NCCL / gloo pair groups
+    fake.py            FakeSender / FakeReceiver: fake link, instant, for CPU tests
+    factory.py         make_sender / make_receiver by transport name
     testing.py         pools and identities for tests and benchmarks
 """
 import importlib

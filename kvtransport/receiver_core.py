@@ -1,8 +1,8 @@
 """The receive side shared by every backend: handshake, dispatch, peer liveness, replies.
 
-A backend turns its socket into calls of `handle(peer, frames)` (one multipart message from
-peer) and `tick()` (expire leases and dead peers), and supplies `send(peer, frames)` for
-replies (HelloAck, Heartbeat, Abort) and a `PayloadSink` that moves a block's bytes into the pool.
+The Receiver (kvtransport.receiver) turns its link into calls of `handle(peer, frames)` (one
+multipart message from peer) and `tick()` (expire leases and dead peers), and supplies
+`send(peer, frames)` for replies (HelloAck, Heartbeat, Abort) and a `PayloadSink` that moves a block's bytes into the pool.
 
   0. every connection first proves it holds the cluster secret (kvtransport.session); until
      then its messages are dropped unread (NOT_AUTHENTICATED, BAD_MAC) and it learns nothing

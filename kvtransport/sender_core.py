@@ -1,6 +1,7 @@
-"""The send side shared by every backend: links to receivers, open transfers, heartbeats.
+"""The send side's bookkeeping: links to receivers, open transfers, heartbeats.
 
-A backend moves bytes; this class decides what to send and when a receiver counts as lost:
+kvtransport.sender moves bytes over a link; this class decides what to send and when a
+receiver counts as lost:
 
   link    one paired receiver (endpoint -> its session, identity, when it was last heard from);
           pairing is auth_hello() -> on_challenge() -> accept_ack() (kvtransport.session)
@@ -176,7 +177,7 @@ class SenderCore:
         return events
 
     def lost(self, endpoint: str, reason: FailReason, detail: str) -> None:
-        """The backend lost endpoint (e.g. its payload channel broke)."""
+        """The sender lost endpoint (e.g. its payload channel broke)."""
         self._lose(endpoint, reason, detail)
 
     def _lose(self, endpoint: str, reason: FailReason, detail: str) -> None:

@@ -12,6 +12,9 @@ CUDA pools and gloo for CPU pools, so one decode node can pair with many prefill
              into scratch, so headers and payloads stay paired in order
   4. a header D cannot read or authenticate breaks the pair (it may be followed by a payload
      D cannot place): the pair's transfers fail (CHANNEL_BROKEN); P must connect() again
+
+DistChannel (send side) and _DistSink (receive side) are the payload strategies; DistSender and
+DistReceiver put them on the ZMQ link.
 """
 from __future__ import annotations
 
@@ -24,15 +27,14 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-import zmq
 
 from kvtransport.base import TransportError
-from kvtransport.events import FailReason, TransferFailed
-from kvtransport.framing import Buffer
 from kvtransport.payload import TORCH_DTYPES, WriteBlocks, block_view, check_whole_blocks
+from kvtransport.payload_channel import PayloadChannel, ReadMessage
+from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
-from kvtransport.zmq_receiver import DEFAULT_BIND, ZmqReceiver
-from kvtransport.zmq_sender import ZmqSender
+from kvtransport.sender import Sender
+from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink, ZmqSendLink
 from pdwire.handshake import KVLayout, PeerIdentity
 from pdwire.messages import BlockFrame, Message, P2PJoin
 
@@ -150,8 +152,49 @@ class _DistSink(PayloadSink):
         return peer in self._groups
 
 
-class DistReceiver(ZmqReceiver):
-    """A ZmqReceiver whose block payloads arrive over per-pair torch.distributed groups."""
+class DistChannel(PayloadChannel):
+    """Ships each block as a tensor send on the pair's process group, after its header."""
+
+    def __init__(self, device: str, host: str, timeout: float) -> None:
+        self._device, self._host, self._timeout = torch.device(device), host, timeout
+        self._waiters: dict[str, _SendWaiter] = {}
+        self._in_flight: list[tuple[str, _Completion]] = []
+
+    def paired(self, endpoint: str, remote: PeerIdentity, read: ReadMessage, timeout: float) -> None:
+        join = read(timeout)
+        if join is None:
+            raise TransportError(f"{endpoint} sent no P2PJoin within {timeout}s")
+        if type(join) is not P2PJoin:
+            raise TransportError(f"{endpoint} sent {type(join).__name__}, expected P2PJoin")
+        store = dist.TCPStore(join.store_host, join.store_port, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout))
+        pg = make_pair_group(store, join.group, _SEND_RANK, self._device, self._host, self._timeout)
+        self._waiters[endpoint] = _SendWaiter(pg)
+
+    def inline(self, kv_cache: torch.Tensor, src_block_id: int) -> None:
+        return None
+
+    def send(self, endpoint: str, kv_cache: torch.Tensor, src_block_id: int) -> _Completion:
+        payload = block_view(kv_cache, src_block_id)
+        if payload.device != self._device:      # e.g. a tp > 1 node's host copy of gathered heads
+            payload = payload.to(self._device)
+        done = self._waiters[endpoint].send(payload)
+        self._in_flight.append((endpoint, done))
+        return done
+
+    def broken(self) -> list[tuple[str, str]]:
+        failed = [(e, str(d.error)[:200]) for e, d in self._in_flight if d.error is not None]
+        self._in_flight = [(e, d) for e, d in self._in_flight if not d.done]
+        return failed
+
+    def unpaired(self, endpoint: str) -> None:
+        waiter = self._waiters.pop(endpoint, None)
+        if waiter is not None:
+            waiter.close()
+
+
+class DistReceiver(Receiver):
+    """A Receiver on a ZMQ ROUTER whose block payloads arrive over per-pair torch.distributed groups."""
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
@@ -163,11 +206,12 @@ class DistReceiver(ZmqReceiver):
         if write_blocks is None:
             check_whole_blocks(kv_cache, identity.layout)
         sink = _DistSink(kv_cache, identity.layout, p2p_host, peer_timeout, write_blocks)
-        super().__init__(kv_cache, identity, secret, bind, peer_timeout, hwm, sink)
+        link = ZmqReceiveLink(bind, hwm, identity.layout.block_nbytes)
+        super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout)
 
 
-class DistSender(ZmqSender):
-    """A ZmqSender that ships block payloads as tensor sends on per-pair process groups."""
+class DistSender(Sender):
+    """A Sender on ZMQ DEALER sockets that ships block payloads as tensor sends on per-pair groups."""
 
     def __init__(self, identity: PeerIdentity, secret: bytes, hwm: int = 64,
                  send_timeout: float = 10.0, heartbeat_interval: float = 1.0,
@@ -175,44 +219,6 @@ class DistSender(ZmqSender):
                  p2p_host: str = "127.0.0.1") -> None:
         if identity.transport != "torch_dist":
             raise ValueError("a DistSender's identity must have transport='torch_dist'")
-        super().__init__(identity, secret, hwm, send_timeout, heartbeat_interval, peer_timeout)
-        self._device, self._host = torch.device(device), p2p_host
-        self._waiters: dict[str, _SendWaiter] = {}
-        self._broken: list[tuple[str, _Completion]] = []
-
-    def _paired(self, endpoint: str, sock: zmq.Socket, remote: PeerIdentity, timeout: float) -> None:
-        if not sock.poll(int(timeout * 1000), zmq.POLLIN):
-            raise TransportError(f"{endpoint} sent no P2PJoin within {timeout}s")
-        join = self._read_join(endpoint, sock.recv_multipart())
-        store = dist.TCPStore(join.store_host, join.store_port, is_master=False,
-                              timeout=datetime.timedelta(seconds=timeout))
-        pg = make_pair_group(store, join.group, _SEND_RANK, self._device, self._host,
-                             self._peer_timeout)
-        self._waiters[endpoint] = _SendWaiter(pg)
-
-    def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int):
-        self._send(self._socks[endpoint], self._core.pack(endpoint, header), endpoint)
-        payload = block_view(kv_cache, src)
-        if payload.device != self._device:      # e.g. a tp > 1 node's host copy of gathered heads
-            payload = payload.to(self._device)
-        done = self._waiters[endpoint].send(payload)
-        self._broken.append((endpoint, done))
-        return done
-
-    def poll(self, timeout: float = 0.0) -> list[TransferFailed]:
-        for endpoint, done in self._broken:
-            if done.error is not None and self._core.is_connected(endpoint):
-                self._core.lost(endpoint, FailReason.CHANNEL_BROKEN, str(done.error)[:200])
-        self._broken = [(e, d) for e, d in self._broken if not d.done]
-        return super().poll(timeout)
-
-    def _unpaired(self, endpoint: str) -> None:
-        waiter = self._waiters.pop(endpoint, None)
-        if waiter is not None:
-            waiter.close()
-
-    def _read_join(self, endpoint: str, frames: list[Buffer]) -> P2PJoin:
-        msg = self._core.unpack(endpoint, frames)
-        if type(msg) is not P2PJoin:
-            raise TransportError(f"{endpoint} sent {type(msg).__name__}, expected P2PJoin")
-        return msg
+        link = ZmqSendLink(identity.node_id, hwm, send_timeout)
+        channel = DistChannel(device, p2p_host, peer_timeout)
+        super().__init__(identity, secret, link, channel, heartbeat_interval, peer_timeout)

@@ -24,8 +24,7 @@ from kvtransport.metrics import SenderMetrics
 from pdwire.schema import ProtocolError
 from node_shell.config import NodeConfig
 from node_shell.service import NodeService
-from kvtransport.torch_dist import DistSender
-from kvtransport.zmq_sender import ZmqSender
+from kvtransport.factory import make_sender
 from prefill_node.shipper import BlockShipper, Shipment
 
 log = logging.getLogger(__name__)
@@ -40,11 +39,8 @@ class PrefillService(NodeService):
         super().__init__(config, observer=self.shipper)
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
-        if self.config.kv_transport == "torch_dist":
-            self.sender = DistSender(identity, secret, device=str(self.engine.runner.kv_cache.device),
-                                     p2p_host=self.config.p2p_host)
-        else:
-            self.sender = ZmqSender(identity, secret)
+        self.sender = make_sender(self.config.kv_transport, identity, secret,
+                                  device=str(self.engine.runner.kv_cache.device), p2p_host=self.config.p2p_host)
         self.shipper.bind(self.engine, self.sender)
 
     @property

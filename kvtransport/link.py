@@ -1,0 +1,93 @@
+"""How messages travel between a Sender and a Receiver: the link strategies (ZMQ or in-process).
+
+A link moves sealed multipart messages and knows nothing of sessions, transfers or payload
+channels; kvtransport.sender and kvtransport.receiver run the flow over it.
+
+  SendLink     one connection per receiver endpoint: open -> handshake sends / recv ->
+               paired (read by receive() from then on) -> close
+  ReceiveLink  one listening endpoint; every message goes to the handler bound by the Receiver
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, Protocol
+
+from kvtransport.session import Buffer
+
+Handler = Callable[[str, list[Buffer]], None]     # (endpoint or peer, frames of one message)
+
+
+class Completion(Protocol):
+    """One payload in flight: `done` turns True once it has left the process (a zmq tracker)."""
+    done: bool
+
+
+class Sent:
+    """A payload that left at once."""
+    done = True
+
+
+class SendLink(ABC):
+    """The prefill side's connections, keyed by the receiver's endpoint. Not thread-safe."""
+
+    @abstractmethod
+    def open(self, endpoint: str) -> None:
+        """A new connection to endpoint (none is open); TransportError if it is unreachable."""
+
+    @abstractmethod
+    def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
+        """The next message from endpoint while pairing, or None after timeout seconds."""
+
+    @abstractmethod
+    def paired(self, endpoint: str) -> None:
+        """endpoint's handshake succeeded: receive() reads it from now on."""
+
+    @abstractmethod
+    def send(self, endpoint: str, frames: list[Buffer]) -> None:
+        """Send one message; blocks while the queue is full, then raises TransportError."""
+
+    @abstractmethod
+    def send_tracked(self, endpoint: str, frames: list[Buffer]) -> Completion:
+        """send() a message whose frames[1] aliases a pool block, without copying it."""
+
+    @abstractmethod
+    def try_send(self, endpoint: str, frames: list[Buffer]) -> None:
+        """Send one message if that does not block; else drop it (heartbeats)."""
+
+    @abstractmethod
+    def receive(self, timeout: float, handle: Handler) -> None:
+        """Hand every message waiting on paired connections to handle; wait at most timeout."""
+
+    @abstractmethod
+    def endpoints(self) -> list[str]:
+        """The endpoints with an open connection."""
+
+    @abstractmethod
+    def close(self, endpoint: str, linger: float = 0.0) -> None:
+        """Close endpoint's connection (no-op if none), letting queued messages leave for linger s."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Release what the link holds; every connection is closed already."""
+
+
+class ReceiveLink(ABC):
+    """The decode side's listening endpoint; peers are told apart by an opaque name."""
+
+    endpoint: str                 # where senders connect
+
+    @abstractmethod
+    def bind(self, handle: Handler) -> None:
+        """Every message received from now on goes to handle(peer, frames)."""
+
+    @abstractmethod
+    def receive(self, timeout: float) -> None:
+        """Hand waiting messages to the handler; wait at most timeout for the first."""
+
+    @abstractmethod
+    def send(self, peer: str, frames: list[Buffer]) -> None:
+        """Reply to peer; never blocks (a reply that cannot leave now is dropped)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop listening."""

@@ -1,0 +1,138 @@
+"""The send side's flow, one for every backend: a SenderCore over a link and a payload channel.
+
+  connect   link.open -> auth hello / challenge / Hello / HelloAck (kvtransport.session) ->
+            channel.paired (e.g. join the pair's process group) -> link.paired
+  send      header sealed by the core; the payload inline (tracked, zero-copy) or out of band
+  poll      broken channels lose their link; replies go to the core; due heartbeats leave;
+            connections of lost links are closed
+
+Backends differ only in the strategies they are built from (kvtransport.factory):
+ZmqSender (zmq link, inline), DistSender (zmq link, torch.distributed), FakeSender (fake link, inline).
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+from kvtransport.base import KVSender, TransportError
+from kvtransport.events import FailReason, TransferFailed
+from kvtransport.link import Completion, SendLink
+from kvtransport.payload_channel import PayloadChannel
+from kvtransport.sender_core import SenderCore
+from pdwire.handshake import PeerIdentity
+from pdwire.messages import BlockFrame, Message
+
+
+class Sender(KVSender):
+    """Ships blocks of one prefill node's pool to any number of receivers."""
+
+    def __init__(self, identity: PeerIdentity, secret: bytes, link: SendLink, channel: PayloadChannel,
+                 heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, clock)
+        self._link, self._channel = link, channel
+        self.metrics = self._core.metrics
+        self._remotes: dict[str, PeerIdentity] = {}
+        self._pending: dict[str, list[Completion]] = defaultdict(list)   # xfer_id -> payloads in flight
+
+    def connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity:
+        if self._core.is_connected(endpoint):
+            return self._remotes[endpoint]
+        self._close(endpoint)
+        self._link.open(endpoint)
+        try:
+            remote = self._pair(endpoint, time.monotonic() + timeout)
+            self._channel.paired(endpoint, remote, lambda t: self._read(endpoint, t), timeout)
+        except BaseException:
+            self._link.close(endpoint)
+            raise
+        self._link.paired(endpoint)
+        self._remotes[endpoint] = remote
+        return remote
+
+    def begin(self, xfer_id: str, endpoint: str) -> None:
+        self._core.begin(xfer_id, endpoint)
+
+    def send_block(self, xfer_id: str, index: int, dst_block_id: int, kv_cache: torch.Tensor,
+                   src_block_id: int) -> None:
+        endpoint = self._core.endpoint_of(xfer_id)
+        if endpoint is None:
+            return
+        start = time.perf_counter()
+        header = self._core.block_header(xfer_id, index, dst_block_id, kv_cache)
+        self._pending[xfer_id].append(self._ship(endpoint, header, kv_cache, src_block_id))
+        self.metrics.blocks_sent += 1
+        self.metrics.bytes_sent += header.nbytes
+        self.metrics.send_seconds += time.perf_counter() - start
+
+    def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
+        endpoint = self._core.endpoint_of(xfer_id)
+        if endpoint is not None:
+            self._link.send(endpoint, self._core.commit_frames(xfer_id, first_token, num_tokens))
+
+    def abort(self, xfer_id: str, reason: str = "") -> None:
+        if self._core.is_open(xfer_id):
+            endpoint = self._core.endpoint_of(xfer_id)
+            self._link.send(endpoint, self._core.abort_frames(xfer_id, reason))
+
+    def is_sent(self, xfer_id: str) -> bool:
+        pending = [d for d in self._pending.get(xfer_id, ()) if not d.done]
+        if pending:
+            self._pending[xfer_id] = pending
+        else:
+            self._pending.pop(xfer_id, None)
+        return not pending
+
+    def poll(self, timeout: float = 0.0) -> list[TransferFailed]:
+        for endpoint, error in self._channel.broken():
+            if self._core.is_connected(endpoint):
+                self._core.lost(endpoint, FailReason.CHANNEL_BROKEN, error)
+        deadline = time.monotonic() + timeout
+        while True:
+            self._link.receive(max(0.0, deadline - time.monotonic()), self._core.handle)
+            for endpoint, frames in self._core.due_heartbeats():
+                self._link.try_send(endpoint, frames)
+            events = self._core.take_events()
+            for endpoint in [e for e in self._link.endpoints() if not self._core.is_connected(e)]:
+                self._close(endpoint)
+            if events or time.monotonic() >= deadline:
+                return events
+
+    def close(self) -> None:
+        for endpoint in self._link.endpoints():
+            self._close(endpoint, linger=1.0)     # let a last Commit or Abort leave
+        self._link.shutdown()
+
+    def _pair(self, endpoint: str, deadline: float) -> PeerIdentity:
+        """The handshake over endpoint's new connection; returns the receiver's identity."""
+        self._link.send(endpoint, self._core.auth_hello(endpoint))
+        challenge = self._reply(endpoint, deadline)
+        self._link.send(endpoint, self._core.on_challenge(endpoint, challenge))
+        return self._core.accept_ack(endpoint, self._reply(endpoint, deadline))
+
+    def _reply(self, endpoint: str, deadline: float) -> list:
+        frames = self._link.recv(endpoint, max(0.0, deadline - time.monotonic()))
+        if frames is None:
+            raise TransportError(f"{endpoint} did not answer the pairing in time")
+        return frames
+
+    def _read(self, endpoint: str, timeout: float) -> Message | None:
+        frames = self._link.recv(endpoint, timeout)
+        return None if frames is None else self._core.unpack(endpoint, frames)
+
+    def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int) -> Completion:
+        payload = self._channel.inline(kv_cache, src)
+        frames = self._core.pack(endpoint, header, payload)
+        if payload is not None:
+            return self._link.send_tracked(endpoint, frames)
+        self._link.send(endpoint, frames)
+        return self._channel.send(endpoint, kv_cache, src)
+
+    def _close(self, endpoint: str, linger: float = 0.0) -> None:
+        self._remotes.pop(endpoint, None)
+        if endpoint in self._link.endpoints():
+            self._channel.unpaired(endpoint)
+        self._link.close(endpoint, linger)

@@ -1,0 +1,138 @@
+"""The ZMQ link: a DEALER socket per decode node on the send side, one ROUTER on the receive side.
+
+Send side: a payload frame aliases the pool block (copy=False) and carries a zmq tracker, done
+once libzmq has released it. The send high-water mark gives backpressure: a send blocks while
+`hwm` messages are queued for a peer, then raises TransportError after `send_timeout` seconds.
+The routing id is node_id/<64 random bits> per connection, so a restarted or reconnected sender
+is a new peer to the receiver, and no other process can guess it to take the connection's place.
+
+Receive side: peers are told apart by their routing id; frames arrive as [routing id, header,
+payload?, mac?] and are received with copy=False, so a payload is copied once, from the socket
+buffer straight into its pool block. libzmq disconnects a peer that sends a frame above the
+maximum message size; the receive high-water mark bounds what one peer can queue.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+
+import zmq
+
+from kvtransport.base import TransportError
+from kvtransport.link import Completion, Handler, ReceiveLink, SendLink
+from kvtransport.session import Buffer
+from pdwire.messages import MAX_HEADER_BYTES
+
+log = logging.getLogger("kvtransport")
+
+DEFAULT_BIND = "tcp://127.0.0.1:*"
+_DRAIN_BATCH = 256      # messages handled per wake-up before leases and peers are checked
+
+
+class ZmqSendLink(SendLink):
+    def __init__(self, node_id: str, hwm: int = 64, send_timeout: float = 10.0) -> None:
+        self._node_id, self._hwm, self._send_timeout = node_id, hwm, send_timeout
+        self._ctx = zmq.Context(io_threads=1)
+        self._socks: dict[str, zmq.Socket] = {}     # every open connection
+        self._live: set[str] = set()                # those paired
+
+    def open(self, endpoint: str) -> None:
+        sock = self._socks[endpoint] = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, f"{self._node_id}/{secrets.token_hex(8)}".encode())
+        sock.setsockopt(zmq.SNDHWM, self._hwm)
+        sock.setsockopt(zmq.RCVHWM, self._hwm)
+        sock.setsockopt(zmq.SNDTIMEO, int(self._send_timeout * 1000))
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(endpoint)
+
+    def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
+        sock = self._socks[endpoint]
+        if not sock.poll(max(0, int(timeout * 1000)), zmq.POLLIN):
+            return None
+        return sock.recv_multipart()
+
+    def paired(self, endpoint: str) -> None:
+        self._live.add(endpoint)
+
+    def send(self, endpoint: str, frames: list) -> None:
+        try:
+            self._socks[endpoint].send_multipart(frames, copy=False)
+        except zmq.Again:
+            raise TransportError(f"{endpoint} not draining: send blocked {self._send_timeout}s") from None
+
+    def send_tracked(self, endpoint: str, frames: list[Buffer]) -> Completion:
+        payload = zmq.Frame(frames[1], copy=False, track=True)
+        self.send(endpoint, [frames[0], payload, *frames[2:]])
+        return payload.tracker
+
+    def try_send(self, endpoint: str, frames: list[Buffer]) -> None:
+        try:
+            self._socks[endpoint].send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            pass     # queue full: the blocks in it prove we are alive anyway
+
+    def receive(self, timeout: float, handle: Handler) -> None:
+        live = {e: s for e, s in self._socks.items() if e in self._live}
+        poller = zmq.Poller()
+        for sock in live.values():
+            poller.register(sock, zmq.POLLIN)
+        ready = dict(poller.poll(int(timeout * 1000))) if live else {}
+        for endpoint, sock in live.items():
+            while sock in ready:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                handle(endpoint, frames)
+        if not live and timeout > 0:
+            time.sleep(timeout)
+
+    def endpoints(self) -> list[str]:
+        return list(self._socks)
+
+    def close(self, endpoint: str, linger: float = 0.0) -> None:
+        self._live.discard(endpoint)
+        sock = self._socks.pop(endpoint, None)
+        if sock is not None:
+            sock.close(linger=int(linger * 1000))
+
+    def shutdown(self) -> None:
+        self._ctx.term()
+
+
+class ZmqReceiveLink(ReceiveLink):
+    def __init__(self, bind: str = DEFAULT_BIND, hwm: int = 64, max_payload_bytes: int = 0) -> None:
+        self._ctx = zmq.Context(io_threads=1)
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVHWM, hwm)
+        self._sock.setsockopt(zmq.SNDHWM, hwm)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, MAX_HEADER_BYTES) + 64)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.bind(bind)
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._handle: Handler = lambda peer, frames: None
+
+    def bind(self, handle: Handler) -> None:
+        self._handle = handle
+
+    def receive(self, timeout: float) -> None:
+        if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
+            return
+        for _ in range(_DRAIN_BATCH):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(frames[0].bytes.hex(), [f.buffer for f in frames[1:]])
+
+    def send(self, peer: str, frames: list[Buffer]) -> None:
+        try:
+            self._sock.send_multipart([bytes.fromhex(peer), *frames], zmq.NOBLOCK)
+        except zmq.ZMQError as e:   # peer gone (EHOSTUNREACH) or not draining (EAGAIN)
+            log.info("reply to %s not sent: %s", peer, e)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._ctx.term()
