@@ -1,26 +1,21 @@
-"""pdserve's router: the OpenAI-compatible HTTP front end and where requests go.
+"""pdserve's router, in two halves side by side, with what joins them:
 
-    config.py       RouterConfig, the frozen, validated settings
-    protocol.py     OpenAI request/response models; a request -> SamplingParams
-    errors.py       OpenAI-style error bodies (400 for bad input, 401, 404 model_not_found, 503)
-    prompts.py      tokenizing prompts and chat templates; context-length checks
-    backend.py      Backend: the interface the app talks to (contract in its docstring)
+    http/           the OpenAI-compatible front end: app.py (routes, keys), protocol.py (request
+                    models -> SamplingParams), limits.py, prompts.py / chat_template.py,
+                    completions.py / chat.py / streaming.py / logprobs.py, lifecycle.py (one HTTP
+                    request's backend requests), errors.py, metrics.py, info_routes.py,
+                    tokenize.py, operator.py (the /admin routes), workers.py, server.py (uvicorn
+                    behind a connection guard, bounded shutdown)
+    cluster/        the nodes: disaggregated.py (the DisaggregatedBackend), disagg_request.py,
+                    admission.py, policy.py, registry.py, membership.py, control_server.py (the
+                    control plane), node_operator.py (drain / remove), node_collector.py
+    backend.py      Backend: the interface between the halves, and NoNodeAvailable (a 503)
     colocated.py    ColocatedBackend: one engine on its own thread (prefill + decode on one node)
-    lifecycle.py    Generation: one HTTP request's backend requests, merged; abort on disconnect
-    streaming.py    SSE framing and cumulative-output -> delta cursors
-    completions.py  /v1/completions bodies and streams
-    chat.py         /v1/chat/completions bodies and streams
-    logprobs.py     engine logprobs in OpenAI's two shapes
-    metrics.py      per-app Prometheus registry: request latencies and phases, lengths, outcomes
-    node_collector.py  per-node series at scrape time: load, prefix-cache and KV counters, cache layout
-    app.py          create_app(backend, config): routes, API key, wiring
-    registry.py     NodeRegistry: prefill/decode nodes, heartbeats, drain, in-flight counts
-    policy.py       PrefillPolicy (prefix affinity vs load), DecodePolicy (least loaded with room, booked at once)
-    cli.py          `python -m router`: the colocated server, flags from the config dataclasses
-    control_server.py  ControlServer: the nodes' ZMQ ROUTER socket, hello/heartbeat, expiry
-    disaggregated.py   DisaggregatedBackend: reserve on D, prefill on P, stream, retry, migrate
-    launcher.py     `pdserve up`: router + prefill/decode node processes; `pdserve colocated`
+    config.py       RouterConfig, the frozen, validated settings (flags generated from it)
+    cli.py          `python -m router`: the colocated server
+    launcher.py     `pdserve up | router | prefill | decode | colocated | secret | nodes | drain | remove`
+    operator_cli.py `pdserve nodes | drain | remove`: the operator API from a shell
 
-Import from the modules; this package file imports nothing, so node processes can use the
-registry and policies without loading the HTTP stack.
+Import from the modules; this package file imports nothing, so a process can use one half
+without loading the other.
 """

@@ -14,7 +14,11 @@ from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from router.node_operator import NodeOperator
+    from router.cluster.node_operator import NodeOperator
+
+
+class NoNodeAvailable(RuntimeError):
+    """The backend has no live node of a role a request needs: the HTTP side answers 503."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,10 @@ from engine.flags import add_dataclass_args, build_dataclass  # noqa: F401 -- th
 def main(argv: Sequence[str] | None = None) -> None:
     from engine.args import EngineArgs
     from engine.llm_engine import LLMEngine
-    from router.app import create_app
+    from router.http.app import create_app
     from router.colocated import ColocatedBackend
     from router.config import RouterConfig
-    from router.server import PortInUse, Server, bind_http
+    from router.http.server import PortInUse, Server, bind_http
 
     parser = argparse.ArgumentParser(prog="python -m router", description=__doc__.splitlines()[0])
     add_dataclass_args(parser, RouterConfig)

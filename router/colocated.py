@@ -23,7 +23,7 @@ from pdwire.figures import PrefixCounters
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
-from router.policy import NoNodeAvailable
+from router.backend import NoNodeAvailable
 
 _END = object()     # sentinel: the request was aborted, its stream ends
 

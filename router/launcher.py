@@ -152,9 +152,9 @@ def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: lis
 
 async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_flags: list[str],
                  nodes: list[NodeProcess]) -> int:
-    from router.app import create_app
-    from router.disaggregated import DisaggregatedBackend
-    from router.server import PortInUse, Server, bind_http
+    from router.http.app import create_app
+    from router.cluster.disaggregated import DisaggregatedBackend
+    from router.http.server import PortInUse, Server, bind_http
 
     try:
         sock = bind_http(config)
@@ -172,7 +172,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
         nodes.extend(spawn_nodes(endpoint, cluster, node_flags, secret))
         if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
-        server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/server.py
+        server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/http/server.py
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         watching = asyncio.create_task(_watch(nodes, backend, cluster))
         while not server.started and not serving.done():

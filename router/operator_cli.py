@@ -1,4 +1,4 @@
-"""The operator's commands against a running router's /admin API (router/operator.py):
+"""The operator's commands against a running router's /admin API (router/http/operator.py):
 
     pdserve nodes  [--url URL] [--admin-key-file F]                    a table of the nodes
     pdserve drain  NODE [--deadline-s S] [--url URL] [--admin-key-file F]
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import httpx
 
-from router.membership import DEFAULT_DRAIN_DEADLINE_S
+from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S
 
 ENV_VAR = "PDSERVE_ADMIN_KEY"
 DEFAULT_URL = "http://127.0.0.1:8000"

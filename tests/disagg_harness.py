@@ -13,7 +13,7 @@ from pdwire.control import DecodeRequest, NodeCommand, NodeHello, NodeStatus, Pr
 from pdwire.messages import Reserved
 from kvtransport.testing import TEST_SECRET
 from router.config import RouterConfig
-from router.disaggregated import DisaggregatedBackend
+from router.cluster.disaggregated import DisaggregatedBackend
 from tests.control_peer import NodeEnd
 
 

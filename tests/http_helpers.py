@@ -7,7 +7,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from router.app import create_app
+from router.http.app import create_app
 from router.config import RouterConfig
 from tests.fake_backend import FakeBackend
 

@@ -1,4 +1,4 @@
-"""A router process for tests of the HTTP edge: the real app and Server (router/server.py) over a
+"""A router process for tests of the HTTP edge: the real app and Server (router/http/server.py) over a
 scripted backend, so a test can hold raw sockets against it, signal it, and read its RSS.
 
     python -m tests.http_server --port P [RouterConfig flags] [--steps N] [--interval-s S]
@@ -53,8 +53,8 @@ def free_port() -> int:
 
 
 def main() -> None:
-    from router.app import create_app
-    from router.server import Server
+    from router.http.app import create_app
+    from router.http.server import Server
 
     parser = argparse.ArgumentParser()
     add_dataclass_args(parser, RouterConfig)

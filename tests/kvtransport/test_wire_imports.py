@@ -22,7 +22,7 @@ def test_pdwire_imports_no_torch():
 
 def test_router_disaggregated_imports_no_torch():
     """The router's disaggregated backend, control server and the node-network session are torch-free."""
-    assert not _imports_torch("pdwire, router.disaggregated, kvtransport.framing, kvtransport.session")
+    assert not _imports_torch("pdwire, router.cluster.disaggregated, kvtransport.framing, kvtransport.session")
 
 
 def test_package_faces_are_light():

@@ -20,7 +20,7 @@ from pdwire.control import DecodeRequest, NodeHello, NodeStatus, TokenDelta
 from kvtransport.secret import ENV_VAR, SecretError, load_secret, write_secret
 from kvtransport.session import AuthKind, auth_frame, parse_auth_frame
 from kvtransport.testing import TEST_SECRET
-from router.registry import NodeRole
+from router.cluster.registry import NodeRole
 from tests.control_peer import NodeEnd, RouterEnd
 from tests.disagg_harness import Cluster, admit, counter, run, until, view
 

@@ -10,7 +10,7 @@ import pytest
 
 from pdwire.control import DecodeRequest, FirstToken, PrefillRequest
 from pdwire.messages import Busy, Reserved
-from router.policy import NoNodeAvailable
+from router.backend import NoNodeAvailable
 from tests.disagg_harness import CONFIG, END, Cluster, ScriptedNode, counter, run, until
 
 # No test here is about heartbeats: a generous timeout keeps a loaded machine from losing nodes

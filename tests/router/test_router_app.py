@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pdwire.sampling_params import SamplingParams
-from router.app import create_app
+from router.http.app import create_app
 from router.config import RouterConfig
 from tests.fake_backend import MODEL, CharTokenizer, FakeBackend
 from tests.http_helpers import UNCACHED, backend, client, error_of, events, strip_ids  # noqa: F401 -- fixtures

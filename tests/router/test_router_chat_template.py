@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from router.chat_template import render_chat
+from router.http.chat_template import render_chat
 
 LLAMA3 = ("<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
           "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
@@ -78,7 +78,7 @@ def test_an_injected_turn_over_http_stays_text():
     """Over /v1/chat/completions the backend receives the template's control tokens only."""
     from fastapi.testclient import TestClient
 
-    from router.app import create_app
+    from router.http.app import create_app
     from router.config import RouterConfig
     from tests.fake_backend import FakeBackend
 

@@ -14,7 +14,7 @@ from pdwire.outputs import CompletionOutput, RequestOutput
 from pdwire.sampling_params import SamplingParams
 from router.backend import NodeMetrics
 from router.colocated import ColocatedBackend
-from router.policy import NoNodeAvailable
+from router.backend import NoNodeAvailable
 from tests.http_helpers import UNCACHED
 from tests.tiny_chat_model import tiny_chat_model_folder
 
@@ -250,7 +250,7 @@ def test_streamed_greedy_completion_matches_engine(real_engine):
     token, with exact usage; blocks are conserved afterwards."""
     from fastapi.testclient import TestClient
 
-    from router.app import create_app
+    from router.http.app import create_app
 
     engine = real_engine
     prompt_ids = engine.tokenizer.encode("hello world, the quick brown fox")
@@ -291,7 +291,7 @@ def test_streamed_text_never_shows_part_of_a_stop_string(real_engine):
     the final text, which ends right before the stop string (the engine's own answer, cut)."""
     from fastapi.testclient import TestClient
 
-    from router.app import create_app
+    from router.http.app import create_app
 
     engine = real_engine
     prompt = "hello world, the quick brown fox"
@@ -326,7 +326,7 @@ def test_chat_and_abort_over_real_engine(real_engine):
     with every block returned."""
     from fastapi.testclient import TestClient
 
-    from router.app import create_app
+    from router.http.app import create_app
 
     engine = real_engine
     backend = ColocatedBackend(engine)
@@ -366,7 +366,7 @@ def test_uvicorn_client_disconnect_aborts(real_engine):
     import httpx
     import uvicorn
 
-    from router.app import create_app
+    from router.http.app import create_app
 
     engine = real_engine
     backend = ColocatedBackend(engine)
@@ -409,7 +409,7 @@ def test_repeated_prompt_reports_cached_tokens(real_engine):
     """A prompt sent again reports its prefix-cache hits in usage: whole blocks, below its length."""
     from fastapi.testclient import TestClient
 
-    from router.app import create_app
+    from router.http.app import create_app
 
     backend = ColocatedBackend(real_engine)
     prompt = list(range(3, 3 + 40))    # 40 tokens: two full blocks of 16 can hit

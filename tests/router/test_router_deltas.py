@@ -7,13 +7,13 @@ from unittest import mock
 
 from fastapi.testclient import TestClient
 
-import router.completions
+import router.http.completions
 from pdwire.outputs import CompletionOutput, RequestOutput
 from pdwire.sampling_params import SamplingParams
-from router.app import create_app
+from router.http.app import create_app
 from router.config import RouterConfig
-from router.lifecycle import Generation, StreamBufferFull
-from router.metrics import RouterMetrics
+from router.http.lifecycle import Generation, StreamBufferFull
+from router.http.metrics import RouterMetrics
 from tests.fake_backend import FakeBackend
 
 
@@ -73,8 +73,8 @@ def test_a_full_buffer_ends_the_request_and_aborts_it():
 def test_echo_logprobs_are_scored_once_per_prompt():
     """n 4 choices of one echoed prompt: the prompt's logprobs are rendered once, not four times."""
     client = TestClient(create_app(FakeBackend(), RouterConfig()))
-    with mock.patch.object(router.completions, "completion_logprobs",
-                           wraps=router.completions.completion_logprobs) as rendered:
+    with mock.patch.object(router.http.completions, "completion_logprobs",
+                           wraps=router.http.completions.completion_logprobs) as rendered:
         r = client.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2, "n": 4, "logprobs": 1,
                                                  "echo": True, "temperature": 1.0})
     assert r.status_code == 200 and len(r.json()["choices"]) == 4

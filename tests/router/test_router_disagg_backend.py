@@ -10,7 +10,7 @@ import pytest
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, PrefillRequest, RequestFailed,
                                  TokenDelta)
 from pdwire.messages import Busy, Reserved
-from router.policy import NoNodeAvailable
+from router.backend import NoNodeAvailable
 from tests.disagg_harness import PROMPT, CONFIG, END, Cluster, run, first_of, view, counter, admit
 
 

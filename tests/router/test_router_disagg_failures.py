@@ -13,9 +13,9 @@ from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand
                                  NodeStatus, PrefillRequest, TokenDelta)
 from pdwire.messages import Reserved
 from router.config import RouterConfig
-from router.metrics import RouterMetrics
-from router.policy import NoNodeAvailable
-from router.registry import NodeRole
+from router.http.metrics import RouterMetrics
+from router.backend import NoNodeAvailable
+from router.cluster.registry import NodeRole
 from tests.disagg_harness import (BLOCK, PROMPT, BEAT_S, END, ScriptedNode, Consumer, Cluster, run, until,
                                   first_of, view, counter, admit)
 

@@ -98,7 +98,7 @@ def test_up_on_a_taken_port_fails_before_anything_loads(monkeypatch, capsys):
     """pdserve up on a taken port: status 1 and one line on stderr; no tokenizer, no node started."""
     import socket
 
-    from router.disaggregated import DisaggregatedBackend
+    from router.cluster.disaggregated import DisaggregatedBackend
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("ran before the port was checked")
@@ -121,8 +121,8 @@ def test_start_up_greeting_logs_no_httpx_line(caplog, capsys):
     import dataclasses
     import logging
 
-    from router.app import create_app
-    from router.server import Server, bind_http
+    from router.http.app import create_app
+    from router.http.server import Server, bind_http
     from tests.fake_backend import MODEL, REPLY, FakeBackend
 
     config = RouterConfig(port=0)

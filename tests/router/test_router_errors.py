@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from router.app import create_app
+from router.http.app import create_app
 from router.config import RouterConfig
 from tests.http_helpers import backend, client, error_of, events  # noqa: F401 -- fixtures
 

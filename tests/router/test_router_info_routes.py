@@ -5,7 +5,7 @@ import importlib.metadata
 
 from fastapi.testclient import TestClient
 
-from router.app import create_app
+from router.http.app import create_app
 from router.config import RouterConfig
 from tests.fake_backend import MODEL, FakeBackend
 from tests.http_helpers import backend, client, error_of  # noqa: F401 -- fixtures

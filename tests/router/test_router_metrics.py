@@ -1,12 +1,12 @@
-"""The request histograms, node counters and exposition of router/metrics.py, with a fake clock."""
+"""The request histograms, node counters and exposition of router/http/metrics.py, with a fake clock."""
 from __future__ import annotations
 
 from pdwire.control import TokenDelta, FirstToken
 from pdwire.figures import PrefixCounters
 from pdwire.outputs import CompletionOutput, RequestOutput
 from router.backend import NodeMetrics
-from router.disagg_request import Attempt, TransferTimer
-from router.metrics import RouterMetrics, token_buckets
+from router.cluster.disagg_request import Attempt, TransferTimer
+from router.http.metrics import RouterMetrics, token_buckets
 from pdwire.sampling_params import SamplingParams
 from tests.fake_backend import FakeBackend
 

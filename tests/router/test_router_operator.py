@@ -9,9 +9,9 @@ import pytest
 
 from pdwire.control import AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, PrefillRequest, TokenDelta
 from pdwire.messages import Reserved
-from router.app import create_app
+from router.http.app import create_app
 from router.config import RouterConfig
-from router.metrics import RouterMetrics
+from router.http.metrics import RouterMetrics
 from tests.disagg_harness import PROMPT, END, Cluster, ScriptedNode, first_of, run, until, view
 from tests.fake_backend import FakeBackend
 from tests.http_helpers import error_of

@@ -7,8 +7,8 @@ import asyncio
 import uvicorn
 
 from router import operator_cli
-from router.app import create_app
-from router.registry import NodeState
+from router.http.app import create_app
+from router.cluster.registry import NodeState
 from tests.disagg_harness import Cluster, run, until
 from tests.http_server import free_port
 from tests.router.test_router_operator import ADMIN, APP_CONFIG

@@ -7,11 +7,11 @@ import pytest
 from pydantic import ValidationError
 
 from pdwire.sampling_params import SamplingParams
-from router.errors import OpenAIError, from_value_error
-from router.prompts import completion_prompts, max_tokens_for
-from router.protocol import (ChatCompletionRequest, ChatCompletionChunk, ChatStreamChoice, CompletionRequest,
+from router.http.errors import OpenAIError, from_value_error
+from router.http.prompts import completion_prompts, max_tokens_for
+from router.http.protocol import (ChatCompletionRequest, ChatCompletionChunk, ChatStreamChoice, CompletionRequest,
                              DeltaMessage)
-from router.streaming import ChoiceCursor, sse
+from router.http.streaming import ChoiceCursor, sse
 
 
 class Tok:

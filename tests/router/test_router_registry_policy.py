@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.policy import DecodePolicy, NoNodeAvailable, Pool, PrefillPolicy, PrefixAffinity
-from router.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole, NodeState
+from router.cluster.policy import DecodePolicy, NoNodeAvailable, Pool, PrefillPolicy, PrefixAffinity
+from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole, NodeState
 
 P, D = NodeRole.PREFILL, NodeRole.DECODE
 

@@ -22,9 +22,9 @@ from fastapi import Request
 
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend
-from router.metrics import RouterMetrics
-from router.protocol import PromptTokensDetails, StreamUsage, UsageInfo
-from router.streaming import ChoiceCursor, Delta
+from router.http.metrics import RouterMetrics
+from router.http.protocol import PromptTokensDetails, StreamUsage, UsageInfo
+from router.http.streaming import ChoiceCursor, Delta
 
 T = TypeVar("T")
 _DONE = object()    # a prompt's stream ended

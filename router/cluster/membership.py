@@ -1,6 +1,6 @@
 """Node membership as the router sees it: a node as the operator lists it (NodeView), why a node
 was lost (NodeLoss), and the pdserve_router_* series of joins, losses, drains, removals and
-restarts (router/control_server.py and router/node_operator.py feed them; /metrics reads them).
+restarts (router/cluster/control_server.py and router/cluster/node_operator.py feed them; /metrics reads them).
 
     hello ──▶ registered (a join) ──▶ lost, with one LossCause:
                  │                      HEARTBEAT  silent for heartbeat_timeout_s
@@ -19,7 +19,7 @@ from typing import Callable, Iterator, NamedTuple
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from router.registry import Node, NodeRole, NodeState
+from router.cluster.registry import Node, NodeRole, NodeState
 
 
 class LossCause(Enum):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from router.lifecycle import Collected, Generation, ResponseMeta, usage, usage_so_far
-from router.logprobs import chat_logprobs
-from router.protocol import (AssistantMessage, ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
+from router.http.lifecycle import Collected, Generation, ResponseMeta, usage, usage_so_far
+from router.http.logprobs import chat_logprobs
+from router.http.protocol import (AssistantMessage, ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
                              ChatCompletionResponse, ChatStreamChoice, DeltaMessage, StreamUsage)
-from router.streaming import DONE, sse
+from router.http.streaming import DONE, sse
 
 
 def build_chat(tokenizer: Any, meta: ResponseMeta, collected: Collected, top_logprobs: int) -> bytes:

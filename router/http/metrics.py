@@ -10,7 +10,7 @@ Request-level series are observed by the app as outputs arrive, each labelled wi
 
 queue = the backend's RequestOutput.queue_time (colocated: the engine's wait for its first
 admission; disaggregated: arrival until a decode node reserved blocks), prefill = TTFT - queue,
-decode = last token - first token. Node-level series come from router/node_collector.py; a
+decode = last token - first token. Node-level series come from router/cluster/node_collector.py; a
 backend adds its own (e.g. KV transfer time) through Backend.collectors(). The process's CPU and
 memory (process_*) are on the same registry; no `*_created` series are rendered.
 """
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import Metric
 
 from router.backend import Backend
-from router.node_collector import NodeCollector
+from router.cluster.node_collector import NodeCollector
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0)

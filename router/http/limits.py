@@ -15,8 +15,8 @@ import numpy as np
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.config import RouterConfig
-from router.errors import OpenAIError, bad_request, error_body, invalid_api_key
-from router.protocol import ChatCompletionRequest, CompletionRequest
+from router.http.errors import OpenAIError, bad_request, error_body, invalid_api_key
+from router.http.protocol import ChatCompletionRequest, CompletionRequest
 
 
 def over_limit(what: str, given: int, limit: int, flag: str, param: str | None) -> OpenAIError:

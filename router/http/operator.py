@@ -1,4 +1,4 @@
-"""The operator API: /admin/* routes to list, drain and remove nodes (router/node_operator.py).
+"""The operator API: /admin/* routes to list, drain and remove nodes (router/cluster/node_operator.py).
 
     GET  /admin/nodes                  {"object": "list", "data": [NodeView, ...]}
     POST /admin/nodes/{id}/drain       body {"deadline_s": 60} (optional): the node's NodeView
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Callable, Literal
 from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.errors import OpenAIError, invalid_api_key
-from router.membership import DEFAULT_DRAIN_DEADLINE_S, NodeView
+from router.http.errors import OpenAIError, invalid_api_key
+from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S, NodeView
 
 if TYPE_CHECKING:
-    from router.node_operator import NodeOperator
+    from router.cluster.node_operator import NodeOperator
 
 MAX_DRAIN_DEADLINE_S = 86_400.0
 

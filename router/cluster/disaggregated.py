@@ -10,7 +10,7 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
     4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
        offset, so a token D re-sends is not emitted twice
     5. P or D fails or leaves (RequestFailed, heartbeat timeout, new epoch, goodbye, an operator's
-       remove or drain deadline: router/node_operator.py): AbortRequest to both,
+       remove or drain deadline: router/cluster/node_operator.py): AbortRequest to both,
        then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
        and min_tokens less those tokens: a retry before the first token, a migration after it
     6. client gone / generator closed / abort(): AbortRequest to the nodes of the attempt
@@ -35,16 +35,16 @@ from pdwire.sampling_params import SamplingParams, choice_seed
 from pdwire import control
 from pdwire.control import AbortRequest, PrefillRequest
 from pdwire.schema import MAX_RID_LEN
-from router.admission import Admission, CapacityWatch
+from router.cluster.admission import Admission, CapacityWatch
 from router.backend import Backend, NodeMetrics
-from router.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, TransferTimer, apply_event
+from router.cluster.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, TransferTimer, apply_event
 from router.config import RouterConfig
-from router.control_server import ControlServer
-from router.membership import NodeLoss
-from router.metrics import LATENCY_BUCKETS
-from router.node_operator import NodeOperator
-from router.policy import PrefixAffinity
-from router.registry import NodeRegistry, NodeRole
+from router.cluster.control_server import ControlServer
+from router.cluster.membership import NodeLoss
+from router.http.metrics import LATENCY_BUCKETS
+from router.cluster.node_operator import NodeOperator
+from router.cluster.policy import PrefixAffinity
+from router.cluster.registry import NodeRegistry, NodeRole
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
+from router.http.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
 
 
 def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float] | None],

@@ -148,7 +148,7 @@ class Server(uvicorn.Server):
         self._grace = loop.call_soon_threadsafe(loop.call_later, self._grace_s, self._end_streams)
 
     def _end_streams(self) -> None:
-        from router.app import end_all_streams
+        from router.http.app import end_all_streams
         ended = end_all_streams(self._app, f"the server is shutting down (its {self._grace_s} s grace period "
                                            "for running requests is over)")
         log.info("shutdown grace period over: ended %d running request(s)", ended)

@@ -1,14 +1,14 @@
 """Turning a request's prompt into token ids, and checking them against the model's context.
 
-These run on a worker thread (router/workers.py): the tokenizer comes first, as Workers.run passes it.
+These run on a worker thread (router/http/workers.py): the tokenizer comes first, as Workers.run passes it.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from router.chat_template import render_chat
-from router.errors import bad_request
-from router.protocol import ChatCompletionRequest, CompletionRequest
+from router.http.chat_template import render_chat
+from router.http.errors import bad_request
+from router.http.protocol import ChatCompletionRequest, CompletionRequest
 
 
 def completion_prompts(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:

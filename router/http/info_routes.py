@@ -9,10 +9,10 @@ import importlib.metadata
 
 from fastapi import APIRouter, Request
 
-from router.errors import model_not_found
-from router.limits import check_request, over_limit
-from router.protocol import ModelCard
-from router.tokenize import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, detokenize,
+from router.http.errors import model_not_found
+from router.http.limits import check_request, over_limit
+from router.http.protocol import ModelCard
+from router.http.tokenize import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, detokenize,
                              tokenize)
 
 

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from router.protocol import ErrorInfo, ErrorResponse
+from router.http.protocol import ErrorInfo, ErrorResponse
 
 
 class OpenAIError(Exception):

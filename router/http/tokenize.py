@@ -1,5 +1,5 @@
 """/tokenize and /detokenize (vLLM's shapes): the request and response models, and the work they
-do on a worker thread (router/workers.py passes the tokenizer first).
+do on a worker thread (router/http/workers.py passes the tokenizer first).
 
     {"prompt": "hi"} | {"messages": [...]}  ──▶  {"count": 2, "max_model_len": 4096, "tokens": [..]}
     {"tokens": [..]}                        ──▶  {"prompt": "hi"}
@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from router.chat_template import render_chat
-from router.errors import bad_request
-from router.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from router.http.chat_template import render_chat
+from router.http.errors import bad_request
+from router.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 _REQUEST = ConfigDict(extra="ignore", strict=True)
 
@@ -32,7 +32,7 @@ class TokenizeRequest(BaseModel):
         return self
 
     def as_generation_request(self) -> CompletionRequest | ChatCompletionRequest:
-        """The same input as a generation request, so the same limits apply (router/limits.py)."""
+        """The same input as a generation request, so the same limits apply (router/http/limits.py)."""
         if self.messages is None:
             return CompletionRequest(prompt=self.prompt)
         return ChatCompletionRequest(messages=self.messages)

@@ -17,7 +17,7 @@
    cannot register again in the same epoch
 4. request messages (Reserved, Busy, FirstToken, TokenDelta, RequestFailed) go to the listener
 5. a node silent for heartbeat_timeout_s is removed and the listener told that it is lost
-   (every loss carries a router.membership.LossCause, counted in `membership`)
+   (every loss carries a router.cluster.membership.LossCause, counted in `membership`)
 
 Everything runs on the event loop that called start(); nothing here blocks.
 """
@@ -41,8 +41,8 @@ from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
 from kvtransport.session import AuthError, AuthKind, Responder, parse_auth_frame
 from router.backend import NodeMetrics
-from router.membership import LossCause, MembershipMetrics, NodeLoss
-from router.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
+from router.cluster.membership import LossCause, MembershipMetrics, NodeLoss
+from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
 
 log = logging.getLogger(__name__)
 

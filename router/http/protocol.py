@@ -42,7 +42,7 @@ class _SamplingRequest(BaseModel):
     top_p: float | None = None
     top_k: int | None = None                       # extension
     min_p: float | None = None                     # extension
-    n: int = Field(1, ge=1)                        # at most --max-n (router/limits.py)
+    n: int = Field(1, ge=1)                        # at most --max-n (router/http/limits.py)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None        # extension
     seed: int | None = None

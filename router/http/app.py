@@ -21,22 +21,22 @@ from fastapi.responses import Response
 
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend
-from router.chat import build_chat, chat_stream
-from router.completions import Echo, build_completion, completion_stream
+from router.http.chat import build_chat, chat_stream
+from router.http.completions import Echo, build_completion, completion_stream
 from router.config import RouterConfig
-from router.errors import (OpenAIError, error_body, from_value_error, install_error_handlers, internal,
+from router.http.errors import (OpenAIError, error_body, from_value_error, install_error_handlers, internal,
                            invalid_api_key, model_not_found, unavailable)
-from router.info_routes import keyed_routes, open_routes
-from router.lifecycle import (ClientDisconnected, Collected, Generation, ResponseMeta, ServerShuttingDown,
+from router.http.info_routes import keyed_routes, open_routes
+from router.http.lifecycle import (ClientDisconnected, Collected, Generation, ResponseMeta, ServerShuttingDown,
                               StreamBufferFull, collect, unless_disconnected)
-from router.limits import BodyLimit, check_logprob_cells, check_request
-from router.metrics import RouterMetrics
-from router.operator import operator_routes
-from router.policy import NoNodeAvailable
-from router.prompts import chat_prompt, completion_prompts, echo_texts, max_tokens_for
-from router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from router.streaming import DONE, ClosingStreamingResponse, sse
-from router.workers import Workers
+from router.http.limits import BodyLimit, check_logprob_cells, check_request
+from router.http.metrics import RouterMetrics
+from router.http.operator import operator_routes
+from router.backend import NoNodeAvailable
+from router.http.prompts import chat_prompt, completion_prompts, echo_texts, max_tokens_for
+from router.http.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from router.http.streaming import DONE, ClosingStreamingResponse, sse
+from router.http.workers import Workers
 
 _CLIENT_CLOSED = 499    # nginx's code for "client closed the request"; nobody reads it
 _Params = list[tuple[list[int], SamplingParams]]

@@ -1,5 +1,5 @@
 """The per-request records of the disaggregated backend, and how a node's tokens merge into what
-the client has seen (router/disaggregated.py runs the lifecycle)."""
+the client has seen (router/cluster/disaggregated.py runs the lifecycle)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 from pdwire.outputs import CompletionOutput, RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire.control import FirstToken, RequestFailed, TokenDelta
-from router.membership import NODE_FAILURE, NodeLoss
-from router.policy import PrefillChoice
-from router.registry import Booking
+from router.cluster.membership import NODE_FAILURE, NodeLoss
+from router.cluster.policy import PrefillChoice
+from router.cluster.registry import Booking
 
 log = logging.getLogger(__name__)
 

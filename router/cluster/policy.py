@@ -24,11 +24,8 @@ import random
 from collections import OrderedDict
 from typing import Callable, NamedTuple, Sequence
 
-from router.registry import Node
-
-
-class NoNodeAvailable(RuntimeError):
-    """No live node of the needed role: the router answers 503."""
+from router.backend import NoNodeAvailable  # noqa: F401 -- raised here, defined with the interface
+from router.cluster.registry import Node
 
 
 class PrefixAffinity:

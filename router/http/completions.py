@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, NamedTuple
 
-from router.lifecycle import Collected, FullChoice, Generation, ResponseMeta, usage, usage_so_far
-from router.logprobs import completion_logprobs
-from router.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse, StreamUsage
-from router.streaming import DONE, Delta, sse
-from router.workers import Workers
+from router.http.lifecycle import Collected, FullChoice, Generation, ResponseMeta, usage, usage_so_far
+from router.http.logprobs import completion_logprobs
+from router.http.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse, StreamUsage
+from router.http.streaming import DONE, Delta, sse
+from router.http.workers import Workers
 
 
 class Echo(NamedTuple):

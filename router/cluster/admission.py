@@ -1,4 +1,4 @@
-"""Steps 1-3 of an attempt in disaggregated mode (see router/disaggregated.py): pick a decode node
+"""Steps 1-3 of an attempt in disaggregated mode (see router/cluster/disaggregated.py): pick a decode node
 D and a prefill node P, get D's reservation, and send P its PrefillRequest into that reservation.
 
 One admission, round by round:
@@ -26,10 +26,10 @@ from pdwire.block_hash import chain_hashes
 from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed
 from pdwire.messages import Busy, Reserved
 from router.config import RouterConfig
-from router.control_server import ControlServer
-from router.disagg_request import Attempt, Choice, Failure, Lost
-from router.policy import DecodePolicy, NoNodeAvailable, Pool, PrefillChoice, PrefillPolicy, PrefixAffinity
-from router.registry import Node, NodeRegistry, NodeRole
+from router.cluster.control_server import ControlServer
+from router.cluster.disagg_request import Attempt, Choice, Failure, Lost
+from router.cluster.policy import DecodePolicy, NoNodeAvailable, Pool, PrefillChoice, PrefillPolicy, PrefixAffinity
+from router.cluster.registry import Node, NodeRegistry, NodeRole
 
 _POLL_S = 0.05              # how often a failed-over request looks for a live node
 _FIRST_WAIT_S = 0.05        # least wait for room before asking a node that looks full

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from router.control_server import ControlServer
-from router.membership import DEFAULT_DRAIN_DEADLINE_S, LossCause, NodeLoss, NodeView
-from router.registry import Node, NodeState
+from router.cluster.control_server import ControlServer
+from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S, LossCause, NodeLoss, NodeView
+from router.cluster.registry import Node, NodeState
 
 
 class NodeOperator:
