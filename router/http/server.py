@@ -9,7 +9,8 @@ A connection's life (GuardedProtocol, over uvicorn's h11 protocol):
     - a client that accepts no data for stream_stall_timeout_s while a response waits to be
       written (the transport's buffer stays full) is cut; the app sees a disconnect and the
       request is aborted on every node
-    - beyond max_connections open connections a request gets a 503 (uvicorn's limit_concurrency)
+    - a connection beyond max_connections open ones is answered at once with a 503 in OpenAI's
+      shape and closed, before it sends anything
 
 Shutdown (Server):
     1. SIGTERM or SIGINT: stop accepting at once; idle connections close; running requests go on
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import socket
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from router.config import RouterConfig
+from router.http.errors import error_body, unavailable
 
 log = logging.getLogger(__name__)
 _CANCEL_AFTER_S = 2.0      # after the grace period: time for the error events to go out
@@ -43,6 +46,16 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     stall_timeout_s: float
+    max_connections: int
+
+
+@functools.cache
+def _too_many(max_connections: int) -> bytes:
+    """The whole HTTP response to a connection over the limit: a 503 in OpenAI's error shape."""
+    error = unavailable(f"the router has its {max_connections} connections (--max-connections) open; retry later")
+    body = json.dumps(error_body(error)).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
 
 
 class GuardedProtocol(H11Protocol):
@@ -54,12 +67,17 @@ class GuardedProtocol(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._phase = ""            # "headers" | "body" | "" (the app has the request)
         self._stall: asyncio.TimerHandle | None = None
+        self._refused = False
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        if len(self.connections) > self._limits.max_connections:
+            return self._refuse()
         self._expect("headers")
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return                      # a refused connection's request is never read
         super().data_received(data)
         self._follow_request()
 
@@ -102,6 +120,15 @@ class GuardedProtocol(H11Protocol):
             self._stall.cancel()
             self._stall = None
 
+    def _refuse(self) -> None:
+        """Over max_connections: the 503, then our side shut; the client closes (or we do, in 1 s),
+        so the response is not lost to a reset of the request bytes left unread."""
+        self._refused = True
+        self.transport.write(_too_many(self._limits.max_connections))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._deadline = self.loop.call_later(1.0, self.transport.abort)
+
     def _cut(self, why: str) -> None:
         log.info("closing the connection from %s: %s", self.client, why)
         self._deadline = self._stall = None
@@ -130,10 +157,11 @@ class Server(uvicorn.Server):
     """uvicorn's server with the bounded shutdown of the module doc."""
 
     def __init__(self, app: Any, config: RouterConfig, **uvicorn_kwargs: Any):
-        limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s, config.stream_stall_timeout_s)
+        limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s, config.stream_stall_timeout_s,
+                                  config.max_connections)
         super().__init__(uvicorn.Config(
             app, host=config.host, port=config.port, http=functools.partial(GuardedProtocol, limits=limits),
-            limit_concurrency=config.max_connections, timeout_keep_alive=config.keep_alive_timeout_s,
+            timeout_keep_alive=config.keep_alive_timeout_s,
             timeout_graceful_shutdown=config.shutdown_grace_s + _CANCEL_AFTER_S, **uvicorn_kwargs))
         self._app = app
         self._grace_s = config.shutdown_grace_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+import json
 import time
 
 import pytest
@@ -68,16 +69,33 @@ def test_a_client_that_stops_reading_is_cut_and_its_request_aborted(router):
 
 
 def test_connections_over_the_limit_get_a_503():
-    """Beyond max_connections open connections a request is answered 503, not queued."""
+    """A connection beyond max_connections open ones is answered 503 in OpenAI's error shape and
+    closed, not queued; the connections within the limit are served."""
     with RouterProcess(*FLAGS[:2], "--header-timeout-s", "30", "--max-connections", "4") as router:
         held = [router.connect() for _ in range(4)]
         time.sleep(0.3)
         sock = router.connect()
         sock.sendall(http_request("/health"))
-        assert sock.recv(4096).split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
+        head, body = _read_all(sock).split(b"\r\n\r\n", 1)
+        assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
+        error = json.loads(body)["error"]
+        assert error["type"] == "service_unavailable_error" and "--max-connections" in error["message"]
+        held[3].sendall(http_request("/health"))
+        assert _read_all(held[3], until=b"}").split(b"\r\n")[0] == b"HTTP/1.1 200 OK"
         for s in held + [sock]:
             s.close()
         assert router.request("/health")[0] == 200
+
+
+def _read_all(sock, until: bytes | None = None, timeout: float = 5.0) -> bytes:
+    """What sock receives until the peer closes (or `until` arrives), within timeout."""
+    sock.settimeout(timeout)
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+        if until is not None and until in data:
+            break
+    return data
 
 
 def test_a_request_without_the_api_key_is_refused_before_its_body_is_read():
