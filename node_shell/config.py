@@ -51,7 +51,8 @@ class NodeConfig(EngineArgs):
     lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
     kv_transport: str = "zmq"            # zmq: payloads as ZeroMQ frames; torch_dist: tensor sends
                                          # (NCCL between CUDA pools, gloo between CPU pools)
-    p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups use
+    p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups bind and
+                                         # announce to its peers (a concrete address, not a wildcard)
     cluster_secret_file: str | None = None  # the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET
 
     def __post_init__(self) -> None:
@@ -65,6 +66,9 @@ class NodeConfig(EngineArgs):
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        if self.kv_transport == "torch_dist" and self.p2p_host in WILDCARD_HOSTS:
+            raise ValueError(f"--p2p-host {self.p2p_host!r}: torch_dist announces this address to its peers; "
+                             "give one they reach this node at")
         host = self.kv_advertise_host or _tcp_host(self.kv_bind)
         if host in WILDCARD_HOSTS:
             raise ValueError(f"a decode node bound to {self.kv_bind} must say where prefill nodes reach it: "

@@ -257,7 +257,8 @@ def test_nodes_started_by_hand_on_other_hosts_join_a_router_alone(model_dir, tmp
 
 def test_a_decode_node_bound_to_a_wildcard_address_must_advertise_one():
     """A decode node bound to 0.0.0.0 without --kv-advertise-host refuses its config (it would
-    announce an address other hosts resolve to themselves); with one it announces that host."""
+    announce an address other hosts resolve to themselves); with one it announces that host; a
+    torch_dist node's process-group address must be a concrete one too."""
     from node_shell.config import NodeConfig
     with pytest.raises(ValueError, match="kv-advertise-host"):
         NodeConfig(router="tcp://127.0.0.1:1", node_id="d", kv_bind="tcp://0.0.0.0:0")
@@ -265,6 +266,8 @@ def test_a_decode_node_bound_to_a_wildcard_address_must_advertise_one():
         NodeConfig(router="tcp://127.0.0.1:1", node_id="d", kv_bind="tcp://0.0.0.0:0", kv_advertise_host="::")
     config = NodeConfig(router="tcp://127.0.0.1:1", node_id="d", kv_bind="tcp://0.0.0.0:0", kv_advertise_host="127.0.0.3")
     assert config.kv_advertised("tcp://0.0.0.0:5601") == "tcp://127.0.0.3:5601"
+    with pytest.raises(ValueError, match="p2p-host"):        # torch_dist's rendezvous is announced as bound
+        NodeConfig(router="tcp://127.0.0.1:1", node_id="d", kv_transport="torch_dist", p2p_host="0.0.0.0")
 
 
 @pytest.mark.skipif(not os.path.isfile(os.path.join(BUILTIN_MODEL_PATH, "config.json")),
