@@ -14,6 +14,7 @@
     config.py       RouterConfig, the frozen, validated settings (flags generated from it)
     cli.py          `python -m router`: the colocated server
     launcher.py     `pdserve up | router | prefill | decode | colocated | secret | nodes | drain | remove`
+    node_processes.py  the node processes `pdserve up` starts: spawn, wait for, supervise, stop
     operator_cli.py `pdserve nodes | drain | remove`: the operator API from a shell
 
 Import from the modules; this package file imports nothing, so a process can use one half

@@ -41,58 +41,16 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
 from engine.flags import add_dataclass_args, build_dataclass
 from router.config import RouterConfig
+from router.node_processes import ClusterConfig, NodeProcess, spawn_nodes, stop_nodes, supervise, wait_registered
 
 # NodeConfig fields the launcher sets itself, per node, instead of taking them as flags
 _PER_NODE_FIELDS = ("router", "node_id", "kv_bind", "tensor_parallel_size", "cluster_secret_file")
-_STOP_GRACE_S = 10.0
-# Run as `python -c SHIM PARENT_PID ARGV...`: ask Linux for SIGTERM when the parent dies, then
-# become ARGV. PR_SET_PDEATHSIG (1) survives exec; the ppid check closes the race with an early death.
-_PARENT_DEATH_SHIM = ("import ctypes, os, sys; ctypes.CDLL(None, use_errno=True).prctl(1, 15); "
-                      "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    prefill: int = 1                    # prefill node processes started here (others may join)
-    decode: int = 1                     # decode node processes started here (others may join)
-    prefill_tp: int = 1                 # tensor_parallel_size of each prefill node
-    decode_tp: int = 1                  # tensor_parallel_size of each decode node
-    startup_timeout_s: float = 600.0    # longest wait for every node to register
-    max_restarts: int = 3               # a node that dies is started again at most this often
-    restart_backoff_s: float = 1.0      # wait before a node's first restart, doubled for each next one
-
-    def __post_init__(self) -> None:
-        if self.prefill < 0 or self.decode < 0:
-            raise ValueError(f"need >= 0 prefill and decode nodes, got {self.prefill} and {self.decode}")
-        if self.prefill_tp < 1 or self.decode_tp < 1:
-            raise ValueError(f"tp must be >= 1, got prefill_tp {self.prefill_tp} and decode_tp {self.decode_tp}")
-        if self.startup_timeout_s <= 0:
-            raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
-        if self.max_restarts < 0 or self.restart_backoff_s < 0:
-            raise ValueError("max_restarts and restart_backoff_s must be >= 0")
-
-
-@dataclass(slots=True)
-class NodeProcess:
-    node_id: str
-    role: str                           # "prefill" | "decode"
-    process: subprocess.Popen
-    argv: list[str] = field(default_factory=list)        # how to start it again
-    env: dict[str, str] = field(default_factory=dict)
-    reported: bool = False              # its exit has been reported
-    restarts: int = 0
-    restart_at: float | None = None     # when it starts again (loop time), once it died
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(_with_parent_death_signal(self.argv), start_new_session=True, env=self.env)
 
 
 class UpArgs(NamedTuple):
@@ -170,11 +128,11 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
               f"of {model}; more join with `pdserve prefill|decode --router {endpoint} --node-id ID` "
               f"and the cluster secret", flush=True)
         nodes.extend(spawn_nodes(endpoint, cluster, node_flags, secret))
-        if not await _wait_registered(backend, nodes, cluster.startup_timeout_s):
+        if not await wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
         server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/http/server.py
         serving = asyncio.create_task(server.serve(sockets=[sock]))
-        watching = asyncio.create_task(_watch(nodes, backend, cluster))
+        watching = asyncio.create_task(supervise(nodes, backend, cluster))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         greeting = None
@@ -212,93 +170,6 @@ def _node_main(role: str, argv: list[str]) -> None:
     else:
         from decode_node.service import DecodeService as service
     node_main(role, service, argv)
-
-
-def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str], secret: bytes) -> list[NodeProcess]:
-    roles = ["prefill"] * cluster.prefill + ["decode"] * cluster.decode
-    tps = {"prefill": cluster.prefill_tp, "decode": cluster.decode_tp}
-    counts = {"prefill": 0, "decode": 0}
-    nodes = []
-    # The nodes' ranks share this machine's cores: an equal share per rank rather than
-    # oversubscribing (unless OMP_NUM_THREADS is set); a tp node's ranks split the node's threads.
-    per_rank = max(1, (os.cpu_count() or 1) // max(1, sum(tps[role] for role in roles)))
-    base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-                **{ENV_VAR: encode_secret(secret)})
-    for role in roles:
-        node_id = f"{role}-{counts[role]}"
-        counts[role] += 1
-        argv = [sys.executable, "-m", f"{role}_node", "--router", endpoint, "--node-id", node_id, *node_flags]
-        tp = tps[role]
-        if tp > 1:
-            argv += ["--tensor-parallel-size", str(tp)]
-        env = dict(base, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(per_rank * tp)))
-        node = NodeProcess(node_id, role, None, argv, env)
-        node.start()
-        nodes.append(node)
-    return nodes
-
-
-def stop_nodes(nodes: list[NodeProcess], grace_s: float = _STOP_GRACE_S) -> None:
-    """SIGTERM to every node's process group, SIGKILL to those still there after grace_s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for node in nodes:
-            if node.process.poll() is None:
-                _signal_group(node.process, sig)
-        for node in nodes:
-            try:
-                node.process.wait(grace_s if sig == signal.SIGTERM else None)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-async def _wait_registered(backend: Any, nodes: list[NodeProcess], timeout_s: float) -> bool:
-    """Until every node has said hello; False (after saying why) if one exits or time runs out."""
-    loop = asyncio.get_running_loop()
-    deadline, shown = loop.time() + timeout_s, None
-    while True:
-        registered = [n for n in nodes if backend.server.info(n.node_id) is not None]
-        progress = {r: sum(n.role == r for n in registered) for r in ("prefill", "decode")}
-        if progress != shown:
-            shown = progress
-            total = {r: sum(n.role == r for n in nodes) for r in ("prefill", "decode")}
-            print(f"pdserve: nodes registered: prefill {progress['prefill']}/{total['prefill']}, "
-                  f"decode {progress['decode']}/{total['decode']}", flush=True)
-        if len(registered) == len(nodes):
-            return True
-        for node in nodes:
-            if node.process.poll() is not None:
-                print(f"pdserve: {node.node_id} exited with status {node.process.returncode} before "
-                      "registering (its log is above)", file=sys.stderr, flush=True)
-                return False
-        if loop.time() > deadline:
-            print(f"pdserve: nodes did not register within {timeout_s} s", file=sys.stderr, flush=True)
-            return False
-        await asyncio.sleep(0.1)
-
-
-async def _watch(nodes: list[NodeProcess], backend: Any, cluster: ClusterConfig) -> None:
-    """Supervises the nodes started here while the router serves: a node process that exits is
-    reported, and the router told at once (its requests move now, even without a goodbye); unless
-    it exited cleanly (status 0: drained, removed or stopped on purpose) it is started again after
-    a backoff (restart_backoff_s, doubled each time), at most max_restarts times, and rejoins with
-    a new epoch."""
-    loop = asyncio.get_running_loop()
-    while True:
-        for node in nodes:
-            if not node.reported and node.process.poll() is not None:
-                node.reported = True
-                print(f"pdserve: {node.node_id} exited with status {node.process.returncode}",
-                      file=sys.stderr, flush=True)
-                backend.server.node_exited(node.node_id, f"status {node.process.returncode}")
-                if node.process.returncode != 0 and node.restarts < cluster.max_restarts:
-                    node.restart_at = loop.time() + cluster.restart_backoff_s * 2 ** node.restarts
-            if node.restart_at is not None and loop.time() >= node.restart_at:
-                node.restarts, node.restart_at, node.reported = node.restarts + 1, None, False
-                print(f"pdserve: starting {node.node_id} again (restart {node.restarts} of "
-                      f"{cluster.max_restarts})", file=sys.stderr, flush=True)
-                node.start()
-                backend.note_restart(node.node_id)
-        await asyncio.sleep(0.2)
 
 
 async def _first_request(config: RouterConfig, model_name: str) -> None:
@@ -380,19 +251,6 @@ def _model_path(given: str | None) -> str:
         hint = "" if given else " (build the built-in model with `python -m engine.builtin.train`)"
         sys.exit(f"pdserve: no model at {path}{hint}; pass --model DIR, a local Hugging Face folder")
     return path
-
-
-def _with_parent_death_signal(argv: list[str]) -> list[str]:
-    if not sys.platform.startswith("linux"):
-        return argv
-    return [sys.executable, "-c", _PARENT_DEATH_SHIM, str(os.getpid()), *argv]
-
-
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(process.pid, sig)     # the node and anything it started
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:

@@ -9,7 +9,8 @@ from engine.args import EngineArgs
 from engine.flags import add_dataclass_args, build_dataclass, field_help
 from node_shell.config import NodeConfig
 from router.config import RouterConfig
-from router.launcher import ClusterConfig, _parser
+from router.launcher import _parser
+from router.node_processes import ClusterConfig
 
 
 def _parse(argv: list[str]) -> tuple[RouterConfig, EngineArgs]:

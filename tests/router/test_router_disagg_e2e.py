@@ -17,7 +17,7 @@ from engine.builtin import BUILTIN_MODEL_PATH
 from pdwire.sampling_params import SamplingParams
 from router.config import RouterConfig
 from router.cluster.disaggregated import DisaggregatedBackend
-from router.launcher import ClusterConfig, spawn_nodes, stop_nodes
+from router.node_processes import ClusterConfig, spawn_nodes, stop_nodes
 from tests.model_factory import hf_greedy
 from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from router import launcher
+from router import launcher, node_processes
 from router.config import RouterConfig
-from router.launcher import ClusterConfig, NodeProcess, parse_up, spawn_nodes, stop_nodes
+from router.launcher import parse_up
+from router.node_processes import ClusterConfig, NodeProcess, spawn_nodes, stop_nodes
 from tests.node_harness import process_alive
 
 
@@ -50,7 +51,7 @@ def test_node_command_lines(monkeypatch):
             started.append((argv, kwargs))
             self.pid = 0
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(node_processes.subprocess, "Popen", FakePopen)
     nodes = spawn_nodes("tcp://127.0.0.1:5555", ClusterConfig(prefill=2, decode=1, decode_tp=2),
                         ["--dtype", "float32"], b"\x01" * 32)
     assert [(n.node_id, n.role) for n in nodes] == [("prefill-0", "prefill"), ("prefill-1", "prefill"),
@@ -82,7 +83,7 @@ def test_stop_nodes_kills_a_node_that_ignores_sigterm():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 def test_node_dies_with_its_launcher_even_on_sigkill():
     """A node started through the parent-death shim gets SIGTERM when its launcher dies abruptly."""
-    script = ("import os, subprocess, sys; from router.launcher import _with_parent_death_signal; "
+    script = ("import os, subprocess, sys; from router.node_processes import _with_parent_death_signal; "
               "p = subprocess.Popen(_with_parent_death_signal([sys.executable, '-c', 'import time; time.sleep(60)'])); "
               "print(p.pid, flush=True); import time; time.sleep(1.0); os._exit(0)")
     middle = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,

@@ -5,7 +5,7 @@ import asyncio
 
 from pdwire.sampling_params import SamplingParams
 from router.config import RouterConfig
-from router.launcher import ClusterConfig
+from router.node_processes import ClusterConfig
 from tests.router.test_router_disagg_e2e import PROMPTS, _collect, _with_cluster
 from tests.router.test_router_operator import counts, membership
 

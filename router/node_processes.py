@@ -1,0 +1,161 @@
+"""The node processes `pdserve up` starts on this machine: spawn, wait for, supervise, stop.
+
+Each node runs as `python -m <role>_node --router ENDPOINT --node-id <role>-<i> [node flags]` in
+its own session (Ctrl-C reaches only the launcher), with the cluster secret in its environment,
+never its argv, and (Linux) SIGTERM if the launcher dies, however it dies. While the router
+serves, supervise() reports a node that exits, tells the router at once, and starts it again
+unless it exited cleanly (see its docstring).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtransport.secret import ENV_VAR, encode_secret
+
+_STOP_GRACE_S = 10.0
+# Run as `python -c SHIM PARENT_PID ARGV...`: ask Linux for SIGTERM when the parent dies, then
+# become ARGV. PR_SET_PDEATHSIG (1) survives exec; the ppid check closes the race with an early death.
+_PARENT_DEATH_SHIM = ("import ctypes, os, sys; ctypes.CDLL(None, use_errno=True).prctl(1, 15); "
+                      "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    prefill: int = 1                    # prefill node processes started here (others may join)
+    decode: int = 1                     # decode node processes started here (others may join)
+    prefill_tp: int = 1                 # tensor_parallel_size of each prefill node
+    decode_tp: int = 1                  # tensor_parallel_size of each decode node
+    startup_timeout_s: float = 600.0    # longest wait for every node to register
+    max_restarts: int = 3               # a node that dies is started again at most this often
+    restart_backoff_s: float = 1.0      # wait before a node's first restart, doubled for each next one
+
+    def __post_init__(self) -> None:
+        if self.prefill < 0 or self.decode < 0:
+            raise ValueError(f"need >= 0 prefill and decode nodes, got {self.prefill} and {self.decode}")
+        if self.prefill_tp < 1 or self.decode_tp < 1:
+            raise ValueError(f"tp must be >= 1, got prefill_tp {self.prefill_tp} and decode_tp {self.decode_tp}")
+        if self.startup_timeout_s <= 0:
+            raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        if self.max_restarts < 0 or self.restart_backoff_s < 0:
+            raise ValueError("max_restarts and restart_backoff_s must be >= 0")
+
+
+@dataclass(slots=True)
+class NodeProcess:
+    node_id: str
+    role: str                           # "prefill" | "decode"
+    process: subprocess.Popen
+    argv: list[str] = field(default_factory=list)        # how to start it again
+    env: dict[str, str] = field(default_factory=dict)
+    reported: bool = False              # its exit has been reported
+    restarts: int = 0
+    restart_at: float | None = None     # when it starts again (loop time), once it died
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(_with_parent_death_signal(self.argv), start_new_session=True, env=self.env)
+
+
+def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str], secret: bytes) -> list[NodeProcess]:
+    roles = ["prefill"] * cluster.prefill + ["decode"] * cluster.decode
+    tps = {"prefill": cluster.prefill_tp, "decode": cluster.decode_tp}
+    counts = {"prefill": 0, "decode": 0}
+    nodes = []
+    # The nodes' ranks share this machine's cores: an equal share per rank rather than
+    # oversubscribing (unless OMP_NUM_THREADS is set); a tp node's ranks split the node's threads.
+    per_rank = max(1, (os.cpu_count() or 1) // max(1, sum(tps[role] for role in roles)))
+    base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+                **{ENV_VAR: encode_secret(secret)})
+    for role in roles:
+        node_id = f"{role}-{counts[role]}"
+        counts[role] += 1
+        argv = [sys.executable, "-m", f"{role}_node", "--router", endpoint, "--node-id", node_id, *node_flags]
+        tp = tps[role]
+        if tp > 1:
+            argv += ["--tensor-parallel-size", str(tp)]
+        env = dict(base, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(per_rank * tp)))
+        node = NodeProcess(node_id, role, None, argv, env)
+        node.start()
+        nodes.append(node)
+    return nodes
+
+
+def stop_nodes(nodes: list[NodeProcess], grace_s: float = _STOP_GRACE_S) -> None:
+    """SIGTERM to every node's process group, SIGKILL to those still there after grace_s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for node in nodes:
+            if node.process.poll() is None:
+                _signal_group(node.process, sig)
+        for node in nodes:
+            try:
+                node.process.wait(grace_s if sig == signal.SIGTERM else None)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+async def wait_registered(backend: Any, nodes: list[NodeProcess], timeout_s: float) -> bool:
+    """Until every node has said hello; False (after saying why) if one exits or time runs out."""
+    loop = asyncio.get_running_loop()
+    deadline, shown = loop.time() + timeout_s, None
+    while True:
+        registered = [n for n in nodes if backend.server.info(n.node_id) is not None]
+        progress = {r: sum(n.role == r for n in registered) for r in ("prefill", "decode")}
+        if progress != shown:
+            shown = progress
+            total = {r: sum(n.role == r for n in nodes) for r in ("prefill", "decode")}
+            print(f"pdserve: nodes registered: prefill {progress['prefill']}/{total['prefill']}, "
+                  f"decode {progress['decode']}/{total['decode']}", flush=True)
+        if len(registered) == len(nodes):
+            return True
+        for node in nodes:
+            if node.process.poll() is not None:
+                print(f"pdserve: {node.node_id} exited with status {node.process.returncode} before "
+                      "registering (its log is above)", file=sys.stderr, flush=True)
+                return False
+        if loop.time() > deadline:
+            print(f"pdserve: nodes did not register within {timeout_s} s", file=sys.stderr, flush=True)
+            return False
+        await asyncio.sleep(0.1)
+
+
+async def supervise(nodes: list[NodeProcess], backend: Any, cluster: ClusterConfig) -> None:
+    """Supervises the nodes started here while the router serves: a node process that exits is
+    reported, and the router told at once (its requests move now, even without a goodbye); unless
+    it exited cleanly (status 0: drained, removed or stopped on purpose) it is started again after
+    a backoff (restart_backoff_s, doubled each time), at most max_restarts times, and rejoins with
+    a new epoch."""
+    loop = asyncio.get_running_loop()
+    while True:
+        for node in nodes:
+            if not node.reported and node.process.poll() is not None:
+                node.reported = True
+                print(f"pdserve: {node.node_id} exited with status {node.process.returncode}",
+                      file=sys.stderr, flush=True)
+                backend.server.node_exited(node.node_id, f"status {node.process.returncode}")
+                if node.process.returncode != 0 and node.restarts < cluster.max_restarts:
+                    node.restart_at = loop.time() + cluster.restart_backoff_s * 2 ** node.restarts
+            if node.restart_at is not None and loop.time() >= node.restart_at:
+                node.restarts, node.restart_at, node.reported = node.restarts + 1, None, False
+                print(f"pdserve: starting {node.node_id} again (restart {node.restarts} of "
+                      f"{cluster.max_restarts})", file=sys.stderr, flush=True)
+                node.start()
+                backend.note_restart(node.node_id)
+        await asyncio.sleep(0.2)
+
+
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-c", _PARENT_DEATH_SHIM, str(os.getpid()), *argv]
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)     # the node and anything it started
+    except (ProcessLookupError, PermissionError):
+        pass
