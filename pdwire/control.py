@@ -178,12 +178,7 @@ class DecodeRequest:
 
     def __post_init__(self) -> None:
         _rid(self.rid), check_id(self.prefill_node_id, "prefill_node_id")
-        object.__setattr__(self, "prompt_ids", _tokens(self.prompt_ids, "prompt_ids"))
-        if not self.prompt_ids:
-            raise ProtocolError("prompt_ids is empty")
-        check_int(self.prior_outputs, "prior_outputs", hi=len(self.prompt_ids) - 1)
-        if not isinstance(self.params, SamplingParams):
-            object.__setattr__(self, "params", params_from_wire(self.params))
+        _check_prompt_request(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,14 +196,20 @@ class PrefillRequest:
     def __post_init__(self) -> None:
         _rid(self.rid), check_str(self.kv_endpoint, "kv_endpoint", max_len=256, min_len=1)
         check_id(self.xfer_id, "xfer_id")
-        object.__setattr__(self, "prompt_ids", _tokens(self.prompt_ids, "prompt_ids"))
         object.__setattr__(self, "dst_block_ids", check_ints(self.dst_block_ids, "dst_block_ids", MAX_BLOCKS))
         check_int(self.cached_prefix_blocks, "cached_prefix_blocks", hi=len(self.dst_block_ids))
-        if not self.prompt_ids:
-            raise ProtocolError("prompt_ids is empty")
-        check_int(self.prior_outputs, "prior_outputs", hi=len(self.prompt_ids) - 1)
-        if not isinstance(self.params, SamplingParams):
-            object.__setattr__(self, "params", params_from_wire(self.params))
+        _check_prompt_request(self)
+
+
+def _check_prompt_request(msg: DecodeRequest | PrefillRequest) -> None:
+    """The fields a DecodeRequest and a PrefillRequest share: a non-empty prompt, prior outputs
+    inside it, sampling params (decoded from the wire's map if need be)."""
+    object.__setattr__(msg, "prompt_ids", _tokens(msg.prompt_ids, "prompt_ids"))
+    if not msg.prompt_ids:
+        raise ProtocolError("prompt_ids is empty")
+    check_int(msg.prior_outputs, "prior_outputs", hi=len(msg.prompt_ids) - 1)
+    if not isinstance(msg.params, SamplingParams):
+        object.__setattr__(msg, "params", params_from_wire(msg.params))
 
 
 @dataclass(frozen=True, slots=True)
