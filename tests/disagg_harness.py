@@ -19,7 +19,10 @@ from tests.control_peer import NodeEnd
 
 BLOCK = 4
 PROMPT = [5, 6, 7, 8, 9, 10]            # 2 blocks of 4
-CONFIG = RouterConfig(heartbeat_timeout_s=0.5, admission_timeout_s=5.0)
+CONFIG = RouterConfig(heartbeat_timeout_s=5.0, admission_timeout_s=5.0)
+# for the tests that lose a node by its silence: short enough to be quick, long enough that a loaded
+# 2-core CI machine does not lose the live nodes too (0.5 s did, now and then)
+LOSSY = RouterConfig(heartbeat_timeout_s=1.0, admission_timeout_s=5.0)
 BEAT_S = 0.05
 END = object()
 

@@ -16,7 +16,7 @@ from router.config import RouterConfig
 from router.http.metrics import RouterMetrics
 from router.backend import NoNodeAvailable
 from router.cluster.registry import NodeRole
-from tests.disagg_harness import (BLOCK, PROMPT, BEAT_S, END, ScriptedNode, Consumer, Cluster, run, until,
+from tests.disagg_harness import (BLOCK, LOSSY, PROMPT, BEAT_S, END, ScriptedNode, Consumer, Cluster, run, until,
                                   first_of, view, counter, admit)
 
 
@@ -25,7 +25,7 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
     """D dies after 3 tokens: a new request with prompt + those tokens and max/min_tokens less 3
     runs on the other D, and the client's stream continues exactly where it was."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(LOSSY) as c:
             p = await c.node("prefill-0", "prefill")
             ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
             out = c.generate(max_tokens=8, min_tokens=4, prompt_logprobs=0)
@@ -44,7 +44,7 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
             else:
                 await dead.hello(epoch="e2")
             live = ds[1 - ds.index(dead)]
-            req = await live.expect(DecodeRequest, timeout=3.0)
+            req = await live.expect(DecodeRequest, timeout=5.0)
             assert (req.rid, list(req.prompt_ids)) == ("r1~1", PROMPT + [11, 12, 13])
             assert (req.params.max_tokens, req.params.min_tokens, req.prior_outputs) == (5, 1, 3)
             assert req.params.prompt_logprobs is None       # the prompt was scored before the move
@@ -75,7 +75,7 @@ def test_stop_string_split_by_a_migration_is_found_by_the_router(finish):
     when that token was the last one allowed), aborting the new attempt if it runs on; the client
     never saw the held-back "c"."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(LOSSY) as c:
             p = await c.node("prefill-0", "prefill")
             ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
             out = c.generate(max_tokens=8, stop=["cd"])
@@ -87,7 +87,7 @@ def test_stop_string_split_by_a_migration_is_found_by_the_router(finish):
             seen = [view(await out.next())]
             dead.die()
             live = ds[1 - ds.index(dead)]
-            await live.expect(DecodeRequest, timeout=3.0)
+            await live.expect(DecodeRequest, timeout=5.0)
             assert (await p.expect(AbortRequest)).rid == "r1"
             live.send(Reserved("r1~1", "x2", (7, 8), 0))
             await p.expect(PrefillRequest)
@@ -103,7 +103,7 @@ def test_stop_string_split_by_a_migration_is_found_by_the_router(finish):
 def test_decode_death_after_the_last_token_finishes_with_length():
     """D lost after sending all max_tokens tokens but no finish: the choice ends 'length', unmigrated."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(LOSSY) as c:
             p, d = await c.pair()
             out = c.generate(max_tokens=2)
             await admit(d, p)
@@ -112,7 +112,7 @@ def test_decode_death_after_the_last_token_finishes_with_length():
             d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, ""))
             assert view(await out.next()) == ([([11, 12], "ab", None)], False)
             d.die()
-            assert view(await out.next(timeout=3.0)) == ([([11, 12], "ab", "length")], True)
+            assert view(await out.next(timeout=5.0)) == ([([11, 12], "ab", "length")], True)
             assert counter(c.backend.collectors()[1]) == 0      # nothing was left to migrate
     run(test)
 
@@ -231,7 +231,7 @@ def test_garbage_frames_are_dropped_and_counted_while_a_request_completes():
 def test_heartbeat_expiry_removes_a_node():
     """A node silent for heartbeat_timeout_s leaves metrics and health; its next status gets 'register'."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(LOSSY) as c:
             p, d = await c.pair()
             d.kv_usage = 0.5
             await asyncio.sleep(3 * BEAT_S)
@@ -240,7 +240,7 @@ def test_heartbeat_expiry_removes_a_node():
             assert (metrics["decode-0"].role, metrics["decode-0"].kv_usage,
                     metrics["decode-0"].num_running, metrics["decode-0"].num_preemptions) == ("decode", 0.5, 1, 2)
             d.stop_heartbeat()
-            await until(lambda: [m.node_id for m in c.backend.metrics()] == ["prefill-0"], timeout=2.0)
+            await until(lambda: [m.node_id for m in c.backend.metrics()] == ["prefill-0"], timeout=4.0)
             assert not c.backend.is_healthy()
             d.send(NodeStatus("decode-0", "e1", 0, 0, 0.0, 0.0, 0, 10))
             await until(lambda: d.commands[-1] == "register")

@@ -12,7 +12,7 @@ from pdwire.messages import Reserved
 from router.http.app import create_app
 from router.config import RouterConfig
 from router.http.metrics import RouterMetrics
-from tests.disagg_harness import PROMPT, END, Cluster, ScriptedNode, first_of, run, until, view
+from tests.disagg_harness import LOSSY, PROMPT, END, Cluster, ScriptedNode, first_of, run, until, view
 from tests.fake_backend import FakeBackend
 from tests.http_helpers import error_of
 
@@ -195,7 +195,7 @@ def test_drain_deadline_moves_the_running_request_with_an_exact_continuation():
             async with admin_client(c.backend) as http:
                 reply = await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
                 assert reply.status_code == 200
-                req = await live.expect(DecodeRequest, timeout=3.0)
+                req = await live.expect(DecodeRequest, timeout=5.0)
             await until(lambda: "leave" in drained.commands)
             assert drained.commands.index("drain") < drained.commands.index("leave")
             await continue_on(live, p, req, out)
@@ -216,7 +216,7 @@ def test_remove_moves_the_running_request_at_once_and_the_node_cannot_rejoin_in_
             async with admin_client(c.backend) as http:
                 reply = await http.post(f"/admin/nodes/{removed.node_id}/remove")
                 assert (reply.status_code, reply.json()["state"]) == (200, "removed")
-                req = await live.expect(DecodeRequest, timeout=3.0)
+                req = await live.expect(DecodeRequest, timeout=5.0)
                 await continue_on(live, p, req, out)
                 await until(lambda: "leave" in removed.commands)
                 await removed.hello()
@@ -247,7 +247,7 @@ async def continue_on(live: ScriptedNode, p: ScriptedNode, req: DecodeRequest, o
 def test_restarts_and_losses_by_cause_are_counted():
     """note_restart counts per node; a heartbeat loss, a new epoch and an exit each count their cause."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(LOSSY) as c:
             p, ds = await cast(c)
             c.backend.note_restart("decode-0")
             await ds[0].hello(epoch="e2")                       # restarted
