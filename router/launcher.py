@@ -255,7 +255,7 @@ def _model_path(given: str | None) -> str:
 
     path = os.path.abspath(given or BUILTIN_MODEL_PATH)
     if not os.path.isfile(os.path.join(path, "config.json")):
-        hint = "" if given else " (build the built-in model with `python -m engine.builtin.train`)"
+        hint = "" if given else " (build the built-in model with `python -m scripts.builtin_model.train`)"
         sys.exit(f"pdserve: no model at {path}{hint}; pass --model DIR, a local Hugging Face folder")
     return path
 
