@@ -8,6 +8,7 @@
     pdserve secret             prints a fresh cluster secret (64 hex digits)
     pdserve nodes | drain NODE | remove NODE      the operator API (router/operator_cli.py)
     pdserve pools | scale --prefill N --decode M  the pools' sizes: nodes start or drain
+    pdserve ray up --address auto [up flags]     the same deployment on a Ray cluster (ray_deploy/)
 
 A multi-host deployment: `pdserve secret > secret && chmod 600 secret`, copy the file to every
 host, then `pdserve router --cluster-secret-file secret --host 0.0.0.0 --control-endpoint
@@ -48,8 +49,8 @@ from typing import Any, NamedTuple, Sequence
 from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
 from engine.flags import add_dataclass_args, build_dataclass
 from router.config import RouterConfig
-from router.local_scaler import LocalScaler
-from router.node_processes import ClusterConfig, NodeProcess, NodeSpawner, stop_nodes, supervise, wait_registered
+from router.node_fleet import NodeFleet
+from router.node_processes import ClusterConfig, LocalFleet
 
 # NodeConfig fields the launcher sets itself, per node, instead of taking them as flags
 _PER_NODE_FIELDS = ("router", "node_id", "kv_bind", "tensor_parallel_size", "cluster_secret_file")
@@ -74,10 +75,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv[:1] in (["nodes"], ["drain"], ["remove"], ["pools"], ["scale"]):
         from router import operator_cli
         sys.exit(operator_cli.main(argv))
+    if argv[:1] == ["ray"]:
+        from ray_deploy.cli import main as ray_main      # needs the [ray] extra; `pdserve up` never imports ray
+        sys.exit(ray_main(argv[1:]))
     if argv[:1] == ["router"]:
         argv = ["up", *argv[1:], "--prefill", "0", "--decode", "0"]
     args = parse_up(argv)
-    model = _model_path(args.model)
+    model = model_path(args.model)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
     sys.exit(up(model, args.router, args.cluster, ["--model", model, *args.node_flags]))
 
@@ -94,24 +98,25 @@ def parse_up(argv: Sequence[str]) -> UpArgs:
     return UpArgs(router, cluster, args.get("node_model"), _node_flags(args))
 
 
-def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: list[str]) -> int:
-    """Runs the deployment until Ctrl-C or SIGTERM; returns the exit status."""
+def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: list[str],
+       fleet: NodeFleet | None = None) -> int:
+    """Runs the deployment until Ctrl-C or SIGTERM; returns the exit status. fleet: who starts
+    and supervises the nodes (default: processes on this machine, `pdserve up`)."""
     import uvloop
 
-    nodes: list[NodeProcess] = []
+    fleet = fleet if fleet is not None else LocalFleet(cluster, node_flags)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        return uvloop.run(_serve(model, router, cluster, node_flags, nodes))
+        return uvloop.run(_serve(model, router, cluster, fleet))
     except KeyboardInterrupt:
         print("\npdserve: shutting down", flush=True)
         return 0
     finally:
-        stop_nodes(nodes)
+        fleet.stop()
         signal.signal(signal.SIGTERM, previous)
 
 
-async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_flags: list[str],
-                 nodes: list[NodeProcess]) -> int:
+async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, fleet: NodeFleet) -> int:
     from router.http.app import create_app
     from router.cluster.disaggregated import DisaggregatedBackend
     from router.http.server import PortInUse, Server, bind_http
@@ -129,21 +134,18 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
               f"(tp {cluster.prefill_tp}) and {cluster.decode} decode (tp {cluster.decode_tp}) node(s) "
               f"of {model}; more join with `pdserve prefill|decode --router {endpoint} --node-id ID` "
               f"and the cluster secret", flush=True)
-        spawner = NodeSpawner(endpoint, cluster, node_flags, secret)
-        nodes.extend(spawner.spawn_pools(cluster))
-        if nodes:       # a router alone (`pdserve router`) starts no nodes: they are started by hand
-            backend.operator.scaler = LocalScaler(spawner, nodes, backend.operator, backend.server.registry, cluster)
-        if not await wait_registered(backend, nodes, cluster.startup_timeout_s):
+        fleet.start(endpoint, backend, secret)
+        if not await fleet.wait_registered(backend):
             return 1
         server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/http/server.py
         serving = asyncio.create_task(server.serve(sockets=[sock]))
-        watching = asyncio.create_task(supervise(nodes, backend, cluster))
+        watching = asyncio.create_task(fleet.supervise(backend))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         greeting = None
         if server.started:
             _print_ready(config, backend.model_name)
-            if nodes:          # a router alone waits for nodes from elsewhere: nothing to greet yet
+            if fleet.starts_nodes():    # a router alone waits for nodes from elsewhere: nothing to greet yet
                 greeting = asyncio.create_task(_first_request(config, backend.model_name))
         await serving
         watching.cancel()
@@ -219,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{up,router,prefill,decode,colocated,secret,nodes,drain,remove,pools,scale}")
+                                metavar="{up,router,prefill,decode,colocated,secret,nodes,drain,remove,pools,scale,ray}")
     up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
@@ -236,6 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("remove", help="remove a node now: its requests move to other nodes")
     sub.add_parser("pools", help="each pool's target and its active, draining and starting nodes")
     sub.add_parser("scale", help="resize the pools: --prefill N --decode M (new nodes start, the surplus drains)")
+    sub.add_parser("ray", help="ray up: the router and its nodes on a Ray cluster; ray scale (pip install pdserve[ray])")
     return parser
 
 
@@ -250,7 +253,7 @@ def _node_flags(args: dict[str, Any]) -> list[str]:
     return flags
 
 
-def _model_path(given: str | None) -> str:
+def model_path(given: str | None) -> str:
     from engine.builtin import BUILTIN_MODEL_PATH
 
     path = os.path.abspath(given or BUILTIN_MODEL_PATH)

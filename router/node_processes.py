@@ -62,12 +62,12 @@ class NodeProcess:
     retired: bool = False               # stopped on purpose: never started again
 
     def start(self) -> None:
-        self.process = subprocess.Popen(_with_parent_death_signal(self.argv), start_new_session=True, env=self.env)
+        self.process = subprocess.Popen(with_parent_death_signal(self.argv), start_new_session=True, env=self.env)
 
     def retire(self) -> None:
         """SIGTERM to the node and anything it started; the supervisor does not start it again."""
         self.retired = True
-        _signal_group(self.process, signal.SIGTERM)
+        signal_group(self.process, signal.SIGTERM)
 
 
 class NodeSpawner:
@@ -104,12 +104,41 @@ class NodeSpawner:
         return [self.spawn(role) for role in ["prefill"] * cluster.prefill + ["decode"] * cluster.decode]
 
 
+class LocalFleet:
+    """The NodeFleet of `pdserve up` (router/node_fleet.py): node processes on this machine."""
+
+    def __init__(self, cluster: ClusterConfig, node_flags: list[str]):
+        self._cluster, self._node_flags = cluster, node_flags
+        self.nodes: list[NodeProcess] = []
+
+    def start(self, endpoint: str, backend: Any, secret: bytes) -> None:
+        from router.local_scaler import LocalScaler
+
+        spawner = NodeSpawner(endpoint, self._cluster, self._node_flags, secret)
+        self.nodes.extend(spawner.spawn_pools(self._cluster))
+        if self.nodes:       # a router alone (`pdserve router`) starts no nodes: they are started by hand
+            backend.operator.scaler = LocalScaler(spawner, self.nodes, backend.operator, backend.server.registry,
+                                                  self._cluster)
+
+    def starts_nodes(self) -> bool:
+        return bool(self.nodes)
+
+    async def wait_registered(self, backend: Any) -> bool:
+        return await wait_registered(backend, self.nodes, self._cluster.startup_timeout_s)
+
+    async def supervise(self, backend: Any) -> None:
+        await supervise(self.nodes, backend, self._cluster)
+
+    def stop(self) -> None:
+        stop_nodes(self.nodes)
+
+
 def stop_nodes(nodes: list[NodeProcess], grace_s: float = _STOP_GRACE_S) -> None:
     """SIGTERM to every node's process group, SIGKILL to those still there after grace_s."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for node in nodes:
             if node.process.poll() is None:
-                _signal_group(node.process, sig)
+                signal_group(node.process, sig)
         for node in nodes:
             try:
                 node.process.wait(grace_s if sig == signal.SIGTERM else None)
@@ -167,13 +196,14 @@ async def supervise(nodes: list[NodeProcess], backend: Any, cluster: ClusterConf
         await asyncio.sleep(0.2)
 
 
-def _with_parent_death_signal(argv: list[str]) -> list[str]:
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """argv run so that (Linux) the process gets SIGTERM when this one dies, however it dies."""
     if not sys.platform.startswith("linux"):
         return argv
     return [sys.executable, "-c", _PARENT_DEATH_SHIM, str(os.getpid()), *argv]
 
 
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
+def signal_group(process: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(process.pid, sig)     # the node and anything it started
     except (ProcessLookupError, PermissionError):
