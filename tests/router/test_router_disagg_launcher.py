@@ -83,8 +83,8 @@ def test_stop_nodes_kills_a_node_that_ignores_sigterm():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 def test_node_dies_with_its_launcher_even_on_sigkill():
     """A node started through the parent-death shim gets SIGTERM when its launcher dies abruptly."""
-    script = ("import os, subprocess, sys; from router.node_processes import _with_parent_death_signal; "
-              "p = subprocess.Popen(_with_parent_death_signal([sys.executable, '-c', 'import time; time.sleep(60)'])); "
+    script = ("import os, subprocess, sys; from router.node_processes import with_parent_death_signal; "
+              "p = subprocess.Popen(with_parent_death_signal([sys.executable, '-c', 'import time; time.sleep(60)'])); "
               "print(p.pid, flush=True); import time; time.sleep(1.0); os._exit(0)")
     middle = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -104,7 +104,7 @@ def test_up_on_a_taken_port_fails_before_anything_loads(monkeypatch, capsys):
     def must_not_run(*args, **kwargs):
         raise AssertionError("ran before the port was checked")
     monkeypatch.setattr(DisaggregatedBackend, "from_model", must_not_run)
-    monkeypatch.setattr(launcher, "NodeSpawner", must_not_run)
+    monkeypatch.setattr(node_processes, "NodeSpawner", must_not_run)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
