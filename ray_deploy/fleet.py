@@ -83,12 +83,11 @@ class RayFleet:
         await asyncio.Event().wait()        # the watches do the work; cancelled when serving stops
 
     def stop(self) -> None:
+        """Called once the router's loop has ended (its watches with it)."""
         running = [n for n in self.nodes if n.running]
-        for node in self.nodes:
-            if node.watch is not None:
-                node.watch.cancel()
         refs = [n.actor.stop.remote(STOP_GRACE_S) for n in running]
-        ray.wait(refs, num_returns=len(refs), timeout=STOP_GRACE_S + 10)
+        if refs:        # a node still placing or restarting does not hold up the rest past the bound
+            ray.wait(refs, num_returns=len(refs), timeout=STOP_GRACE_S + 10)
         for node in running:
             self.retire(node)
 
