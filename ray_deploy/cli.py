@@ -40,8 +40,11 @@ def main(argv: Sequence[str]) -> int:
 
 def parse(argv: list[str]) -> tuple[RayConfig, list[str]]:
     """The Ray flags, and the rest as `pdserve up` argv."""
-    parser = argparse.ArgumentParser(prog="pdserve ray up", add_help=False, allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="pdserve ray up", add_help=False, allow_abbrev=False,
+                                     description="The Ray flags; every flag of `pdserve up` follows.")
     add_dataclass_args(parser, RayConfig)
+    if "-h" in argv or "--help" in argv:
+        parser.print_help()         # then `pdserve up`'s own help, from parse_up
     known, rest = parser.parse_known_args(argv)
     try:
         return build_dataclass(RayConfig, vars(known)), ["up", *rest]
