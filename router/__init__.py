@@ -14,6 +14,7 @@
     config.py       RouterConfig, the frozen, validated settings (flags generated from it)
     cli.py          `python -m router`: the colocated server
     launcher.py     `pdserve up | router | prefill | decode | colocated | secret | nodes | drain | remove`
+    node_fleet.py   NodeFleet: who starts and supervises the nodes (pdserve up: LocalFleet; ray_deploy: RayFleet)
     node_processes.py  the node processes `pdserve up` starts: spawn, wait for, supervise, stop
     operator_cli.py `pdserve nodes | drain | remove`: the operator API from a shell
 
