@@ -25,8 +25,7 @@ import httpx
 REPO = str(Path(__file__).resolve().parents[2])
 HOSTS = {"head": "127.0.0.2", "decode-a": "127.0.0.3", "decode-b": "127.0.0.4"}
 ADMIN_KEY = "ray-test-admin-key"
-NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "64", "--max-num-seqs", "8", "--block-size", "16",
-              "--heartbeat-s", "0.5"]
+NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "64", "--max-num-seqs", "8", "--block-size", "16"]
 # A lost host is noticed in ~3 s rather than Ray's default ~30 s, so its actors move soon.
 _HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
 
@@ -35,16 +34,24 @@ def start_cluster() -> Any:
     """The three-host cluster; its workers import this checkout."""
     from ray.cluster_utils import Cluster
 
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    cluster = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=2, resources={"prefill": 2}, node_ip_address=HOSTS["head"], _system_config=_HEALTH_CHECK))
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, saved) if p)     # the raylets pass it on
+    cluster = None
     try:
+        cluster = Cluster(initialize_head=True, head_node_args=dict(
+            num_cpus=2, resources={"prefill": 2}, node_ip_address=HOSTS["head"], _system_config=_HEALTH_CHECK))
         for name in ("decode-a", "decode-b"):
             cluster.add_node(num_cpus=2, resources={"decode": 2}, node_ip_address=HOSTS[name])
         cluster.wait_for_nodes()
     except BaseException:
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         raise
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
     return cluster
 
 
