@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -142,6 +143,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
             await asyncio.sleep(0.05)
         greeting = None
         if server.started:
+            config = dataclasses.replace(config, port=sock.getsockname()[1])    # --port 0: the one given
             _print_ready(config, backend.model_name)
             if nodes:          # a router alone waits for nodes from elsewhere: nothing to greet yet
                 greeting = asyncio.create_task(_first_request(config, backend.model_name))
