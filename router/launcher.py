@@ -107,6 +107,9 @@ def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: lis
         print("\npdserve: shutting down", flush=True)
         return 0
     finally:
+        # A later SIGTERM (`timeout make run` sends one to make and one to us) must not cut the
+        # nodes' stop short with a traceback; SIGKILL still ends everything.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop_nodes(nodes)
         signal.signal(signal.SIGTERM, previous)
 
