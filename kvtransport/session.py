@@ -149,14 +149,18 @@ class Initiator:
 
 class Responder:
     """The listening end's handshakes and sessions, per connection (peer). Handshakes not yet
-    proven are bounded in number and age, so a flood of hellos holds a fixed amount of memory."""
+    proven are bounded in number and age, so a flood of hellos holds a fixed amount of memory.
+    Sessions are bounded too: past max_sessions the least recently used one is forgotten (its
+    peer, if it comes back, is answered RESET and opens a new one), so connections that a peer
+    abandoned without a goodbye (a node reconnecting after a removal) do not pile up."""
 
     def __init__(self, secret: bytes, max_pending: int = 1024, pending_ttl_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_sessions: int = 4096) -> None:
         self._secret = check_secret(secret)
         self._max_pending, self._ttl, self._clock = max_pending, pending_ttl_s, clock
+        self._max_sessions = max_sessions
         self._pending: OrderedDict[str, tuple[float, Session]] = OrderedDict()
-        self._sessions: dict[str, Session] = {}
+        self._sessions: OrderedDict[str, Session] = OrderedDict()   # least recently used first
         self._refused: OrderedDict[str, None] = OrderedDict()   # peers sent a RESET (bounded)
 
     def challenge(self, peer: str, nonce_i: bytes) -> bytes | None:
@@ -186,13 +190,18 @@ class Responder:
                 if peer not in self._sessions:
                     raise
             else:
+                self._sessions.pop(peer, None)
                 self._sessions[peer] = pending[1]
+                while len(self._sessions) > self._max_sessions:
+                    self._sessions.popitem(last=False)
                 self._refused.pop(peer, None)
                 return pending[1], opened
         session = self._sessions.get(peer)
         if session is None:
             raise AuthError(DropReason.NOT_AUTHENTICATED, "no session")
-        return session, session.open(frames)
+        opened = session.open(frames)
+        self._sessions.move_to_end(peer)
+        return session, opened
 
     def refuse(self, peer: str) -> bytes | None:
         """The RESET that answers a sealed message from peer, which has no session; None if peer
@@ -215,3 +224,7 @@ class Responder:
     @property
     def num_pending(self) -> int:
         return len(self._pending)
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._sessions)

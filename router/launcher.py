@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -112,6 +113,9 @@ def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: lis
         print("\npdserve: shutting down", flush=True)
         return 0
     finally:
+        # A later SIGTERM (`timeout make run` sends one to make and one to us) must not cut the
+        # nodes' stop short with a traceback; SIGKILL still ends everything.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         fleet.stop()
         signal.signal(signal.SIGTERM, previous)
 
@@ -144,6 +148,7 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, fleet
             await asyncio.sleep(0.05)
         greeting = None
         if server.started:
+            config = dataclasses.replace(config, port=sock.getsockname()[1])    # --port 0: the one given
             _print_ready(config, backend.model_name)
             if fleet.starts_nodes():    # a router alone waits for nodes from elsewhere: nothing to greet yet
                 greeting = asyncio.create_task(_first_request(config, backend.model_name))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from pdwire.outputs import CompletionOutput, RequestOutput
+from router.cluster.prefix import Prefix
 from pdwire.sampling_params import SamplingParams
 from pdwire.control import FirstToken, RequestFailed, TokenDelta
 from router.cluster.membership import NODE_FAILURE, NodeLoss
@@ -74,8 +75,9 @@ class Choice:
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
 
     def output(self) -> CompletionOutput:
-        logprobs = None if self.logprobs is None else list(self.logprobs)
-        return CompletionOutput(self.index, self.text, list(self.token_ids), logprobs, self.finish_reason)
+        """A snapshot, in O(1): token_ids and logprobs are only ever appended to (merge)."""
+        logprobs = None if self.logprobs is None else Prefix(self.logprobs)
+        return CompletionOutput(self.index, self.text, Prefix(self.token_ids), logprobs, self.finish_reason)
 
 
 @dataclass(slots=True, eq=False)
@@ -99,7 +101,7 @@ class PendingRequest:
 
     def output(self) -> RequestOutput:
         finished = all(c.finish_reason is not None for c in self.choices)
-        return RequestOutput(self.request_id, list(self.prompt_ids), [c.output() for c in self.choices],
+        return RequestOutput(self.request_id, Prefix(self.prompt_ids), [c.output() for c in self.choices],
                              finished, self.prompt_logprobs, self.num_cached_tokens or 0, self.queue_time)
 
 

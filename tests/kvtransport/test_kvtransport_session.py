@@ -84,6 +84,24 @@ def test_pending_handshakes_are_bounded_in_number_and_age():
     assert e.value.reason is DropReason.NOT_AUTHENTICATED
 
 
+def test_sessions_are_bounded_and_the_least_recently_used_goes_first():
+    """Past max_sessions the session a peer used least recently is forgotten; one in use stays."""
+    responder = Responder(SECRET, max_sessions=2)
+    sessions = {}
+    for peer in ("a", "b", "c"):
+        initiator = Initiator(SECRET)
+        nonce = parse_auth_frame([initiator.hello()])[1]
+        sessions[peer] = initiator.on_challenge(parse_auth_frame([responder.challenge(peer, nonce)])[1])
+        responder.open(peer, _sealed(sessions[peer]))
+        if peer == "b":
+            responder.open("a", _sealed(sessions["a"]))        # a is used again: b is now the oldest
+    assert responder.num_sessions == 2
+    assert [responder.session(p) is not None for p in "abc"] == [True, False, True]
+    with pytest.raises(AuthError) as e:
+        responder.open("b", _sealed(sessions["b"]))
+    assert e.value.reason is DropReason.NOT_AUTHENTICATED
+
+
 def test_only_well_formed_handshake_frames_parse():
     """A handshake frame is MAGIC, a kind and (but for RESET) a 16-byte nonce: anything else is not one."""
     assert parse_auth_frame([auth_frame(AuthKind.RESET)]) == (AuthKind.RESET, b"")

@@ -184,6 +184,7 @@ def test_pdserve_up_serves_and_stops_its_nodes_on_sigterm(tmp_path):
                                      {"Content-Type": "application/json"})
         answer = json.load(urllib.request.urlopen(req, timeout=60))
         assert answer["usage"]["completion_tokens"] == 8 and answer["choices"][0]["text"]
+        _the_openai_client_drives_it(port, answer["choices"][0]["text"])
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         for pid in children:
@@ -193,6 +194,28 @@ def test_pdserve_up_serves_and_stops_its_nodes_on_sigterm(tmp_path):
             proc.kill()
     log = log_path.read_text(errors="replace")
     assert "pdserve is up at" in log and "curl" in log
+
+
+def _the_openai_client_drives_it(port: int, greedy_text: str) -> None:
+    """The official `openai` client, unchanged, against `pdserve up`: models, a completion (the
+    same greedy text as the plain HTTP request), a streamed chat, and an error as its exception."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60, max_retries=0)
+    model = client.models.list().data[0].id
+    assert model == "shakespeare-6m"
+    done = client.completions.create(model=model, prompt="ROMEO:", max_tokens=8, temperature=0)
+    assert (done.choices[0].text, done.usage.completion_tokens) == (greedy_text, 8)
+    chunks = list(client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Speak, friend."}], max_tokens=6, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == 6
+    try:
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+        raise AssertionError("an unknown model was served")
+    except openai.NotFoundError as err:
+        assert err.status_code == 404 and "no-such-model" in str(err)
 
 
 def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
