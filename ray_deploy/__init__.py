@@ -6,7 +6,6 @@ restarts and reschedules them, and the router keeps membership and moves request
     node_actor.py  NodeActor: the Ray actor that runs one `pdserve prefill|decode` process
     ray_node.py    RayNode: the driver's record of one node actor
     fleet.py       RayFleet: the router's NodeFleet on Ray (start, watch, restart, stop)
-    scaler.py      RayScaler: the PoolScaler that adds actors and drains nodes away
     cli.py         `pdserve ray up | scale | pools`
 
 Needs the [ray] extra (`pip install -e .[ray]`); this face imports nothing, and `import router`

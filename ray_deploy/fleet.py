@@ -24,7 +24,7 @@ from ray_deploy.config import RayConfig
 from ray_deploy.node_actor import NodeActor, NodeLaunch
 from ray_deploy.placement import NodePlacement, place
 from ray_deploy.ray_node import ActorState, RayNode
-from ray_deploy.scaler import RayScaler
+from router.fleet_scaler import FleetScaler
 
 if TYPE_CHECKING:
     from router.cluster.disaggregated import DisaggregatedBackend
@@ -52,7 +52,7 @@ class RayFleet:
         self._placements = {role: place(role, tp, resources, self._config) for role, tp in self._tps.items()}
         for role in ["prefill"] * self._cluster.prefill + ["decode"] * self._cluster.decode:
             self.add(role)
-        backend.operator.scaler = RayScaler(self, backend.server.registry, backend.operator, self._cluster)
+        backend.operator.scaler = FleetScaler(self, backend.server.registry, backend.operator, self._cluster)
 
     def starts_nodes(self) -> bool:
         return bool(self.nodes)

@@ -110,15 +110,31 @@ class LocalFleet:
     def __init__(self, cluster: ClusterConfig, node_flags: list[str]):
         self._cluster, self._node_flags = cluster, node_flags
         self.nodes: list[NodeProcess] = []
+        self._spawner: NodeSpawner | None = None
+        self._registry: Any = None
 
     def start(self, endpoint: str, backend: Any, secret: bytes) -> None:
-        from router.local_scaler import LocalScaler
+        from router.fleet_scaler import FleetScaler
 
-        spawner = NodeSpawner(endpoint, self._cluster, self._node_flags, secret)
-        self.nodes.extend(spawner.spawn_pools(self._cluster))
+        self._spawner = NodeSpawner(endpoint, self._cluster, self._node_flags, secret)
+        self._registry = backend.server.registry
+        self.nodes.extend(self._spawner.spawn_pools(self._cluster))
         if self.nodes:       # a router alone (`pdserve router`) starts no nodes: they are started by hand
-            backend.operator.scaler = LocalScaler(spawner, self.nodes, backend.operator, backend.server.registry,
-                                                  self._cluster)
+            backend.operator.scaler = FleetScaler(self, self._registry, backend.operator, self._cluster)
+
+    def add(self, role: str) -> NodeProcess:
+        """A new node process, supervised (and restarted) like the first ones."""
+        node = self._spawner.spawn(role)
+        self.nodes.append(node)
+        return node
+
+    def starting(self, role: str) -> list[NodeProcess]:
+        """Running, not registered (yet, or again after a restart), oldest first."""
+        return [n for n in self.nodes if n.role == role and n.process.poll() is None
+                and self._registry.get(n.node_id) is None]
+
+    def retire(self, node: NodeProcess) -> None:
+        node.retire()
 
     def starts_nodes(self) -> bool:
         return bool(self.nodes)

@@ -2,7 +2,7 @@
 
 The operator API (POST /admin/pools/{role}), `pdserve scale` and an autoscaler call
 PoolScaler.scale(role, count); whatever started the nodes implements it (pdserve up: node
-processes on this machine, router/local_scaler.py; a Ray deployment: actors):
+processes on this machine or Ray actors, router/fleet_scaler.py):
 
     count > live ──▶ start count - live new nodes; they join as any node does (hello, epoch)
     count < live ──▶ drain the surplus (surplus(): the least busy active nodes of the role); each

@@ -1,12 +1,12 @@
-"""RayScaler's arithmetic over a real NodeRegistry: how many actors it adds, which starting
+"""FleetScaler's arithmetic (router/fleet_scaler.py) over a Ray-shaped fleet over a real NodeRegistry: how many actors it adds, which starting
 actors it ends, which registered nodes it drains. The Ray side itself runs in test_ray_deploy.py."""
 from __future__ import annotations
 
 import asyncio
 
 from ray_deploy.ray_node import ActorState, RayNode
-from ray_deploy.scaler import RayScaler
 from router.cluster.registry import NodeRegistry, NodeRole
+from router.fleet_scaler import FleetScaler
 from router.node_processes import ClusterConfig
 
 
@@ -38,13 +38,13 @@ class _Operator:
         self.drained.append(node_id)
 
 
-def _setup(decode: int) -> tuple[NodeRegistry, _Fleet, _Operator, RayScaler]:
+def _setup(decode: int) -> tuple[NodeRegistry, _Fleet, _Operator, FleetScaler]:
     registry = NodeRegistry(heartbeat_timeout_s=60.0)
     fleet, operator = _Fleet(registry), _Operator(registry)
     for _ in range(decode):
         node = fleet.add("decode")
         registry.register(node.node_id, NodeRole.DECODE, f"tcp://127.0.0.3:{7000 + len(fleet.nodes)}")
-    return registry, fleet, operator, RayScaler(fleet, registry, operator, ClusterConfig(0, decode, max_pool_size=8))
+    return registry, fleet, operator, FleetScaler(fleet, registry, operator, ClusterConfig(0, decode, max_pool_size=8))
 
 
 def test_scaling_up_adds_actors_and_down_ends_starting_ones_before_draining_registered_ones():

@@ -3,7 +3,8 @@ scaler (409), `pdserve pools | scale`, and a node stopped while still starting."
 from __future__ import annotations
 
 import asyncio
-import sys
+import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,8 +12,8 @@ from kvtransport.testing import TEST_SECRET
 from router import operator_cli
 from router.cluster.pool_scaler import check_scale, surplus
 from router.cluster.registry import NodeLoad, NodeRegistry, NodeRole
-from router.local_scaler import LocalScaler
-from router.node_processes import ClusterConfig, NodeSpawner, stop_nodes, supervise
+from router.fleet_scaler import FleetScaler
+from router.node_processes import ClusterConfig, LocalFleet
 from tests.disagg_harness import Cluster, run
 from tests.router.test_router_operator import ADMIN
 from tests.router.test_router_operator_cli import cli, live
@@ -76,35 +77,28 @@ def test_cli_lists_pools_and_a_router_without_a_scaler_refuses_to_scale(capsys, 
 def test_a_node_scaled_away_while_starting_is_stopped_and_not_restarted():
     """1 -> 2 -> 1 before the new node registers: the starting node gets SIGTERM, exits, and the
     supervisor reports it without starting it again; the registered pool is untouched."""
-    cluster = ClusterConfig(prefill=0, decode=1, max_pool_size=4, restart_backoff_s=0.0)
+    cluster = ClusterConfig(prefill=0, decode=0, max_pool_size=4, restart_backoff_s=0.0)
     registry = NodeRegistry(heartbeat_timeout_s=5.0)
-    registry.register("decode-0", NodeRole.DECODE, "tcp://127.0.0.1:7000")
-    spawner = NodeSpawner("tcp://127.0.0.1:9", cluster, ["--model", "/nonexistent-never-loads"], TEST_SECRET)
-    spawner._counts["decode"] = 1          # decode-0 is the registered node above
-    nodes: list = []
-
-    class Backend:
-        exits: list[str] = []
-
-        class server:
-            @staticmethod
-            def node_exited(node_id, why):
-                Backend.exits.append(node_id)
+    registry.register("decode-9", NodeRole.DECODE, "tcp://127.0.0.1:7000")     # a node started by hand
+    exits: list[str] = []
+    backend = SimpleNamespace(server=SimpleNamespace(registry=registry, node_exited=lambda node_id, _: exits.append(node_id)),
+                              operator=SimpleNamespace(scaler=None))
+    fleet = LocalFleet(cluster, ["--model", "/nonexistent-never-loads"])
 
     async def test():
-        scaler = LocalScaler(spawner, nodes, None, registry, cluster)
+        fleet.start("tcp://127.0.0.1:9", backend, TEST_SECRET)
+        scaler = FleetScaler(fleet, registry, None, dataclasses.replace(cluster, decode=1))
         await scaler.scale("decode", 2, 1.0)
-        assert [n.node_id for n in nodes] == ["decode-1"] and scaler.starting("decode") == 1
-        watch = asyncio.create_task(supervise(nodes, Backend, cluster))
+        assert [n.node_id for n in fleet.nodes] == ["decode-0"] and scaler.starting("decode") == 1
+        watch = asyncio.create_task(fleet.supervise(backend))
         await scaler.scale("decode", 1, 1.0)
         assert scaler.targets() == {"prefill": 0, "decode": 1}
-        await asyncio.wait_for(asyncio.to_thread(nodes[0].process.wait), 30)
+        await asyncio.wait_for(asyncio.to_thread(fleet.nodes[0].process.wait), 30)
         await asyncio.sleep(0.5)                 # the supervisor's turn
         watch.cancel()
-        assert (Backend.exits, nodes[0].restarts, len(nodes), scaler.starting("decode")) == (["decode-1"], 0, 1, 0)
-        assert [n.node_id for n in registry.nodes()] == ["decode-0"]
+        assert (exits, fleet.nodes[0].restarts, len(fleet.nodes), scaler.starting("decode")) == (["decode-0"], 0, 1, 0)
+        assert [n.node_id for n in registry.nodes()] == ["decode-9"]
     try:
         asyncio.run(test())
     finally:
-        stop_nodes(nodes)
-    assert sys.executable in nodes[0].argv
+        fleet.stop()

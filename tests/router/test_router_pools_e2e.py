@@ -1,4 +1,4 @@
-"""Scaling a pool up and down at run time (/admin/pools, router/local_scaler.py) over real node
+"""Scaling a pool up and down at run time (/admin/pools, router/fleet_scaler.py) over real node
 processes on this machine, while requests flow."""
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from kvtransport.testing import TEST_SECRET
 from pdwire.control import KV_COUNTERS
 from pdwire.sampling_params import SamplingParams
 from router.cluster.disaggregated import DisaggregatedBackend
-from router.local_scaler import LocalScaler
-from router.node_processes import ClusterConfig, NodeSpawner, stop_nodes
+from router.node_processes import ClusterConfig, LocalFleet, stop_nodes
 from tests.router.test_router_disagg_e2e import NODE_FLAGS, PROMPTS, _collect, _registered
 from tests.router.test_router_operator import APP_CONFIG, admin_client
 from tests.router.test_router_operator_e2e import _until
@@ -31,9 +30,9 @@ def test_decode_pool_scales_up_and_down_under_a_stream_with_no_failed_request(mo
         backend = DisaggregatedBackend.from_model(path, TEST_SECRET, config)
         nodes = []
         try:
-            spawner = NodeSpawner(await backend.start(), cluster, ["--model", path, *NODE_FLAGS], TEST_SECRET)
-            nodes.extend(spawner.spawn_pools(cluster))
-            backend.operator.scaler = LocalScaler(spawner, nodes, backend.operator, backend.server.registry, cluster)
+            fleet = LocalFleet(cluster, ["--model", path, *NODE_FLAGS])
+            nodes = fleet.nodes
+            fleet.start(await backend.start(), backend, TEST_SECRET)
             await _registered(backend, nodes)
             async with admin_client(backend, config) as http:
                 await asyncio.wait_for(_scale_under_a_stream(backend, nodes, http), 180)
