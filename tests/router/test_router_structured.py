@@ -195,3 +195,38 @@ def test_the_openai_client_reads_tool_calls_and_parsed_json(served):
     fmt = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA, "strict": True}}
     answer = api.chat.completions.create(model=model, messages=ASK, response_format=fmt, max_tokens=200)
     validate(json.loads(answer.choices[0].message.content), SCHEMA)
+
+
+def test_the_router_moves_a_constrained_request_with_its_grammar():
+    """D dies after 3 tokens: the router's new DecodeRequest and PrefillRequest carry the same
+    grammar spec (as data, through the wire) with the 3 tokens as prior outputs, from which the
+    nodes rebuild the matcher (tests/nodes/test_structured_disagg.py)."""
+    from pdwire.control import AbortRequest, DecodeRequest, FirstToken, PrefillRequest, TokenDelta
+    from pdwire.structured_output import StructuredOutput
+    from pdwire.messages import Reserved
+    from tests.disagg_harness import LOSSY, PROMPT, Cluster, first_of, run
+
+    spec = StructuredOutput.json_schema(SCHEMA)
+
+    async def test():
+        async with Cluster(LOSSY) as c:
+            p = await c.node("prefill-0", "prefill")
+            ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
+            out = c.generate(max_tokens=8, structured=spec)
+            dead, first = await first_of(ds, DecodeRequest)
+            assert first.params.structured == spec
+            dead.send(Reserved("r1", "x1", (3, 4), 0))
+            assert (await p.expect(PrefillRequest)).params.structured == spec
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            dead.send(TokenDelta("r1", 0, (11, 12, 13), 0, "abc", None, ""))
+            while sum(len(o.token_ids) for o in (await out.next()).outputs) < 3:
+                pass
+            dead.die()
+            live = ds[1 - ds.index(dead)]
+            req = await live.expect(DecodeRequest, timeout=5.0)
+            assert (list(req.prompt_ids), req.prior_outputs, req.params.structured) == (PROMPT + [11, 12, 13], 3, spec)
+            assert (await p.expect(AbortRequest)).rid == "r1"
+            live.send(Reserved(req.rid, "x2", (7, 8), 0))
+            pre = await p.expect(PrefillRequest)
+            assert (pre.prior_outputs, pre.params.structured) == (3, spec)
+    run(test)
