@@ -30,6 +30,11 @@ BENCH_SCHEMA = {
 }
 
 
+# a schema no output completes within the benchmark's max_tokens: every row runs the whole
+# length, constrained or not, so the batch stays full and a gap is the grammar's own cost
+LONG_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 4096}
+
+
 def _corpus(seed: int) -> list[str]:
     rng = random.Random(seed)
     words = pseudo_words(40000, seed)

@@ -33,7 +33,7 @@ def parse_grammar(spec: StructuredOutput) -> None:
     import xgrammar as xgr
     try:
         if spec.kind is GrammarKind.JSON_SCHEMA:
-            xgr.Grammar.from_json_schema(_schema_text(spec.spec), **JSON_LAYOUT)
+            xgr.Grammar.from_json_schema(spec.spec, **JSON_LAYOUT)
         elif spec.kind is GrammarKind.REGEX:
             xgr.Grammar.from_regex(spec.spec)
         elif spec.kind is GrammarKind.GRAMMAR:
@@ -78,7 +78,7 @@ class GrammarCompiler:
         c = self._compiler
         try:
             if spec.kind is GrammarKind.JSON_SCHEMA:
-                return c.compile_grammar(_json_ebnf(self._xgr, _schema_text(spec.spec)))
+                return c.compile_grammar(_json_ebnf(self._xgr, spec.spec))
             if spec.kind is GrammarKind.JSON_OBJECT:
                 return c.compile_json_schema('{"type": "object"}', **JSON_LAYOUT)
             if spec.kind is GrammarKind.REGEX:
@@ -124,17 +124,6 @@ _JSON_STRING_CHARS = r'[^\0-\x1f\"\\]'
 def _json_ebnf(xgr: Any, schema: str) -> str:
     """The schema's grammar as EBNF text, bounded strings mended (see above)."""
     return str(xgr.Grammar.from_json_schema(schema, **JSON_LAYOUT)).replace(_BOUNDED_STRING_CHARS, _JSON_STRING_CHARS)
-
-
-def _schema_text(text: str) -> str:
-    """The schema as xgrammar takes it; a schema that is not a JSON object is a ValueError."""
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"not valid JSON: {err}") from None
-    if not isinstance(schema, dict):
-        raise ValueError("a JSON schema must be a JSON object")
-    return text
 
 
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}")

@@ -36,9 +36,11 @@ class StructuredOutput:
         if type(self.spec) is not str or len(self.spec) > MAX_SPEC_CHARS:
             raise ValueError(f"a structured output's spec must be a string of at most {MAX_SPEC_CHARS} characters")
         if self.kind is GrammarKind.CHOICE:
-            choices = json.loads(self.spec)
+            choices = _loads(self.spec, "choice")
             if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
                 raise ValueError("choice must be a non-empty list of non-empty strings")
+        if self.kind is GrammarKind.JSON_SCHEMA and not isinstance(_loads(self.spec, "json_schema"), dict):
+            raise ValueError("a JSON schema must be a JSON object")
 
     @classmethod
     def choice(cls, options: list[str]) -> "StructuredOutput":
@@ -58,3 +60,10 @@ class StructuredOutput:
         if type(value) not in (list, tuple) or len(value) != 2:
             raise ValueError("a structured output travels as [kind, spec]")
         return cls(*value)
+
+
+def _loads(text: str, what: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what} is not valid JSON: {err}") from None

@@ -6,7 +6,6 @@ before any work: a grammar that does not parse is a 400 at the edge, not a failu
 """
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,16 +84,7 @@ def _from_structured_outputs(so: StructuredOutputsParams) -> StructuredOutput | 
 
 
 def _json(value: dict | str | None) -> StructuredOutput | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"guided_json is not valid JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise ValueError("guided_json must be a JSON schema (an object)")
-    return StructuredOutput.json_schema(value)
+    return None if value is None else StructuredOutput.json_schema(value)
 
 
 def _regex(value: str | None) -> StructuredOutput | None:
