@@ -5,7 +5,8 @@ Request lifecycle:
   2. the scheduler admits it when blocks allow (prefix-cache hits reused), prefills in chunks
   3. the step that computes the prompt's last token samples the first token; a group with
      n > 1 forks there, its sequences sharing the prompt's blocks
-  4. each later step decodes one token per sequence; stop checks run after each token
+  4. each later step decodes one token per sequence; stop checks run after each token (a
+     structured output's matcher, engine/grammar.py, masks each draw and accepts each token)
   5. on finish or abort every sequence frees its blocks exactly once
 """
 from __future__ import annotations
