@@ -157,6 +157,8 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None   # None: "auto" with tools
     parallel_tool_calls: bool | None = None
+    functions: None = None                         # refused: OpenAI's deprecated form of tools
+    function_call: None = None
 
     def tool_mode(self) -> ToolMode | None:
         """Raises ValueError for tools this server cannot honour as asked."""

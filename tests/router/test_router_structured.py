@@ -125,6 +125,7 @@ def test_what_cannot_be_honoured_is_a_400(served):
         ({"tools": [WEATHER], "tool_choice": "required", "logprobs": True}, "logprobs"),
         ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "cannot be combined"),
         ({"guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
+        ({"functions": [WEATHER["function"]]}, "functions"),
     ]
     for body, message in cases:
         r = client.post("/v1/chat/completions", json={"messages": ASK, **body})
