@@ -5,7 +5,8 @@ Request lifecycle:
   2. the scheduler admits it when blocks allow (prefix-cache hits reused), prefills in chunks
   3. the step that computes the prompt's last token samples the first token; a group with
      n > 1 forks there, its sequences sharing the prompt's blocks
-  4. each later step decodes one token per sequence; stop checks run after each token
+  4. each later step decodes one token per sequence; stop checks run after each token (a
+     structured output's matcher, engine/grammar.py, masks each draw and accepts each token)
   5. on finish or abort every sequence frees its blocks exactly once
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from engine.beam_group import advance_beams, beam_outputs, new_beam_state
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import DecodeState, Detokenizer, find_stop
+from engine.grammar import GrammarCompiler, GrammarMatcher
 from engine.kv_pool import block_bytes, num_blocks_for
 from pdwire.outputs import CompletionOutput, EngineMetrics, RequestOutput
 from engine.parallel import make_runner
@@ -66,6 +68,7 @@ class LLMEngine:
         self._groups: dict[str, SequenceGroup] = {}
         self._step_failures = 0                         # in a row; see safe_step
         self._decode: dict[int, DecodeState] = {}      # seq_id -> incremental detokenizer state
+        self._grammar: dict[int, GrammarMatcher] = {}  # seq_id -> its structured output's state
 
     def _swap_pool(self, config: EngineConfig) -> SwapPool | None:
         if config.cache.swap_space_gib <= 0:
@@ -133,9 +136,20 @@ class LLMEngine:
         group = SequenceGroup(request_id, [seq], params, time.monotonic())
         if params.use_beam_search:
             group.beam = new_beam_state(params, len(ids), self.max_model_len, self.model_config.eos_token_ids)
+        if params.structured is not None:     # replays the tokens generated on another node
+            self._grammar[seq.seq_id] = self._grammars().matcher(params.structured, seq.generated_token_ids)
         self._groups[request_id] = group
         self._decode[seq.seq_id] = self.detokenizer.start(ids)
         return group
+
+    def _grammars(self) -> GrammarCompiler:
+        """The grammar compiler, made when the first request asks for a structured output."""
+        if self.sampler.grammars is None:
+            if self.tokenizer is None:
+                raise ValueError("this model folder has no tokenizer: structured outputs need one")
+            self.sampler.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                                    self.model_config.eos_token_ids)
+        return self.sampler.grammars
 
     def _check_request(self, params: SamplingParams, prompt_len: int, prior_outputs: int) -> None:
         """ValueError for what this engine cannot run (SamplingParams checks the values alone)."""
@@ -292,6 +306,8 @@ class LLMEngine:
                 child.seed = choice_seed(group.params.seed, i)
             self.block_manager.fork(parent, child)
             self._decode[child.seq_id] = self.detokenizer.start(group.prompt_token_ids)
+            if group.params.structured is not None:
+                self._grammar[child.seq_id] = self._grammars().matcher(group.params.structured, [])
             group.seqs.append(child)
         group.forked = True
         return list(group.seqs)
@@ -302,7 +318,7 @@ class LLMEngine:
         if seq.num_output_tokens < p.min_tokens:
             banned = tuple(p.stop_token_ids) + (() if p.ignore_eos else self.model_config.eos_token_ids)
         return SamplingRow(p, group.prompt_token_ids if p.repetition_penalty != 1.0 else [],
-                           seq.generated_token_ids, seq.seed, banned)
+                           seq.generated_token_ids, seq.seed, banned, self._grammar.get(seq.seq_id))
 
     def _append(self, seq: Sequence, group: SequenceGroup, sample: SampledToken) -> None:
         p, token = group.params, sample.token_id
@@ -312,7 +328,13 @@ class LLMEngine:
         new_text = self.detokenizer.step(self._decode[seq.seq_id], token)
         seq.text += new_text
         reason = None
-        if (not p.ignore_eos and token in self.model_config.eos_token_ids) or token in p.stop_token_ids:
+        grammar = self._grammar.get(seq.seq_id)
+        if grammar is not None and not grammar.accept(token):   # only a first token sent by another node
+            log.warning("request %s: token %d does not follow its grammar", group.request_id, token)
+            reason = FinishReason.ABORT
+        elif grammar is not None and grammar.terminated:
+            reason = FinishReason.STOP
+        elif (not p.ignore_eos and token in self.model_config.eos_token_ids) or token in p.stop_token_ids:
             reason = FinishReason.STOP
         elif p.stop and new_text and (at := find_stop(seq.text, len(new_text), p.stop)) != -1:
             seq.text, reason = seq.text[:at], FinishReason.STOP
@@ -341,6 +363,7 @@ class LLMEngine:
         self._groups.pop(group.request_id, None)
         for seq in group.seqs:
             self._decode.pop(seq.seq_id, None)
+            self._grammar.pop(seq.seq_id, None)
 
     # -- figures ----------------------------------------------------------------------------
     def metrics(self) -> EngineMetrics:

@@ -9,11 +9,15 @@ mid-stream, as long as the logits are the same.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.logit_filter import filter_logits
 from pdwire.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.grammar import GrammarCompiler, GrammarMatcher
 
 
 @dataclass(slots=True)
@@ -23,6 +27,7 @@ class SamplingRow:
     output_ids: list[int]                 # every generated token so far: this row samples the next
     seed: int | None                      # None: the engine's shared generator
     banned_ids: tuple[int, ...] = ()      # EOS / stop ids while min_tokens is not reached
+    grammar: "GrammarMatcher | None" = None   # structured output: only tokens it allows
 
 
 @dataclass(slots=True)
@@ -35,13 +40,19 @@ class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)
         self._seeded = torch.Generator()
+        self.grammars: "GrammarCompiler | None" = None    # set by the engine once a request needs one
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         # logits: [R, vocab] float32, one row per entry of `rows`
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None
                                                                 for r in rows) else None
-        logits = self._adjust(logits, rows)
+        adjusted = self._adjust(logits, rows)
+        if self.grammars is not None and any(r.grammar is not None for r in rows):
+            logits = adjusted.clone() if adjusted is logits else adjusted      # the caller's stays as it was
+            self.grammars.mask(logits, [r.grammar for r in rows])     # one bitmask for the batch
+        else:
+            logits = adjusted
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if len(random_rows) == len(rows):
             chosen = self._sample(rows, logits)                         # [R]

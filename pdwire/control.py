@@ -62,8 +62,13 @@ def _logprobs(value: Any) -> tuple | None:
 
 
 def params_to_wire(params: SamplingParams) -> dict:
-    return {f.name: (list(v) if isinstance(v := getattr(params, f.name), tuple) else v)
-            for f in fields(params)}
+    """A map of field names; `structured` only when set, so a peer without it still decodes
+    every request that does not use it (and refuses, as an unknown field, one that does)."""
+    wire = {f.name: (list(v) if isinstance(v := getattr(params, f.name), tuple) else v)
+            for f in fields(params) if f.name != "structured"}
+    if params.structured is not None:
+        wire["structured"] = params.structured.to_wire()
+    return wire
 
 
 def params_from_wire(value: Any) -> SamplingParams:

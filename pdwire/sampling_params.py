@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pdwire.structured_output import StructuredOutput
+
 _EPS = 1e-5
 _INT64 = 1 << 63          # integers travel between processes as msgpack int64
 _FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -35,12 +37,15 @@ class SamplingParams:
     beam_width: int = 0                 # > 0: beam search with this many beams (returns the best n)
     length_penalty: float = 1.0         # beam search: score = logprob sum / length ** length_penalty
     early_stopping: bool | str = False  # beam search: True, False or "never", as in transformers
+    structured: StructuredOutput | None = None   # the output must match this grammar (engine/grammar.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.structured is not None:      # from the wire: [kind, spec]
+            object.__setattr__(self, "structured", StructuredOutput.from_wire(self.structured))
         self._check()
 
     def _check(self) -> None:
@@ -83,6 +88,10 @@ class SamplingParams:
                  "logprobs is not returned by beam search: ask for one or the other")
         _require(self.beam_width == 0 or self.n <= self.beam_width,
                  f"n ({self.n}) must not exceed beam_width ({self.beam_width})")
+        _require(self.structured is None or not self.use_beam_search,
+                 "a structured output is not supported with beam search")
+        _require(self.structured is None or self.min_tokens == 0,
+                 "min_tokens cannot be combined with a structured output: the grammar decides where it ends")
         _require(self.early_stopping in (True, False, "never"),
                  f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}")
 

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 
 from pdwire.sampling_params import SamplingParams
+from pdwire.structured_output import StructuredOutput
 from router.backend import Backend
 from router.http.chat import build_chat, chat_stream
 from router.http.completions import Echo, build_completion, completion_stream
@@ -29,7 +30,7 @@ from router.http.errors import (OpenAIError, error_body, from_value_error, insta
 from router.http.info_routes import keyed_routes, open_routes
 from router.http.lifecycle import (ClientDisconnected, Collected, Generation, ResponseMeta, ServerShuttingDown,
                               StreamBufferFull, collect, unless_disconnected)
-from router.http.limits import BodyLimit, check_logprob_cells, check_request
+from router.http.limits import BodyLimit, check_grammar, check_logprob_cells, check_request
 from router.http.metrics import RouterMetrics
 from router.http.operator import operator_routes
 from router.backend import NoNodeAvailable
@@ -104,7 +105,9 @@ def _v1_routes() -> APIRouter:
         echo = Echo(await state.workers.run(echo_texts, body, prompts), prompts,
                     body.requested_max_tokens() == 0) if body.echo else None
         prompt_logprobs = body.logprobs if body.echo else None
-        params = _params(body, prompts, state, body.logprobs, prompt_logprobs, 1 if echo and echo.score_only else None)
+        structured = _structured(body, state.config)
+        params = _params(body, prompts, state, body.logprobs, prompt_logprobs, 1 if echo and echo.score_only else None,
+                         structured)
         check_logprob_cells([len(p) for p in prompts], body.n, body.logprobs, body.echo,
                             [_room(p, state) for p in params], state.config)
         return await _serve(request, body, params,
@@ -117,17 +120,19 @@ def _v1_routes() -> APIRouter:
         state = request.app.state
         _check_model(body.model, state.model_name)
         check_request(body, state.config)
-        prompts = [await state.workers.run(chat_prompt, body, state.config.trust_chat_control_tokens,
+        tools = _valid(body, body.tool_mode)
+        structured = _structured(body, state.config)
+        prompts = [await state.workers.run(chat_prompt, body, state.config.trust_chat_control_tokens, tools,
                                            large=_is_large(request))]
         top = body.top_logprobs or 0
         logprobs = _valid(body, body.logprobs_count)
-        params = _params(body, prompts, state, logprobs)
+        params = _params(body, prompts, state, logprobs, structured=structured)
         check_logprob_cells([len(prompts[0])], body.n, logprobs, False, [_room(p, state) for p in params],
                             state.config)
         return await _serve(request, body, params,
-                            lambda meta, got: state.workers.run(build_chat, meta, got, top),
+                            lambda meta, got: state.workers.run(build_chat, meta, got, top, tools),
                             lambda meta, gen: chat_stream(meta, gen, state.workers.tokenizer, top,
-                                                          body.stream_usage), "chatcmpl")
+                                                          body.stream_usage, tools), "chatcmpl")
 
     return routes
 
@@ -160,15 +165,25 @@ def _room(prompt: tuple[list[int], SamplingParams], state: Any) -> int:
     return params.max_tokens if params.max_tokens is not None else state.backend.max_model_len - len(token_ids)
 
 
+def _structured(body: CompletionRequest | ChatCompletionRequest, config: RouterConfig) -> StructuredOutput | None:
+    """The request's structured output, checked (size, and parsed by the grammar library): a 400 if not."""
+    spec = _valid(body, body.structured_output)
+    uses_tools = isinstance(body, ChatCompletionRequest) and body.tools and body.tool_choice != "none"
+    check_grammar(spec, config, "tools" if uses_tools else "response_format")
+    return spec
+
+
 def _params(body: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]], state: Any,
-            logprobs: int | None, prompt_logprobs: int | None = None, max_tokens: int | None = None) -> _Params:
+            logprobs: int | None, prompt_logprobs: int | None = None, max_tokens: int | None = None,
+            structured: StructuredOutput | None = None) -> _Params:
     """Each prompt with its SamplingParams (max_tokens depends on the prompt's length, unless given)."""
     default = state.config.default_max_tokens if isinstance(body, CompletionRequest) else None
     requested = body.requested_max_tokens() if max_tokens is None else max_tokens
     out = []
     for token_ids in prompts:
         limit = max_tokens_for(len(token_ids), requested, default, state.backend.max_model_len)
-        out.append((token_ids, _valid(body, lambda: body.sampling_params(limit, logprobs, prompt_logprobs))))
+        out.append((token_ids, _valid(body, lambda: body.sampling_params(limit, logprobs, prompt_logprobs,
+                                                                          structured))))
     return out
 
 

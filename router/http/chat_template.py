@@ -17,20 +17,34 @@ import secrets
 from typing import Any
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]], trust_control_tokens: bool) -> list[int]:
-    """The token ids of the conversation with the assistant's turn opened. Raises ValueError if
-    the template alters message text so that it cannot be found again."""
+def render_chat(tokenizer: Any, messages: list[dict], trust_control_tokens: bool,
+                tools: list[dict] | None = None) -> list[int]:
+    """The token ids of the conversation with the assistant's turn opened (and `tools` shown,
+    if given). Raises ValueError if the template alters message text so that it cannot be found again."""
+    extra = {} if tools is None else {"tools": tools}      # no tools: the template is called as it always was
     if trust_control_tokens:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
         return tokenizer.encode(text, add_special_tokens=False)    # the template places BOS itself
     marker = f"PDSERVE{secrets.token_hex(8)}M"
     marked = [{**m, "content": f"{marker}{i}E"} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True, **extra)
     pieces = re.split(f"{marker}(\\d+)E", rendered)     # template, message index, template, ...
     if len(pieces) == 1 and any(m["content"] for m in messages):
         raise ValueError("the chat template changes message text; the router cannot keep control strings "
                          "in messages as text (--trust-chat-control-tokens serves it as before)")
     return _encode(tokenizer, pieces, messages)
+
+
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template shows the model a `tools` list (a probe tool's name appears)."""
+    probe = f"pdserve_probe_{secrets.token_hex(4)}"
+    tools = [{"type": "function", "function": {"name": probe, "description": "", "parameters": {"type": "object"}}}]
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:   # noqa: BLE001 -- a template that raises on tools does not render them
+        return False
+    return probe in text
 
 
 def _encode(tokenizer: Any, pieces: list[str], messages: list[dict[str, str]]) -> list[int]:

@@ -2,7 +2,7 @@
 with a 400 in OpenAI's shape that names the limit and its flag.
 
     body bytes, JSON values (its commas outside strings) ──▶ (parse) ──▶ n, stop strings,
-               logit_bias, logprobs, prompt size, valid Unicode
+               logit_bias, logprobs, prompt size, valid Unicode, grammar size (then parsed)
                ──▶ (tokenize off the loop) ──▶ prompts x n x (logprobs + 1) x tokens scored
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from router.config import RouterConfig
 from router.http.errors import OpenAIError, bad_request, error_body, invalid_api_key
 from router.http.protocol import ChatCompletionRequest, CompletionRequest
+from pdwire.structured_output import StructuredOutput
 
 
 def over_limit(what: str, given: int, limit: int, flag: str, param: str | None) -> OpenAIError:
@@ -43,6 +44,20 @@ def check_request(body: CompletionRequest | ChatCompletionRequest, config: Route
                  "max_prompt_chars", "messages")
     _check_unicode(texts, "prompt" if isinstance(body, CompletionRequest) else "messages")
     _check_unicode(stops, "stop")
+
+
+def check_grammar(spec: StructuredOutput | None, config: RouterConfig, param: str) -> None:
+    """A 400 for a spec over --max-grammar-chars, or one the grammar library cannot parse."""
+    if spec is None:
+        return
+    if len(spec.spec) > config.max_grammar_chars:
+        raise bad_request(f"{spec.kind.value} (characters): {len(spec.spec)} is over the limit of "
+                          f"{config.max_grammar_chars} (--max-grammar-chars)", param)
+    from engine.grammar import parse_grammar      # the library loads with the first structured request
+    try:
+        parse_grammar(spec)
+    except ValueError as err:
+        raise bad_request(str(err), param) from err
 
 
 def check_logprob_cells(prompt_lens: list[int], n: int, logprobs: int | None, echo: bool,

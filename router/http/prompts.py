@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.http.chat_template import render_chat
+from router.http.chat_template import render_chat, renders_tools
 from router.http.errors import bad_request
 from router.http.protocol import ChatCompletionRequest, CompletionRequest
+from router.http.tools import ToolMode
 
 
 def completion_prompts(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
@@ -29,12 +30,20 @@ def _batch(prompt: Any) -> list:
     return [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else prompt
 
 
-def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, trust_control_tokens: bool) -> list[int]:
-    """The conversation rendered by the model's chat template, ready for the assistant's turn.
-    Control strings typed in a message stay text unless `trust_control_tokens`."""
+def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, trust_control_tokens: bool,
+                tools: ToolMode | None = None) -> list[int]:
+    """The conversation rendered by the model's chat template, ready for the assistant's turn,
+    with the tools when the template renders them. Control strings typed in a message stay text
+    unless `trust_control_tokens`. "auto" tools with a template that cannot show them are a 400."""
     messages = [m.template_dict() for m in request.messages]
+    shown = None
+    if tools is not None and renders_tools(tokenizer):
+        shown = [t.template_dict() for t in tools.tools]
+    elif tools is not None and tools.choice == "auto":
+        raise bad_request("tool_choice \"auto\" needs a chat template that renders tools, and this model's "
+                          "does not: name a function in tool_choice, or use \"required\"", "tool_choice")
     try:
-        return render_chat(tokenizer, messages, trust_control_tokens)
+        return render_chat(tokenizer, messages, trust_control_tokens, shown)
     except ValueError as err:
         raise bad_request(str(err), "messages") from err
     except Exception as err:    # noqa: BLE001 -- no template, or the template raised (jinja)

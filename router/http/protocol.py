@@ -1,17 +1,23 @@
 """OpenAI wire format: request and response models for /v1/completions and /v1/chat/completions.
 
 Requests ignore unknown fields (clients send many) but refuse the ones whose meaning we would
-silently change (suffix, best_of, logit_bias, tools). `sampling_params()` maps a request to
-the engine's SamplingParams, which does the range checks and raises ValueError.
+silently change (suffix, best_of, logit_bias, guided_whitespace_pattern). Structured outputs
+(router/http/structured.py) and tools (router/http/tools.py) have their own modules.
+`sampling_params()` maps a request to the engine's SamplingParams, which does the range checks
+and raises ValueError.
 """
 from __future__ import annotations
 
 import enum
-from typing import Literal
+import json
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_serializer, model_validator
 
 from pdwire.sampling_params import SamplingParams
+from pdwire.structured_output import StructuredOutput
+from router.http.structured import StructuredFields
+from router.http.tools import NamedToolChoice, ToolCall, ToolDef, ToolMode, tool_grammar, tool_mode
 
 
 # strict: a bool is not an int, a string is not a number or a bool (`"n": "2"` is refused)
@@ -31,7 +37,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False   # vLLM's: with include_usage, every chunk carries the usage so far
 
 
-class _SamplingRequest(BaseModel):
+class _SamplingRequest(StructuredFields):
     """Fields shared by both endpoints; None means "the default"."""
     model_config = _REQUEST
 
@@ -73,8 +79,8 @@ class _SamplingRequest(BaseModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
+                        structured: StructuredOutput | None = None) -> SamplingParams:
         """Raises ValueError on any out-of-range value."""
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
@@ -88,7 +94,7 @@ class _SamplingRequest(BaseModel):
             stop=_as_tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             beam_width=(self.beam_width or self.n) if self.use_beam_search else 0,
-            length_penalty=self.length_penalty, early_stopping=self.early_stopping,
+            length_penalty=self.length_penalty, early_stopping=self.early_stopping, structured=structured,
             **{k: v for k, v in given.items() if v is not None})
 
 
@@ -112,34 +118,73 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None       # an assistant's earlier calls
+    tool_call_id: str | None = None                # a tool message: the call it answers
 
     @model_validator(mode="after")
     def _has_content(self) -> "ChatMessage":
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message has tool_calls")
         return self
 
-    def template_dict(self) -> dict[str, str]:
-        """The message as a chat template expects it: text parts joined with newlines."""
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tool_calls) or self.role == "tool"
+
+    def template_dict(self) -> dict:
+        """The message as a chat template expects it: text parts joined with newlines; an
+        assistant's calls with their arguments parsed (as Hermes-style templates read them)."""
         if isinstance(self.content, list):
             text = "\n".join(part.text for part in self.content)
         else:
             text = self.content or ""
-        return {"role": self.role, "content": text}
+        out: dict = {"role": self.role, "content": text}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": c.type, "function": {"name": c.function.name,
+                                                                          "arguments": _parsed(c.function.arguments)}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict] | None = None                # refused unless empty
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None   # None: "auto" with tools
+    parallel_tool_calls: bool | None = None
+    functions: None = None                         # refused: OpenAI's deprecated form of tools
+    function_call: None = None
+
+    def tool_mode(self) -> ToolMode | None:
+        """Raises ValueError for tools this server cannot honour as asked."""
+        mode = tool_mode(self.tools, self.tool_choice, self.parallel_tool_calls)
+        if mode is not None and self.logprobs:
+            raise ValueError("logprobs is not returned with tool calls: ask for one or the other")
+        if mode is not None and mode.choice != "auto" and super().structured_output() is not None:
+            raise ValueError(f"tool_choice {mode.choice!r} holds the output to the tool's arguments: "
+                             "it cannot be combined with response_format or guided_* as well")
+        return mode
+
+    def structured_output(self) -> StructuredOutput | None:
+        mode = self.tool_mode()
+        return tool_grammar(mode) if mode is not None and mode.choice != "auto" else super().structured_output()
 
     def logprobs_count(self) -> int | None:
-        if self.tools:
-            raise ValueError("tools are not supported")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
 
 
 def _as_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -201,7 +246,15 @@ class ChatChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)    # absent from the JSON when empty, as OpenAI's
+
+    @model_serializer(mode="wrap")
+    def _without_empty_calls(self, handler: Any) -> dict:
+        out = handler(self)
+        if not out.get("tool_calls"):
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatChoice(BaseModel):
@@ -223,6 +276,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict] | None = None        # [{index, id, type, function: {name, arguments}}]
 
 
 class ChatStreamChoice(BaseModel):

@@ -1,0 +1,147 @@
+"""Structured output in the engine: every output follows its grammar, batched beside
+unconstrained rows; a request continued from prior outputs (a move) stays valid; the grammar's
+spec crosses the wire as data."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.grammar import GrammarCompiler
+from engine.sampler import Sampler, SamplingRow
+from pdwire.control import params_from_wire, params_to_wire
+from pdwire.structured_output import GrammarKind, StructuredOutput
+from tests.schema_check import validate
+from tests.tiny_chat_model import tiny_chat_model_folder
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+    "color": {"enum": ["red", "blue"]}, "ok": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+    "required": ["name", "n", "color", "ok", "tags"], "additionalProperties": False}
+REGEX = r"[a-c]{2}-[0-9]{1,3}"
+GRAMMAR = 'root ::= "(" item ("," item)* ")"\nitem ::= [xyz] | "no"'
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-chat")
+    tiny_chat_model_folder(path)
+    return str(path)
+
+
+def _run(engine, rid: str, prompt: list[int], params: SamplingParams, prior_outputs: int):
+    """A request stepped to its end; its final output."""
+    engine.add_request(rid, prompt, params, prior_outputs)
+    final = None
+    while engine.has_unfinished_requests():
+        final = next((o for o in engine.step() if o.request_id == rid), final)
+    return final.outputs[0]
+
+
+def _check(text: str, spec: StructuredOutput) -> None:
+    if spec.kind is GrammarKind.JSON_SCHEMA:
+        validate(json.loads(text), json.loads(spec.spec))
+    elif spec.kind is GrammarKind.JSON_OBJECT:
+        assert isinstance(json.loads(text), dict)
+    elif spec.kind is GrammarKind.REGEX:
+        assert re.fullmatch(spec.spec, text), text
+    elif spec.kind is GrammarKind.CHOICE:
+        assert text in json.loads(spec.spec)
+    else:
+        assert re.fullmatch(r"\((?:[xyz]|no)(?:,(?:[xyz]|no))*\)", text), text
+
+
+SPECS = [StructuredOutput.json_schema(SCHEMA), StructuredOutput(GrammarKind.REGEX, REGEX),
+         StructuredOutput.choice(["yes", "no, sir", "a.b*"]), StructuredOutput(GrammarKind.GRAMMAR, GRAMMAR)]
+
+
+def test_every_output_follows_its_grammar_batched_with_free_rows(chat_dir, make_llm):
+    """32 requests in one batch, half constrained (schema, regex, choice, EBNF; greedy, seeded and
+    n = 2), half free: each constrained output parses and validates, ends "stop" when its grammar
+    ends; the free rows are what they are alone."""
+    llm = make_llm(chat_dir, block_size=16, num_blocks=256, max_num_seqs=48)
+    params = []
+    for i in range(16):
+        spec = SPECS[i % 4]
+        params.append(SamplingParams(temperature=0.0 if i < 4 else 1.0, seed=i, max_tokens=300, structured=spec,
+                                     n=2 if i % 5 == 0 else 1))
+        params.append(SamplingParams(temperature=0.0 if i < 4 else 1.0, seed=i, max_tokens=8, ignore_eos=True))
+    outs = llm.generate(["hello world"] * 32, params)
+    for p, out in zip(params, outs):
+        for c in out.outputs:
+            if p.structured is not None:
+                assert c.finish_reason == "stop", c.text
+                _check(c.text, p.structured)
+    alone = llm.generate(["hello world"], params[1])[0].outputs[0]
+    assert alone.token_ids == outs[1].outputs[0].token_ids
+
+
+def test_a_moved_request_continues_its_grammar(chat_dir, make_llm):
+    """Continued on another engine from its first k tokens (prior_outputs = k), a seeded
+    constrained request gives the same remaining tokens, and the whole output validates; prior
+    outputs that break the grammar are refused before any work."""
+    spec = StructuredOutput.json_schema(SCHEMA)
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=300, structured=spec)
+    first = make_llm(chat_dir, block_size=16, num_blocks=128)
+    prompt = first.engine.encode("hello world")
+    whole = first.generate([prompt], params)[0].outputs[0]
+    validate(json.loads(whole.text), SCHEMA)
+    other = make_llm(chat_dir, block_size=16, num_blocks=128)
+    for k in (1, 5, len(whole.token_ids) // 2):
+        moved = _run(other.engine, f"m{k}", prompt + whole.token_ids[:k], params, k)
+        assert moved.token_ids == whole.token_ids[k:] and moved.finish_reason == "stop"
+    bad = other.engine.encode("}}")
+    with pytest.raises(ValueError, match="does not follow"):
+        other.engine.add_request("bad", prompt + bad, params, prior_outputs=len(bad))
+
+
+def test_the_mask_touches_only_constrained_rows_and_allows_eos_only_when_complete(chat_dir, make_llm):
+    """One bitmask for the batch: an unconstrained row's logits stay as they were; a grammar that
+    is not complete forbids EOS even where EOS is the model's favourite; once complete, only EOS."""
+    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
+    compiler = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, [2])
+    spec = StructuredOutput.choice(["yes"])
+    m = compiler.matcher(spec, [])
+    logits = torch.randn(2, engine.model_config.vocab_size)
+    logits[:, 2] = 100.0                                        # EOS first by far
+    sampler = Sampler()
+    sampler.grammars = compiler
+    rows = [SamplingRow(SamplingParams(temperature=0), [], [], None),
+            SamplingRow(SamplingParams(temperature=0), [], [], None, grammar=m)]
+    free, held = sampler(logits.clone(), rows)
+    assert free.token_id == 2 and held.token_id != 2
+    for t in engine.tokenizer.encode("yes", add_special_tokens=False):
+        assert m.accept(t)
+    allowed = logits.clone()
+    compiler.mask(allowed, [None, m])
+    assert torch.equal(allowed[0], logits[0])
+    assert torch.isfinite(allowed[1]).nonzero().flatten().tolist() == [2]
+
+
+def test_the_spec_travels_as_data_and_old_maps_still_decode():
+    """SamplingParams cross the wire as a map: a structured output as [kind, spec]; a map without
+    the field (an older peer) decodes to no structured output, and a request without one sends none."""
+    params = SamplingParams(max_tokens=5, structured=StructuredOutput(GrammarKind.REGEX, "a+"))
+    wire = params_to_wire(params)
+    assert wire["structured"] == ["regex", "a+"]
+    assert params_from_wire(wire) == params
+    plain = params_to_wire(SamplingParams(max_tokens=5))
+    assert "structured" not in plain and params_from_wire(plain).structured is None
+    with pytest.raises(ValueError):
+        params_from_wire({**plain, "structured": ["pickle", "x"]})
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=2, structured=StructuredOutput(GrammarKind.REGEX, "a+"))
+
+
+def test_a_grammar_that_does_not_compile_is_refused_before_any_work(chat_dir, make_llm):
+    """A bad regex, EBNF or schema is a ValueError at add_request; nothing is queued."""
+    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
+    for spec in (StructuredOutput(GrammarKind.REGEX, "[a-"), StructuredOutput(GrammarKind.GRAMMAR, "root ::= x"),
+                 StructuredOutput(GrammarKind.JSON_SCHEMA, '{"type": "nope"}')):
+        with pytest.raises(ValueError, match=f"invalid {spec.kind.value}"):
+            engine.add_request("r", [5, 6], SamplingParams(structured=spec))
+    assert not engine.has_unfinished_requests()

@@ -1,0 +1,78 @@
+"""Structured output split over a prefill and a decode node (real ZMQ): P samples the first token
+under the grammar, D rebuilds the matcher from the spec, replays that token and continues; a
+request moved with its prior outputs continues the same grammar. Every output validates."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from engine import SamplingParams
+from pdwire.structured_output import GrammarKind, StructuredOutput
+from tests.engine.test_structured_output import SCHEMA, SPECS, _check
+from tests.node_harness import NodeHarness
+from tests.schema_check import validate
+from tests.tiny_chat_model import tiny_chat_model_folder
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-chat")
+    tiny_chat_model_folder(path)
+    return str(path)
+
+
+@pytest.fixture
+def harness(chat_dir):
+    h = NodeHarness(chat_dir, block_size=8, num_blocks=160)
+    yield h
+    h.idle()
+    h.close()
+    for service in (h.prefill, h.decode):
+        service.engine.check_integrity()
+
+
+def _tokens(result) -> list[int]:
+    return [result.tokens[i] for i in sorted(result.tokens)]
+
+
+def test_disaggregated_outputs_follow_their_grammar_and_match_colocated(harness, chat_dir, make_llm):
+    """Schema, regex, choice and EBNF requests (greedy and seeded), in flight with free ones: each
+    output validates, ends "stop", and is token for token the colocated engine's."""
+    llm = make_llm(chat_dir, block_size=8, num_blocks=160)
+    prompt = llm.engine.encode("hello world")
+    params = [SamplingParams(temperature=0.0 if i < 4 else 1.0, seed=i, max_tokens=200, structured=SPECS[i % 4])
+              for i in range(8)]
+    params.append(SamplingParams(temperature=1.0, seed=9, max_tokens=6, ignore_eos=True))
+    colocated = [o.outputs[0] for o in llm.generate([prompt] * len(params), params)]
+    for i, p in enumerate(params):
+        harness.submit(f"r{i}", prompt, p)
+    results = harness.wait([f"r{i}" for i in range(len(params))])
+    for p, r, c in zip(params, results, colocated):
+        assert r.failed is None and _tokens(r) == c.token_ids
+        if p.structured is not None:
+            assert r.finish == "stop"
+            _check(llm.engine.tokenizer.decode(_tokens(r), skip_special_tokens=True), p.structured)
+
+
+def test_a_moved_request_continues_its_grammar_on_both_nodes(harness, chat_dir, make_llm):
+    """Moved after k tokens (prompt + those tokens, prior_outputs = k), a seeded constrained
+    request gives the colocated run's remaining tokens, and prior + new validates; prior outputs
+    that break the grammar fail the request (not retryable) and leak nothing."""
+    llm = make_llm(chat_dir, block_size=8, num_blocks=160)
+    tok = llm.engine.tokenizer
+    prompt = llm.engine.encode("hello world")
+    params = SamplingParams(temperature=1.0, seed=11, max_tokens=200, structured=StructuredOutput.json_schema(SCHEMA))
+    whole = llm.generate([prompt], params)[0].outputs[0].token_ids
+    cuts = (1, len(whole) // 2)
+    for k in cuts:
+        harness.submit(f"m{k}", prompt + whole[:k], dataclasses.replace(params, max_tokens=200 - k), prior_outputs=k)
+    bad = tok.encode("]]", add_special_tokens=False)
+    harness.submit("bad", prompt + bad, params, prior_outputs=len(bad))
+    *moved, failed = harness.wait([f"m{k}" for k in cuts] + ["bad"])
+    for k, m in zip(cuts, moved):
+        assert m.failed is None and m.finish == "stop" and _tokens(m) == whole[k:]
+        validate(json.loads(tok.decode(whole[:k] + _tokens(m), skip_special_tokens=True)), SCHEMA)
+    assert failed.failed is not None and not failed.failed.retryable and "does not follow" in failed.failed.reason
+
