@@ -2,11 +2,13 @@
 over a real ZMQ ROUTER socket speaking the control protocol."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import zmq
 
@@ -134,6 +136,23 @@ class NodeHarness:
             t.join(timeout=10)
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+@contextlib.contextmanager
+def serving(model_path: str, **node_kwargs) -> Iterator[NodeHarness]:
+    """A NodeHarness; at the end both nodes idle, every block accounted for, no block pinned."""
+    h = NodeHarness(model_path, **node_kwargs)
+    yield h
+    h.idle()
+    h.close()
+    for service in (h.prefill, h.decode):
+        service.engine.check_integrity()
+        assert not service.engine.block_manager.num_pins, "a shipped block stayed pinned"
+
+
+def tokens(result: Result) -> list[int]:
+    """A result's tokens in index order."""
+    return [result.tokens[i] for i in sorted(result.tokens)]
 
 
 def process_alive(pid: int) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from engine import SamplingParams
 from pdwire.control import AbortRequest
 from tests.model_factory import hf_greedy
-from tests.node_harness import NodeHarness
+from tests.node_harness import serving, tokens as _tokens
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -17,17 +17,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 @pytest.fixture
 def harness(model_dir):
     # a 16-token step budget: a prompt of 40 tokens is prefilled in 3 chunks beside the decodes
-    h = NodeHarness(model_dir[0], block_size=8, num_blocks=64, max_num_batched_tokens=16)
-    yield h
-    h.idle()
-    h.close()
-    for service in (h.prefill, h.decode):
-        service.engine.check_integrity()
-        assert not service.engine.block_manager.num_pins, "a shipped block stayed pinned"
-
-
-def _tokens(result) -> list[int]:
-    return [result.tokens[i] for i in sorted(result.tokens)]
+    with serving(model_dir[0], block_size=8, num_blocks=64, max_num_batched_tokens=16) as h:
+        yield h
 
 
 def test_local_prefill_beside_decodes_equals_transformers_and_ships_nothing(harness, model_dir):
