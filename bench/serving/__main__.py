@@ -78,6 +78,8 @@ def _sweep_args(ap: argparse.ArgumentParser, systems: str) -> None:
     ap.add_argument("--kv-cache-gib", type=float, default=Knobs().kv_cache_gib)
     ap.add_argument("--max-num-seqs", type=int, default=Knobs().max_num_seqs)
     ap.add_argument("--max-num-batched-tokens", type=int, default=Knobs().max_num_batched_tokens)
+    ap.add_argument("--max-model-len", type=int, default=Knobs().max_model_len,
+                    help="also scales the RAG documents and long prompts (workloads.rag_document_lengths)")
     ap.add_argument("--pdserve-flags", default="", help='extra flags for both pdserve servers, e.g. '
                     '"--heartbeat-timeout-s 10"')
     ap.add_argument("--temperature", type=float, default=0.0,
@@ -93,7 +95,8 @@ def _spec(args, defaults: dict):
         rates=tuple(float(r) for r in str(pick("rates")).split(",")), burstiness=args.burstiness,
         max_concurrency=args.max_concurrency, seed=args.seed, deadline_s=pick("deadline_s"),
         output_cap=args.output_cap, slo=SLO(args.slo_ttft_ms, args.slo_tpot_ms),
-        knobs=Knobs(args.dtype, args.kv_cache_gib, args.max_num_seqs, args.max_num_batched_tokens),
+        knobs=Knobs(args.dtype, args.kv_cache_gib, args.max_num_seqs, args.max_num_batched_tokens,
+                    args.max_model_len),
         pdserve_flags=tuple(args.pdserve_flags.split()), temperature=args.temperature, repeat=args.repeat)
 
 
