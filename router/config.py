@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ROUTINGS = ("cost", "affinity")
-LOCAL_PREFILL_TOKENS = 256      # from the threshold sweep in bench/README.md (RAG and mixed workloads)
+LOCAL_PREFILL_TOKENS = 64       # the threshold sweep in bench/README.md: all of RAG's gain (its questions are
+                                # 4-64 tokens), the fewest chats pulled onto the decode node (mixed workload)
 
 
 @dataclass(frozen=True)

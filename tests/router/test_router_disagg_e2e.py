@@ -133,8 +133,8 @@ def test_decode_node_frozen_mid_stream_is_migrated_with_identical_greedy_output(
         assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, max_tokens)
         migrations = backend.collectors()[1]
         assert [s.value for m in migrations.collect() for s in m.samples if s.name.endswith("_total")] == [1]
-        assert _prefills(backend) == {"local": 2}   # a short prompt: both attempts prefilled on their D
-    _with_cluster(path, RouterConfig(heartbeat_timeout_s=1.0), ClusterConfig(1, 2), test)
+        assert _prefills(backend) == {"local": 2}   # both attempts prefilled on their decode node
+    _with_cluster(path, RouterConfig(heartbeat_timeout_s=1.0, local_prefill_tokens=1024), ClusterConfig(1, 2), test)
 
 
 def _prefills(backend: DisaggregatedBackend) -> dict[str, float]:
