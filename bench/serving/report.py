@@ -99,8 +99,14 @@ def routing_tuning_table(result: dict) -> str:
                     f"{p['remote_prefills']:.0f} | {p['loadavg_before'][0]:.1f} |")
     best = result.get("best")
     s = result["sweep"]["slo"]
+    if best is None and result["configs"]:
+        near = max(result["configs"], key=lambda c: c["metrics"]["slo_attainment"])
+        named = f"none met them (closest: local_prefill_tokens {near['local_prefill_tokens']}, attainment " \
+                f"{near['metrics']['slo_attainment']:.0%})"
+    else:
+        named = ", ".join(f"{k} {v}" for k, v in best.items()) if best else "none ran"
     verdict = (f"best for TTFT <= {s['ttft_ms']:g} ms and TPOT <= {s['tpot_ms']:g} ms (>= 90% of requests), "
-               f"highest goodput: " + (", ".join(f"{k} {v}" for k, v in best.items()) if best else "none met them"))
+               f"highest goodput: {named}")
     return "\n".join(rows) + "\n\n" + verdict
 
 
