@@ -14,6 +14,11 @@ Request lifecycle:
   4. each step streams TokenDeltas to the router; preemption recomputes locally
   5. on finish, AbortRequest, or a failed transfer (lease expiry, P's death, P's abort) the
      blocks are freed exactly once; a failed transfer is reported as RequestFailed (retryable)
+
+A DecodeRequest with local_prefill (the router found all but a few of the prompt's tokens cached
+here) skips steps 2-3: the reservation joins the batch at once, the engine prefills the uncached
+tail in chunks beside its decodes and samples the first token itself, which goes out as the first
+TokenDelta (index 0); no prefill node takes part and nothing is shipped.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from node_shell.service import NodeService
 
 log = logging.getLogger(__name__)
 BUSY_RETRY_MS = 50
+LOCAL_XFER_ID = "local"     # Reserved's xfer_id for a local prefill: names no transfer
 
 
 class DecodeService(NodeService):
@@ -110,12 +116,20 @@ class DecodeService(NodeService):
             self.link.send(Busy(req.rid, "no free KV blocks", BUSY_RETRY_MS))
             return
         table, cached = reserved
+        if req.local_prefill:
+            return self._prefill_here(req, table, cached)
         xfer_id = secrets.token_hex(16)      # unguessable; only req.prefill_node_id may write it
         self.receiver.register(Reservation(xfer_id, tuple(table), cached, self.config.lease_s,
                                            sender_node_id=req.prefill_node_id, num_tokens=len(prompt)))
         self.xfer_rid[xfer_id] = req.rid
         self.streamer.open(req.rid)
         self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached))
+
+    def _prefill_here(self, req: DecodeRequest, table: list[int], cached: int) -> None:
+        """Step 1's reservation, computed here: no transfer is registered, so no peer may write it."""
+        self.engine.prefill_reserved(req.rid)
+        self.streamer.open(req.rid)
+        self.link.send(Reserved(req.rid, LOCAL_XFER_ID, tuple(table), cached))
 
     def fail(self, rid: str, reason: str) -> None:
         self.streamer.drop(rid)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, NewType
 
 from pdwire.block_hash import BlockHash, chain_hashes
+from engine.kv_events import KVEventLog
 from engine.sequence import Sequence
 
 
@@ -64,6 +65,7 @@ class BlockManager:
         self._pins: dict[PinHandle, tuple[int, ...]] = {}   # blocks held outside any block table
         self._next_pin = 0
         self.stats = PrefixCacheStats()
+        self.events: KVEventLog | None = None   # a node sets it: what enters and leaves `_cached`
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -229,6 +231,8 @@ class BlockManager:
                 block.block_hash = h
                 block.token_ids = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
                 self._cached[h] = block.block_id
+                if self.events is not None:
+                    self.events.stored(h)
         seq.num_registered_blocks = full
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -253,6 +257,10 @@ class BlockManager:
         unknown or already unpinned."""
         for block_id in reversed(self._pins.pop(handle)):
             self._unref(block_id)
+
+    def cached_hashes(self) -> list[BlockHash]:
+        """Every hash in the prefix cache now (a KV-event snapshot)."""
+        return list(self._cached)
 
     @property
     def num_pins(self) -> int:
@@ -287,6 +295,8 @@ class BlockManager:
 
     def _evict(self, block: Block) -> None:
         del self._cached[block.block_hash]
+        if self.events is not None:
+            self.events.removed(block.block_hash)
         block.block_hash, block.token_ids = None, ()
 
     def _ref(self, block_id: int) -> None:

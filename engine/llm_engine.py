@@ -109,6 +109,12 @@ class LLMEngine:
             return None
         return list(group.seqs[0].block_table), cached
 
+    def prefill_reserved(self, request_id: str) -> None:
+        """A reserved prompt is computed by this engine instead of another node: its uncached
+        tokens are prefilled in chunks beside the running decodes and its first token is sampled
+        here, exactly as for add_request. KeyError if `request_id` is not reserved."""
+        self.scheduler.compute_reserved(request_id)
+
     def adopt(self, request_id: str, first_token: int,
               logprobs: dict[int, float] | None = None) -> RequestOutput:
         """Every block of a reserved prompt has arrived: take the first token the prefill node

@@ -105,6 +105,11 @@ class Scheduler:
         self.running.append(group)
         return group
 
+    def compute_reserved(self, request_id: str) -> None:
+        """The reserved prompt is computed here after all: it joins the batch as a prefilling
+        group from its cached blocks on (chunked beside the decodes, as an admitted prompt)."""
+        self.running.append(self.reserved.pop(request_id))
+
     def abort(self, request_id: str) -> SequenceGroup | None:
         if request_id in self.reserved:
             group = self.reserved.pop(request_id)

@@ -50,6 +50,7 @@ class RouterLink:
         self.dropped = 0             # frames from the router that failed authentication or decoding
         self.resets = 0              # established sessions lost
         self.leave = False           # the router told this node to go
+        self.hellos = 0              # NodeHellos sent: after each, the router knows nothing of this node's cache
         self._start_handshake()
 
     @property
@@ -135,7 +136,7 @@ class RouterLink:
         auth = parse_auth_frame(frames)
         if auth is not None and auth[0] is AuthKind.CHALLENGE and self._session is None:
             self._session = self._initiator.on_challenge(auth[1])
-            self.send(self._hello(self.epoch))
+            self._send_hello()
             log.info("registered with the router at %s", self._endpoint)
             return None
         if auth is not None and auth[0] is AuthKind.RESET:
@@ -150,6 +151,10 @@ class RouterLink:
         self._last_heard, self._beats = time.monotonic(), 0
         return msg
 
+    def _send_hello(self) -> None:
+        self.send(self._hello(self.epoch))
+        self.hellos += 1
+
     def _drop(self, why: str) -> None:
         self.dropped += 1
         log.warning("dropped a frame from the router: %s", why)
@@ -158,7 +163,7 @@ class RouterLink:
         if not isinstance(msg, NodeCommand):
             return False
         if msg.command == "register":
-            self.send(self._hello(self.epoch))
+            self._send_hello()
         elif msg.command == "leave":
             self.leave = True
         return True

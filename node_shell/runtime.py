@@ -59,6 +59,7 @@ def run(service: NodeService) -> None:
                 for rid, why in failed.items():
                     service.fail(rid, why)
                 service.on_outputs(outputs)
+            service.kv_events.flush()
         reason = stopping[0] if stopping else "told to leave"
     except BaseException as err:
         reason = f"failed: {type(err).__name__}: {err}"[:200]

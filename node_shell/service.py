@@ -4,7 +4,8 @@
       1. the cluster secret (a node without one refuses to start), the engine, the KV identity
       2. open_transport(): the node kind's sender or receiver
       3. the link to the router: an authenticated session, then NodeHello (kv_endpoint, blocks)
-      4. serving (node_shell.runtime.run): poll(), the engine's steps, on_outputs()
+      4. serving (node_shell.runtime.run): poll(), the engine's steps, on_outputs(), and the
+         prefix cache's KV events to the router (kv_publisher.py)
       5. close(reason): NodeGoodbye to the router first, so it moves this node's work at once,
          then the transport, the link and the tensor-parallel workers
 """
@@ -22,6 +23,7 @@ from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 from kvtransport.secret import load_secret
 from node_shell.config import NodeConfig
 from node_shell.identity import kv_identity, node_status
+from node_shell.kv_publisher import KVPublisher
 from node_shell.router_link import RouterLink
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class NodeService(ABC):
         self.open_transport(kv_identity(self.engine, config.node_id, self.epoch, config.kv_transport), secret)
         self.link = RouterLink(config.router, secret, self._hello, self._status, config.heartbeat_s,
                                config.router_timeout_s, self.drop_all)
+        self.kv_events = KVPublisher(self.engine.block_manager, config.node_id, self.link)
 
     # -- what a node kind provides ----------------------------------------------------------
     @abstractmethod

@@ -7,6 +7,7 @@ on decode like the KV transport's own messages (pdwire.messages); Reserved and B
 shared with it.
 
   node   -> router: NodeHello (once per epoch), NodeStatus (heartbeat), NodeGoodbye (on exit),
+                    KVEvents (block hashes the node's prefix cache stored and evicted),
                     FirstToken (prefill),
                     TokenDelta (decode), Reserved | Busy (decode, answering DecodeRequest),
                     RequestFailed
@@ -25,10 +26,11 @@ from pdwire.figures import KV_COUNTERS, PREFIX_COUNTERS, NodeFigures, PrefixCoun
 from pdwire.messages import Busy, Reserved
 from pdwire.sampling_params import SamplingParams
 from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION, ProtocolError,
-                                check_bool, check_id, check_int, check_ints, check_seq, check_str)
+                                check_bool, check_hashes, check_id, check_int, check_ints, check_seq, check_str)
 
 MAX_PROMPT_TOKENS = 1 << 20
 MAX_CONTROL_BYTES = 16 << 20
+MAX_KV_EVENT_HASHES = 1 << 16   # hashes per KVEvents message (~1.2 MB): a snapshot goes in several
 ROLES = ("prefill", "decode")
 COMMANDS = ("ok", "register", "drain", "leave")
 _FLOAT_LIMIT = 1e6
@@ -164,6 +166,24 @@ class NodeGoodbye:
 
 
 @dataclass(frozen=True, slots=True)
+class KVEvents:
+    """Node -> router: chained block hashes its prefix cache stored and evicted since the last
+    KVEvents, in that order (a hash stored and evicted in one batch is in both). `reset` starts a
+    snapshot: the router drops what it knew of this node's cache first; a snapshot longer than
+    MAX_KV_EVENT_HASHES continues in messages without `reset`."""
+    node_id: str
+    epoch: str
+    stored: tuple[bytes, ...]
+    removed: tuple[bytes, ...]
+    reset: bool = False
+
+    def __post_init__(self) -> None:
+        check_id(self.node_id, "node_id"), check_id(self.epoch, "epoch"), check_bool(self.reset, "reset")
+        object.__setattr__(self, "stored", check_hashes(self.stored, "stored", MAX_KV_EVENT_HASHES))
+        object.__setattr__(self, "removed", check_hashes(self.removed, "removed", MAX_KV_EVENT_HASHES))
+
+
+@dataclass(frozen=True, slots=True)
 class NodeCommand:
     command: str                 # ok | register (unknown epoch: say hello again) | drain | leave
 
@@ -180,9 +200,12 @@ class DecodeRequest:
     params: SamplingParams
     prefill_node_id: str         # the only node allowed to write the reservation
     prior_outputs: int = 0       # the prompt's last tokens that an earlier attempt generated
+    local_prefill: bool = False  # the decode node computes the prompt's uncached tail itself and
+                                 # samples the first token (no prefill node; older peers: False)
 
     def __post_init__(self) -> None:
         _rid(self.rid), check_id(self.prefill_node_id, "prefill_node_id")
+        check_bool(self.local_prefill, "local_prefill")
         _check_prompt_request(self)
 
 
@@ -275,6 +298,7 @@ class AbortRequest:
 
 KINDS: dict[str, type] = {
     "node_hello": NodeHello, "node_status": NodeStatus, "node_goodbye": NodeGoodbye, "node_command": NodeCommand,
+    "kv_events": KVEvents,
     "decode_request": DecodeRequest, "prefill_request": PrefillRequest, "first_token": FirstToken,
     "token_delta": TokenDelta, "request_failed": RequestFailed, "abort_request": AbortRequest,
     "reserved": Reserved, "busy": Busy,

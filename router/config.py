@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ROUTINGS = ("cost", "affinity")
+LOCAL_PREFILL_TOKENS = 64       # the threshold sweep in bench/README.md: all of RAG's gain (its questions are
+                                # 4-64 tokens), the fewest chats pulled onto the decode node (mixed workload)
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -15,6 +19,10 @@ class RouterConfig:
     affinity_blocks_per_node: int = 8192    # LRU capacity of block hashes remembered per prefill node
     prefill_load_weight: float = 1.0        # queued blocks vs. prefix-cache hits in the prefill choice
     policy_seed: int = 0                    # seeds the decode node's power-of-two choice
+    routing: str = "cost"                   # disaggregated: cost (decode node by cached overlap and load from the nodes' KV events, short uncached tails prefilled on it) | affinity (prefill node by prefix affinity, decode node by load, every prompt through a prefill node)
+    local_prefill_tokens: int = LOCAL_PREFILL_TOKENS  # routing cost: a decode node prefills a prompt itself when at most this many of its tokens are not cached there (0: never)
+    decode_load_weight: float = 1.0         # routing cost: a decode node's blocks in use vs. the prompt blocks it lacks
+    kv_index_max_blocks: int = 1 << 18      # routing cost: (node, block hash) entries the router's KV index keeps, least recent dropped first
     control_endpoint: str = "tcp://127.0.0.1:0"  # disaggregated: where nodes connect; port 0 = any free
     admission_timeout_s: float = 30.0       # disaggregated: longest wait for a decode reservation
     max_retries: int = 3                    # disaggregated: new attempts of a request after failures
@@ -55,6 +63,9 @@ class RouterConfig:
                  f"affinity_blocks_per_node must be >= 1, got {self.affinity_blocks_per_node}")
         _require(self.prefill_load_weight >= 0,
                  f"prefill_load_weight must be >= 0, got {self.prefill_load_weight}")
+        _require(self.routing in ROUTINGS, f"routing must be one of {ROUTINGS}, got {self.routing!r}")
+        _require(self.local_prefill_tokens >= 0 and self.decode_load_weight >= 0 and self.kv_index_max_blocks >= 1,
+                 "local_prefill_tokens and decode_load_weight must be >= 0, kv_index_max_blocks >= 1")
         _require(self.control_endpoint.startswith(("tcp://", "ipc://")),
                  f"control_endpoint must be a tcp:// or ipc:// address, got {self.control_endpoint!r}")
         _require(self.admission_timeout_s > 0,

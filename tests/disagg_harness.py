@@ -19,10 +19,12 @@ from tests.control_peer import NodeEnd
 
 BLOCK = 4
 PROMPT = [5, 6, 7, 8, 9, 10]            # 2 blocks of 4
-CONFIG = RouterConfig(heartbeat_timeout_s=5.0, admission_timeout_s=5.0)
+# every prompt through a prefill node (the scripted prompts are short: routing cost would prefill
+# them on the decode node); tests of local prefill set local_prefill_tokens
+CONFIG = RouterConfig(heartbeat_timeout_s=5.0, admission_timeout_s=5.0, local_prefill_tokens=0)
 # for the tests that lose a node by its silence: short enough to be quick, long enough that a loaded
 # 2-core CI machine does not lose the live nodes too (0.5 s did, now and then)
-LOSSY = RouterConfig(heartbeat_timeout_s=1.0, admission_timeout_s=5.0)
+LOSSY = RouterConfig(heartbeat_timeout_s=1.0, admission_timeout_s=5.0, local_prefill_tokens=0)
 BEAT_S = 0.05
 END = object()
 

@@ -2,19 +2,21 @@
 over a real ZMQ ROUTER socket speaking the control protocol."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import zmq
 
 from decode_node.service import DecodeService
 from node_shell.config import NodeConfig
 from node_shell.runtime import run
-from pdwire.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus, PrefillRequest,
-                                 RequestFailed, TokenDelta)
+from pdwire.control import (DecodeRequest, FirstToken, KVEvents, NodeCommand, NodeHello, NodeStatus,
+                            PrefillRequest, RequestFailed, TokenDelta)
 from pdwire.messages import Busy, Reserved
 from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET
@@ -55,6 +57,8 @@ class NodeHarness:
         self.decode = DecodeService(NodeConfig(node_id="decode-0", tensor_parallel_size=decode_tp, **cfg))
         self.hellos: dict[str, NodeHello] = {}
         self.results: dict[str, Result] = {}
+        self.cached: dict[str, set[bytes]] = {"prefill-0": set(), "decode-0": set()}  # by the KV events
+        self.evicted: dict[str, int] = {"prefill-0": 0, "decode-0": 0}              # hashes they removed
         self.threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in (self.prefill, self.decode)]
         for t in self.threads:
             t.start()
@@ -79,6 +83,10 @@ class NodeHarness:
             self.hellos[node] = msg
         if isinstance(msg, (NodeHello, NodeStatus)):
             return self.send(node, NodeCommand("ok"))
+        if isinstance(msg, KVEvents):
+            held = self.cached[node] = set() if msg.reset else self.cached[node]
+            self.evicted[node] += len(msg.removed)
+            return held.update(msg.stored) or held.difference_update(msg.removed)
         rid = getattr(msg, "rid", None)
         if rid is None or rid not in self.results:
             return
@@ -86,6 +94,8 @@ class NodeHarness:
         if isinstance(msg, Reserved):
             r.reserved = msg
             req = self.pending.pop(rid)
+            if req.local_prefill:
+                return
             self.send("prefill-0", PrefillRequest(rid, req.prompt_ids, req.params, self.hellos["decode-0"].kv_endpoint,
                                                   msg.xfer_id, msg.dst_block_ids, msg.cached_prefix_blocks,
                                                   req.prior_outputs))
@@ -102,11 +112,12 @@ class NodeHarness:
             r.failed = msg
             r.failures.append((node, msg))
 
-    def submit(self, rid: str, prompt: list[int], params, prior_outputs: int = 0) -> None:
+    def submit(self, rid: str, prompt: list[int], params, prior_outputs: int = 0, local: bool = False) -> None:
+        """local: the decode node prefills the prompt itself (no PrefillRequest follows)."""
         if not hasattr(self, "pending"):
             self.pending = {}
         self.results[rid] = Result()
-        self.pending[rid] = DecodeRequest(rid, tuple(prompt), params, "prefill-0", prior_outputs)
+        self.pending[rid] = DecodeRequest(rid, tuple(prompt), params, "prefill-0", prior_outputs, local)
         self.send("decode-0", self.pending[rid])
 
     def wait(self, rids: list[str], timeout: float = 120.0) -> list[Result]:
@@ -125,6 +136,23 @@ class NodeHarness:
             t.join(timeout=10)
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+@contextlib.contextmanager
+def serving(model_path: str, **node_kwargs) -> Iterator[NodeHarness]:
+    """A NodeHarness; at the end both nodes idle, every block accounted for, no block pinned."""
+    h = NodeHarness(model_path, **node_kwargs)
+    yield h
+    h.idle()
+    h.close()
+    for service in (h.prefill, h.decode):
+        service.engine.check_integrity()
+        assert not service.engine.block_manager.num_pins, "a shipped block stayed pinned"
+
+
+def tokens(result: Result) -> list[int]:
+    """A result's tokens in index order."""
+    return [result.tokens[i] for i in sorted(result.tokens)]
 
 
 def process_alive(pid: int) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from bench.serving import record as rec
 from bench.serving.loadgen import LoadSpec, RunResult, run_load
 from bench.serving.metrics import SLO, distserve_goodput, summarize
-from bench.serving.servers import SYSTEMS, Knobs, ServerFailed, available, running
+from bench.serving.servers import Knobs, ServerFailed, available, running, server_spec
 from bench.serving.workloads import WorkloadSpec, generate, summary
 
 
@@ -38,6 +38,8 @@ class SweepSpec:
     knobs: Knobs = Knobs()
     pdserve_flags: tuple[str, ...] = ()     # extra flags for both pdserve servers
     temperature: float = 0.0                # 0: greedy requests; else sampled at it
+    repeat: int = 1                         # runs of the whole system list, alternating: the
+                                            # k-th run's results are under "name#k" (k > 1)
 
     def workload_at(self, point: int) -> WorkloadSpec:
         return WorkloadSpec(self.workload, self.num_requests, self.seed + point,
@@ -56,19 +58,21 @@ def run_sweep(spec: SweepSpec, model: str, vocab: list[str], bench: str = "servi
         "sweep": asdict(spec), "workload": [_workload_summary(spec, i) for i in range(len(spec.rates))],
         "systems": {}}
     path = None
-    for name in spec.systems:
-        why_not = available(name)
-        if why_not:
-            print(f"[{name}] skipped: {why_not}")
-            result["systems"][name] = {"status": f"skipped: {why_not}"}
-            continue
-        result["systems"][name] = run_system(name, spec, model, vocab)
-        path = _save(result, bench, path)    # after each system: a crash later keeps what ran
+    for k in range(1, spec.repeat + 1):
+        for name in spec.systems:
+            key = name if k == 1 else f"{name}#{k}"
+            why_not = available(name)
+            if why_not:
+                print(f"[{name}] skipped: {why_not}")
+                result["systems"][key] = {"status": f"skipped: {why_not}"}
+                continue
+            result["systems"][key] = run_system(name, spec, model, vocab)
+            path = _save(result, bench, path)    # after each system: a crash later keeps what ran
     return _save(result, bench, path)
 
 
 def run_system(name: str, spec: SweepSpec, model: str, vocab: list[str], knobs: Knobs | None = None) -> dict:
-    server = SYSTEMS[name](model, free_port(), knobs or spec.knobs)
+    server = server_spec(name, model, free_port(), knobs or spec.knobs)
     if name.startswith("pdserve") and spec.pdserve_flags:
         server = replace(server, argv=server.argv + spec.pdserve_flags)
     out = {"status": "ok", "server": server.record(), "knobs": asdict(knobs or spec.knobs), "points": []}
@@ -97,15 +101,28 @@ def _point(endpoint, spec: SweepSpec, i: int, rate: float, vocab: list[str], nam
     load_before = os.getloadavg()
     run = asyncio.run(run_load(endpoint, requests, vocab, load, f"{name} @ {rate} req/s"))
     m = summarize(run.records, run.duration_s, rate, run.achieved_rate, spec.slo)
+    shipped = kv_shipped(run.prometheus, m.completed)
     print(f"[{name}] rate {rate:g}: {m.completed}/{m.num_sent} done, sent at {run.achieved_rate:.2f} req/s "
           f"(schedule {run.scheduled_rate:.2f}), {m.request_throughput:.2f} req/s, "
-          f"{m.output_throughput:.0f} tok/s, TTFT p50 {m.ttft.p50:.0f} ms, TPOT p50 {m.tpot.p50:.1f} ms, "
-          f"norm. latency {m.normalized_latency_s * 1000:.1f} ms/token, SLO attainment {m.slo_attainment:.0%}",
-          flush=True)
-    return {"rate": rate, "metrics": m.to_dict(), "scheduled_rate": run.scheduled_rate,
+          f"{m.output_throughput:.0f} tok/s, TTFT p50 {m.ttft.p50:.0f} / p99 {m.ttft.p99:.0f} ms, "
+          f"TPOT p50 {m.tpot.p50:.1f} ms, norm. latency {m.normalized_latency_s * 1000:.1f} ms/token, "
+          f"SLO attainment {m.slo_attainment:.0%}, KV shipped {shipped['kv_bytes_per_request'] / 2**20:.2f} MiB/request, "
+          f"prefills local / remote {shipped['local_prefills']:.0f} / {shipped['remote_prefills']:.0f}", flush=True)
+    return {"rate": rate, "metrics": m.to_dict(), "scheduled_rate": run.scheduled_rate, **shipped,
             "max_send_lag_s": run.max_send_lag_s, "exact_lengths": _exact(run),
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "prometheus": run.prometheus,
             "requests": [rec.compact(r) for r in run.records]}
+
+
+def kv_shipped(prometheus: dict, completed: int) -> dict:
+    """KV bytes the prefill nodes sent over the run, per completed request (pdserve disaggregated:
+    pdserve_kv_bytes_sent_total, by the nodes' heartbeats), and where the router had prompts
+    computed (pdserve_router_prefills_total); zeros for servers without these series."""
+    deltas = prometheus.get("counter_deltas", {})
+    total = lambda prefix: sum(v for k, v in deltas.items() if k.startswith(prefix))    # noqa: E731
+    return {"kv_bytes_per_request": total("pdserve_kv_bytes_sent_total") / max(1, completed),
+            "local_prefills": total('pdserve_router_prefills_total{where="local"'),
+            "remote_prefills": total('pdserve_router_prefills_total{where="remote"')}
 
 
 def _exact(run: RunResult) -> bool:

@@ -15,7 +15,8 @@ import httpx
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 GAUGE_FRAGMENTS = ("kv_cache_usage", "cache_usage_perc", "num_requests_running", "num_requests_waiting",
                    "hit_rate")
-COUNTER_FRAGMENTS = ("bytes", "blocks", "prefix_cache", "preemption", "prompt_tokens", "generation_tokens")
+COUNTER_FRAGMENTS = ("bytes", "blocks", "prefix_cache", "preemption", "prompt_tokens", "generation_tokens",
+                     "prefills")
 
 
 def parse(text: str) -> dict[str, float]:

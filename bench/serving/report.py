@@ -85,8 +85,49 @@ def tuning_table(result: dict) -> str:
     return "\n".join(rows)
 
 
+def routing_tuning_table(result: dict) -> str:
+    """One row per routing setting, and the one that meets the SLOs at the highest goodput."""
+    rows = ["| local prefill tokens | decode load weight | chunk tokens | done | TTFT p50 / p99 ms | "
+            "TPOT p50 ms | goodput req/s | SLO attain. | KV MiB / request | local / remote | load avg |",
+            "|" + "---|" * 11]
+    for c in result["configs"]:
+        m, p = c["metrics"], c["point"]
+        rows.append(f"| {c['local_prefill_tokens']} | {c['decode_load_weight']:g} | {c['max_num_batched_tokens']} | "
+                    f"{m['completed']}/{m['num_sent']} | {_f(m['ttft']['p50'])} / {_f(m['ttft']['p99'])} | "
+                    f"{_f(m['tpot']['p50'], 1)} | {_f(m['goodput'], 2)} | {m['slo_attainment']:.0%} | "
+                    f"{_f(p['kv_bytes_per_request'] / 2**20, 2)} | {p['local_prefills']:.0f} / "
+                    f"{p['remote_prefills']:.0f} | {p['loadavg_before'][0]:.1f} |")
+    best = result.get("best")
+    s = result["sweep"]["slo"]
+    if best is None and result["configs"]:
+        near = max(result["configs"], key=lambda c: c["metrics"]["slo_attainment"])
+        named = f"none met them (closest: local_prefill_tokens {near['local_prefill_tokens']}, attainment " \
+                f"{near['metrics']['slo_attainment']:.0%})"
+    else:
+        named = ", ".join(f"{k} {v}" for k, v in best.items()) if best else "none ran"
+    verdict = (f"best for TTFT <= {s['ttft_ms']:g} ms and TPOT <= {s['tpot_ms']:g} ms (>= 90% of requests), "
+               f"highest goodput: {named}")
+    return "\n".join(rows) + "\n\n" + verdict
+
+
+def routing_table(result: dict) -> str:
+    """Per system and rate: TTFT, TPOT, KV bytes shipped per request and where prompts were computed."""
+    rows = ["| system | offered req/s | done | TTFT p50 / p99 ms | TPOT p50 ms | KV MiB / request | "
+            "local / remote prefills | load avg |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in result["systems"].items():
+        for p in s.get("points", []):
+            m = p["metrics"]
+            rows.append(f"| {name} | {p['rate']:g} | {m['completed']}/{m['num_sent']} | {_f(m['ttft']['p50'])} / "
+                        f"{_f(m['ttft']['p99'])} | {_f(m['tpot']['p50'], 1)} | "
+                        f"{_f(p.get('kv_bytes_per_request', 0) / 2**20, 2)} | {p.get('local_prefills', 0):.0f} / "
+                        f"{p.get('remote_prefills', 0):.0f} | {p['loadavg_before'][0]:.1f} |")
+    return "\n".join(rows)
+
+
 def compare_markdown(result: dict) -> str:
     parts = [context(result), workload_line(result), goodput_table(result), sweep_table(result)]
+    if any("kv_bytes_per_request" in p for s in result["systems"].values() for p in s.get("points", [])):
+        parts.append(routing_table(result))
     kinds = {r["kind"] for s in result["systems"].values() for p in s.get("points", []) for r in p["requests"]}
     return "\n\n".join(parts + ([kind_table(result)] if len(kinds) > 1 else []))
 

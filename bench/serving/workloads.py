@@ -106,8 +106,11 @@ def rag(spec: WorkloadSpec, rng: np.random.Generator, num_docs: int = 4) -> list
     picks = rng.choice(num_docs, spec.num_requests, p=popularity / popularity.sum())
     questions = LogNormal(24.0, 0.4).sample(rng, spec.num_requests, 4, 64)
     answers = LogNormal(64.0, 0.5).sample(rng, spec.num_requests, 8, min(192, _out_cap(spec)))
-    return [BenchRequest(docs[d] + random_ids(rng, int(q), spec.vocab_size), int(a), "rag")
-            for d, q, a in zip(picks, questions, answers)]
+    first = {int(d): i for i, d in reversed(list(enumerate(picks)))}   # each document's first request
+    # kind "rag-first": the first request of its document (nothing can have it cached); "rag": later ones
+    return [BenchRequest(docs[d] + random_ids(rng, int(q), spec.vocab_size), int(a),
+                         "rag-first" if first[int(d)] == i else "rag")
+            for i, (d, q, a) in enumerate(zip(picks, questions, answers))]
 
 
 def prefix(spec: WorkloadSpec, rng: np.random.Generator, num_prefixes: int = 4,

@@ -4,13 +4,16 @@ D and a prefill node P, get D's reservation, and send P its PrefillRequest into 
 One admission, round by round:
 
     1. wait until both pools have a live node (a fresh request: 503 at once if one is empty)
-    2. rank the decode nodes (policy.py) and take the least loaded one with room, skipping a node
-       that said Busy to this request until it reports more free blocks; book the request on D
-       and on P at once, so the next request sees them taken
+    2. rank the decode nodes (policy.py; --routing cost: routing_cost.py, by cached overlap and
+       load) and take the first one with room, skipping a node that said Busy to this request
+       until it reports more free blocks; decide where the prompt is computed: on D itself when
+       its uncached tail is short (routing cost), else on a prefill node P; book the request on
+       D (and P) at once, so the next request sees them taken
     3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
        ending) or a timer (from retry_after_ms, doubling up to _MAX_WAIT_S, with jitter); when the
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
-    4. DecodeRequest to D: Reserved ends admission; Busy releases both bookings and goes to 1
+    4. DecodeRequest to D (local_prefill: D computes the prompt): Reserved ends admission, and
+       sends P its PrefillRequest unless D prefills; Busy releases the bookings and goes to 1
     5. past admission_timeout_s: 503 naming why (no live node, every decode node busy or full,
        or a decode node that did not answer)
 """
@@ -28,8 +31,10 @@ from pdwire.messages import Busy, Reserved
 from router.config import RouterConfig
 from router.cluster.control_server import ControlServer
 from router.cluster.disagg_request import Attempt, Choice, Failure, Lost
+from router.cluster.kv_index import KVIndex
 from router.cluster.policy import DecodePolicy, NoNodeAvailable, Pool, PrefillChoice, PrefillPolicy, PrefixAffinity
 from router.cluster.registry import Node, NodeRegistry, NodeRole
+from router.cluster.routing_cost import RoutingCost
 
 _POLL_S = 0.05              # how often a failed-over request looks for a live node
 _FIRST_WAIT_S = 0.05        # least wait for room before asking a node that looks full
@@ -74,12 +79,19 @@ class Admission:
     books each attempt's nodes in the registry from the moment it picks them (`Attempt.bookings`)."""
 
     def __init__(self, config: RouterConfig, registry: NodeRegistry, server: ControlServer,
-                 affinity: PrefixAffinity, capacity: CapacityWatch):
+                 affinity: PrefixAffinity, capacity: CapacityWatch, index: KVIndex):
         self._config, self._registry, self._server, self._capacity = config, registry, server, capacity
-        self._prefill_policy = PrefillPolicy(affinity, config.prefill_load_weight)
         self._decode_policy = DecodePolicy(self._pool, config.policy_seed)
+        self._cost: RoutingCost | None = None
+        if config.routing == "cost":
+            self._cost = RoutingCost(index, self._decode_policy, config.decode_load_weight,
+                                     config.local_prefill_tokens, config.policy_seed)
+        self._prefill_policy = PrefillPolicy(index if self._cost else affinity, config.prefill_load_weight)
         self._rng = random.Random(config.policy_seed)
         self.busy = Counter("pdserve_router_busy_replies", "Busy replies from decode nodes.", registry=None)
+        self.prefills = Counter("pdserve_router_prefills", "Prompts admitted, by where they were computed: "
+                                "on a prefill node (remote) or on their decode node (local).", ["where"],
+                                registry=None)
 
     async def admit(self, choice: Choice, att: Attempt) -> Failure | None:
         """Picks P and D and gets D's reservation. Raises NoNodeAvailable when that cannot happen."""
@@ -90,11 +102,13 @@ class Admission:
             if loop.time() >= rounds.deadline:
                 raise NoNodeAvailable(self._timeout_reason(rounds))
             rounds.need_blocks = self._need_blocks(att)
-            decode = self._choose_decode(choice, rounds)
+            hashes = chain_hashes(att.prompt_ids, self._server.block_size)
+            decode = self._choose_decode(choice, rounds, att, hashes)
             if decode is None:
                 await self._wait_for_room(rounds)
                 continue
-            self._book(att, decode, self._choose_prefill(choice, att))
+            att.local = self._prefill_here(decode, att, hashes)
+            self._book(att, decode, None if att.local else self._choose_prefill(choice, att, hashes))
             reply = await self._reserve(att, decode, rounds.deadline)
             if not isinstance(reply, Busy):
                 return reply
@@ -116,10 +130,14 @@ class Admission:
         """'prefill', 'decode', 'prefill or decode', or '' when both pools have a live node."""
         return " or ".join(r.value for r in NodeRole if not self._registry.candidates(r))
 
-    def _choose_decode(self, choice: Choice, rounds: _Rounds) -> Node | None:
-        """The least loaded decode node with room that has not refused the request; when the
-        timer fired, the least loaded one whatever it said."""
-        ranked = self._decode_policy.rank(_prefer(self._registry.candidates(NodeRole.DECODE), choice.avoid))
+    def _choose_decode(self, choice: Choice, rounds: _Rounds, att: Attempt, hashes: list[bytes]) -> Node | None:
+        """The first ranked decode node with room that has not refused the request; when the
+        timer fired, the first one whatever it said."""
+        nodes = _prefer(self._registry.candidates(NodeRole.DECODE), choice.avoid)
+        if self._cost is None:
+            ranked = self._decode_policy.rank(nodes)
+        else:
+            ranked = self._cost.rank(nodes, hashes, len(att.prompt_ids), self._server.block_size)
         fit = next((n for n in ranked if not self._refused(n, rounds)
                     and self._decode_policy.has_room(n, rounds.need_blocks)), None)
         return ranked[0] if fit is None and rounds.probe else fit
@@ -164,21 +182,27 @@ class Admission:
         rounds.probe_at = asyncio.get_running_loop().time() + self._jittered(rounds.wait_s)
         rounds.probe = False
 
-    def _choose_prefill(self, choice: Choice, att: Attempt) -> PrefillChoice:
+    def _prefill_here(self, decode: Node, att: Attempt, hashes: list[bytes]) -> bool:
+        """Whether D computes the prompt (routing cost, a short uncached tail). Prompt logprobs
+        come with a prefill node's first token, so such a request always has one."""
+        return self._cost is not None and att.params.prompt_logprobs is None and \
+            self._cost.prefill_here(decode, hashes, len(att.prompt_ids), self._server.block_size)
+
+    def _choose_prefill(self, choice: Choice, att: Attempt, hashes: list[bytes]) -> PrefillChoice:
         """The attempt's prefill node: the one chosen in an earlier round while it is still a
         candidate (its prefix was recorded there), else the policy's choice."""
         nodes = _prefer(self._registry.candidates(NodeRole.PREFILL), choice.avoid)
         if att.prefill is not None and any(n is att.prefill.node for n in nodes):
             return att.prefill
-        block_size = self._server.block_size
-        hashes = chain_hashes(att.prompt_ids, block_size)
-        return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // block_size))
+        return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // self._server.block_size))
 
-    def _book(self, att: Attempt, decode: Node, prefill: PrefillChoice) -> None:
-        """Books the attempt on both nodes now, before either has heard of it."""
+    def _book(self, att: Attempt, decode: Node, prefill: PrefillChoice | None) -> None:
+        """Books the attempt on its nodes now, before either has heard of it (no prefill node:
+        D computes the prompt)."""
         att.prefill = prefill
         att.bookings[decode.node_id] = self._registry.book(decode.node_id, self._prompt_blocks(att))
-        att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
+        if prefill is not None:
+            att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
 
     def _taken(self, att: Attempt, node_id: str) -> None:
         booking = att.bookings.get(node_id)
@@ -195,7 +219,7 @@ class Admission:
         att.decode_id = decode.node_id
         att.contacted.add(decode.node_id)
         self._server.send(decode.node_id, DecodeRequest(att.wire_rid, att.prompt_ids, att.params,
-                                                        att.prefill_id, att.base))
+                                                        att.prefill_id or decode.node_id, att.base, att.local))
         while True:
             try:
                 event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
@@ -216,7 +240,11 @@ class Admission:
             if isinstance(msg, Reserved):
                 att.cached_blocks = msg.cached_prefix_blocks
                 self._taken(att, node_id)
-                self._send_prefill(att, decode, msg)
+                self.prefills.labels("local" if att.local else "remote").inc()
+                if att.local:
+                    att.first_token = True      # D's deltas carry every token from the first
+                else:
+                    self._send_prefill(att, decode, msg)
                 return None
 
     def _send_prefill(self, att: Attempt, decode: Node, reserved: Reserved) -> None:

@@ -12,7 +12,8 @@
    hello with a new epoch for a known node id is a restarted node, whatever connection it
    comes on: the old one is lost first (its requests fail over)
 3. NodeStatus is the heartbeat: answered "ok", "register" (unknown node or stale epoch) or
-   "leave" (drained and idle); NodeGoodbye (a clean exit) loses the node at once
+   "leave" (drained and idle); NodeGoodbye (a clean exit) loses the node at once; KVEvents of
+   the registered node's current epoch go to the listener (the router's KV index)
    A node told to leave (drained, removed) is answered "leave" until it says goodbye, so it
    cannot register again in the same epoch
 4. request messages (Reserved, Busy, FirstToken, TokenDelta, RequestFailed) go to the listener
@@ -33,8 +34,8 @@ import zmq.asyncio
 from prometheus_client import Counter
 
 from pdwire import control
-from pdwire.control import (KV_COUNTERS, FirstToken, NodeCommand, NodeGoodbye, NodeHello, NodeStatus,
-                                 RequestFailed, TokenDelta)
+from pdwire.control import (KV_COUNTERS, FirstToken, KVEvents, NodeCommand, NodeGoodbye, NodeHello,
+                            NodeStatus, RequestFailed, TokenDelta)
 from kvtransport.framing import FrameError, control_framer
 from pdwire.figures import PrefixCounters
 from pdwire.messages import Busy, Reserved
@@ -59,6 +60,9 @@ class ControlListener(Protocol):
 
     def on_node_lost(self, node_id: str, loss: NodeLoss) -> None:
         """The node died, restarted or left: whatever it was doing will not finish."""
+
+    def on_kv_events(self, node_id: str, msg: KVEvents) -> None:
+        """What the registered node's prefix cache stored and evicted (this epoch)."""
 
 
 @dataclass(slots=True)
@@ -222,6 +226,8 @@ class ControlServer:
             return self._on_status(peer, node_id, msg)
         if isinstance(msg, NodeGoodbye):
             return self._on_goodbye(peer, node_id, msg)
+        if isinstance(msg, KVEvents):
+            return self._on_kv_events(peer, node_id, msg)
         if not isinstance(msg, REQUEST_MESSAGES):
             return self._drop("unexpected", f"{type(msg).__name__} from {node_id!r}")
         if node_id is None or node_id not in self._nodes:
@@ -291,6 +297,12 @@ class ControlServer:
             self._listener.on_node_lost(node_id, loss)
         self._send_to(peer, NodeCommand({HeartbeatReply.OK: "ok", HeartbeatReply.LEAVE: "leave",
                                         HeartbeatReply.UNKNOWN: "register"}[reply]))
+
+    def _on_kv_events(self, peer: bytes, node_id: str | None, msg: KVEvents) -> None:
+        info = self._nodes.get(msg.node_id)
+        if node_id != msg.node_id or info is None or info.peer != peer or info.hello.epoch != msg.epoch:
+            return self._drop("unexpected", f"KV events from {node_id!r} name {msg.node_id!r}/{msg.epoch}")
+        self._listener.on_kv_events(node_id, msg)
 
     def _on_goodbye(self, peer: bytes, node_id: str | None, bye: NodeGoodbye) -> None:
         left = self._leaving.get(bye.node_id)

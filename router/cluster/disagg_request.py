@@ -45,9 +45,10 @@ class Attempt:
     base: int                       # tokens emitted before: token i here is choice token base + i
     text_base: int                  # characters of text emitted before this attempt's text
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)    # (node_id, msg) | Lost
-    prefill: PrefillChoice | None = None
+    prefill: PrefillChoice | None = None       # None when D computes the prompt (local)
     decode_id: str = ""
-    first_token: bool = False       # P's FirstToken merged: D's deltas may follow it
+    local: bool = False             # D prefills the prompt itself and samples its first token
+    first_token: bool = False       # P's FirstToken merged (local: D reserved): D's deltas may follow
     cached_blocks: int = 0          # leading prompt blocks D had in its prefix cache (Reserved)
     decode_done: bool = False       # D sent its last delta: nothing is left to abort
     held: list[TokenDelta] = field(default_factory=list)        # D's deltas that would leave a gap
@@ -229,7 +230,9 @@ class TransferTimer:
         self._done = False
 
     def note(self, event: Any, att: Attempt) -> None:
-        """After each event of the attempt's inbox has been applied."""
+        """After each event of the attempt's inbox has been applied (a local prefill ships nothing)."""
+        if att.local:
+            return
         now = self._clock()
         if self._first_at is None and att.first_token:
             self._first_at = now

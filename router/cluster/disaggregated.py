@@ -2,8 +2,10 @@
 
 Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
 
-    1. pick a decode node D (least loaded with room) and a prefill node P (prefix affinity, then
-       load), and book the request on both at once, so a burst spreads
+    1. pick a decode node D and a prefill node P, or none when D computes the prompt itself
+       (--routing cost: cached overlap and load, router/cluster/routing_cost.py; affinity:
+       D least loaded with room, P by prefix affinity, then load), and book the request on them
+       at once, so a burst spreads
     2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait for room;
        no reservation within admission_timeout_s fails the request (503)
     3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router   (steps 1-3: admission.py)
@@ -42,6 +44,7 @@ from router.config import RouterConfig
 from router.cluster.control_server import ControlServer
 from router.cluster.membership import NodeLoss
 from router.http.metrics import LATENCY_BUCKETS
+from router.cluster.kv_index import KVIndex
 from router.cluster.node_operator import NodeOperator
 from router.cluster.policy import PrefixAffinity
 from router.cluster.registry import NodeRegistry, NodeRole
@@ -71,7 +74,8 @@ class DisaggregatedBackend(Backend):
         self._server = ControlServer(self._registry, self, secret, config.control_endpoint,
                                      expire_interval_s=min(0.25, config.heartbeat_timeout_s / 4))
         self._affinity = PrefixAffinity(config.affinity_blocks_per_node)
-        self._admission = Admission(config, self._registry, self._server, self._affinity, capacity)
+        self._kv_index = KVIndex(config.kv_index_max_blocks)
+        self._admission = Admission(config, self._registry, self._server, self._affinity, capacity, self._kv_index)
         self._requests: dict[str, PendingRequest] = {}
         self._attempts: dict[str, Attempt] = {}
         self._operator = NodeOperator(self._server)
@@ -102,6 +106,10 @@ class DisaggregatedBackend(Backend):
     @property
     def server(self) -> ControlServer:
         return self._server
+
+    @property
+    def kv_index(self) -> KVIndex:
+        return self._kv_index
 
     @property
     def operator(self) -> NodeOperator:
@@ -170,7 +178,8 @@ class DisaggregatedBackend(Backend):
         return self._server.count(NodeRole.PREFILL) > 0 and self._server.count(NodeRole.DECODE) > 0
 
     def collectors(self) -> Iterable[Any]:
-        return (self._retries, self._migrations, self._admission.busy, self._server.dropped,
+        return (self._retries, self._migrations, self._admission.busy, self._admission.prefills,
+                self._kv_index.evictions, self._kv_index.size_gauge, self._server.dropped,
                 *self._server.membership.collectors(), self._kv_transfer_time)
 
     def close(self) -> None:
@@ -189,8 +198,12 @@ class DisaggregatedBackend(Backend):
         att.inbox.put_nowait((node_id, msg))
         return True
 
+    def on_kv_events(self, node_id: str, msg: control.KVEvents) -> None:
+        self._kv_index.apply(node_id, msg.stored, msg.removed, msg.reset)
+
     def on_node_lost(self, node_id: str, loss: NodeLoss) -> None:
         self._affinity.forget(node_id)
+        self._kv_index.forget(node_id)
         for att in self._attempts.values():
             if node_id in (att.prefill_id, att.decode_id):
                 att.inbox.put_nowait(Lost(node_id, loss))

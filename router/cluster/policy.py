@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from router.backend import NoNodeAvailable  # noqa: F401 -- raised here, defined with the interface
 from router.cluster.registry import Node
@@ -72,8 +72,17 @@ class PrefillChoice(NamedTuple):
     new_blocks: int         # blocks it must compute: the work begin() should count
 
 
+class PrefixView(Protocol):
+    """What the prefill policy knows of the nodes' prefix caches: PrefixAffinity (a guess from
+    where prompts went) or the KV index (router/cluster/kv_index.py: the nodes' own events)."""
+
+    def matched_blocks(self, node_id: str, hashes: Sequence[bytes]) -> int: ...
+
+    def record(self, node_id: str, hashes: Sequence[bytes]) -> None: ...
+
+
 class PrefillPolicy:
-    def __init__(self, affinity: PrefixAffinity, load_weight: float = 1.0):
+    def __init__(self, affinity: PrefixView, load_weight: float = 1.0):
         if load_weight < 0:
             raise ValueError(f"load_weight must be >= 0, got {load_weight}")
         self._affinity = affinity
@@ -117,6 +126,9 @@ class DecodePolicy:
     def free_blocks(self, node: Node) -> int:
         """Blocks free on the node now, by its last heartbeat and the router's bookings since."""
         return self._pool(node).free_blocks - node.unreported_blocks
+
+    def num_blocks(self, node: Node) -> int:
+        return self._pool(node).num_blocks
 
     def has_room(self, node: Node, blocks: int) -> bool:
         """Whether a request needing `blocks` blocks fits, or could never fit (the node refuses it)."""

@@ -44,6 +44,8 @@ def test_rag_shares_few_long_documents():
     heads = {r.prompt_ids[:1024] for r in reqs}
     assert len(heads) <= 4
     assert all(1024 <= r.prompt_len <= 4096 - 256 + 64 for r in reqs)
+    firsts = [r.prompt_ids[:1024] for r in reqs if r.kind == "rag-first"]     # each document's first use
+    assert sorted(firsts) == sorted(heads) and reqs[0].kind == "rag-first"
 
 
 def test_prefix_workload_shares_system_prompts():

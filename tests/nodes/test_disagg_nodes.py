@@ -12,24 +12,15 @@ from engine import SamplingParams
 from pdwire.outputs import CompletionOutput, RequestOutput
 from pdwire.control import AbortRequest
 from tests.model_factory import hf_greedy
-from tests.node_harness import NodeHarness
+from tests.node_harness import serving, tokens as _tokens
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture
 def harness(model_dir):
-    h = NodeHarness(model_dir[0], block_size=8, num_blocks=48)
-    yield h
-    h.idle()
-    h.close()
-    for service in (h.prefill, h.decode):
-        service.engine.check_integrity()
-        assert not service.engine.block_manager.num_pins, "a shipped block stayed pinned"
-
-
-def _tokens(result) -> list[int]:
-    return [result.tokens[i] for i in sorted(result.tokens)]
+    with serving(model_dir[0], block_size=8, num_blocks=48) as h:
+        yield h
 
 
 def test_disaggregated_greedy_matches_transformers(harness, model_dir):

@@ -76,7 +76,8 @@ def test_greedy_output_over_real_nodes_equals_transformers(model_dir, transport)
         assert [len(c.token_ids) for c in n2.outputs] == [5, 5]
         assert [n.inflight_requests for n in backend.server.registry.nodes()] == [0, 0]
         await _transfer_counters_agree(backend)
-    _with_cluster(path, RouterConfig(), ClusterConfig(1, 1), test, ["--kv-transport", transport])
+        assert _prefills(backend) == {"remote": 5}
+    _with_cluster(path, RouterConfig(local_prefill_tokens=0), ClusterConfig(1, 1), test, ["--kv-transport", transport])
 
 
 async def _transfer_counters_agree(backend: DisaggregatedBackend, timeout: float = 10.0) -> None:
@@ -108,7 +109,7 @@ def test_prefill_node_of_tp2_serves_a_decode_node_of_tp1(model_dir):
         outs = await asyncio.gather(*(_collect(backend, f"r{i}", p, params) for i, p in enumerate(PROMPTS)))
         for prompt, out in zip(PROMPTS, outs):
             assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, 12)
-    _with_cluster(path, RouterConfig(), ClusterConfig(1, 1, prefill_tp=2, decode_tp=1), test)
+    _with_cluster(path, RouterConfig(local_prefill_tokens=0), ClusterConfig(1, 1, prefill_tp=2, decode_tp=1), test)
 
 
 def test_decode_node_frozen_mid_stream_is_migrated_with_identical_greedy_output(model_dir):
@@ -133,7 +134,14 @@ def test_decode_node_frozen_mid_stream_is_migrated_with_identical_greedy_output(
         assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, max_tokens)
         migrations = backend.collectors()[1]
         assert [s.value for m in migrations.collect() for s in m.samples if s.name.endswith("_total")] == [1]
-    _with_cluster(path, RouterConfig(heartbeat_timeout_s=1.0), ClusterConfig(1, 2), test)
+        assert _prefills(backend) == {"local": 2}   # both attempts prefilled on their decode node
+    _with_cluster(path, RouterConfig(heartbeat_timeout_s=1.0, local_prefill_tokens=1024), ClusterConfig(1, 2), test)
+
+
+def _prefills(backend: DisaggregatedBackend) -> dict[str, float]:
+    """pdserve_router_prefills_total by where the prompts were computed."""
+    return {s.labels["where"]: s.value for c in backend.collectors() for m in c.collect() for s in m.samples
+            if s.name == "pdserve_router_prefills_total"}
 
 
 def test_decode_node_stopped_mid_stream_says_goodbye_and_its_request_moves_at_once(model_dir):

@@ -346,7 +346,7 @@ def test_a_goodbye_loses_the_node_at_once_and_a_stale_one_is_dropped():
     """A node's NodeGoodbye (its epoch) takes it out of the registry and health at once, its
     request fails over; a goodbye naming another epoch changes nothing."""
     async def test():
-        async with Cluster(RouterConfig(heartbeat_timeout_s=60.0, admission_timeout_s=5.0)) as c:
+        async with Cluster(RouterConfig(heartbeat_timeout_s=60.0, admission_timeout_s=5.0, local_prefill_tokens=0)) as c:
             p, d = await c.pair()
             d.send(NodeGoodbye("decode-0", "other-epoch", "SIGTERM"))
             await asyncio.sleep(0.1)

@@ -1,0 +1,66 @@
+"""Cost-based routing across both pools (`--routing cost`): the decode node first, by what its
+prefix cache already holds and its load; then where the prompt's uncached tail is computed.
+
+    overlap(D)   = leading prompt blocks D's prefix cache holds (kv_index.py: D's own KV events),
+                   at most (prompt tokens - 1) // block_size: the last token is always computed
+    uncached(D)  = prompt blocks - overlap(D)                  blocks D must receive or compute
+    cost(D)      = uncached(D) + decode_load_weight * used(D)  used: blocks in use by D's last
+                                                               heartbeat and the bookings since
+    rank         = (has waiting requests, cost, coin)          admission takes the first with room
+
+    prefill on D itself when   prompt tokens - overlap(D) * block_size <= local_prefill_tokens
+    else on a prefill node P   (policy.PrefillPolicy over the same index: its queued blocks and
+                                the blocks of this prompt it must compute)
+
+Dynamo scores workers the same way (`prefill_load_scale * max(active_prefill + prompt_blocks -
+overlap, 0) + decode_blocks`) and prefills locally when the uncached part is short ("conditional
+disaggregation"); llm-d picks the decode node first and sends work to a prefill node only past a
+threshold of uncached tokens. A local prefill skips the prefill hop (a round trip, a transfer
+setup, a queue on P) and ships nothing.
+"""
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+from pdwire.block_hash import BlockHash
+from router.backend import NoNodeAvailable
+from router.cluster.kv_index import KVIndex
+from router.cluster.policy import DecodePolicy
+from router.cluster.registry import Node
+
+
+class RoutingCost:
+    def __init__(self, index: KVIndex, decode: DecodePolicy, decode_load_weight: float = 1.0,
+                 local_prefill_tokens: int = 0, seed: int = 0):
+        if decode_load_weight < 0 or local_prefill_tokens < 0:
+            raise ValueError("decode_load_weight and local_prefill_tokens must be >= 0")
+        self._index, self._decode = index, decode
+        self._weight, self._local_tokens = decode_load_weight, local_prefill_tokens
+        self._rng = random.Random(seed)
+
+    def rank(self, nodes: Sequence[Node], hashes: Sequence[BlockHash], prompt_len: int,
+             block_size: int) -> list[Node]:
+        """Decode nodes, cheapest first. Raises NoNodeAvailable if `nodes` is empty."""
+        if not nodes:
+            raise NoNodeAvailable("no live decode node")
+        usable = _usable(hashes, prompt_len, block_size)
+        keyed = [(self._key(n, usable, -(-prompt_len // block_size)), n) for n in nodes]
+        return [n for _, n in sorted(keyed, key=lambda kn: kn[0])]
+
+    def _key(self, node: Node, usable: Sequence[BlockHash], prompt_blocks: int) -> tuple:
+        uncached = prompt_blocks - self._index.matched_blocks(node.node_id, usable)
+        return node.load.num_waiting > 0, uncached + self._weight * self.used_blocks(node), self._rng.random()
+
+    def used_blocks(self, node: Node) -> int:
+        return self._decode.num_blocks(node) - self._decode.free_blocks(node)
+
+    def prefill_here(self, node: Node, hashes: Sequence[BlockHash], prompt_len: int, block_size: int) -> bool:
+        """Whether the decode node computes the prompt's uncached tail itself."""
+        matched = self._index.matched_blocks(node.node_id, _usable(hashes, prompt_len, block_size))
+        return prompt_len - matched * block_size <= self._local_tokens
+
+
+def _usable(hashes: Sequence[BlockHash], prompt_len: int, block_size: int) -> Sequence[BlockHash]:
+    """The hashes a node's cache can serve: the prompt's last token is always computed."""
+    return hashes[:(prompt_len - 1) // block_size]

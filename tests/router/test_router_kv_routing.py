@@ -1,0 +1,117 @@
+"""--routing cost against scripted nodes (tests/disagg_harness.py): the nodes' KV events steer the
+decode and prefill choices, a short uncached tail is prefilled on the decode node (no prefill
+node takes part), and the index follows node epochs; --routing affinity ignores the events."""
+from __future__ import annotations
+
+import dataclasses
+
+from pdwire.block_hash import chain_hashes
+from pdwire.control import AbortRequest, DecodeRequest, KVEvents, PrefillRequest, TokenDelta
+from pdwire.messages import Reserved
+from tests.disagg_harness import BLOCK, CONFIG, END, Cluster, counter, run, until, view
+
+PROMPT = list(range(20, 36))                  # 4 blocks of 4; 3 usable (the last token is computed)
+HASHES = chain_hashes(PROMPT, BLOCK)
+LOCAL = dataclasses.replace(CONFIG, local_prefill_tokens=4)
+
+
+async def _publish(c: Cluster, node, hashes, epoch: str | None = None, reset: bool = False) -> None:
+    dropped = lambda: counter(c.backend.server.dropped, {"reason": "unexpected"})    # noqa: E731
+    before = dropped()
+    node.send(KVEvents(node.node_id, epoch or node.epoch, tuple(hashes), (), reset))
+    await until(lambda: c.backend.kv_index.size(node.node_id) == len(hashes) or dropped() > before)
+
+
+def test_a_short_uncached_tail_is_prefilled_on_the_decode_node_that_holds_the_rest():
+    """d2 holds 3 of the 4 blocks: the request goes to d2 with local_prefill, no prefill node hears
+    of it, d2's deltas from token 0 are the output, and nothing stays booked."""
+    async def test():
+        async with Cluster(LOCAL) as c:
+            p = await c.node("prefill-0", "prefill")
+            d1, d2 = await c.node("decode-1", "decode"), await c.node("decode-2", "decode")
+            await _publish(c, d2, HASHES)
+            out = c.generate(prompt=PROMPT, max_tokens=3)
+            req = await d2.expect(DecodeRequest)
+            assert req.local_prefill and req.prefill_node_id == "decode-2"
+            d2.send(Reserved("r1", "local", (5, 6, 7, 8), 3))
+            d2.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, ""))
+            assert view(await out.next()) == ([([11, 12], "ab", None)], False)
+            d2.send(TokenDelta("r1", 2, (13,), 2, "c", None, "length"))
+            final = await out.next()
+            assert view(final) == ([([11, 12, 13], "abc", "length")], True) and final.num_cached_tokens == 12
+            assert await out.next() is END
+            await p.assert_silent(), await d1.assert_silent(), await d2.assert_silent()
+            assert counter(c.backend._admission.prefills, {"where": "local"}) == 1
+            assert [(n.inflight_requests, n.inflight_blocks) for n in c.backend.server.registry.nodes()] \
+                == [(0, 0)] * 3
+    run(test)
+
+
+def test_a_longer_tail_goes_to_the_prefill_node_whose_events_hold_most():
+    """With 4 uncached tokens over a threshold of 3, d2 (the overlap) still decodes, but the prompt
+    is computed by a prefill node: p2, whose own events say it holds the prompt's blocks."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, local_prefill_tokens=3)) as c:
+            p1, p2 = await c.node("prefill-1", "prefill"), await c.node("prefill-2", "prefill")
+            await c.node("decode-1", "decode")
+            d2 = await c.node("decode-2", "decode")
+            await _publish(c, d2, HASHES), await _publish(c, p2, HASHES[:2])
+            out = c.generate(prompt=PROMPT, max_tokens=3)
+            req = await d2.expect(DecodeRequest)
+            assert not req.local_prefill and req.prefill_node_id == "prefill-2"
+            d2.send(Reserved("r1", "x1", (5, 6, 7, 8), 3))
+            pre = await p2.expect(PrefillRequest)
+            assert pre.cached_prefix_blocks == 3
+            await p1.assert_silent()
+            assert counter(c.backend._admission.prefills, {"where": "remote"}) == 1
+            out.task.cancel()
+    run(test)
+
+
+def test_events_of_a_stale_epoch_are_dropped_and_a_new_epoch_clears_the_nodes_entries():
+    """KVEvents naming another epoch change nothing (counted as dropped); the node's restart
+    (a hello with a new epoch) forgets its entries; its snapshot (reset) fills them again."""
+    async def test():
+        async with Cluster(LOCAL) as c:
+            await c.node("prefill-0", "prefill")
+            d = await c.node("decode-0", "decode")
+            await _publish(c, d, HASHES, epoch="old")
+            assert c.backend.kv_index.size("decode-0") == 0
+            await _publish(c, d, HASHES)
+            await d.hello(epoch="e2")
+            assert c.backend.kv_index.size("decode-0") == 0
+            await _publish(c, d, HASHES[:2], reset=True)
+            assert c.backend.kv_index.matched_blocks("decode-0", HASHES) == 2
+    run(test)
+
+
+def test_aborting_a_local_prefill_tells_only_the_decode_node():
+    """The client going away during a local prefill aborts it on the decode node alone."""
+    async def test():
+        async with Cluster(LOCAL) as c:
+            p = await c.node("prefill-0", "prefill")
+            d = await c.node("decode-0", "decode")
+            await _publish(c, d, HASHES)
+            c.generate(prompt=PROMPT, max_tokens=3)
+            await d.expect(DecodeRequest)
+            d.send(Reserved("r1", "local", (5, 6, 7, 8), 3))
+            await until(lambda: c.backend.placement("r1") == [("", "decode-0")])
+            await c.backend.abort("r1")
+            assert (await d.expect(AbortRequest)).rid == "r1"
+            await p.assert_silent()
+    run(test)
+
+
+def test_affinity_routing_ignores_kv_events_and_always_uses_a_prefill_node():
+    """--routing affinity: the events change nothing; the prompt goes through the prefill node."""
+    async def test():
+        async with Cluster(dataclasses.replace(LOCAL, routing="affinity")) as c:
+            p = await c.node("prefill-0", "prefill")
+            d = await c.node("decode-0", "decode")
+            await _publish(c, d, HASHES)
+            c.generate(prompt=PROMPT, max_tokens=3)
+            req = await d.expect(DecodeRequest)
+            assert not req.local_prefill and req.prefill_node_id == "prefill-0"
+            d.send(Reserved("r1", "x1", (5, 6, 7, 8), 3))
+            await p.expect(PrefillRequest)
+    run(test)
