@@ -48,7 +48,8 @@ class SendLink(ABC):
 
     @abstractmethod
     def send_tracked(self, endpoint: str, frames: list[Buffer]) -> Completion:
-        """send() a message whose frames[1] aliases a pool block, without copying it."""
+        """send() a message whose payload frames (frames[1:-1]) alias pool blocks, without copying
+        them; the completion is done once all of them have left."""
 
     @abstractmethod
     def try_send(self, endpoint: str, frames: list[Buffer]) -> None:
