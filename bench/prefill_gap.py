@@ -15,11 +15,11 @@ Both sides stamp time.perf_counter() (CLOCK_MONOTONIC, one clock for every proce
   first step     the decode node's first step, for scale
   overlap        share of the prompt's blocks already in the decode node's pool at last forward
 
-Modes, alternating within each repetition (repetition 0 warms up):
+Modes, alternating within each repetition (repetition 0 warms up on a short prompt):
   per_chunk      the prefill node as it is: each chunk's full blocks ship as soon as they are final
   at_end         every block ships after the last forward (no overlap), for comparison
 
-Model: the peers' 58.5M random Llama (bench/random_model.py) with 8192 positions, float32, on
+Model: the peers' 58.5M random Llama (bench/random_model.py) with 16384 positions, float32, on
 whatever cores the machine has (shared here: say so beside any figure). Writes
 bench/results/prefill_gap_<time>.json.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import random
 import statistics
 import sys
 import time
@@ -48,6 +49,7 @@ from prefill_node.shipper import BlockShipper, Shipment  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECRET = b"prefill-gap-bench-secret-0123456"
+WARMUP_TOKENS = 512      # repetition 0 of each mode: a short prompt warms the engines up
 PEER_TIMEOUT = 60.0      # a step of this loop may stall for seconds on a shared machine
 MODES = ("per_chunk", "at_end")
 
@@ -124,6 +126,7 @@ def prefill_once(engine: LLMEngine, stamp: Stamp, sender: ZmqSender, endpoint: s
     keepalive() polls every sender between steps, as the prefill node's loop does (heartbeats)."""
     conn.send((rid, prompt))
     table, cached = conn.recv()
+    assert cached == 0, "the decode node caches part of the prompt: nothing to measure"
     sender.begin(rid, endpoint)
     engine.add_request(rid, prompt, SamplingParams(max_tokens=1, temperature=0.0))
     stamp.shipper.track(Shipment(rid, rid, table, len(prompt), cached))
@@ -167,13 +170,16 @@ def run(path: str, tokens: int, repeats: int, chunk: int) -> dict[str, list[dict
         sender.connect(endpoint)
         stamp.shipper.bind(engine, sender)
     got: dict[str, list[dict]] = {m: [] for m in MODES}
+    rng = random.Random(tokens)
+    keepalive = lambda: [s[2].poll(0.0) for s in sides.values()]     # noqa: E731
     try:
         for rep in range(repeats + 1):
             for mode in MODES:
-                prompt = [(7 * i + 3 * rep + len(mode)) % 31000 + 100 for i in range(tokens)]   # no cache hits
+                n = tokens if rep else WARMUP_TOKENS
+                prompt = [rng.randrange(100, 31000) for _ in range(n)]      # no prefix cache hits
                 engine, stamp, sender = sides[mode]
                 result = prefill_once(engine, stamp, sender, endpoint, conn, f"{mode}-{tokens}-{rep}", prompt,
-                                      lambda: [s[2].poll(0.0) for s in sides.values()])
+                                      keepalive)
                 if rep:
                     got[mode].append(result)
                 print(f"  {tokens} tokens {mode:9s} rep {rep}: " + ", ".join(
@@ -193,7 +199,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=2048, help="max_num_batched_tokens (the prefill chunk)")
     args = ap.parse_args()
-    path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m-8k"), max_position_embeddings=8192)
+    path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m-16k"), max_position_embeddings=16384)
     rows = []
     load = os.getloadavg()
     for tokens in map(int, args.tokens.split(",")):

@@ -1,10 +1,11 @@
 """The ZMQ link: a DEALER socket per decode node on the send side, one ROUTER on the receive side.
 
-Send side: payload frames alias pool blocks (copy=False); the last one of a message carries a
-zmq tracker, done once libzmq has released it. libzmq releases the parts of one message in order
-(its encoder takes part k + 1 once part k is written, and a closing pipe drops them in order), so
-that tracker covers every payload of the message: one tracker per message, not per frame, as
-each costs ~40 us of Python (an Event and the tracker). The send high-water mark gives backpressure: a send blocks while
+Send side: payload frames alias pool blocks (copy=False); the last one of a tracked message
+carries a zmq tracker, done once libzmq has released it. libzmq releases the parts of the messages
+queued on one connection in order (its encoder takes the next part once one is written, and a
+closing pipe drops them in order), so that tracker also covers every payload sent before it on
+that connection: the Sender tracks one message per send_blocks call, as a tracker costs ~40 us
+of Python (an Event and the tracker object). The send high-water mark gives backpressure: a send blocks while
 `hwm` messages are queued for a peer, then raises TransportError after `send_timeout` seconds.
 The routing id is node_id/<64 random bits> per connection, so a restarted or reconnected sender
 is a new peer to the receiver, and no other process can guess it to take the connection's place.
@@ -59,6 +60,8 @@ class ZmqSendLink(SendLink):
         self._live.add(endpoint)
 
     def send(self, endpoint: str, frames: list) -> None:
+        """Payload frames of 64 KiB and more (pyzmq's copy threshold) leave zero-copy, untracked:
+        the caller tracks a later message on this connection (send_tracked)."""
         try:
             self._socks[endpoint].send_multipart(frames, copy=False)
         except zmq.Again:
