@@ -147,3 +147,26 @@ def test_batch_over_zmq_moves_bit_exactly_and_is_sent(dtype):
     finally:
         send.close()
         recv.close()
+
+
+def test_call_of_several_messages_lands_and_is_sent():
+    """20 blocks of 0.5 MiB leave as 3 messages (8 + 8 + 4), zero-copy, the last one tracked:
+    every block lands bit-exactly and is_sent turns true."""
+    geom = dict(num_blocks=20, num_layers=8, block_size=16, num_kv_heads=8, head_dim=64)
+    src, dst = make_pool(seed=1, **geom), make_pool(seed=None, **geom)
+    recv = zmq_case.ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, "tcp://127.0.0.1:*")
+    send = zmq_case.ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET)
+    try:
+        zmq_case._connect(send, recv)
+        ids = list(range(20))
+        recv.register(Reservation("x1", tuple(ids[::-1])))
+        send.begin("x1", recv.endpoint)
+        send.send_blocks("x1", ids, ids[::-1], src, ids)
+        send.commit("x1", 1, 20 * 16)
+        events = zmq_case._events(recv)
+        assert [type(e) for e in events] == [TransferCommitted], (events, recv.metrics)
+        assert all(same_bytes(dst[19 - i], src[i]) for i in ids)
+        zmq_case._until(recv, lambda: send.is_sent("x1"))
+    finally:
+        send.close()
+        recv.close()
