@@ -53,6 +53,7 @@ class Run(NamedTuple):
 
 LAYOUT = dict(num_layers=8, num_kv_heads=8, head_dim=64, dtype=torch.float32)
 SECRET = b"transfer-bench-secret-0123456789"
+PEER_TIMEOUT = 120.0     # this bench sends no heartbeats between runs; a loaded machine stalls for seconds
 RESULTS = Path(__file__).resolve().parent / "results" / "transfer_bench.json"
 
 
@@ -81,7 +82,7 @@ def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret) ->
     """Owns a pool and a ZmqReceiver: registers what it is told, reports committed transfers."""
     torch.set_num_threads(1)
     pool = make_pool(num_blocks=num_blocks, block_size=block_size, seed=None, **LAYOUT)
-    recv = ZmqReceiver(pool, make_identity(pool, "bench-d", "zmq"), secret, bind, hwm=16)
+    recv = ZmqReceiver(pool, make_identity(pool, "bench-d", "zmq"), secret, bind, hwm=16, peer_timeout=PEER_TIMEOUT)
     conn.send(recv.endpoint)
     cpu = 0.0
     while True:
@@ -90,7 +91,8 @@ def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret) ->
             if cmd is None:
                 recv.close()
                 return
-            recv.register(Reservation(cmd, tuple(range(num_blocks))))
+            recv.register(Reservation(cmd, tuple(range(num_blocks)), lease_s=PEER_TIMEOUT))
+            conn.send("registered")
             cpu = time.process_time()
         for ev in recv.poll(0.01):
             ok = isinstance(ev, TransferCommitted)
@@ -111,7 +113,8 @@ class Pdserve:
         self._proc = mp.get_context("spawn").Process(target=decode_process, args=(child, *self._args))
         self._proc.start()
         self._endpoint = self._conn.recv()
-        self.send = ZmqSender(make_identity(self.src, "bench-p", "zmq"), self._args[3], hwm=16)
+        self.send = ZmqSender(make_identity(self.src, "bench-p", "zmq"), self._args[3], hwm=16,
+                              peer_timeout=PEER_TIMEOUT)
         self.send.connect(self._endpoint)
 
     def run(self, chunk_blocks: int) -> Run:
@@ -120,7 +123,7 @@ class Pdserve:
         xfer_id, n = f"x{self._runs}", self.num_blocks
         self._runs += 1
         self._conn.send(xfer_id)
-        time.sleep(0.05)                                # the reservation is in place
+        _reply(self._conn, self._proc)                  # the reservation is in place
         self.send.begin(xfer_id, self._endpoint)
         cpu, start = time.process_time(), time.perf_counter()
         if chunk_blocks:

@@ -34,6 +34,7 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
     while (cmd := conn.recv()) is not None:
         n, mac = cmd
         session = Session(secret, *_NONCES, initiator=False) if mac else None
+        conn.send("ready")
         cpu = time.process_time()
         for k in range(n):
             if not sock.poll(30_000):
@@ -74,7 +75,8 @@ class Ceiling:
         n = len(self._blocks)
         session = Session(self._secret, *_NONCES, initiator=True) if mac else None
         self._conn.send((n, mac))
-        time.sleep(0.05)                    # as the pdserve rows wait for their reservation
+        if not self._conn.poll(timeout) or self._conn.recv() != "ready":     # as pdserve waits for its reservation
+            raise RuntimeError("ceiling receiver silent")
         cpu, start = time.process_time(), time.perf_counter()
         for k, block in enumerate(self._blocks):
             if session is None:
