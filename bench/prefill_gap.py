@@ -34,6 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout first
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # as engine/__init__.py, but before anything loads torch
 
 from bench.machine import write_result  # noqa: E402
 from bench.random_model import make_random_llama  # noqa: E402
@@ -50,7 +51,7 @@ from prefill_node.shipper import BlockShipper, Shipment  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECRET = b"prefill-gap-bench-secret-0123456"
 WARMUP_TOKENS = 512      # repetition 0 of each mode: a short prompt warms the engines up
-PEER_TIMEOUT = 60.0      # a step of this loop may stall for seconds on a shared machine
+PEER_TIMEOUT = 300.0     # also the lease: one prefill step of 2048 tokens may take 30 s on a loaded machine
 MODES = ("per_chunk", "at_end")
 
 
@@ -76,7 +77,7 @@ def decode_process(conn, path: str, chunk: int) -> None:
             break
         rid, prompt = cmd
         table, cached = engine.reserve(rid, prompt, SamplingParams(max_tokens=2, temperature=0.0), 2)
-        recv.register(Reservation(rid, tuple(table), cached, num_tokens=len(prompt)))
+        recv.register(Reservation(rid, tuple(table), cached, lease_s=PEER_TIMEOUT, num_tokens=len(prompt)))
         conn.send((tuple(table), cached))
         timeline, base, event = [], recv.metrics.blocks_written, None
         written = base
