@@ -3,9 +3,10 @@
     [header, trailer]   or   [header, payload, ..., payload, trailer]
 
 header = the message's msgpack bytes; payload = the raw bytes of one block (BlockFrame: one
-payload; BlockBatch: up to MAX_BATCH_BLOCKS), zmq and fake backends only; trailer = the session's sequence number and MAC (kvtransport.session). The
-sizes are checked first, then the MAC, and only then is the header parsed: a peer without the
-session's keys cannot get a single byte interpreted.
+payload; BlockBatch: up to MAX_BATCH_BLOCKS), zmq and fake backends only; trailer = the
+session's sequence number and MAC (kvtransport.session). The sizes are checked first, then the
+MAC, and only then is the header parsed: a peer without the session's keys cannot get a single
+byte interpreted.
 """
 from __future__ import annotations
 
