@@ -162,7 +162,8 @@ def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind
              secret: bytes) -> dict:
     """Every variant on one block size, alternating within each repetition (0 warms up)."""
     pd = Pdserve(block_size, tokens, bind, secret)
-    ceiling = Ceiling(pd.src, bind, secret)
+    ceiling_bind = bind + "-ceiling" if bind.startswith("ipc://") else bind
+    ceiling = Ceiling(pd.src, ceiling_bind, secret)
     for side in (pd, ceiling):
         side.start()
     runs = {
@@ -181,6 +182,9 @@ def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind
     finally:
         pd.stop()
         ceiling.stop()
+        for path in {bind, ceiling_bind}:
+            if path.startswith("ipc://") and os.path.exists(path[len("ipc://"):]):
+                os.unlink(path[len("ipc://"):])
     nbytes = pd.src[0].numel() * pd.src.element_size() * pd.num_blocks
     return _summary(block_size, pd.num_blocks, nbytes, got)
 
