@@ -1,15 +1,23 @@
-"""KV block transfer throughput over the ZMQ backend, prefill process -> decode process.
+"""KV block transfer throughput over the ZMQ backend, prefill process -> decode process, beside
+the raw-ZeroMQ ceiling in the same run.
 
-    .venv/bin/python bench/transfer_bench.py [--tokens 8192] [--repeats 5] [--quick]
+    .venv/bin/python bench/transfer_bench.py [--tokens 8192] [--repeats 5] [--chunk 2048] [--quick]
 
 Layout: the 58.5M Llama (8 layers, 8 KV heads, head_dim 64, fp32), block sizes 16/32/64
 tokens (0.5/1/2 MiB per block). The decode side runs in its own process with a ZmqReceiver;
-this process reserves blocks there, ships a `--tokens` prompt block by block and stops the
-clock when the receiver reports the transfer committed (end to end: header, zero-copy send,
-socket, copy into the reserved blocks, commit). Rows: TCP, IPC. Every connection is
-authenticated (kvtransport.session); the cost of sealing and opening one block's header is
-measured in the same run and printed beside the per-block transfer time it adds to.
-Prints machine info and writes bench/results/transfer_bench.json.
+this process reserves blocks there, ships a `--tokens` prompt and stops the clock when the
+receiver reports the transfer committed (end to end: header, zero-copy send, socket, checks,
+copy into the reserved blocks, commit). Every connection is authenticated (kvtransport.session).
+Variants, alternating within each repetition (repetition 0 warms up):
+
+  pdserve      send_blocks per --chunk tokens (as a prefill step hands them): BlockBatch messages
+  unbatched    send_block per block: one BlockFrame message each (the path before batching)
+  ceiling      raw pyzmq, zero-copy blocks, one memcpy each into a pool (bench/transfer_ceiling.py)
+  ceiling_mac  the same with a small header sealed and opened per block (one MAC each)
+
+Ratios are taken per repetition (pdserve's time against the ceiling's in the same repetition),
+then min / median / max. Rows: TCP, IPC. Prints machine info (with the load average: the
+machine is shared) and writes bench/results/transfer_bench.json.
 """
 from __future__ import annotations
 
@@ -19,23 +27,33 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import zmq
 
-from kvtransport.events import TransferCommitted
-from kvtransport.framing import Framer
-from pdwire.messages import BlockFrame
-from kvtransport.receiver_state import Reservation
-from kvtransport.session import Session
-from kvtransport.testing import make_identity, make_pool
-from kvtransport.zmq_receiver import ZmqReceiver
-from kvtransport.zmq_sender import ZmqSender
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout first
+
+from kvtransport.events import TransferCommitted  # noqa: E402
+from kvtransport.receiver_state import Reservation  # noqa: E402
+from kvtransport.testing import make_identity, make_pool  # noqa: E402
+from kvtransport.zmq_receiver import ZmqReceiver  # noqa: E402
+from kvtransport.zmq_sender import ZmqSender  # noqa: E402
+
+from bench.transfer_ceiling import Ceiling  # noqa: E402
+
+class Run(NamedTuple):
+    wall: float         # seconds from the first send to the receiver's report
+    send_cpu: float     # CPU seconds of the sending process (all threads) meanwhile
+    recv_cpu: float     # CPU seconds of the receiving process, from its reservation to the commit
+
 
 LAYOUT = dict(num_layers=8, num_kv_heads=8, head_dim=64, dtype=torch.float32)
 SECRET = b"transfer-bench-secret-0123456789"
+PEER_TIMEOUT = 120.0     # this bench sends no heartbeats between runs; a loaded machine stalls for seconds
 RESULTS = Path(__file__).resolve().parent / "results" / "transfer_bench.json"
 
 
@@ -60,70 +78,69 @@ def memcpy_gbps(nbytes: int = 256 << 20) -> float:
     return 5 * nbytes / (time.perf_counter() - start) / 1e9
 
 
-def mac_us_per_block(block_size: int, n: int = 20_000) -> float:
-    """Microseconds to seal a block's header on the sender and open it on the receiver."""
-    sender, receiver = Session(SECRET, b"i" * 16, b"r" * 16, True), Session(SECRET, b"i" * 16, b"r" * 16, False)
-    framer = Framer()
-    header = BlockFrame("0" * 32, 7, 1234, block_size << 15, "float32", (8, 2, block_size, 8, 64))
-    payload = memoryview(bytearray(64))
-    start = time.perf_counter()
-    for _ in range(n):
-        receiver.open(framer.pack(sender, header, payload))
-    return (time.perf_counter() - start) / n * 1e6
-
-
 def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret) -> None:
     """Owns a pool and a ZmqReceiver: registers what it is told, reports committed transfers."""
     torch.set_num_threads(1)
     pool = make_pool(num_blocks=num_blocks, block_size=block_size, seed=None, **LAYOUT)
-    recv = ZmqReceiver(pool, make_identity(pool, "bench-d", "zmq"), secret, bind, hwm=16)
+    recv = ZmqReceiver(pool, make_identity(pool, "bench-d", "zmq"), secret, bind, hwm=16, peer_timeout=PEER_TIMEOUT)
     conn.send(recv.endpoint)
+    cpu = 0.0
     while True:
         while conn.poll():
             cmd = conn.recv()
             if cmd is None:
                 recv.close()
                 return
-            recv.register(Reservation(cmd, tuple(range(num_blocks))))
-        for ev in recv.poll(0.001):
+            recv.register(Reservation(cmd, tuple(range(num_blocks)), lease_s=PEER_TIMEOUT))
+            conn.send("registered")
+            cpu = time.process_time()
+        for ev in recv.poll(0.01):
             ok = isinstance(ev, TransferCommitted)
-            conn.send((ev.xfer_id, ev.nbytes, ev.transfer_seconds) if ok else ("failed", ev))
+            conn.send((ev.xfer_id, time.process_time() - cpu) if ok else ("failed", ev))
 
 
-def run_case(block_size: int, tokens: int, repeats: int, bind: str, secret) -> dict:
-    num_blocks = -(-tokens // block_size)
-    src = make_pool(num_blocks=num_blocks, block_size=block_size, seed=0, **LAYOUT)
-    conn, child = mp.Pipe()
-    proc = mp.get_context("spawn").Process(target=decode_process,
-                                           args=(child, block_size, num_blocks, bind, secret))
-    proc.start()
-    endpoint = conn.recv()
-    send = ZmqSender(make_identity(src, "bench-p", "zmq"), secret, hwm=16)
-    send.connect(endpoint)
-    walls, recv_secs = [], []
-    for rep in range(repeats + 1):                      # repetition 0 warms up
-        xfer_id = f"x{rep}"
-        conn.send(xfer_id)
-        time.sleep(0.05)                                # the reservation is in place
-        send.begin(xfer_id, endpoint)
-        start = time.perf_counter()
-        for b in range(num_blocks):
-            send.send_block(xfer_id, b, b, src, b)
-        send.commit(xfer_id, 1, tokens)
-        _, nbytes, recv_seconds = _reply(conn, proc)
-        if rep:
-            walls.append(time.perf_counter() - start)
-            recv_secs.append(recv_seconds)
-    conn.send(None)
-    proc.join(timeout=10)
-    send.close()
-    wall = statistics.median(walls)
-    return {"block_size": block_size, "block_mib": nbytes / num_blocks / 2**20,
-            "blocks": num_blocks, "mib": nbytes / 2**20, "median_s": wall,
-            "gbps": nbytes / wall / 1e9, "best_gbps": nbytes / min(walls) / 1e9,
-            "recv_side_gbps": nbytes / statistics.median(recv_secs) / 1e9,
-            "sender_send_s_per_block": send.metrics.send_seconds / send.metrics.blocks_sent,
-            "us_per_block": wall / num_blocks * 1e6, "mac_us_per_block": mac_us_per_block(block_size)}
+class Pdserve:
+    """pdserve's path: a ZmqSender here, a ZmqReceiver in a spawned decode process."""
+
+    def __init__(self, block_size: int, tokens: int, bind: str, secret: bytes) -> None:
+        self.num_blocks = -(-tokens // block_size)
+        self.src = make_pool(num_blocks=self.num_blocks, block_size=block_size, seed=0, **LAYOUT)
+        self._args = (block_size, self.num_blocks, bind, secret)
+        self._tokens, self._runs = tokens, 0
+
+    def start(self) -> None:
+        self._conn, child = mp.Pipe()
+        self._proc = mp.get_context("spawn").Process(target=decode_process, args=(child, *self._args))
+        self._proc.start()
+        self._endpoint = self._conn.recv()
+        self.send = ZmqSender(make_identity(self.src, "bench-p", "zmq"), self._args[3], hwm=16,
+                              peer_timeout=PEER_TIMEOUT)
+        self.send.connect(self._endpoint)
+
+    def run(self, chunk_blocks: int) -> Run:
+        """One transfer: blocks handed to send_blocks chunk_blocks at a time (as a prefill step
+        hands them), or one send_block call each (chunk_blocks 0, no batching)."""
+        xfer_id, n = f"x{self._runs}", self.num_blocks
+        self._runs += 1
+        self._conn.send(xfer_id)
+        _reply(self._conn, self._proc)                  # the reservation is in place
+        self.send.begin(xfer_id, self._endpoint)
+        cpu, start = time.process_time(), time.perf_counter()
+        if chunk_blocks:
+            for k in range(0, n, chunk_blocks):
+                ids = list(range(k, min(n, k + chunk_blocks)))
+                self.send.send_blocks(xfer_id, ids, ids, self.src, ids)
+        else:
+            for b in range(n):
+                self.send.send_block(xfer_id, b, b, self.src, b)
+        self.send.commit(xfer_id, 1, self._tokens)
+        _, recv_cpu = _reply(self._conn, self._proc)
+        return Run(time.perf_counter() - start, time.process_time() - cpu, recv_cpu)
+
+    def stop(self) -> None:
+        self._conn.send(None)
+        self._proc.join(timeout=10)
+        self.send.close()
 
 
 def _reply(conn, proc, timeout: float = 120.0):
@@ -138,32 +155,103 @@ def _reply(conn, proc, timeout: float = 120.0):
     return reply
 
 
+VARIANTS = ("pdserve", "unbatched", "ceiling", "ceiling_mac")
+
+
+def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind: str,
+             secret: bytes) -> dict:
+    """Every variant on one block size, alternating within each repetition (0 warms up)."""
+    pd = Pdserve(block_size, tokens, bind, secret)
+    ceiling_bind = bind + "-ceiling" if bind.startswith("ipc://") else bind
+    ceiling = Ceiling(pd.src, ceiling_bind, secret)
+    for side in (pd, ceiling):
+        side.start()
+    runs = {
+        "pdserve": lambda: pd.run(max(1, chunk_tokens // block_size)),
+        "unbatched": lambda: pd.run(0),
+        "ceiling": lambda: Run(*ceiling.run(mac=False)),
+        "ceiling_mac": lambda: Run(*ceiling.run(mac=True)),
+    }
+    got: dict[str, list[Run]] = {v: [] for v in VARIANTS}
+    try:
+        for rep in range(repeats + 1):
+            for variant in VARIANTS:
+                result = runs[variant]()
+                if rep:
+                    got[variant].append(result)
+    finally:
+        pd.stop()
+        ceiling.stop()
+        for path in {bind, ceiling_bind}:
+            if path.startswith("ipc://") and os.path.exists(path[len("ipc://"):]):
+                os.unlink(path[len("ipc://"):])
+    nbytes = pd.src[0].numel() * pd.src.element_size() * pd.num_blocks
+    return _summary(block_size, pd.num_blocks, nbytes, got)
+
+
+def _summary(block_size: int, num_blocks: int, nbytes: int, got: dict[str, list[Run]]) -> dict:
+    """Per variant: GB/s and wall us per block (median, range), and CPU us per block of each
+    process (all its threads: load on other cores does not inflate it); pdserve's ratios."""
+    row = {"block_size": block_size, "block_mib": nbytes / num_blocks / 2**20, "blocks": num_blocks,
+           "mib": nbytes / 2**20}
+    per_block = lambda xs: statistics.median(xs) / num_blocks * 1e6    # noqa: E731
+    for variant, runs in got.items():
+        walls = [r.wall for r in runs]
+        row[variant] = {"gbps": nbytes / statistics.median(walls) / 1e9,
+                        "gbps_range": [nbytes / max(walls) / 1e9, nbytes / min(walls) / 1e9],
+                        "us_per_block": per_block(walls),
+                        "send_cpu_us_per_block": per_block([r.send_cpu for r in runs]),
+                        "recv_cpu_us_per_block": per_block([r.recv_cpu for r in runs])}
+    for variant in ("unbatched", "pdserve"):
+        for peer in ("ceiling", "ceiling_mac"):      # each against the ceiling of its own repetition
+            ratios = [c.wall / p.wall for p, c in zip(got[variant], got[peer])]
+            row[f"{variant}/{peer}"] = [min(ratios), statistics.median(ratios), max(ratios)]
+        row[f"{variant}_overhead_us_per_block"] = row[variant]["us_per_block"] - row["ceiling"]["us_per_block"]
+        row[f"{variant}_cpu_overhead_us_per_block"] = {
+            side: row[variant][f"{side}_cpu_us_per_block"] - row["ceiling"][f"{side}_cpu_us_per_block"]
+            for side in ("send", "recv")}
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=8192, help="prompt tokens per transfer")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--chunk", type=int, default=2048,
+                    help="tokens per send_blocks call (the engine's default token budget per step)")
     ap.add_argument("--quick", action="store_true", help="1024 tokens, 2 repeats")
     ap.add_argument("--transports", default="tcp,ipc", help="rows to run, comma-separated")
+    ap.add_argument("--block-sizes", default="16,32,64", help="tokens per block, comma-separated")
     args = ap.parse_args()
     tokens, repeats = (1024, 2) if args.quick else (args.tokens, args.repeats)
-    info = {**machine_info(), "memcpy_gbps": round(memcpy_gbps(), 2)}
+    info = {**machine_info(), "memcpy_gbps": round(memcpy_gbps(), 2), "load_avg": os.getloadavg()}
     print(json.dumps(info, indent=1))
     rows = []
-    ipc = f"ipc:///tmp/kvt-bench-{os.getpid()}.sock"
-    cases = {"tcp": "tcp://127.0.0.1:*", "ipc": ipc}
     for name in args.transports.split(","):
-        for block_size in (16, 32, 64):
-            row = {"transport": name, **run_case(block_size, tokens, repeats, cases[name], SECRET)}
+        for block_size in map(int, args.block_sizes.split(",")):
+            bind = {"tcp": "tcp://127.0.0.1:*", "ipc": f"ipc:///tmp/kvt-bench-{os.getpid()}-{block_size}"}[name]
+            row = {"transport": name, **run_case(block_size, tokens, repeats, args.chunk, bind, SECRET)}
             rows.append(row)
-            print(f"{name:9s} block {block_size:3d} tok ({row['block_mib']:.1f} MiB) x{row['blocks']:4d}: "
-                  f"{row['gbps']:5.2f} GB/s end to end (best {row['best_gbps']:5.2f}), "
-                  f"receiver {row['recv_side_gbps']:5.2f} GB/s, "
-                  f"{row['median_s'] * 1e3:7.1f} ms per {row['mib']:.0f} MiB; MAC {row['mac_us_per_block']:.1f} us "
-                  f"of {row['us_per_block']:.0f} us per block ({row['mac_us_per_block'] / row['us_per_block']:.1%})")
+            _print_row(name, row)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"machine": info, "tokens": tokens, "repeats": repeats, "rows": rows},
-                                  indent=1))
+    RESULTS.write_text(json.dumps({"machine": info, "tokens": tokens, "repeats": repeats, "chunk": args.chunk,
+                                   "rows": rows}, indent=1))
     print(f"wrote {RESULTS}")
+
+
+def _print_row(name: str, row: dict) -> None:
+    print(f"{name} block {row['block_size']} tok ({row['block_mib']:.1f} MiB) x{row['blocks']}:")
+    for variant in VARIANTS:
+        v = row[variant]
+        lo, hi = v["gbps_range"]
+        print(f"  {variant:12s} {v['gbps']:5.2f} GB/s ({lo:.2f}-{hi:.2f}), {v['us_per_block']:6.1f} us/block; "
+              f"CPU us/block: sender {v['send_cpu_us_per_block']:5.1f}, receiver {v['recv_cpu_us_per_block']:5.1f}")
+    for variant in ("pdserve", "unbatched"):
+        r, m = row[f"{variant}/ceiling"], row[f"{variant}/ceiling_mac"]
+        cpu = row[f"{variant}_cpu_overhead_us_per_block"]
+        print(f"  {variant} / ceiling {r[1]:.2f} ({r[0]:.2f}-{r[2]:.2f}), / ceiling+MAC {m[1]:.2f} "
+              f"({m[0]:.2f}-{m[2]:.2f}); overhead {row[f'{variant}_overhead_us_per_block']:.1f} us/block wall, "
+              f"CPU {cpu['send']:.1f} sender + {cpu['recv']:.1f} receiver")
 
 
 if __name__ == "__main__":

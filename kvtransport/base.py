@@ -4,7 +4,7 @@
   1. recv.register(Reservation(xfer_id, dst_block_ids, cached_prefix_blocks))
                                                    2. send.connect(D endpoint)      (once per D)
                                                    3. send.begin(xfer_id, D endpoint)  (queued)
-                                                   4. send.send_block(...)   per finished block
+                                                   4. send.send_blocks(...)  per step's finished blocks
                                                    5. send.commit(xfer_id, first_token, n)
   6. recv.poll() -> [TransferCommitted]  adopt dst_block_ids into the sequence's block table
      or            [TransferFailed]     free the reserved blocks (exactly one event per xfer)
@@ -61,6 +61,13 @@ class KVSender(ABC):
         TransportError after the send timeout. A no-op if xfer_id already failed (its
         TransferFailed event was or will be returned by poll); KeyError if never begun.
         """
+
+    def send_blocks(self, xfer_id: str, indices: list[int], dst_block_ids: list[int],
+                    kv_cache: torch.Tensor, src_block_ids: list[int]) -> None:
+        """send_block for each (index, dst, src) of blocks ready together; a backend that can
+        ships them several to a message (BlockBatch). Same contract as send_block."""
+        for index, dst, src in zip(indices, dst_block_ids, src_block_ids):
+            self.send_block(xfer_id, index, dst, kv_cache, src)
 
     @abstractmethod
     def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:

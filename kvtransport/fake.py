@@ -47,6 +47,7 @@ class FakeSender(Sender):
         """Deliver arbitrary frames as this sender (hostile-peer tests); no fault plan."""
         self._link.send_raw(endpoint, frames)
 
-    def seal(self, endpoint: str, msg: Message, payload: Buffer | None = None) -> list[Buffer]:
-        """msg sealed on this sender's session with endpoint (hostile-peer tests)."""
-        return self._core.pack(endpoint, msg, payload)
+    def seal(self, endpoint: str, msg: Message, *payloads: Buffer | None) -> list[Buffer]:
+        """msg (and its payload frames; None for none) sealed on this sender's session with
+        endpoint (hostile-peer tests)."""
+        return self._core.pack(endpoint, msg, *(p for p in payloads if p is not None))

@@ -1,11 +1,12 @@
 """One message as a list of frames, sealed by the session of the connection it travels on.
 
-    [header, trailer]   or   [header, payload, trailer]
+    [header, trailer]   or   [header, payload, ..., payload, trailer]
 
-header = the message's msgpack bytes; payload = the raw bytes of one block (BlockFrame only, zmq
-and fake backends); trailer = the session's sequence number and MAC (kvtransport.session). The
-sizes are checked first, then the MAC, and only then is the header parsed: a peer without the
-session's keys cannot get a single byte interpreted.
+header = the message's msgpack bytes; payload = the raw bytes of one block (BlockFrame: one
+payload; BlockBatch: up to MAX_BATCH_BLOCKS), zmq and fake backends only; trailer = the
+session's sequence number and MAC (kvtransport.session). The sizes are checked first, then the
+MAC, and only then is the header parsed: a peer without the session's keys cannot get a single
+byte interpreted.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from kvtransport.metrics import DropReason
 from kvtransport.session import TRAILER_LEN, AuthError, Buffer, Session
 from pdwire import control
-from pdwire.messages import MAX_HEADER_BYTES, ProtocolError, decode, encode
+from pdwire.messages import MAX_BATCH_BLOCKS, MAX_HEADER_BYTES, ProtocolError, decode, encode
 
 
 class FrameError(Exception):
@@ -28,12 +29,18 @@ class FrameError(Exception):
 
 class Unpacked(NamedTuple):
     msg: Any
-    payload: memoryview | None
+    payloads: tuple[memoryview, ...]       # the raw frames between header and trailer
+
+    @property
+    def payload(self) -> memoryview | None:
+        """The one payload frame (BlockFrame), None if there is none."""
+        return self.payloads[0] if len(self.payloads) == 1 else None
 
 
 class Framer:
     """Packs messages into sealed frames and unpacks (authenticates, then decodes) received ones.
-    The codec defaults to the KV transport's messages; the control plane passes its own."""
+    The codec defaults to the KV transport's messages; the control plane passes its own.
+    max_payload_bytes caps the payload frames of one message together."""
 
     def __init__(self, max_payload_bytes: int = 1 << 30, max_header_bytes: int = MAX_HEADER_BYTES,
                  encoder: Callable[[Any], bytes] = encode,
@@ -42,23 +49,26 @@ class Framer:
         self._encode, self._decode = encoder, decoder
 
     def pack(self, session: Session, msg: Any, payload: Buffer | None = None) -> list[Buffer]:
+        return self.pack_many(session, msg, () if payload is None else (payload,))
+
+    def pack_many(self, session: Session, msg: Any, payloads: Sequence[Buffer]) -> list[Buffer]:
+        """[header, *payloads, trailer]: msg with any number of payload frames."""
         header = self._encode(msg)
         if len(header) > self.max_header_bytes:
             raise ProtocolError(f"a {type(msg).__name__} of {len(header)} bytes is over the "
                                 f"{self.max_header_bytes}-byte limit")
-        trailer = session.seal(header, payload)
-        return [header, trailer] if payload is None else [header, payload, trailer]
+        return [header, *payloads, session.seal(header, *payloads)]
 
     def check_sizes(self, frames: Sequence[Buffer]) -> None:
         """Raises FrameError unless frames look like one sealed message within the size caps."""
-        if not 2 <= len(frames) <= 3:
+        if not 2 <= len(frames) <= MAX_BATCH_BLOCKS + 2:
             raise FrameError(DropReason.MALFORMED, f"{len(frames)} frames")
         if len(frames[-1]) != TRAILER_LEN:
             raise FrameError(DropReason.BAD_MAC, "no trailer")
         if len(frames[0]) > self.max_header_bytes:
             raise FrameError(DropReason.OVERSIZE, f"header of {len(frames[0])} bytes")
-        if len(frames) == 3 and len(frames[1]) > self.max_payload_bytes:
-            raise FrameError(DropReason.OVERSIZE, f"payload of {len(frames[1])} bytes")
+        if sum(len(f) for f in frames[1:-1]) > self.max_payload_bytes:
+            raise FrameError(DropReason.OVERSIZE, f"payloads of {[len(f) for f in frames[1:-1]]} bytes")
 
     def unpack(self, session: Session, frames: Sequence[Buffer]) -> Unpacked:
         """The message and payload in frames; raises FrameError with the drop reason."""
@@ -70,11 +80,10 @@ class Framer:
         return self.decode(opened)
 
     def decode(self, opened: Sequence[Buffer]) -> Unpacked:
-        """The message in [header, payload?] that a session has already opened."""
-        header = memoryview(opened[0])
-        payload = memoryview(opened[1]) if len(opened) == 2 else None
+        """The message in [header, *payloads] that a session has already opened."""
+        payloads = tuple(memoryview(p) for p in opened[1:])
         try:
-            return Unpacked(self._decode(header), payload)
+            return Unpacked(self._decode(memoryview(opened[0])), payloads)
         except ProtocolError as e:
             raise FrameError(DropReason.MALFORMED, str(e)) from None
 

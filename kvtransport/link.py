@@ -44,11 +44,14 @@ class SendLink(ABC):
 
     @abstractmethod
     def send(self, endpoint: str, frames: list[Buffer]) -> None:
-        """Send one message; blocks while the queue is full, then raises TransportError."""
+        """Send one message; blocks while the queue is full, then raises TransportError. Its
+        payload frames may be read after it returns, until a later send_tracked completes."""
 
     @abstractmethod
     def send_tracked(self, endpoint: str, frames: list[Buffer]) -> Completion:
-        """send() a message whose frames[1] aliases a pool block, without copying it."""
+        """send() a message whose payload frames (frames[1:-1]) alias pool blocks, without copying
+        them; the completion is done once they, and every message sent before on this
+        connection, have left."""
 
     @abstractmethod
     def try_send(self, endpoint: str, frames: list[Buffer]) -> None:

@@ -44,6 +44,14 @@ def block_bytes(kv_cache: torch.Tensor, block_id: int) -> memoryview:
     return memoryview(view.numpy())
 
 
+def pool_bytes(kv_cache: torch.Tensor) -> memoryview | None:
+    """The whole pool as one writable byte view (block b at b * block_nbytes), None unless the
+    pool is a contiguous CPU tensor."""
+    if kv_cache.device.type != "cpu" or not kv_cache.is_contiguous():
+        return None
+    return memoryview(kv_cache.view(torch.uint8).view(-1).numpy())
+
+
 def write_block(kv_cache: torch.Tensor, block_id: int, payload: bytes | memoryview) -> None:
     """Copy payload (exactly block_nbytes bytes, checked by the caller) into block block_id."""
     src = np.frombuffer(payload, dtype=np.uint8)
@@ -76,10 +84,19 @@ class InlineSink(PayloadSink):
 
     def __init__(self, kv_cache: torch.Tensor, layout: KVLayout) -> None:
         check_whole_blocks(kv_cache, layout)
-        self._kv_cache = kv_cache
+        self._kv_cache, self._nbytes = kv_cache, layout.block_nbytes
+        self._pool = pool_bytes(kv_cache)     # a slice assignment is one memcpy, no tensor per block
 
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
-        write_block(self._kv_cache, dst, payload)
+        self.write_many([dst], [payload])
+
+    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
+        n = self._nbytes
+        for dst, block in zip(dsts, blocks):
+            if self._pool is None:
+                write_block(self._kv_cache, dst, block)
+            else:
+                self._pool[dst * n:(dst + 1) * n] = block
 
 
 class BlockWriterSink(PayloadSink):
@@ -92,4 +109,8 @@ class BlockWriterSink(PayloadSink):
         self._write_blocks, self._layout = write_blocks, layout
 
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
-        self._write_blocks([dst], block_tensor(payload, self._layout)[None])
+        self.write_many([dst], [payload])
+
+    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
+        for dst, block in zip(dsts, blocks):
+            self._write_blocks([dst], block_tensor(block, self._layout)[None])

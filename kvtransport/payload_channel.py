@@ -1,6 +1,7 @@
 """How a block's bytes leave the send side: the payload channel strategies.
 
-  InlineChannel  the payload is the BlockFrame's second frame, zero-copy out of the pool
+  InlineChannel  the payload is the BlockFrame's second frame, or one of a BlockBatch's frames,
+                 zero-copy out of the pool
   DistChannel    (kvtransport.torch_dist) the header goes over the link, then the block as a
                  tensor send on the pair's process group
 
@@ -14,7 +15,7 @@ from typing import Callable
 import torch
 
 from kvtransport.link import Completion
-from kvtransport.payload import block_bytes
+from kvtransport.payload import block_bytes, pool_bytes
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import Message
 
@@ -23,6 +24,11 @@ ReadMessage = Callable[[float], Message | None]   # the next message from the pe
 
 class PayloadChannel(ABC):
     """Moves block payloads to paired receivers. Not thread-safe."""
+    batches: bool = False      # inline payloads: blocks may travel several to a message (BlockBatch)
+
+    def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int]) -> list[memoryview]:
+        """inline() of each block, for a BlockBatch (batching channels only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch")
 
     def paired(self, endpoint: str, remote: PeerIdentity, read: ReadMessage, timeout: float) -> None:
         """endpoint accepted our Hello; set up its channel (read() gets its next message).
@@ -47,9 +53,17 @@ class PayloadChannel(ABC):
 
 class InlineChannel(PayloadChannel):
     """The payload travels as the BlockFrame's second frame (zmq, fake)."""
+    batches = True
 
     def inline(self, kv_cache: torch.Tensor, src_block_id: int) -> memoryview:
         return block_bytes(kv_cache, src_block_id)
+
+    def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int]) -> list[memoryview]:
+        pool = pool_bytes(kv_cache)       # slices of one view: no tensor per block
+        if pool is None:
+            return [block_bytes(kv_cache, b) for b in src_block_ids]
+        n = len(pool) // kv_cache.shape[0]
+        return [pool[b * n:(b + 1) * n] for b in src_block_ids]
 
     def send(self, endpoint: str, kv_cache: torch.Tensor, src_block_id: int) -> Completion:
         raise NotImplementedError("an inline channel sends no payload out of band")

@@ -10,6 +10,8 @@ multipart message from peer) and `tick()` (expire leases and dead peers), and su
   2. any other message from a peer without an accepted Hello is dropped (NOT_PAIRED); a
      Heartbeat is answered with HelloAck(accepted=False) so a sender learns of a restart at once
   3. BlockFrame       -> ledger.check_block -> sink.write into the reserved block -> mark_written
+     BlockBatch       -> ledger.check_batch (every block, or the batch is dropped whole) ->
+                         sink.write_many (inline sinks only) -> mark_written
   4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
   5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
 """
@@ -24,7 +26,8 @@ from typing import Callable, Sequence
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
 from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
-from pdwire.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
+from pdwire.messages import (Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message,
+                             batch_blocks)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from kvtransport.session import AuthError, AuthKind, Buffer, Responder, parse_auth_frame
@@ -53,6 +56,10 @@ class PayloadSink(ABC):
 
         Raises if the payload channel failed; the core then drops the peer."""
 
+    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
+        """Inline sinks: copy blocks[k] (one wire block's bytes, checked) into pool block dsts[k]."""
+        raise NotImplementedError(f"{type(self).__name__} takes no BlockBatch")
+
     def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
         """A checked-and-dropped block frame: consume its payload without writing the pool.
 
@@ -78,7 +85,8 @@ class ReceiverCore:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.identity = identity
         self.ledger = ReceiveLedger(identity.layout, num_blocks, ReceiverMetrics(), clock)
-        self._framer = Framer(max_payload_bytes=identity.layout.block_nbytes)
+        nbytes = identity.layout.block_nbytes
+        self._framer = Framer(max_payload_bytes=nbytes * batch_blocks(nbytes))
         self._auth = Responder(secret, clock=clock)
         self._sink, self._send = sink, send
         self._peer_timeout, self._clock = peer_timeout, clock
@@ -94,9 +102,9 @@ class ReceiverCore:
     def handle(self, peer: str, frames: Sequence[Buffer]) -> None:
         """Process one received multipart message from peer; bad input is counted, never raised."""
         try:
-            msg, payload = self._open(peer, frames)
+            msg, payloads = self._open(peer, frames)
             if msg is not None:
-                self._dispatch(peer, msg, payload)
+                self._dispatch(peer, msg, payloads)
         except FrameError as e:
             self.metrics.count_drop(e.reason, peer, e.detail)
             if e.reason in (DropReason.BAD_MAC, DropReason.REPLAY, DropReason.MALFORMED, DropReason.OVERSIZE):
@@ -134,7 +142,7 @@ class ReceiverCore:
             challenge = self._auth.challenge(peer, auth[1])
             if challenge is not None:
                 self._send(peer, [challenge])
-            return Unpacked(None, None)
+            return Unpacked(None, ())
         self._framer.check_sizes(frames)
         try:
             _, opened = self._auth.open(peer, frames)
@@ -144,8 +152,8 @@ class ReceiverCore:
             raise FrameError(e.reason, e.detail) from None
         return self._framer.decode(opened)
 
-    def _dispatch(self, peer: str, msg: Message, payload: memoryview | None) -> None:
-        if payload is not None and not (type(msg) is BlockFrame and self._sink.inline):
+    def _dispatch(self, peer: str, msg: Message, payloads: tuple[memoryview, ...]) -> None:
+        if payloads and not (type(msg) in (BlockFrame, BlockBatch) and self._sink.inline):
             raise FrameError(DropReason.MALFORMED, "unexpected payload frame")
         if type(msg) is Hello:
             return self._hello(peer, msg.identity)
@@ -156,7 +164,9 @@ class ReceiverCore:
             raise FrameError(DropReason.NOT_PAIRED, type(msg).__name__)
         session.last_seen = self._clock()
         if type(msg) is BlockFrame:
-            self._block(peer, msg, payload)
+            self._block(peer, msg, payloads)
+        elif type(msg) is BlockBatch:
+            self._batch(peer, msg, payloads)
         elif type(msg) is Commit:
             self.ledger.on_commit(peer, msg)
         elif type(msg) is Abort:
@@ -167,9 +177,10 @@ class ReceiverCore:
         else:
             raise FrameError(DropReason.UNEXPECTED, type(msg).__name__)
 
-    def _block(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> None:
-        if self._sink.inline and payload is None:
-            raise FrameError(DropReason.MALFORMED, "block frame without payload")
+    def _block(self, peer: str, frame: BlockFrame, payloads: tuple[memoryview, ...]) -> None:
+        if self._sink.inline and len(payloads) != 1:
+            raise FrameError(DropReason.MALFORMED, f"block frame with {len(payloads)} payloads")
+        payload = payloads[0] if payloads else None
         try:
             dst = self.ledger.check_block(peer, frame, None if payload is None else len(payload))
         except FrameError:
@@ -181,6 +192,16 @@ class ReceiverCore:
             self.ledger.mark_written(frame, time.perf_counter() - start)
         else:
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload receive failed")
+
+    def _batch(self, peer: str, batch: BlockBatch, payloads: tuple[memoryview, ...]) -> None:
+        if not self._sink.inline:
+            raise FrameError(DropReason.MALFORMED, "a block batch on an out-of-band payload channel")
+        self.ledger.check_batch(peer, batch, [len(p) for p in payloads])
+        start = time.perf_counter()
+        if self._channel_ok(peer, lambda: self._sink.write_many(list(batch.block_ids), list(payloads)) or True):
+            self.ledger.mark_written(batch, time.perf_counter() - start)
+        else:
+            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
 
     def _hello(self, peer: str, remote: PeerIdentity) -> None:
         try:

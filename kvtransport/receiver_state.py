@@ -1,7 +1,7 @@
 """The receive side's bookkeeping: reservations, frame checks, leases, exactly-once outcomes.
 
-Backend-free: a backend decodes frames and calls `check_block` -> (writes the payload into the
-returned block) -> `mark_written`, `on_commit`, `on_abort`, `renew`, `fail_peer`, `expire`.
+Backend-free: a backend decodes frames and calls `check_block` / `check_batch` -> (writes the
+payloads into the returned blocks) -> `mark_written`, `on_commit`, `on_abort`, `renew`, `fail_peer`, `expire`.
 Every registered transfer ends in exactly one event from `take_events()`. Frames are checked
 against the layout this node announced at handshake (a block with every kv head), not against
 the pool tensor: on a tensor-parallel node the pool holds only rank 0's heads.
@@ -19,7 +19,7 @@ from typing import Callable
 from kvtransport.events import FailReason, TransferCommitted, TransferEvent, TransferFailed
 from kvtransport.framing import FrameError
 from pdwire.handshake import KVLayout
-from pdwire.messages import Abort, BlockFrame, Commit, Reserved
+from pdwire.messages import Abort, BlockBatch, BlockFrame, Commit, Reserved
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from pdwire.schema import MAX_BLOCKS, check_id
 from kvtransport.state import TransferState
@@ -127,27 +127,33 @@ class ReceiveLedger:
         payload_len is the received payload's length (None when the payload arrives out of band).
         """
         t = self._lookup(peer, frame.xfer_id)
-        res = t.res
-        if frame.index not in res.expected or res.dst_block_ids[frame.index] != frame.block_id:
-            raise FrameError(DropReason.NOT_RESERVED, f"index {frame.index} block {frame.block_id}")
-        if frame.index not in t.missing:
-            raise FrameError(DropReason.DUPLICATE, f"index {frame.index}")
-        if frame.dtype != self.layout.kv_dtype:
-            raise FrameError(DropReason.BAD_DTYPE, frame.dtype)
-        if frame.shape != self.layout.block_shape:
-            raise FrameError(DropReason.BAD_SHAPE, str(frame.shape))
-        if frame.nbytes != self.block_nbytes or payload_len not in (None, frame.nbytes):
+        self._check_slot(t, frame.index, frame.block_id)
+        self._check_layout(frame.dtype, frame.shape, frame.nbytes)
+        if payload_len not in (None, frame.nbytes):
             raise FrameError(DropReason.BAD_NBYTES, f"{frame.nbytes} / {payload_len}")
         self._progress(t, peer)
         return frame.block_id
 
-    def mark_written(self, frame: BlockFrame, write_seconds: float = 0.0) -> None:
-        """frame's payload is in the pool (after a successful check_block)."""
+    def check_batch(self, peer: str, batch: BlockBatch, payload_lens: list[int]) -> None:
+        """Raises FrameError unless every block of batch may be written into its block_ids, from
+        payload frames of payload_lens bytes; the batch is then dropped whole."""
+        t = self._lookup(peer, batch.xfer_id)
+        for index, block_id in zip(batch.indices, batch.block_ids):
+            self._check_slot(t, index, block_id)
+        self._check_layout(batch.dtype, batch.shape, batch.nbytes)
+        if payload_lens != [batch.nbytes] * len(batch.indices):
+            raise FrameError(DropReason.BAD_NBYTES, f"{len(batch.indices)} x {batch.nbytes} / {payload_lens}")
+        self._progress(t, peer)
+
+    def mark_written(self, frame: BlockFrame | BlockBatch, write_seconds: float = 0.0) -> None:
+        """frame's payloads are in the pool (after a successful check_block / check_batch)."""
         t = self._live[frame.xfer_id]
-        t.missing.discard(frame.index)
-        t.nbytes += frame.nbytes
-        self.metrics.blocks_written += 1
-        self.metrics.bytes_written += frame.nbytes
+        indices = (frame.index,) if type(frame) is BlockFrame else frame.indices
+        t.missing.difference_update(indices)
+        nbytes = frame.nbytes * len(indices)
+        t.nbytes += nbytes
+        self.metrics.blocks_written += len(indices)
+        self.metrics.bytes_written += nbytes
         self.metrics.write_seconds += write_seconds
         self._maybe_complete(t)
 
@@ -210,6 +216,23 @@ class ReceiveLedger:
         if not self._may_touch(peer, t):
             raise FrameError(DropReason.WRONG_PEER, xfer_id)
         return t
+
+    def _check_slot(self, t: _Inbound, index: int, block_id: int) -> None:
+        """Block `index` of t goes to block_id, and has not arrived yet."""
+        res = t.res
+        if index not in res.expected or res.dst_block_ids[index] != block_id:
+            raise FrameError(DropReason.NOT_RESERVED, f"index {index} block {block_id}")
+        if index not in t.missing:
+            raise FrameError(DropReason.DUPLICATE, f"index {index}")
+
+    def _check_layout(self, dtype: str, shape: tuple[int, ...], nbytes: int) -> None:
+        """A block of dtype, shape and nbytes is one of this node's wire blocks."""
+        if dtype != self.layout.kv_dtype:
+            raise FrameError(DropReason.BAD_DTYPE, dtype)
+        if shape != self.layout.block_shape:
+            raise FrameError(DropReason.BAD_SHAPE, str(shape))
+        if nbytes != self.block_nbytes:
+            raise FrameError(DropReason.BAD_NBYTES, f"{nbytes}")
 
     def _may_touch(self, peer: str, t: _Inbound) -> bool:
         node = t.res.sender_node_id

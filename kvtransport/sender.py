@@ -2,7 +2,8 @@
 
   connect   link.open -> auth hello / challenge / Hello / HelloAck (kvtransport.session) ->
             channel.paired (e.g. join the pair's process group) -> link.paired
-  send      header sealed by the core; the payload inline (tracked, zero-copy) or out of band
+  send      header sealed by the core; the payload inline (tracked, zero-copy) or out of band;
+            blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel
   poll      broken channels lose their link; replies go to the core; due heartbeats leave;
             connections of lost links are closed
 
@@ -23,7 +24,7 @@ from kvtransport.link import Completion, SendLink
 from kvtransport.payload_channel import PayloadChannel
 from kvtransport.sender_core import SenderCore
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import BlockFrame, Message
+from pdwire.messages import BlockFrame, Message, batch_blocks
 
 
 class Sender(KVSender):
@@ -67,6 +68,27 @@ class Sender(KVSender):
         self.metrics.blocks_sent += 1
         self.metrics.bytes_sent += header.nbytes
         self.metrics.send_seconds += time.perf_counter() - start
+
+    def send_blocks(self, xfer_id: str, indices: list[int], dst_block_ids: list[int],
+                    kv_cache: torch.Tensor, src_block_ids: list[int]) -> None:
+        endpoint = self._core.endpoint_of(xfer_id)
+        if endpoint is None:
+            return
+        if not self._channel.batches:
+            return super().send_blocks(xfer_id, indices, dst_block_ids, kv_cache, src_block_ids)
+        step = batch_blocks(self._core.identity.layout.block_nbytes)
+        for k in range(0, len(indices), step):
+            start = time.perf_counter()
+            header = self._core.batch_header(xfer_id, indices[k:k + step], dst_block_ids[k:k + step], kv_cache)
+            payloads = self._channel.inline_many(kv_cache, src_block_ids[k:k + step])
+            frames = self._core.pack(endpoint, header, *payloads)
+            if k + step >= len(indices):    # a link releases its messages in order: one tracker covers all
+                self._pending[xfer_id].append(self._link.send_tracked(endpoint, frames))
+            else:
+                self._link.send(endpoint, frames)
+            self.metrics.blocks_sent += len(header.indices)
+            self.metrics.bytes_sent += header.nbytes * len(header.indices)
+            self.metrics.send_seconds += time.perf_counter() - start
 
     def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
         endpoint = self._core.endpoint_of(xfer_id)
@@ -125,10 +147,9 @@ class Sender(KVSender):
 
     def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int) -> Completion:
         payload = self._channel.inline(kv_cache, src)
-        frames = self._core.pack(endpoint, header, payload)
         if payload is not None:
-            return self._link.send_tracked(endpoint, frames)
-        self._link.send(endpoint, frames)
+            return self._link.send_tracked(endpoint, self._core.pack(endpoint, header, payload))
+        self._link.send(endpoint, self._core.pack(endpoint, header))
         return self._channel.send(endpoint, kv_cache, src)
 
     def _close(self, endpoint: str, linger: float = 0.0) -> None:

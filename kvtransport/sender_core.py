@@ -26,7 +26,7 @@ from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Framer, FrameError
 from pdwire.handshake import PeerIdentity, check_compatible, dtype_name
-from pdwire.messages import Abort, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
+from pdwire.messages import Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
 from kvtransport.metrics import SenderMetrics
 from kvtransport.session import AuthKind, Buffer, Initiator, Session, check_secret, parse_auth_frame
 
@@ -91,9 +91,9 @@ class SenderCore:
         self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval)
         return msg.identity
 
-    def pack(self, endpoint: str, msg: Message, payload: Buffer | None = None) -> list[Buffer]:
-        """msg (and payload) sealed for the connected receiver at endpoint."""
-        return self.framer.pack(self._links[endpoint].session, msg, payload)
+    def pack(self, endpoint: str, msg: Message, *payloads: Buffer) -> list[Buffer]:
+        """msg (and its payload frames) sealed for the connected receiver at endpoint."""
+        return self.framer.pack_many(self._links[endpoint].session, msg, payloads)
 
     def unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
         """A message from the connected receiver at endpoint; TransportError if it is bad."""
@@ -119,12 +119,21 @@ class SenderCore:
                      kv_cache: torch.Tensor) -> BlockFrame:
         """The header of a block of kv_cache; ValueError unless its blocks are this node's wire
         blocks (every kv head: a tensor-parallel node ships gathered copies, not its pool)."""
+        return BlockFrame(xfer_id, index, dst_block_id, *self._wire_block(kv_cache))
+
+    def batch_header(self, xfer_id: str, indices: list[int], dst_block_ids: list[int],
+                     kv_cache: torch.Tensor) -> BlockBatch:
+        """The header of blocks of kv_cache that travel in one message; ValueError as block_header."""
+        return BlockBatch(xfer_id, tuple(indices), tuple(dst_block_ids), *self._wire_block(kv_cache))
+
+    def _wire_block(self, kv_cache: torch.Tensor) -> tuple[int, str, tuple[int, ...]]:
+        """(nbytes, dtype, shape) of one block of kv_cache, checked to be a wire block."""
         block, layout = kv_cache[0], self.identity.layout
         shape, dtype = tuple(block.shape), dtype_name(kv_cache.dtype)
         if (shape, dtype) != (layout.block_shape, layout.kv_dtype):
             raise ValueError(f"blocks ship as {layout.block_shape} {layout.kv_dtype} (every kv head), "
                              f"got {shape} {dtype}")
-        return BlockFrame(xfer_id, index, dst_block_id, block.numel() * block.element_size(), dtype, shape)
+        return block.numel() * block.element_size(), dtype, shape
 
     def commit_frames(self, xfer_id: str, first_token: int, num_tokens: int) -> list[Buffer]:
         frames = self.pack(self._open.pop(xfer_id), Commit(xfer_id, first_token, num_tokens))
@@ -196,9 +205,10 @@ class SenderCore:
 
     def _unpack(self, session: Session, endpoint: str, frames: Sequence[Buffer]) -> Message:
         try:
-            msg, payload = self.framer.unpack(session, frames)
+            msg, payloads = self.framer.unpack(session, frames)
         except FrameError as e:
             raise TransportError(f"bad message from {endpoint}: {e}") from None
-        if payload is not None:
+        if payloads:
             raise TransportError(f"unexpected payload from {endpoint}")
         return msg
+

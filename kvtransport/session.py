@@ -5,8 +5,9 @@ that it holds the cluster secret, and every message after that carries a MAC and
     1. [MAGIC "h" nonce_i]                              ──▶  remembers nonce_i for this connection
     2.                                                  ◀──  [MAGIC "c" nonce_r]
     3. both derive a key per direction from (secret, nonce_i, nonce_r); every later message,
-       both ways, is  [header, payload?, trailer]  with
-         trailer = seq (8 bytes) || HMAC-SHA256(key, seq || len(header) || len(payload) || header)
+       both ways, is  [header, payload*, trailer]  with
+         trailer = seq (8 bytes) || HMAC-SHA256(key, seq || len(header) || lengths || header)
+       where lengths = len(p) of each payload frame p (8 bytes each; one 0 when there is none)
        R takes I's first sealed message (Hello / NodeHello) as the proof: until it verifies,
        nothing I sent is decoded, and a peer without the secret learns nothing but a random nonce.
     4. each sequence number is accepted once: a replayed message is dropped, and so is one that
@@ -14,8 +15,8 @@ that it holds the cluster secret, and every message after that carries a MAC and
     R answers a sealed message on a connection it has no session for with [MAGIC "r"]: the peer
     (e.g. across R's restart) starts again at 1.
 
-The MAC covers the header, which names the transfer, block, byte count, dtype and shape, and the
-payload's length, not its bytes: a payload is the second frame of one ZeroMQ multipart message,
+The MAC covers the header, which names the transfer, blocks, byte counts, dtype and shape, and
+every payload frame's length, not its bytes: the payloads are frames of one ZeroMQ multipart message,
 delivered whole or not at all on the one connection whose session authenticated its header, and
 no other local process can write into that TCP connection. Hashing every block would cost more
 than the transfer (HMAC-SHA256 runs at ~1.3 GB/s here, the wire at 2.5-6); see
@@ -91,19 +92,18 @@ class Session:
         self._recv_seq = -1                  # the highest sequence number accepted so far
         self._recv_seen = 0                  # bit k: _recv_seq - k was accepted (k < REPLAY_WINDOW)
 
-    def seal(self, header: Buffer, payload: Buffer | None = None) -> bytes:
-        """The trailer that authenticates [header, payload?] as this end's next message."""
+    def seal(self, header: Buffer, *payloads: Buffer) -> bytes:
+        """The trailer that authenticates [header, *payloads] as this end's next message."""
         seq = self._send_seq.to_bytes(SEQ_LEN, "little")
         self._send_seq += 1
-        return seq + self._tag(self._send_key, seq, header, payload)
+        return seq + self._tag(self._send_key, seq, header, payloads)
 
     def open(self, frames: Sequence[Buffer]) -> list[Buffer]:
-        """[header, payload?] of a sealed message; raises AuthError if its MAC or sequence is wrong."""
-        if not 2 <= len(frames) <= 3 or len(frames[-1]) != TRAILER_LEN:
+        """[header, *payloads] of a sealed message; raises AuthError if its MAC or sequence is wrong."""
+        if len(frames) < 2 or len(frames[-1]) != TRAILER_LEN:
             raise AuthError(DropReason.BAD_MAC, "no trailer")
         trailer = bytes(frames[-1])
-        header, payload = frames[0], (frames[1] if len(frames) == 3 else None)
-        if not hmac.compare_digest(self._tag(self._recv_key, trailer[:SEQ_LEN], header, payload),
+        if not hmac.compare_digest(self._tag(self._recv_key, trailer[:SEQ_LEN], frames[0], frames[1:-1]),
                                    trailer[SEQ_LEN:]):
             raise AuthError(DropReason.BAD_MAC, "wrong MAC")
         self._accept(int.from_bytes(trailer[:SEQ_LEN], "little"))
@@ -121,8 +121,9 @@ class Session:
             self._recv_seen |= 1 << behind
 
     @staticmethod
-    def _tag(key: bytes, seq: bytes, header: Buffer, payload: Buffer | None) -> bytes:
-        lengths = len(header).to_bytes(8, "little") + (0 if payload is None else len(payload)).to_bytes(8, "little")
+    def _tag(key: bytes, seq: bytes, header: Buffer, payloads: Sequence[Buffer]) -> bytes:
+        sizes = [len(header), *(len(p) for p in payloads)] if payloads else [len(header), 0]
+        lengths = b"".join(n.to_bytes(8, "little") for n in sizes)
         mac = hmac.new(key, seq + lengths, hashlib.sha256)
         mac.update(header)
         return mac.digest()

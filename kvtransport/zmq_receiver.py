@@ -13,6 +13,7 @@ from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink
 from pdwire.handshake import PeerIdentity
+from pdwire.messages import batch_blocks
 
 __all__ = ["DEFAULT_BIND", "ZmqReceiver"]
 
@@ -25,5 +26,6 @@ class ZmqReceiver(Receiver):
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
                  sink: PayloadSink | None = None) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
-        link = ZmqReceiveLink(bind, hwm, identity.layout.block_nbytes)
+        nbytes = identity.layout.block_nbytes
+        link = ZmqReceiveLink(bind, hwm, nbytes * batch_blocks(nbytes))   # a frame may be a whole batch
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout)

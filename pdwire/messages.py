@@ -9,7 +9,8 @@ Each dataclass validates its fields in `__post_init__`, so a message that exists
 may be missing at the end of the list (a peer from before they were added): they take it.
 
   handshake      Hello(P -> D), HelloAck(D -> P), P2PJoin(D -> P, torch.distributed only)
-  transfer       BlockFrame (+ one raw payload frame), Commit, Abort, Heartbeat (both ways)
+  transfer       BlockFrame (+ one raw payload frame), BlockBatch (+ one raw frame per block),
+                 Commit, Abort, Heartbeat (both ways)
   admission      Reserve(router -> D) -> Reserved | Busy
 """
 from __future__ import annotations
@@ -26,6 +27,13 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
                                 check_int, check_ints, check_str)
 
 MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
+MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
+MAX_BATCH_BYTES = 4 << 20    # payload bytes of one BlockBatch (one block, if a block is larger)
+
+
+def batch_blocks(block_nbytes: int) -> int:
+    """Blocks per BlockBatch of blocks of block_nbytes bytes: what a sender packs, a receiver's cap."""
+    return max(1, min(MAX_BATCH_BLOCKS, MAX_BATCH_BYTES // block_nbytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +89,38 @@ class BlockFrame:
         check_id(self.xfer_id, "xfer_id")
         check_int(self.index, "index", hi=MAX_BLOCKS - 1)
         check_int(self.block_id, "block_id", hi=(1 << 31) - 1)
+        check_int(self.nbytes, "nbytes", lo=1, hi=1 << 34)
+        check_str(self.dtype, "dtype", max_len=32)
+        if self.dtype not in KV_DTYPES:
+            raise ProtocolError(f"dtype {self.dtype!r} is not a KV dtype")
+        object.__setattr__(self, "shape", check_ints(self.shape, "shape", 8, lo=1, hi=1 << 20))
+
+
+@dataclass(frozen=True, slots=True)
+class BlockBatch:
+    """P -> D header of several blocks of one transfer, each all layers' K and V: block k's
+    payload (nbytes raw bytes of a [num_layers, 2, block_size, H, D] tensor) is raw frame k.
+
+        [header: indices (4, 5, 9), block_ids (40, 12, 7)] [b4] [b5] [b9] [trailer]
+    """
+    xfer_id: str
+    indices: tuple[int, ...]    # positions in the sequence's block table, distinct
+    block_ids: tuple[int, ...]  # destination blocks in D's pool, one per index, distinct
+    nbytes: int                 # of one block
+    dtype: str
+    shape: tuple[int, ...]      # of one block
+
+    def __post_init__(self) -> None:
+        check_id(self.xfer_id, "xfer_id")
+        object.__setattr__(self, "indices", check_ints(self.indices, "indices", MAX_BATCH_BLOCKS,
+                                                       hi=MAX_BLOCKS - 1))
+        n = len(self.indices)
+        object.__setattr__(self, "block_ids", check_ints(self.block_ids, "block_ids", MAX_BATCH_BLOCKS,
+                                                         hi=(1 << 31) - 1))
+        if not 0 < n == len(self.block_ids):
+            raise ProtocolError("a batch needs as many block ids as indices, and one at least")
+        if len(set(self.indices)) != n or len(set(self.block_ids)) != n:
+            raise ProtocolError("a batch repeats an index or a block id")
         check_int(self.nbytes, "nbytes", lo=1, hi=1 << 34)
         check_str(self.dtype, "dtype", max_len=32)
         if self.dtype not in KV_DTYPES:
@@ -167,11 +207,11 @@ class Busy:
         check_int(self.retry_after_ms, "retry_after_ms", hi=1 << 31)
 
 
-Message = Union[Hello, HelloAck, P2PJoin, BlockFrame, Commit, Abort, Heartbeat, Reserve, Reserved,
-                Busy]
+Message = Union[Hello, HelloAck, P2PJoin, BlockFrame, BlockBatch, Commit, Abort, Heartbeat, Reserve,
+                Reserved, Busy]
 
 KINDS: dict[str, type] = {
-    "hello": Hello, "hello_ack": HelloAck, "p2p_join": P2PJoin, "block": BlockFrame,
+    "hello": Hello, "hello_ack": HelloAck, "p2p_join": P2PJoin, "block": BlockFrame, "blocks": BlockBatch,
     "commit": Commit, "abort": Abort, "heartbeat": Heartbeat, "reserve": Reserve,
     "reserved": Reserved, "busy": Busy,
 }

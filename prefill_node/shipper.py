@@ -57,8 +57,8 @@ class BlockShipper:
         if end <= s.next_index:
             return
         kv_cache, sources = self._full_head_blocks(s, seq.block_table[s.next_index:end])
-        for index, src in zip(range(s.next_index, end), sources):
-            self.sender.send_block(s.xfer_id, index, s.dst_block_ids[index], kv_cache, src)
+        self.sender.send_blocks(s.xfer_id, list(range(s.next_index, end)), list(s.dst_block_ids[s.next_index:end]),
+                                kv_cache, list(sources))
         s.next_index = end
 
     def _full_head_blocks(self, s: Shipment, blocks: list[int]) -> tuple[torch.Tensor, list[int]]:

@@ -6,8 +6,8 @@ from hypothesis import given, settings, strategies as st
 from kvtransport.framing import Framer, FrameError
 from kvtransport.session import TRAILER_LEN, Session
 from pdwire.handshake import KVLayout, PeerIdentity
-from pdwire.messages import (KINDS, Abort, BlockFrame, Busy, Commit, Heartbeat, Hello, HelloAck,
-                                  P2PJoin, Reserve, Reserved, decode, encode)
+from pdwire.messages import (KINDS, MAX_BATCH_BLOCKS, Abort, BlockBatch, BlockFrame, Busy, Commit,
+                             Heartbeat, Hello, HelloAck, P2PJoin, Reserve, Reserved, decode, encode)
 from kvtransport.metrics import DropReason
 from pdwire.schema import PROTOCOL_VERSION, ProtocolError
 
@@ -20,6 +20,7 @@ EXAMPLES = [
     HelloAck(IDENT, False, "handshake refused: block_size differs"),
     P2PJoin("prefill-0/a1b2", "127.0.0.1", 29500),
     BlockFrame("d0-1f-7", 3, 41, 1 << 20, "float32", (8, 2, 16, 8, 64)),
+    BlockBatch("d0-1f-7", (4, 5, 6, 9), (40, 12, 13, 7), 1 << 20, "float32", (8, 2, 16, 8, 64)),
     Commit("d0-1f-7", 128000, 77),
     Abort("d0-1f-7", "lease expired"),
     Heartbeat("a1b2c3d4e5f60718", ("d0-1f-7", "d0-1f-8")),
@@ -50,6 +51,12 @@ def _block_fields(**over):
     return list(f.values())
 
 
+def _batch_fields(**over):
+    f = dict(xfer_id="x1", indices=[0, 1], block_ids=[3, 4], nbytes=64, dtype="float32", shape=[2, 2, 4])
+    f.update(over)
+    return list(f.values())
+
+
 @pytest.mark.parametrize("buf", [
     b"", b"\xc1", b"\x93\x01", msgpack.packb({"k": 1}), msgpack.packb([1, "block"]),
     _envelope("block", _block_fields(), version=2),          # other protocol version
@@ -64,6 +71,13 @@ def _block_fields(**over):
     _envelope("block", _block_fields(shape="2x2")),          # wrong type
     _envelope("block", _block_fields(xfer_id="")),           # empty id
     _envelope("block", _block_fields(xfer_id="x\n1")),       # control character in id
+    _envelope("blocks", _batch_fields()[:-1]),               # missing field
+    _envelope("blocks", _batch_fields(indices=[0, 0])),      # an index twice
+    _envelope("blocks", _batch_fields(block_ids=[3, 3])),    # a block twice
+    _envelope("blocks", _batch_fields(block_ids=[3])),       # fewer blocks than indices
+    _envelope("blocks", _batch_fields(indices=[], block_ids=[])),            # no block
+    _envelope("blocks", _batch_fields(indices=list(range(MAX_BATCH_BLOCKS + 1)),
+                                      block_ids=list(range(MAX_BATCH_BLOCKS + 1)))),   # too many
     _envelope("commit", ["x1", -5, 10]),                     # negative token
     _envelope("reserve", ["r" * 129, 10, [], 5]),            # rid over 128 chars
     _envelope("reserve", ["r", 10, [b"\x00" * 15], 5]),      # hash of 15 bytes
@@ -127,8 +141,8 @@ def test_fuzz_mutated_messages(msg, pos, byte):
 
 
 def test_sealed_round_trip_and_rejects_wrong_or_missing_mac():
-    """Only frames sealed by the peer's session unpack; another key, no trailer, a changed header
-    or a changed payload length drop as BAD_MAC; an extra frame is MALFORMED."""
+    """Only frames sealed by the peer's session unpack; another key, no trailer, a changed header,
+    a changed payload length or an extra frame drop as BAD_MAC; too many frames is MALFORMED."""
     ours, theirs = session_pair()
     stranger, _ = session_pair(b"t" * 32)
     framer, msg, payload = Framer(), EXAMPLES[4], bytes(range(256)) * 4
@@ -139,21 +153,38 @@ def test_sealed_round_trip_and_rejects_wrong_or_missing_mac():
     header = bytearray(frames[0])
     header[-1] ^= 1
     for bad in (framer.pack(stranger, msg, payload), frames[:2], [bytes(header), payload, frames[2]],
-                [frames[0], payload[:-1], frames[2]]):
+                [frames[0], payload[:-1], frames[2]], [frames[0], payload, payload, frames[2]],
+                [frames[0], payload[:500], payload[500:], frames[2]]):
         with pytest.raises(FrameError) as e:
             framer.unpack(theirs, bad)
         assert e.value.reason is DropReason.BAD_MAC
     with pytest.raises(FrameError) as e:
-        framer.unpack(theirs, [*frames, b"x" * 40])
+        framer.unpack(theirs, [frames[0], *[b"x"] * (MAX_BATCH_BLOCKS + 1), frames[2]])
     assert e.value.reason is DropReason.MALFORMED
 
 
-def test_oversize_payload_is_rejected():
-    """A payload above the framer's cap is dropped as OVERSIZE."""
-    framer, (ours, theirs) = Framer(max_payload_bytes=64), session_pair()
+def test_several_payloads_round_trip_and_their_lengths_are_sealed():
+    """A BlockBatch's payload frames unpack in order; moving bytes between them breaks the MAC."""
+    ours, theirs = session_pair()
+    framer, msg = Framer(), EXAMPLES[5]
+    payloads = [b"a" * 300, b"b" * 100]
+    frames = framer.pack_many(ours, msg, payloads)
+    got = framer.unpack(theirs, frames)
+    assert got.msg == msg and [bytes(p) for p in got.payloads] == payloads and got.payload is None
+    ours, theirs = session_pair()
+    frames = framer.pack_many(ours, msg, payloads)
     with pytest.raises(FrameError) as e:
-        framer.unpack(theirs, framer.pack(ours, EXAMPLES[4], b"\x00" * 65))
-    assert e.value.reason is DropReason.OVERSIZE
+        framer.unpack(theirs, [frames[0], b"a" * 200, b"a" * 100 + b"b" * 100, frames[-1]])
+    assert e.value.reason is DropReason.BAD_MAC
+
+
+def test_oversize_payload_is_rejected():
+    """Payloads above the framer's cap, alone or together, are dropped as OVERSIZE."""
+    framer, (ours, theirs) = Framer(max_payload_bytes=64), session_pair()
+    for payloads in ([b"\x00" * 65], [b"\x00" * 40, b"\x00" * 25]):
+        with pytest.raises(FrameError) as e:
+            framer.unpack(theirs, framer.pack_many(ours, EXAMPLES[4], payloads))
+        assert e.value.reason is DropReason.OVERSIZE
 
 
 def session_pair(secret: bytes = b"s" * 32) -> tuple[Session, Session]:

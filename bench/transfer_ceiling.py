@@ -1,0 +1,98 @@
+"""The raw-ZeroMQ ceiling of KV shipping, in transfer_bench.py's process layout.
+
+A spawned process owns a preallocated pool and a ROUTER socket; this process sends `n` blocks
+from its own pool through a DEALER, each zero-copy (copy=False, no tracker), and the receiver
+copies each into its pool slot (one memcpy, as a decode node must). No headers, no checks, no
+bookkeeping: what pdserve's transfer path is measured against. With `mac=True` each block also
+carries a small header sealed and opened by kvtransport.session.Session, one MAC per block, as an
+authenticated transport must at least do.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import torch
+import zmq
+
+from kvtransport.session import Session
+
+HWM = 16
+_NONCES = (b"i" * 16, b"r" * 16)
+
+
+def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes) -> None:
+    """Receives `n` blocks per command into a pool of num_blocks blocks; reports its CPU seconds."""
+    torch.set_num_threads(1)
+    pool = memoryview(torch.zeros(num_blocks * nbytes, dtype=torch.uint8).numpy())
+    ctx = zmq.Context(io_threads=1)
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.RCVHWM, HWM)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(bind)
+    conn.send(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    while (cmd := conn.recv()) is not None:
+        n, mac = cmd
+        session = Session(secret, *_NONCES, initiator=False) if mac else None
+        conn.send("ready")
+        cpu = time.process_time()
+        for k in range(n):
+            if not sock.poll(30_000):
+                conn.send(("failed", f"block {k} of {n} did not arrive"))
+                break
+            frames = sock.recv_multipart(copy=False)
+            parts = [f.buffer for f in frames[1:]]
+            if session is not None:
+                parts = session.open(parts)
+            slot = k % num_blocks
+            pool[slot * nbytes:(slot + 1) * nbytes] = parts[-1]
+        else:
+            conn.send(("done", time.process_time() - cpu))
+    sock.close()
+    ctx.term()
+
+
+class Ceiling:
+    """The sending end; start() spawns the receiver, run() times one transfer of n blocks."""
+
+    def __init__(self, src: torch.Tensor, bind: str, secret: bytes) -> None:
+        self._blocks = [memoryview(src[b].view(torch.uint8).view(-1).numpy()) for b in range(src.shape[0])]
+        self._nbytes, self._bind, self._secret = len(self._blocks[0]), bind, secret
+        self._ctx = zmq.Context(io_threads=1)
+
+    def start(self) -> None:
+        self._conn, child = mp.Pipe()
+        self._proc = mp.get_context("spawn").Process(
+            target=ceiling_process, args=(child, self._nbytes, len(self._blocks), self._bind, self._secret))
+        self._proc.start()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.SNDHWM, HWM)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self._conn.recv())
+
+    def run(self, mac: bool, timeout: float = 120.0) -> tuple[float, float, float]:
+        """(wall seconds, sender CPU seconds, receiver CPU seconds) of one transfer of every block."""
+        n = len(self._blocks)
+        session = Session(self._secret, *_NONCES, initiator=True) if mac else None
+        self._conn.send((n, mac))
+        if not self._conn.poll(timeout) or self._conn.recv() != "ready":     # as pdserve waits for its reservation
+            raise RuntimeError("ceiling receiver silent")
+        cpu, start = time.process_time(), time.perf_counter()
+        for k, block in enumerate(self._blocks):
+            if session is None:
+                self._sock.send(block, copy=False)
+            else:
+                header = k.to_bytes(8, "little") * 12      # ~ a block header's size
+                self._sock.send_multipart([header, block, session.seal(header, block)], copy=False)
+        if not self._conn.poll(timeout):
+            raise RuntimeError("ceiling receiver silent")
+        reply = self._conn.recv()
+        if reply[0] == "failed":
+            raise RuntimeError(f"ceiling transfer failed: {reply[1]}")
+        return time.perf_counter() - start, time.process_time() - cpu, reply[1]
+
+    def stop(self) -> None:
+        self._conn.send(None)
+        self._proc.join(timeout=10)
+        self._sock.close()
+        self._ctx.term()

@@ -1,0 +1,156 @@
+"""pdserve's per-block software overhead on each side of a transfer, without the socket.
+
+    .venv/bin/python bench/transfer_overhead.py [--block-sizes 16,32,64] [--blocks 512]
+
+CPU time (time.process_time, so load on the other core counts less than in wall time) per block:
+
+  send   header (BlockBatch / BlockFrame), validation, encode, MAC, zero-copy payload views and
+         zmq frames (one tracked per call, or one per block unbatched), against the ceiling's one
+         zero-copy zmq frame per block; messages go to a connected PUSH socket nobody reads
+         (never blocking: SNDHWM 0), so libzmq's own copying is not in it
+  recv   ReceiverCore.handle on pre-sealed messages (MAC, decode, checks, ledger, the copy into
+         the pool, the Commit), against the ceiling's one copy per block from the same buffers
+
+Writes bench/results/transfer_overhead_<time>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout first
+
+import torch  # noqa: E402
+import zmq  # noqa: E402
+
+from bench.machine import write_result  # noqa: E402
+from kvtransport.framing import Framer  # noqa: E402
+from kvtransport.payload import InlineSink, pool_bytes  # noqa: E402
+from kvtransport.receiver_core import ReceiverCore  # noqa: E402
+from kvtransport.receiver_state import Reservation  # noqa: E402
+from kvtransport.sender_core import SenderCore  # noqa: E402
+from kvtransport.payload_channel import InlineChannel  # noqa: E402
+from kvtransport.session import Session  # noqa: E402
+from kvtransport.testing import make_identity, make_pool  # noqa: E402
+from pdwire.messages import Commit, Hello, batch_blocks  # noqa: E402
+
+LAYOUT = dict(num_layers=8, num_kv_heads=8, head_dim=64, dtype=torch.float32)
+SECRET = b"transfer-overhead-secret-0123456"
+NONCES = (b"i" * 16, b"r" * 16)
+
+
+def cpu_us(makers: dict, n: int, repeats: int = 7) -> dict[str, float]:
+    """Median CPU microseconds per block of each makers[name]()() (a run over n blocks; the maker's
+    own work is not timed), the variants alternating within each repetition."""
+    times: dict[str, list[float]] = {name: [] for name in makers}
+    for _ in range(repeats):
+        for name, make in makers.items():
+            fn = make()
+            start = time.process_time()
+            fn()
+            times[name].append((time.process_time() - start) / n * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket) -> dict[str, float]:
+    core = SenderCore(make_identity(src, "p"), SECRET)
+    core._links["e"] = type("L", (), {"session": Session(SECRET, *NONCES, True)})()   # a paired link
+    core.begin("x", "e")
+    channel, ids = InlineChannel(), list(range(n))
+    step = batch_blocks(src[0].numel() * src.element_size())
+
+    def batched():
+        for k in range(0, n, step):
+            frames = core.pack("e", core.batch_header("x", ids[k:k + step], ids[k:k + step], src),
+                               *channel.inline_many(src, ids[k:k + step]))
+            last = k + step >= n
+            *head, payload, trailer = frames
+            tracked = zmq.Frame(payload, copy=False, track=last)
+            sock.send_multipart([*head, tracked, trailer], copy=False)
+
+    def unbatched():
+        for b in ids:
+            header, payload, trailer = core.pack("e", core.block_header("x", b, b, src), channel.inline(src, b))
+            sock.send_multipart([header, zmq.Frame(payload, copy=False, track=True), trailer], copy=False)
+
+    pool = pool_bytes(src)
+    nbytes = len(pool) // n
+
+    def ceiling():
+        for b in ids:
+            sock.send(pool[b * nbytes:(b + 1) * nbytes], copy=False)
+
+    return cpu_us({"ceiling": lambda: ceiling, "batched": lambda: batched, "unbatched": lambda: unbatched}, n)
+
+
+def receiver_paths(src: torch.Tensor, n: int) -> dict[str, float]:
+    dst = make_pool(num_blocks=n, block_size=src.shape[3], seed=None, **LAYOUT)
+    ident = make_identity(dst, "d")
+    core = ReceiverCore(n, ident, SECRET, InlineSink(dst, ident.layout), lambda peer, frames: None)
+    session, framer = Session(SECRET, *NONCES, True), Framer()
+    core._auth._sessions["p"] = Session(SECRET, *NONCES, False)
+    core._dispatch("p", Hello(make_identity(src, "p")), ())
+    ids, pool = list(range(n)), pool_bytes(src)
+    nbytes, step = len(pool) // n, batch_blocks(len(pool) // n)
+    sender = SenderCore(make_identity(src, "p"), SECRET)
+    rounds = iter(range(1 << 20))
+
+    def sealed(batch: bool) -> list[list]:
+        xfer = f"x{next(rounds)}"
+        core.register(Reservation(xfer, tuple(ids)))
+        views = [pool[b * nbytes:(b + 1) * nbytes] for b in ids]
+        if batch:
+            msgs = [framer.pack_many(session, sender.batch_header(xfer, ids[k:k + step], ids[k:k + step], src),
+                                     views[k:k + step]) for k in range(0, n, step)]
+        else:
+            msgs = [framer.pack(session, sender.block_header(xfer, b, b, src), views[b]) for b in ids]
+        return msgs + [framer.pack(session, Commit(xfer, 1, n * src.shape[3]))]
+
+    def handle(batch: bool):
+        msgs = sealed(batch)
+        return lambda: [core.handle("p", [memoryview(f) for f in frames]) for frames in msgs]
+
+    flat = pool_bytes(dst)
+
+    def ceiling():
+        for b in ids:
+            flat[b * nbytes:(b + 1) * nbytes] = pool[b * nbytes:(b + 1) * nbytes]
+    out = cpu_us({"ceiling": lambda: ceiling, "batched": lambda: handle(True), "unbatched": lambda: handle(False)}, n)
+    assert core.metrics.frames_dropped == 0 and core.metrics.transfers_committed == 14, core.metrics
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--block-sizes", default="16,32,64")
+    ap.add_argument("--blocks", type=int, default=256)
+    args = ap.parse_args()
+    ctx = zmq.Context()
+    sink, sock = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    sink.bind("inproc://overhead")
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.connect("inproc://overhead")
+    rows = []
+    for bs in map(int, args.block_sizes.split(",")):
+        src = make_pool(num_blocks=args.blocks, block_size=bs, seed=0, **LAYOUT)
+        row = {"block_size": bs, "block_mib": src[0].numel() * 4 / 2**20,
+               "send": sender_paths(src, args.blocks, sock), "recv": receiver_paths(src, args.blocks)}
+        while sink.poll(0):
+            sink.recv_multipart(copy=False)
+        rows.append(row)
+        for side in ("send", "recv"):
+            c = row[side]["ceiling"]
+            print(f"block {bs} tok ({row['block_mib']:.1f} MiB) {side}: ceiling {c:6.1f} us/block CPU; "
+                  f"overhead batched {row[side]['batched'] - c:+6.1f}, unbatched {row[side]['unbatched'] - c:+6.1f}")
+    sock.close(linger=0)
+    sink.close(linger=0)
+    ctx.term()
+    print("wrote", write_result("transfer_overhead", {"blocks": args.blocks, "load_avg": os.getloadavg(),
+                                                      "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
