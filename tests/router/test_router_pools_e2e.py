@@ -23,7 +23,10 @@ def test_decode_pool_scales_up_and_down_under_a_stream_with_no_failed_request(mo
     the tokens of every other request on its prompt; a count over --max-pool-size or an unknown
     pool is a 400 before anything starts; the survivors end with every block free."""
     path, _ = model_dir
-    config = dataclasses.replace(APP_CONFIG, heartbeat_timeout_s=30.0)
+    # affinity routing: the decode node by load and every prompt shipped from the prefill node, so
+    # the new node's KV transfers show it serving (cost routing would keep these short, cached
+    # prompts on decode-0 and prefill them there)
+    config = dataclasses.replace(APP_CONFIG, heartbeat_timeout_s=30.0, routing="affinity")
     cluster = ClusterConfig(1, 1, max_pool_size=2)
 
     async def main():
