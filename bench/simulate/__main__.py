@@ -1,0 +1,83 @@
+"""python -m bench.simulate: the simulator's validation against real runs, and the on-paper study.
+
+    python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
+    python -m bench.simulate validate bench/results/simulate_measured_*.json --profile P.json
+    python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
+    python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+SYSTEMS = "colocated,1p1d,1p2d"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(required=True)
+    m = sub.add_parser("measure", help="real runs, nodes pinned to cores")
+    m.add_argument("--workload", default="sharegpt")
+    m.add_argument("--systems", default=SYSTEMS)
+    m.add_argument("--rates", default="0.5,1")
+    m.add_argument("--num-requests", type=int, default=16)
+    m.add_argument("--output-cap", type=int, default=256)
+    m.add_argument("--deadline-s", type=float, default=150.0)
+    m.set_defaults(func=_measure)
+    v = sub.add_parser("validate", help="simulate the measured points; print the side-by-side table")
+    v.add_argument("measured", nargs="+")
+    v.add_argument("--profile", required=True)
+    v.set_defaults(func=_validate)
+    s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
+    s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
+    s.add_argument("--rates", default="10,30,100,300,1000")
+    s.add_argument("--workloads", default="rag,mixed")
+    s.add_argument("--num-requests", type=int, default=1500)
+    s.set_defaults(func=_study)
+    g = sub.add_parser("gpu-profile", help="write the GPU profile built from published figures")
+    g.add_argument("--out", default="bench/profiles/gpu_a100_llama2_7b_published.json")
+    g.set_defaults(func=_gpu_profile)
+    args = ap.parse_args(argv)
+    args.func(args)
+
+
+def _measure(args) -> None:
+    from bench.serving import record as rec
+    from bench.serving.compare import SweepSpec
+    from bench.serving.model import prepare_model, word_vocab
+    from bench.serving.servers import BENCH
+    from bench.simulate.measure import measure
+    import os
+    spec = SweepSpec(systems=tuple(args.systems.split(",")), workload=args.workload,
+                     num_requests=args.num_requests, rates=tuple(float(r) for r in args.rates.split(",")),
+                     deadline_s=args.deadline_s, output_cap=args.output_cap)
+    model, vocab = prepare_model(os.path.join(BENCH, ".cache")), word_vocab()
+    result = rec.header("simulate_measured", model) | {"sweep": spec, "systems": {}}
+    path = None
+    for system in spec.systems:
+        result["systems"][system] = measure(system, spec, model, vocab)
+        if path:
+            os.remove(path)
+        path = rec.write(result, f"simulate_measured_{args.workload}")
+    print(f"wrote {path}")
+
+
+def _validate(args) -> None:
+    from bench.simulate.validate import validate
+    validate(args.measured, args.profile)
+
+
+def _study(args) -> None:
+    from bench.simulate.study import study
+    study(args.profile, [float(r) for r in args.rates.split(",")], args.workloads.split(","), args.num_requests)
+
+
+def _gpu_profile(args) -> None:
+    from bench.simulate.gpu_profile import published_profile
+    published_profile().save(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,37 @@
+"""The simulated colocated alternative: N replicas of the whole engine (prefill and decode in one
+step loop, as `python -m router` runs it), each request sent to the least loaded replica."""
+from __future__ import annotations
+
+from planner.events import EventLoop
+from planner.profile import Profile
+from planner.sim_engine import SimEngine, SimSeq
+from planner.sim_request import SimRequest
+
+
+class ColocatedNode:
+    def __init__(self, name: str, profile: Profile, loop: EventLoop):
+        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s)
+
+    def computed(self, seq: SimSeq, before: int, t: float) -> None:
+        pass
+
+    def sampled(self, seq: SimSeq, t: float) -> None:
+        pass                            # streamed by the engine
+
+    def finished(self, seq: SimSeq, t: float) -> None:
+        pass
+
+
+class ColocatedPool:
+    def __init__(self, count: int, profile: Profile, loop: EventLoop):
+        self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop) for i in range(count)]
+
+    def submit(self, req: SimRequest) -> None:
+        node = min(self.nodes, key=lambda n: (n.engine.num_seqs() + len(n.engine.waiting), n.engine.queued_tokens()))
+        node.engine.add(SimSeq(req, req.prompt_len, target=req.output_len))
+
+    def busy_s(self) -> float:
+        return sum(n.engine.busy_s for n in self.nodes)
+
+    def preemptions(self) -> int:
+        return sum(n.engine.preemptions for n in self.nodes)
