@@ -7,6 +7,7 @@
     pdserve colocated [flags of `python -m router`]
     pdserve secret             prints a fresh cluster secret (64 hex digits)
     pdserve nodes | drain NODE | remove NODE      the operator API (router/operator_cli.py)
+    pdserve profile [--model DIR] [node flags] | plan --profile P --workload W --rate R   (pdplan/cli.py)
 
 A multi-host deployment: `pdserve secret > secret && chmod 600 secret`, copy the file to every
 host, then `pdserve router --cluster-secret-file secret --host 0.0.0.0 --control-endpoint
@@ -72,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv[:1] in (["nodes"], ["drain"], ["remove"]):
         from router import operator_cli
         sys.exit(operator_cli.main(argv))
+    if argv[:1] in (["profile"], ["plan"]):
+        from pdplan.cli import main as planner_main
+        return planner_main(argv)
     if argv[:1] == ["router"]:
         argv = ["up", *argv[1:], "--prefill", "0", "--decode", "0"]
     args = parse_up(argv)

@@ -17,7 +17,7 @@ prefill ~170 ms.
 """
 from __future__ import annotations
 
-from planner.profile import Overheads, Profile, StepCost, Transfer
+from pdplan.profile import Overheads, Profile, StepCost, Transfer
 
 PEAK_FLOPS, PEAK_BW = 312e12, 2.039e12
 PARAMS, LAYERS, HIDDEN, KV_HEADS, HEAD_DIM = 6.74e9, 32, 4096, 32, 128

@@ -7,9 +7,9 @@ import json
 import os
 
 from bench.serving import record as rec
-from planner.profile import Profile
-from planner.simulation import SLOTargets, Topology, simulate
-from planner.workload import sim_requests
+from pdplan.profile import Profile
+from pdplan.simulation import SLOTargets, Topology, simulate
+from pdplan.workload import sim_requests
 
 TOPOLOGY = {"colocated": Topology(colocated=1), "1p1d": Topology.disaggregated(1, 1),
             "1p2d": Topology.disaggregated(1, 2)}

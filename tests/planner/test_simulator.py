@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from planner.profile import Overheads, Profile, StepCost, Transfer
-from planner.sim_request import SimRequest, chain_hashes
-from planner.simulation import SLOTargets, Topology, simulate
+from pdplan.profile import Overheads, Profile, StepCost, Transfer
+from pdplan.sim_request import SimRequest, chain_hashes
+from pdplan.simulation import SLOTargets, Topology, simulate
 
 STEP = StepCost(fixed=0.010, per_token=0.001, per_seq=0.0005, per_decode_ctx=1e-5, per_prefill_pair=1e-7)
 
@@ -85,8 +85,8 @@ def test_busy_decode_nodes_make_requests_wait_and_all_complete():
 
 def test_blocks_are_conserved_after_a_run():
     """After every request ends, each node's pool holds nothing in use (only cached prefix blocks)."""
-    from planner.colocated import ColocatedPool
-    from planner.events import EventLoop
+    from pdplan.colocated import ColocatedPool
+    from pdplan.events import EventLoop
     loop = EventLoop()
     pool = ColocatedPool(2, profile(num_blocks=40, budget=256), loop)
     reqs = [request(i, tokens(70, 3 + 7 * i), 30, at=0.01 * i) for i in range(10)]

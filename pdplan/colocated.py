@@ -2,10 +2,10 @@
 step loop, as `python -m router` runs it), each request sent to the least loaded replica."""
 from __future__ import annotations
 
-from planner.events import EventLoop
-from planner.profile import Profile
-from planner.sim_engine import SimEngine, SimSeq
-from planner.sim_request import SimRequest
+from pdplan.events import EventLoop
+from pdplan.profile import Profile
+from pdplan.sim_engine import SimEngine, SimSeq
+from pdplan.sim_request import SimRequest
 
 
 class ColocatedNode:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.profile import Overheads, Profile, StepCost, StepSample, Transfer
+from pdplan.profile import Overheads, Profile, StepCost, StepSample, Transfer
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,7 @@ class ProfileGrid:
     contexts: tuple[int, ...] = (64, 512, 2048)
     max_batch_tokens: int = 32768                          # skips B x C over it (pool size)
     decode_steps: int = 4
+    mixed: tuple[int, int, int] = (16, 256, 1536)          # decoding seqs, their context, the prompt that joins
     transfer_blocks: int = 64
 
 
@@ -102,7 +103,7 @@ class Profiler:
     def prefill_cached(self) -> list[StepSample]:
         engine, rec = self._engine()
         vocab = engine.model_config.vocab_size
-        full = max(self.grid.cached_prefixes) + 1024
+        full = min(max(self.grid.cached_prefixes) + max(self.grid.prompt_lens) // 3, engine.max_model_len - 1)
         samples = []
         for k in self.grid.cached_prefixes:
             prefix = _ids(self.rng, k, vocab)
@@ -132,11 +133,12 @@ class Profiler:
     def mixed(self) -> list[StepSample]:
         engine, rec = self._engine()
         vocab = engine.model_config.vocab_size
-        for _ in range(16):
-            self._add(engine, _ids(self.rng, 256, vocab), 12)
+        batch, context, prompt = self.grid.mixed
+        for _ in range(batch):
+            self._add(engine, _ids(self.rng, context, vocab), 12)
         for _ in range(3):
             engine.step()
-        self._add(engine, _ids(self.rng, 1536, vocab), 1)
+        self._add(engine, _ids(self.rng, prompt, vocab), 1)
         samples = [s for s in timed_steps(engine, rec, "mixed") if any(n > 1 for n, _ in s.shapes)]
         self.log(f"profile: mixed: {len(samples)} steps")
         return samples

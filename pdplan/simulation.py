@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.colocated import ColocatedPool
-from planner.decode_pool import DecodePool
-from planner.events import EventLoop
-from planner.prefill_pool import PrefillPool
-from planner.profile import Profile
-from planner.sim_metrics import SimSummary, summarize
-from planner.sim_request import SimRequest
-from planner.sim_router import SimRouter
+from pdplan.colocated import ColocatedPool
+from pdplan.decode_pool import DecodePool
+from pdplan.events import EventLoop
+from pdplan.prefill_pool import PrefillPool
+from pdplan.profile import Profile
+from pdplan.sim_metrics import SimSummary, summarize
+from pdplan.sim_request import SimRequest
+from pdplan.sim_router import SimRouter
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@
 
 `profile` measures one engine as a node runs it (the node's flags: --dtype, --block-size,
 --kv-cache-gib, --max-num-seqs, --max-num-batched-tokens, ...) on whatever device it uses and
-writes the JSON profile (planner/profile.py). `plan` searches deployments with the simulator and
-prints the recommendation (planner/planner.py). The workloads are the serving benchmark's
+writes the JSON profile (pdplan/profile.py). `plan` searches deployments with the simulator and
+prints the recommendation (pdplan/planner.py). The workloads are the serving benchmark's
 (bench/serving/workloads.py), so `plan` runs from a checkout.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Sequence
 def profile_main(argv: Sequence[str]) -> None:
     from engine.args import EngineArgs
     from engine.flags import add_dataclass_args, build_dataclass
-    from planner.profiler import ProfileGrid, Profiler
+    from pdplan.profiler import ProfileGrid, Profiler
 
     ap = argparse.ArgumentParser(prog="pdserve profile", description=__doc__.splitlines()[0])
     add_dataclass_args(ap, EngineArgs)
@@ -39,8 +39,8 @@ def profile_main(argv: Sequence[str]) -> None:
 
 
 def plan_main(argv: Sequence[str]) -> None:
-    from planner.planner import Planner, PlanRequest
-    from planner.profile import Profile
+    from pdplan.planner import Planner, PlanRequest
+    from pdplan.profile import Profile
 
     ap = argparse.ArgumentParser(prog="pdserve plan", description="recommend pool sizes for SLOs and a rate")
     ap.add_argument("--profile", required=True, help="a JSON profile from `pdserve profile`")
@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _quick_grid():
-    from planner.profiler import ProfileGrid
+    from pdplan.profiler import ProfileGrid
     return ProfileGrid(prompt_lens=(16, 256), chunk_sizes=(256,), cached_prefixes=(256,), batch_sizes=(1, 4),
-                       contexts=(32,), decode_steps=2, transfer_blocks=8)
+                       contexts=(32,), decode_steps=2, mixed=(4, 32, 256),
+                      transfer_blocks=8)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from planner.sim_request import SimRequest
+from pdplan.sim_request import SimRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from planner.profile import Profile
-from planner.sim_metrics import SimSummary
-from planner.simulation import SLOTargets, Topology, simulate
+from pdplan.profile import Profile
+from pdplan.sim_metrics import SimSummary
+from pdplan.simulation import SLOTargets, Topology, simulate
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +88,9 @@ class Plan:
 class Planner:
     def __init__(self, profile: Profile, requests_for: Callable | None = None):
         """requests_for(workload, n, rate, seed, block_size, max_model_len) -> [SimRequest]
-        (default: the serving benchmark's workloads, planner/workload.py)."""
+        (default: the serving benchmark's workloads, pdplan/workload.py)."""
         if requests_for is None:
-            from planner.workload import sim_requests as requests_for
+            from pdplan.workload import sim_requests as requests_for
         self.profile, self.requests_for = profile, requests_for
         self.simulations = 0
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from planner.block_pool import BlockPool
-from planner.events import EventLoop
-from planner.profile import Profile
-from planner.sim_request import SimRequest
+from pdplan.block_pool import BlockPool
+from pdplan.events import EventLoop
+from pdplan.profile import Profile
+from pdplan.sim_request import SimRequest
 
 
 @dataclass(slots=True, eq=False)

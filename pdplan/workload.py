@@ -4,7 +4,7 @@ process (bench/serving/arrivals.py: gamma gaps, exact rate). Needs a checkout (b
 the wheel)."""
 from __future__ import annotations
 
-from planner.sim_request import SimRequest, chain_hashes
+from pdplan.sim_request import SimRequest, chain_hashes
 
 
 def sim_requests(workload: str, num_requests: int, rate: float, seed: int = 0, block_size: int = 16,

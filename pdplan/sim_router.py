@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from planner.decode_pool import DecodePool
-from planner.events import EventLoop
-from planner.prefill_pool import PrefillPool
-from planner.sim_request import SimRequest
+from pdplan.decode_pool import DecodePool
+from pdplan.events import EventLoop
+from pdplan.prefill_pool import PrefillPool
+from pdplan.sim_request import SimRequest
 
 FIRST_WAIT_S, MAX_WAIT_S = 0.05, 1.0
 

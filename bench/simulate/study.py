@@ -1,0 +1,63 @@
+"""On paper, past this machine: for each profile and workload, at 10 to 1,000 requests/s, the fewest
+colocated replicas and the planner's P:D split that meet the SLOs, and the goodput per node of
+each (requests/s meeting both SLOs for >= 90% of requests, divided by the nodes). JSON to
+bench/results, one plot per profile to bench/plots.
+
+SLOs are set per profile, a few times what a lone request takes on that hardware (a 1-core CPU
+node prefills a 3k-token document in seconds, a GPU in ~0.2 s): see SLOS.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from bench.serving import record as rec
+from pdplan.planner import Planner, PlanRequest
+from pdplan.profile import Profile
+
+SLOS = {"cpu": (5000.0, 200.0), "gpu": (1000.0, 50.0)}     # TTFT, TPOT ms
+WINDOW_S, MAX_REQUESTS = 20.0, 1500
+
+
+def kind(profile: Profile) -> str:
+    return "gpu" if "gpu" in profile.machine else "cpu"
+
+
+def study(profile_paths: list[str], rates: list[float], workloads: list[str], max_requests: int = MAX_REQUESTS) -> str:
+    result = {"bench": "simulate_study", "window_s": WINDOW_S, "max_requests": max_requests, "profiles": {}}
+    for path in profile_paths:
+        profile = Profile.load(path)
+        ttft, tpot = SLOS[kind(profile)]
+        rows = []
+        for workload in workloads:
+            for rate in rates:
+                t0 = time.perf_counter()
+                planner = Planner(profile)
+                plan = planner.plan(PlanRequest(workload, rate, ttft, tpot, window_s=WINDOW_S, max_requests=max_requests,
+                                                min_requests=min(600, max_requests)))
+                rows.append(plan.to_dict() | {"seconds": round(time.perf_counter() - t0, 1)})
+                print(plan.describe() + f"\n  ({planner.simulations} simulations, {rows[-1]['seconds']} s)", flush=True)
+        result["profiles"][path] = {"source": profile.source, "extrapolated": profile.extrapolated,
+                                    "machine": profile.machine, "model": profile.model, "slo_ms": [ttft, tpot],
+                                    "plans": rows}
+        path_json = rec.write(result, "simulate_study")
+    from bench.simulate.plots import plot_study
+    for png in plot_study(result):
+        print(f"plot {png}")
+    print(f"wrote {path_json}")
+    return path_json
+
+
+def table(result: dict) -> str:
+    """Markdown: per profile, workload and rate, both options' fleets and goodput per node."""
+    lines = ["| profile | workload | rate | colocated | goodput/node | P:D split | goodput/node | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for path, prof in result["profiles"].items():
+        name = os.path.basename(path).removesuffix(".json") + (" (extrapolated)" if prof["extrapolated"] else "")
+        for plan in prof["plans"]:
+            c, d = plan["colocated"], plan["disaggregated"]
+            ratio = d["goodput_per_node"] / c["goodput_per_node"] if c["goodput_per_node"] else float("nan")
+            lines.append(f"| {name} | {plan['request']['workload']} | {plan['request']['rate']:g} | "
+                         f"{c['topology']} | {c['goodput_per_node']:.3f} | {d['topology']} | "
+                         f"{d['goodput_per_node']:.3f} | {ratio:.2f} |")
+    return "\n".join(lines)
