@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.context import context_length
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -154,11 +156,7 @@ def _resolve_dtype(name: str, hf, device_type: str) -> torch.dtype:
 
 
 def _context_length(hf) -> int:
-    length = hf.max_position_embeddings
-    window = getattr(hf, "sliding_window", None)
-    if window and getattr(hf, "use_sliding_window", True):
-        length = min(length, window)    # pdserve runs full attention: stay inside the window
-    return length
+    return context_length(lambda name, default: getattr(hf, name, default))
 
 
 def _eos_ids(path: str, hf, generation_config_cls) -> tuple[int, ...]:

@@ -7,6 +7,7 @@
     pdserve colocated [flags of `python -m router`]
     pdserve secret             prints a fresh cluster secret (64 hex digits)
     pdserve nodes | drain NODE | remove NODE      the operator API (router/operator_cli.py)
+    pdserve pools | scale --prefill N --decode M  the pools' sizes: nodes start or drain
     pdserve profile [--model DIR] [node flags] | plan --profile P --workload W --rate R   (pdplan/cli.py)
 
 A multi-host deployment: `pdserve secret > secret && chmod 600 secret`, copy the file to every
@@ -48,7 +49,8 @@ from typing import Any, NamedTuple, Sequence
 from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
 from engine.flags import add_dataclass_args, build_dataclass
 from router.config import RouterConfig
-from router.node_processes import ClusterConfig, NodeProcess, spawn_nodes, stop_nodes, supervise, wait_registered
+from router.local_scaler import LocalScaler
+from router.node_processes import ClusterConfig, NodeProcess, NodeSpawner, stop_nodes, supervise, wait_registered
 
 # NodeConfig fields the launcher sets itself, per node, instead of taking them as flags
 _PER_NODE_FIELDS = ("router", "node_id", "kv_bind", "tensor_parallel_size", "cluster_secret_file")
@@ -70,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return print(encode_secret(new_secret()))
     if argv[:1] in (["prefill"], ["decode"]):
         return _node_main(argv[0], argv[1:])
-    if argv[:1] in (["nodes"], ["drain"], ["remove"]):
+    if argv[:1] in (["nodes"], ["drain"], ["remove"], ["pools"], ["scale"]):
         from router import operator_cli
         sys.exit(operator_cli.main(argv))
     if argv[:1] in (["profile"], ["plan"]):
@@ -131,7 +133,10 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
               f"(tp {cluster.prefill_tp}) and {cluster.decode} decode (tp {cluster.decode_tp}) node(s) "
               f"of {model}; more join with `pdserve prefill|decode --router {endpoint} --node-id ID` "
               f"and the cluster secret", flush=True)
-        nodes.extend(spawn_nodes(endpoint, cluster, node_flags, secret))
+        spawner = NodeSpawner(endpoint, cluster, node_flags, secret)
+        nodes.extend(spawner.spawn_pools(cluster))
+        if nodes:       # a router alone (`pdserve router`) starts no nodes: they are started by hand
+            backend.operator.scaler = LocalScaler(spawner, nodes, backend.operator, backend.server.registry, cluster)
         if not await wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
         server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/http/server.py
@@ -218,7 +223,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{up,router,prefill,decode,colocated,secret,nodes,drain,remove}")
+                                metavar="{up,router,prefill,decode,colocated,secret,nodes,drain,remove,pools,scale}")
     up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
@@ -233,6 +238,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("nodes", help="list the router's nodes (operator API, needs the admin key)")
     sub.add_parser("drain", help="drain a node: no new work, running requests finish or move, then it leaves")
     sub.add_parser("remove", help="remove a node now: its requests move to other nodes")
+    sub.add_parser("pools", help="each pool's target and its active, draining and starting nodes")
+    sub.add_parser("scale", help="resize the pools: --prefill N --decode M (new nodes start, the surplus drains)")
     return parser
 
 
@@ -252,7 +259,7 @@ def _model_path(given: str | None) -> str:
 
     path = os.path.abspath(given or BUILTIN_MODEL_PATH)
     if not os.path.isfile(os.path.join(path, "config.json")):
-        hint = "" if given else " (build the built-in model with `python -m engine.builtin.train`)"
+        hint = "" if given else " (build the built-in model with `python -m scripts.builtin_model.train`)"
         sys.exit(f"pdserve: no model at {path}{hint}; pass --model DIR, a local Hugging Face folder")
     return path
 

@@ -34,6 +34,7 @@ class ClusterConfig:
     startup_timeout_s: float = 600.0    # longest wait for every node to register
     max_restarts: int = 3               # a node that dies is started again at most this often
     restart_backoff_s: float = 1.0      # wait before a node's first restart, doubled for each next one
+    max_pool_size: int = 16             # most nodes of one role a scale (pdserve scale, /admin/pools) may ask for
 
     def __post_init__(self) -> None:
         if self.prefill < 0 or self.decode < 0:
@@ -42,6 +43,8 @@ class ClusterConfig:
             raise ValueError(f"tp must be >= 1, got prefill_tp {self.prefill_tp} and decode_tp {self.decode_tp}")
         if self.startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        if self.max_pool_size < max(1, self.prefill, self.decode):
+            raise ValueError(f"max_pool_size must be >= 1 and >= the nodes started, got {self.max_pool_size}")
         if self.max_restarts < 0 or self.restart_backoff_s < 0:
             raise ValueError("max_restarts and restart_backoff_s must be >= 0")
 
@@ -56,33 +59,49 @@ class NodeProcess:
     reported: bool = False              # its exit has been reported
     restarts: int = 0
     restart_at: float | None = None     # when it starts again (loop time), once it died
+    retired: bool = False               # stopped on purpose: never started again
 
     def start(self) -> None:
         self.process = subprocess.Popen(_with_parent_death_signal(self.argv), start_new_session=True, env=self.env)
 
+    def retire(self) -> None:
+        """SIGTERM to the node and anything it started; the supervisor does not start it again."""
+        self.retired = True
+        _signal_group(self.process, signal.SIGTERM)
 
-def spawn_nodes(endpoint: str, cluster: ClusterConfig, node_flags: list[str], secret: bytes) -> list[NodeProcess]:
-    roles = ["prefill"] * cluster.prefill + ["decode"] * cluster.decode
-    tps = {"prefill": cluster.prefill_tp, "decode": cluster.decode_tp}
-    counts = {"prefill": 0, "decode": 0}
-    nodes = []
-    # The nodes' ranks share this machine's cores: an equal share per rank rather than
-    # oversubscribing (unless OMP_NUM_THREADS is set); a tp node's ranks split the node's threads.
-    per_rank = max(1, (os.cpu_count() or 1) // max(1, sum(tps[role] for role in roles)))
-    base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-                **{ENV_VAR: encode_secret(secret)})
-    for role in roles:
-        node_id = f"{role}-{counts[role]}"
-        counts[role] += 1
-        argv = [sys.executable, "-m", f"{role}_node", "--router", endpoint, "--node-id", node_id, *node_flags]
-        tp = tps[role]
+
+class NodeSpawner:
+    """Starts node processes on this machine, each with the next unused id of its role
+    (prefill-0, prefill-1, ...; an id is never reused, so a node scaled away and a new one differ)."""
+
+    def __init__(self, endpoint: str, cluster: ClusterConfig, node_flags: list[str], secret: bytes):
+        self._endpoint, self._node_flags = endpoint, node_flags
+        self._tps = {"prefill": cluster.prefill_tp, "decode": cluster.decode_tp}
+        self._counts = {"prefill": 0, "decode": 0}
+        # The first nodes' ranks share this machine's cores: an equal share per rank rather than
+        # oversubscribing (unless OMP_NUM_THREADS is set); a tp node's ranks split the node's
+        # threads. Nodes a scale-up adds later get the same share.
+        ranks = cluster.prefill * cluster.prefill_tp + cluster.decode * cluster.decode_tp
+        self._per_rank = max(1, (os.cpu_count() or 1) // max(1, ranks))
+        self._base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+                          **{ENV_VAR: encode_secret(secret)})
+
+    def spawn(self, role: str) -> NodeProcess:
+        node_id = f"{role}-{self._counts[role]}"
+        self._counts[role] += 1
+        argv = [sys.executable, "-m", f"{role}_node", "--router", self._endpoint, "--node-id", node_id,
+                *self._node_flags]
+        tp = self._tps[role]
         if tp > 1:
             argv += ["--tensor-parallel-size", str(tp)]
-        env = dict(base, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(per_rank * tp)))
+        env = dict(self._base, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(self._per_rank * tp)))
         node = NodeProcess(node_id, role, None, argv, env)
         node.start()
-        nodes.append(node)
-    return nodes
+        return node
+
+    def spawn_pools(self, cluster: ClusterConfig) -> list[NodeProcess]:
+        """The deployment's first nodes: cluster.prefill prefill nodes, then cluster.decode decode nodes."""
+        return [self.spawn(role) for role in ["prefill"] * cluster.prefill + ["decode"] * cluster.decode]
 
 
 def stop_nodes(nodes: list[NodeProcess], grace_s: float = _STOP_GRACE_S) -> None:
@@ -137,7 +156,7 @@ async def supervise(nodes: list[NodeProcess], backend: Any, cluster: ClusterConf
                 print(f"pdserve: {node.node_id} exited with status {node.process.returncode}",
                       file=sys.stderr, flush=True)
                 backend.server.node_exited(node.node_id, f"status {node.process.returncode}")
-                if node.process.returncode != 0 and node.restarts < cluster.max_restarts:
+                if node.process.returncode != 0 and not node.retired and node.restarts < cluster.max_restarts:
                     node.restart_at = loop.time() + cluster.restart_backoff_s * 2 ** node.restarts
             if node.restart_at is not None and loop.time() >= node.restart_at:
                 node.restarts, node.restart_at, node.reported = node.restarts + 1, None, False

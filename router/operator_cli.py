@@ -3,6 +3,8 @@
     pdserve nodes  [--url URL] [--admin-key-file F]                    a table of the nodes
     pdserve drain  NODE [--deadline-s S] [--url URL] [--admin-key-file F]
     pdserve remove NODE [--url URL] [--admin-key-file F]
+    pdserve pools  [--url URL] [--admin-key-file F]                    each pool's target and nodes
+    pdserve scale  [--prefill N] [--decode M] [--drain-deadline-s S] [--url URL] [--admin-key-file F]
 
 The admin key comes from --admin-key-file (its first line), else $PDSERVE_ADMIN_KEY; never from
 argv, which other users of the host can read. `main(argv)` takes the command first and returns
@@ -21,11 +23,13 @@ from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S
 
 ENV_VAR = "PDSERVE_ADMIN_KEY"
 DEFAULT_URL = "http://127.0.0.1:8000"
-COMMANDS = ("nodes", "drain", "remove")
+COMMANDS = ("nodes", "drain", "remove", "pools", "scale")
 _TIMEOUT_S = 10.0
 _COLUMNS = (("NODE", "id"), ("ROLE", "role"), ("STATE", "state"), ("RUN", "num_running"),
             ("WAIT", "num_waiting"), ("KV%", "kv_usage"), ("FREE", "num_free_blocks"),
             ("EPOCH", "epoch"), ("BEAT_AGE_S", "last_heartbeat_age_s"), ("ADDRESS", "address"))
+_POOL_COLUMNS = (("POOL", "role"), ("TARGET", "target"), ("ACTIVE", "active"), ("DRAINING", "draining"),
+                 ("STARTING", "starting"))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -35,24 +39,28 @@ def main(argv: Sequence[str]) -> int:
     if key is None:
         print(f"pdserve {args.command}: no admin key (--admin-key-file or ${ENV_VAR})", file=sys.stderr)
         return 2
-    method, path, body = _request(args)
-    try:
-        reply = httpx.request(method, args.url.rstrip("/") + path, json=body, timeout=_TIMEOUT_S,
-                              headers={"Authorization": f"Bearer {key}"})
-    except httpx.HTTPError as err:
-        print(f"pdserve {args.command}: {args.url}: {err}", file=sys.stderr)
-        return 1
-    if reply.status_code != 200:
-        print(f"pdserve {args.command}: {reply.status_code} {_message(reply)}", file=sys.stderr)
-        return 1
-    print(table(reply.json()["data"]) if args.command == "nodes" else _summary(reply.json()))
+    requests = _requests(args)
+    if not requests:
+        print(f"pdserve {args.command}: give --prefill and/or --decode", file=sys.stderr)
+        return 2
+    for method, path, body in requests:
+        try:
+            reply = httpx.request(method, args.url.rstrip("/") + path, json=body, timeout=_TIMEOUT_S,
+                                  headers={"Authorization": f"Bearer {key}"})
+        except httpx.HTTPError as err:
+            print(f"pdserve {args.command}: {args.url}: {err}", file=sys.stderr)
+            return 1
+        if reply.status_code != 200:
+            print(f"pdserve {args.command}: {reply.status_code} {_message(reply)}", file=sys.stderr)
+            return 1
+        print(_shown(args.command, reply.json()))
     return 0
 
 
-def table(nodes: list[dict]) -> str:
-    """The nodes as aligned columns, a header first."""
-    rows = [[title for title, _ in _COLUMNS]] + [[_cell(n, field) for _, field in _COLUMNS] for n in nodes]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+def table(nodes: list[dict], columns: tuple[tuple[str, str], ...] = _COLUMNS) -> str:
+    """The nodes (or pools) as aligned columns, a header first."""
+    rows = [[title for title, _ in columns]] + [[_cell(n, field) for _, field in columns] for n in nodes]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
@@ -65,18 +73,32 @@ def _cell(node: dict, field: str) -> str:
     return str(value) if value != "" else "-"
 
 
+def _shown(command: str, reply: dict) -> str:
+    if command == "nodes":
+        return table(reply["data"])
+    if command == "pools":
+        return table(reply["data"], _POOL_COLUMNS)
+    if command == "scale":
+        return (f"{reply['role']}: target {reply['target']} ({reply['active']} active, {reply['draining']} "
+                f"draining, {reply['starting']} starting)")
+    return _summary(reply)
+
+
 def _summary(node: dict) -> str:
     if node["state"] == "draining":
         return f"{node['id']}: draining; its requests move in {node['drain_deadline_s']:.0f} s if not done"
     return f"{node['id']}: {node['state']}"
 
 
-def _request(args: argparse.Namespace) -> tuple[str, str, dict | None]:
-    if args.command == "nodes":
-        return "GET", "/admin/nodes", None
+def _requests(args: argparse.Namespace) -> list[tuple[str, str, dict | None]]:
+    if args.command in ("nodes", "pools"):
+        return [("GET", f"/admin/{args.command}", None)]
     if args.command == "drain":
-        return "POST", f"/admin/nodes/{args.node}/drain", {"deadline_s": args.deadline_s}
-    return "POST", f"/admin/nodes/{args.node}/remove", None
+        return [("POST", f"/admin/nodes/{args.node}/drain", {"deadline_s": args.deadline_s})]
+    if args.command == "scale":
+        return [("POST", f"/admin/pools/{role}", {"count": count, "drain_deadline_s": args.drain_deadline_s})
+                for role, count in (("prefill", args.prefill), ("decode", args.decode)) if count is not None]
+    return [("POST", f"/admin/nodes/{args.node}/remove", None)]
 
 
 def _admin_key(path: str | None) -> str | None:
@@ -98,11 +120,20 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {"nodes": "list the nodes: role, state, load, epoch, address, heartbeat age",
                 "drain": "no new work for NODE; its requests finish, or move after the deadline; then it leaves",
-                "remove": "NODE leaves now; its requests move to other nodes"}
+                "remove": "NODE leaves now; its requests move to other nodes",
+                "pools": "list the pools: target, active, draining and starting nodes",
+                "scale": "grow or shrink the pools (under pdserve up or pdserve ray up): new nodes start, "
+                         "the surplus drains"}
     for name, text in commands.items():
         command = sub.add_parser(name, help=text, description=text)
-        if name != "nodes":
+        if name in ("drain", "remove"):
             command.add_argument("node", metavar="NODE")
+        if name == "scale":
+            command.add_argument("--prefill", type=int, metavar="N", help="the prefill pool's new size")
+            command.add_argument("--decode", type=int, metavar="M", help="the decode pool's new size")
+            command.add_argument("--drain-deadline-s", type=float, default=DEFAULT_DRAIN_DEADLINE_S,
+                                 help="a drained node's requests move after this long "
+                                      f"(default {DEFAULT_DRAIN_DEADLINE_S:g})")
         if name == "drain":
             command.add_argument("--deadline-s", type=float, default=DEFAULT_DRAIN_DEADLINE_S,
                                  help=f"seconds before its requests are moved (default {DEFAULT_DRAIN_DEADLINE_S:g})")

@@ -1,7 +1,7 @@
 """pdserve's built-in model: a ~6M-parameter Llama trained on Shakespeare's plays.
 
 It ships inside the package (engine/builtin/shakespeare-6m/) so that `make run` works on a
-fresh machine with no download. Rebuild it with `python -m engine.builtin.train`;
+fresh machine with no download. Rebuild it with `python -m scripts.builtin_model.train`;
 see docs/builtin_model.md.
 """
 

@@ -86,15 +86,10 @@ class DisaggregatedBackend(Backend):
     def from_model(cls, path: str, secret: bytes, config: RouterConfig = RouterConfig()) -> DisaggregatedBackend:
         """Tokenizer, name and context from the local model folder the nodes serve (a folder
         without a tokenizer serves token-id prompts only)."""
-        from transformers import AutoTokenizer
+        from router.model_facts import load_tokenizer, read_model_facts
 
-        from engine.config import ModelConfig
-        model = ModelConfig.from_pretrained(path)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError, TypeError):
-            tokenizer = None
-        return cls(tokenizer, path.rstrip("/").split("/")[-1], model.max_model_len, secret, config, model.vocab_size)
+        facts = read_model_facts(path)
+        return cls(load_tokenizer(path), facts.name, facts.max_model_len, secret, config, facts.vocab_size)
 
     async def start(self) -> str:
         """Binds the control socket on the running loop; returns its endpoint. Idempotent."""

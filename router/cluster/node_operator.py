@@ -6,6 +6,8 @@
                                            other nodes (re-prefilled from prompt + emitted tokens)
     remove(node) ──▶ told "leave" and lost as REMOVED at once: its requests move
     a node told to leave says goodbye and exits; adding a node is starting one
+    scale(role, count) ──▶ the deployment's PoolScaler starts nodes, or drains the surplus
+                           (router/cluster/pool_scaler.py); no scaler: the nodes are started by hand
 
 Everything runs on the backend's event loop; nothing here blocks.
 """
@@ -16,6 +18,7 @@ from dataclasses import replace
 
 from router.cluster.control_server import ControlServer
 from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S, LossCause, NodeLoss, NodeView
+from router.cluster.pool_scaler import NoScaler, PoolScaler, PoolView, pool_views
 from router.cluster.registry import Node, NodeState
 
 
@@ -23,6 +26,7 @@ class NodeOperator:
     def __init__(self, server: ControlServer):
         self._server = server
         self._deadlines: dict[str, tuple[str, asyncio.TimerHandle]] = {}   # node id -> (epoch, timer)
+        self.scaler: PoolScaler | None = None       # set by the deployment that starts the nodes
 
     def nodes(self) -> list[NodeView]:
         """Every registered node, by id."""
@@ -52,6 +56,18 @@ class NodeOperator:
         self._server.remove(node_id, NodeLoss(LossCause.REMOVED))
         self._server.membership.removals.inc()
         return replace(view, state="removed", drain_deadline_s=None)
+
+    def pools(self) -> list[PoolView]:
+        return pool_views(self._server.registry, self.scaler)
+
+    async def scale(self, role: str, count: int, drain_deadline_s: float = DEFAULT_DRAIN_DEADLINE_S) -> PoolView:
+        """The role's pool to `count` nodes; NoScaler without a scaler, ValueError for a refused
+        role or count."""
+        if self.scaler is None:
+            raise NoScaler("this router does not start nodes itself (pdserve router): start nodes with "
+                           "`pdserve prefill|decode`, or deploy with `pdserve up` or `pdserve ray up`")
+        await self.scaler.scale(role, count, drain_deadline_s)
+        return next(view for view in self.pools() if view.role == role)
 
     def note_restart(self, node_id: str) -> None:
         """A supervisor restarted the node's process (counted in pdserve_router_node_restarts)."""

@@ -3,12 +3,16 @@
     GET  /admin/nodes                  {"object": "list", "data": [NodeView, ...]}
     POST /admin/nodes/{id}/drain       body {"deadline_s": 60} (optional): the node's NodeView
     POST /admin/nodes/{id}/remove      the node's NodeView, state "removed"
+    GET  /admin/pools                  {"object": "list", "data": [PoolView, ...]}: per role, the
+                                       target and the active, draining and starting nodes
+    POST /admin/pools/{role}           body {"count": N, "drain_deadline_s": 60}: the role's pool
+                                       to N nodes (router/cluster/pool_scaler.py); its PoolView
 
 Every route needs `Authorization: Bearer <admin_api_key>`, a key apart from the API key. With no
 admin key configured they answer 403 on every host, loopback included: a reverse proxy or another
 user on the same box reaches the router from loopback too, so the address proves nothing.
 Errors are OpenAI's shape: 401 wrong key, 403 no admin key, 400 a backend without nodes
-(colocated), 404 an unknown node.
+(colocated) or a refused scale, 404 an unknown node, 409 a router that starts no nodes itself.
 """
 from __future__ import annotations
 
@@ -20,16 +24,29 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from router.http.errors import OpenAIError, invalid_api_key
 from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S, NodeView
+from router.cluster.pool_scaler import NoScaler, PoolView
 
 if TYPE_CHECKING:
     from router.cluster.node_operator import NodeOperator
 
 MAX_DRAIN_DEADLINE_S = 86_400.0
+MAX_POOL_COUNT = 1024           # the body's bound; a deployment's own --max-pool-size is usually lower
 
 
 class NodeList(BaseModel):
     object: Literal["list"] = "list"
     data: list[NodeView]
+
+
+class PoolList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[PoolView]
+
+
+class ScaleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=0, le=MAX_POOL_COUNT)
+    drain_deadline_s: float = Field(DEFAULT_DRAIN_DEADLINE_S, gt=0, le=MAX_DRAIN_DEADLINE_S)
 
 
 class DrainRequest(BaseModel):
@@ -52,6 +69,19 @@ def operator_routes() -> APIRouter:
     @routes.post("/nodes/{node_id}/remove")
     async def remove(node_id: str, request: Request) -> NodeView:
         return _known(node_id, lambda: _operator(request).remove(node_id))
+
+    @routes.get("/pools")
+    async def pools(request: Request) -> PoolList:
+        return PoolList(data=_operator(request).pools())
+
+    @routes.post("/pools/{role}")
+    async def scale(role: str, body: ScaleRequest, request: Request) -> PoolView:
+        try:
+            return await _operator(request).scale(role, body.count, body.drain_deadline_s)
+        except NoScaler as err:
+            raise OpenAIError(409, str(err), type="invalid_request_error", code="no_scaler") from None
+        except ValueError as err:
+            raise OpenAIError(400, str(err), param="count", code="invalid_scale") from None
 
     return routes
 

@@ -119,7 +119,7 @@ def test_training_log_val_loss_far_below_untrained(log):
     assert abs(log["val_loss_shipped_bf16"] - log["val_loss_final"]) < 0.05
     vals = [h["val_loss"] for h in log["history"]]
     assert vals[-1] == min(vals[1:]) or vals[-1] < vals[1]
-    assert log["command"].startswith("python -m engine.builtin.train")
+    assert log["command"].startswith("python -m scripts.builtin_model.train")
 
 
 def test_greedy_generation_from_romeo_reads_like_text(tok, model):

@@ -17,7 +17,7 @@ from engine.builtin import BUILTIN_MODEL_PATH
 from pdwire.sampling_params import SamplingParams
 from router.config import RouterConfig
 from router.cluster.disaggregated import DisaggregatedBackend
-from router.node_processes import ClusterConfig, spawn_nodes, stop_nodes
+from router.node_processes import ClusterConfig, NodeSpawner, stop_nodes
 from tests.model_factory import hf_greedy
 from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET
@@ -49,8 +49,9 @@ def _with_cluster(model_path: str, config: RouterConfig, cluster: ClusterConfig,
         backend = DisaggregatedBackend.from_model(model_path, TEST_SECRET, config)
         nodes = []
         try:
-            nodes = spawn_nodes(await backend.start(), cluster, ["--model", model_path, *NODE_FLAGS, *flags],
-                                TEST_SECRET)
+            spawner = NodeSpawner(await backend.start(), cluster, ["--model", model_path, *NODE_FLAGS, *flags],
+                                  TEST_SECRET)
+            nodes = spawner.spawn_pools(cluster)
             await _registered(backend, nodes)
             await asyncio.wait_for(test(backend, nodes), 120)
         finally:

