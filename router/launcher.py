@@ -48,6 +48,7 @@ from typing import Any, NamedTuple, Sequence
 
 from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
 from engine.flags import add_dataclass_args, build_dataclass
+from pdplan.autoscale_config import AutoscaleConfig
 from router.config import RouterConfig
 from router.local_scaler import LocalScaler
 from router.node_processes import ClusterConfig, NodeProcess, NodeSpawner, stop_nodes, supervise, wait_registered
@@ -61,6 +62,7 @@ class UpArgs(NamedTuple):
     cluster: ClusterConfig
     model: str | None           # --model as given; None: the built-in model
     node_flags: list[str]       # the node flags given, as node argv, --model aside
+    autoscale: AutoscaleConfig = AutoscaleConfig()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_up(argv)
     model = _model_path(args.model)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
-    sys.exit(up(model, args.router, args.cluster, ["--model", model, *args.node_flags]))
+    sys.exit(up(model, args.router, args.cluster, ["--model", model, *args.node_flags], args.autoscale))
 
 
 def parse_up(argv: Sequence[str]) -> UpArgs:
@@ -93,19 +95,21 @@ def parse_up(argv: Sequence[str]) -> UpArgs:
     try:
         router = build_dataclass(RouterConfig, args)
         cluster = build_dataclass(ClusterConfig, args)
+        autoscale = build_dataclass(AutoscaleConfig, args)
     except ValueError as err:
         parser.error(str(err))
-    return UpArgs(router, cluster, args.get("node_model"), _node_flags(args))
+    return UpArgs(router, cluster, args.get("node_model"), _node_flags(args), autoscale)
 
 
-def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: list[str]) -> int:
+def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: list[str],
+       autoscale: AutoscaleConfig = AutoscaleConfig()) -> int:
     """Runs the deployment until Ctrl-C or SIGTERM; returns the exit status."""
     import uvloop
 
     nodes: list[NodeProcess] = []
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        return uvloop.run(_serve(model, router, cluster, node_flags, nodes))
+        return uvloop.run(_serve(model, router, cluster, node_flags, nodes, autoscale))
     except KeyboardInterrupt:
         print("\npdserve: shutting down", flush=True)
         return 0
@@ -115,7 +119,7 @@ def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: lis
 
 
 async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_flags: list[str],
-                 nodes: list[NodeProcess]) -> int:
+                 nodes: list[NodeProcess], autoscale: AutoscaleConfig) -> int:
     from router.http.app import create_app
     from router.cluster.disaggregated import DisaggregatedBackend
     from router.http.server import PortInUse, Server, bind_http
@@ -139,9 +143,11 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
             backend.operator.scaler = LocalScaler(spawner, nodes, backend.operator, backend.server.registry, cluster)
         if not await wait_registered(backend, nodes, cluster.startup_timeout_s):
             return 1
-        server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/http/server.py
+        app = create_app(backend, config)
+        server = Server(app, config, log_level="info")   # bounded shutdown: router/http/server.py
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         watching = asyncio.create_task(supervise(nodes, backend, cluster))
+        scaling = _autoscaler(autoscale, backend, app)
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         greeting = None
@@ -151,12 +157,26 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, node_
                 greeting = asyncio.create_task(_first_request(config, backend.model_name))
         await serving
         watching.cancel()
+        if scaling is not None:
+            scaling.cancel()
         if greeting is not None:
             greeting.cancel()
         return 0 if server.started else 1
     finally:
         backend.close()
         sock.close()
+
+
+def _autoscaler(config: AutoscaleConfig, backend: Any, app: Any) -> asyncio.Task | None:
+    """--autoscale: the pools follow the router's own figures (pdplan/autoscaler.py)."""
+    if not config.autoscale:
+        return None
+    if backend.operator.scaler is None:
+        sys.exit("pdserve: --autoscale needs nodes started here (a router alone cannot start any)")
+    from pdplan.autoscaler import Autoscaler
+    scaler = Autoscaler(config, backend.operator, backend.server.registry, app.state.metrics.registry,
+                        backend.server.block_size or 16)
+    return asyncio.create_task(scaler.run())
 
 
 def _cluster_secret(config: RouterConfig, cluster: ClusterConfig) -> bytes:
@@ -228,6 +248,7 @@ def _parser() -> argparse.ArgumentParser:
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
     add_dataclass_args(up_parser, ClusterConfig)
+    add_dataclass_args(up_parser.add_argument_group("autoscaling (pdplan/autoscaler.py)"), AutoscaleConfig)
     nodes = up_parser.add_argument_group("engine and node flags (passed to every node when given)")
     add_dataclass_args(nodes, NodeConfig, dest_prefix="node_", skip=_PER_NODE_FIELDS)
     sub.add_parser("router", help="the router alone (up --prefill 0 --decode 0): nodes join from other hosts")
