@@ -1,5 +1,5 @@
 """The simulated colocated alternative: N replicas of the whole engine (prefill and decode in one
-step loop, as `python -m router` runs it), each request sent to the least loaded replica."""
+step loop, as `python -m router` runs it) behind a prefix-aware balancer."""
 from __future__ import annotations
 
 from pdplan.events import EventLoop
@@ -27,8 +27,15 @@ class ColocatedPool:
         self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop) for i in range(count)]
 
     def submit(self, req: SimRequest) -> None:
-        node = min(self.nodes, key=lambda n: (n.engine.num_seqs() + len(n.engine.waiting), n.engine.queued_tokens()))
-        node.engine.add(SimSeq(req, req.prompt_len, target=req.output_len))
+        """To the replica that finishes the prompt soonest: its queued prompt tokens plus this
+        prompt's tokens it has not cached (the prefill pool's rule, so both see the same hits),
+        then the fewest sequences."""
+        bs = self.nodes[0].engine.bs
+
+        def cost(n: ColocatedNode) -> tuple[int, int]:
+            uncached = req.prompt_len - n.engine.pool.hits(req.block_hashes) * bs
+            return n.engine.queued_tokens() + uncached, n.engine.num_seqs() + len(n.engine.waiting)
+        min(self.nodes, key=cost).engine.add(SimSeq(req, req.prompt_len, target=req.output_len))
 
     def busy_s(self) -> float:
         return sum(n.engine.busy_s for n in self.nodes)

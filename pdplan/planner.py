@@ -33,7 +33,8 @@ class PlanRequest:
     attainment: float = 0.9         # share of requests that must meet both SLOs
     min_requests: int = 600
     max_model_len: int = 4096
-    max_nodes: int = 4096
+    max_nodes: int = 4096           # in the whole fleet
+    max_slice_nodes: int = 512      # in the simulated slice (a search past it is too slow to be useful)
     window_s: float = 30.0          # arrivals span at least this (request lifetimes), up to max_requests
     max_requests: int = 3000
     seed: int = 0
@@ -103,7 +104,7 @@ class Planner:
         slo = SLOTargets(req.slo_ttft_ms, req.slo_tpot_ms)
         seen: dict[Topology, SimSummary] = {}
         run = lambda topo: seen.get(topo) or seen.setdefault(topo, self._run(requests, topo, slo))  # noqa: E731
-        limit = max(1, req.max_nodes // scale)
+        limit = max(1, min(req.max_nodes // scale, req.max_slice_nodes))
         colocated = self._colocated(run, req.attainment, limit)
         disagg = self._disaggregated(run, req.attainment, limit, colocated.topology.colocated or limit)
         return Plan(req, scale, self._option(colocated, scale, req.rate), self._option(disagg, scale, req.rate),

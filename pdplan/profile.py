@@ -63,10 +63,19 @@ class StepCost:
 
     @classmethod
     def fit(cls, samples: list["StepSample"]) -> "StepCost":
-        """Non-negative least squares, relative error weighted (a 5 ms step matters as much as a
-        1 s one): features with a negative coefficient are dropped and the rest refitted."""
-        x = np.array([step_features(s.shapes) for s in samples])
-        y = np.array([s.seconds for s in samples])
+        """Non-negative least squares over the median of each group of like steps (same kind,
+        batch and tokens; context within 10%: a busy machine's outliers weigh little, and a
+        decode grid of hundreds of steps no more than a prefill of a few), relative error
+        weighted (a 5 ms step matters as much as a 1 s one); features with a negative
+        coefficient are dropped and the rest refitted."""
+        groups: dict[tuple, list[StepSample]] = {}
+        for s in samples:
+            f = step_features(s.shapes)
+            key = (s.kind, f[1], f[2], round(math.log1p(f[3]) * 10), round(math.log1p(f[4]) * 10))
+            groups.setdefault(key, []).append(s)
+        medians = [sorted(g, key=lambda s: s.seconds)[len(g) // 2] for g in groups.values()]
+        x = np.array([step_features(s.shapes) for s in medians])
+        y = np.array([s.seconds for s in medians])
         w = 1.0 / np.maximum(y, 1e-6)
         keep = list(range(len(FEATURES)))
         while True:
@@ -98,9 +107,11 @@ class Transfer:
 
 @dataclass(frozen=True, slots=True)
 class Overheads:
-    """What the engine step does not include: the serving path around it."""
+    """What the engine step does not include: the serving path around it. `pdserve profile`
+    measures engines only (these stay 0); bench/simulate/calibrate.py fits them to real runs."""
     request_s: float = 0.0          # HTTP, tokenizing, routing: arrival to the first engine admission
-    token_s: float = 0.0            # per streamed token: node -> router -> client (added to the step)
+    handoff_s: float = 0.0          # disaggregated only, on top: reservation, PrefillRequest, FirstToken messages
+    token_s: float = 0.0            # per token a streaming step samples: node -> router -> client (added to the step)
 
 
 @dataclass(frozen=True, slots=True)

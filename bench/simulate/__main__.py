@@ -1,7 +1,8 @@
 """python -m bench.simulate: the simulator's validation against real runs, and the on-paper study.
 
     python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
-    python -m bench.simulate validate bench/results/simulate_measured_*.json --profile P.json
+    python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
+    python -m bench.simulate validate bench/results/simulate_measured_*.json --profile C.json
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
     python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
 """
@@ -29,6 +30,11 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("measured", nargs="+")
     v.add_argument("--profile", required=True)
     v.set_defaults(func=_validate)
+    c = sub.add_parser("calibrate", help="fit the profile's serving overheads to measured runs; writes a new profile")
+    c.add_argument("measured", nargs="+")
+    c.add_argument("--profile", required=True)
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=_calibrate)
     s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
     s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
     s.add_argument("--rates", default="10,30,100,300,1000")
@@ -66,6 +72,14 @@ def _measure(args) -> None:
 def _validate(args) -> None:
     from bench.simulate.validate import validate
     validate(args.measured, args.profile)
+
+
+def _calibrate(args) -> None:
+    from bench.simulate.calibrate import calibrate
+    from pdplan.profile import Profile
+    profile = calibrate(args.measured, Profile.load(args.profile))
+    profile.save(args.out)
+    print(f"wrote {args.out}: {profile.overheads}")
 
 
 def _study(args) -> None:
