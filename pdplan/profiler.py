@@ -30,10 +30,11 @@ class ProfileGrid:
     prompt_lens: tuple[int, ...] = (16, 128, 512, 1024, 2048, 3072)
     chunk_sizes: tuple[int, ...] = (512, 2048)
     cached_prefixes: tuple[int, ...] = (1024, 2048)        # of a 3072-token prompt
-    batch_sizes: tuple[int, ...] = (1, 4, 16, 32, 64)
+    batch_sizes: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
     contexts: tuple[int, ...] = (64, 512, 2048)
-    max_batch_tokens: int = 32768                          # skips B x C over it (pool size)
+    max_batch_tokens: int = 16384                          # skips B x C over it (time, pool size)
     decode_steps: int = 4
+    repeats: int = 2                                       # each decode point, in a shuffled order
     mixed: tuple[int, int, int] = (16, 256, 1536)          # decoding seqs, their context, the prompt that joins
     transfer_blocks: int = 64
 
@@ -118,17 +119,23 @@ class Profiler:
         engine, rec = self._engine(prefix_caching=False)
         vocab = engine.model_config.vocab_size
         samples = []
-        for ctx in self.grid.contexts:
-            for b in self.grid.batch_sizes:
-                if b * ctx > self.grid.max_batch_tokens or b > self.args.max_num_seqs:
-                    continue
-                prefill_steps = -(-b * ctx // self.args.max_num_batched_tokens) + b   # then all decode together
-                for _ in range(b):
-                    self._add(engine, _ids(self.rng, ctx, vocab), prefill_steps + self.grid.decode_steps)
-                steps = timed_steps(engine, rec, "decode")
-                samples += [s for s in steps if all(n == 1 for n, _ in s.shapes) and len(s.shapes) == b]
+        for ctx, b in self._decode_points():
+            prefill_steps = -(-b * ctx // self.args.max_num_batched_tokens) + b   # then all decode together
+            for _ in range(b):
+                self._add(engine, _ids(self.rng, ctx, vocab), prefill_steps + self.grid.decode_steps)
+            steps = timed_steps(engine, rec, "decode")
+            samples += [s for s in steps if all(n == 1 for n, _ in s.shapes) and len(s.shapes) == b]
+            self.log(f"profile: decode batch {b} context {ctx}")
         self.log(f"profile: decode: {len(samples)} steps")
         return samples
+
+    def _decode_points(self) -> list[tuple[int, int]]:
+        """Every (context, batch) of the grid, `repeats` times, in a shuffled order: on a machine
+        whose speed drifts, the drift then does not line up with the context or the batch."""
+        points = [(c, b) for c in self.grid.contexts for b in self.grid.batch_sizes
+                  if b * c <= self.grid.max_batch_tokens and b <= self.args.max_num_seqs] * self.grid.repeats
+        self.rng.shuffle(points)
+        return points
 
     def mixed(self) -> list[StepSample]:
         engine, rec = self._engine()

@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
     s.add_argument("--rates", default="10,30,100,300,1000")
     s.add_argument("--workloads", default="rag,mixed")
-    s.add_argument("--num-requests", type=int, default=1500)
+    s.add_argument("--num-requests", type=int, default=1500, help="most simulated requests per candidate")
+    s.add_argument("--slo-ttft-ms", type=float, help="default: per profile kind (bench/simulate/study.py SLOS)")
+    s.add_argument("--slo-tpot-ms", type=float)
+    s.add_argument("--tag", default="", help="added to the result's and the plots' names")
     s.set_defaults(func=_study)
     g = sub.add_parser("gpu-profile", help="write the GPU profile built from published figures")
     g.add_argument("--out", default="bench/profiles/gpu_a100_llama2_7b_published.json")
@@ -84,7 +87,9 @@ def _calibrate(args) -> None:
 
 def _study(args) -> None:
     from bench.simulate.study import study
-    study(args.profile, [float(r) for r in args.rates.split(",")], args.workloads.split(","), args.num_requests)
+    slo = (args.slo_ttft_ms, args.slo_tpot_ms) if args.slo_ttft_ms and args.slo_tpot_ms else None
+    study(args.profile, [float(r) for r in args.rates.split(",")], args.workloads.split(","), args.num_requests,
+          slo, args.tag)
 
 
 def _gpu_profile(args) -> None:

@@ -36,7 +36,7 @@ def plot_study(result: dict) -> list[str]:
         fig.suptitle(f"{name}{' (extrapolated)' if prof['extrapolated'] else ''}: SLOs TTFT {ttft:g} ms, "
                      f"TPOT {tpot:g} ms, 90% attainment (simulated)", fontsize=9)
         fig.tight_layout()
-        png = os.path.join(PLOTS, f"planner_study_{name}.png")
+        png = os.path.join(PLOTS, "_".join(filter(None, ("planner_study", name, result.get("tag")))) + ".png")
         fig.savefig(png, dpi=110)
         plt.close(fig)
         made.append(png)

@@ -15,7 +15,7 @@ from bench.serving import record as rec
 from pdplan.planner import Planner, PlanRequest
 from pdplan.profile import Profile
 
-SLOS = {"cpu": (5000.0, 200.0), "gpu": (1000.0, 50.0)}     # TTFT, TPOT ms
+SLOS = {"cpu": (10000.0, 250.0), "gpu": (1000.0, 50.0)}    # TTFT, TPOT ms
 WINDOW_S, MAX_REQUESTS = 20.0, 1500
 
 
@@ -23,11 +23,13 @@ def kind(profile: Profile) -> str:
     return "gpu" if "gpu" in profile.machine else "cpu"
 
 
-def study(profile_paths: list[str], rates: list[float], workloads: list[str], max_requests: int = MAX_REQUESTS) -> str:
-    result = {"bench": "simulate_study", "window_s": WINDOW_S, "max_requests": max_requests, "profiles": {}}
+def study(profile_paths: list[str], rates: list[float], workloads: list[str], max_requests: int = MAX_REQUESTS,
+          slo: tuple[float, float] | None = None, tag: str = "") -> str:
+    result = {"bench": "simulate_study", "window_s": WINDOW_S, "max_requests": max_requests, "tag": tag,
+              "profiles": {}}
     for path in profile_paths:
         profile = Profile.load(path)
-        ttft, tpot = SLOS[kind(profile)]
+        ttft, tpot = slo or SLOS[kind(profile)]
         rows = []
         for workload in workloads:
             for rate in rates:
@@ -40,7 +42,7 @@ def study(profile_paths: list[str], rates: list[float], workloads: list[str], ma
         result["profiles"][path] = {"source": profile.source, "extrapolated": profile.extrapolated,
                                     "machine": profile.machine, "model": profile.model, "slo_ms": [ttft, tpot],
                                     "plans": rows}
-        path_json = rec.write(result, "simulate_study")
+        path_json = rec.write(result, "_".join(filter(None, ("simulate_study", tag))))
     from bench.simulate.plots import plot_study
     for png in plot_study(result):
         print(f"plot {png}")
