@@ -39,8 +39,25 @@ def test_plan_is_the_fewest_nodes_and_one_less_misses():
 
 def test_a_large_rate_is_planned_on_a_slice_and_scaled():
     """Past max_requests the fleet is k copies of the simulated slice."""
-    req = PlanRequest("uniform", 400.0, 300.0, 40.0, min_requests=100, window_s=5.0, max_requests=500)
+    req = PlanRequest("uniform", 200.0, 300.0, 40.0, min_requests=100, window_s=5.0, max_requests=250)
     plan = Planner(PROFILE, uniform).plan(req)
     assert plan.scale == 4
     assert plan.colocated.topology.colocated % 4 == 0
-    assert plan.colocated.goodput_per_node == 400.0 / plan.colocated.topology.colocated
+    assert plan.colocated.goodput_per_node == 200.0 / plan.colocated.topology.colocated
+
+
+def test_pdserve_profile_then_plan_from_the_command_line(tmp_path, capsys):
+    """`pdserve profile --quick` writes a profile of the built-in model; `pdserve plan --json` on it
+    prints a plan whose recommendation is one of its two options."""
+    import json
+    from router.launcher import main
+    out = tmp_path / "p.json"
+    main(["profile", "--quick", "--dtype", "float32", "--num-blocks", "512", "--max-num-batched-tokens", "256",
+          "--out", str(out)])
+    assert Profile.load(str(out)).samples
+    capsys.readouterr()
+    main(["plan", "--profile", str(out), "--workload", "alpaca", "--rate", "2", "--num-requests", "60",
+          "--max-model-len", "512", "--slo-ttft-ms", "5000", "--slo-tpot-ms", "1000", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["recommended"] in (plan["colocated"]["topology"], plan["disaggregated"]["topology"])
+    assert plan["colocated"]["summary"]["slo_attainment"] >= 0.9
