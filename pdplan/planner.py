@@ -147,13 +147,14 @@ class _Found:
 
 
 def fewest(good: Callable[[int], bool], limit: int) -> int | None:
-    """The least k in [1, limit] with good(k), for a good() that stays true once true; None if none."""
-    hi = 1
+    """The least k in [1, limit] with good(k), for a good() that stays true once true; None if none.
+    Grows by half at a time rather than doubling: attainment is only nearly monotone (a RAG
+    replica added cold misses the documents' prefixes), and finer steps miss fewer good sizes."""
+    lo, hi = 0, 1
     while not good(hi):
         if hi >= limit:
             return None
-        hi = min(2 * hi, limit)
-    lo = hi // 2        # good(lo) is false (or lo == 0)
+        lo, hi = hi, min(max(hi + 1, hi * 3 // 2), limit)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if good(mid) else (mid, hi)

@@ -1,6 +1,7 @@
 """python -m bench.simulate: the simulator's validation against real runs, and the on-paper study.
 
     python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
+    python -m bench.simulate pool run1.json run2.json --out P.json          # several profile runs, one fit
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
     python -m bench.simulate validate bench/results/simulate_measured_*.json --profile C.json
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("measured", nargs="+")
     v.add_argument("--profile", required=True)
     v.set_defaults(func=_validate)
+    r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
+    r.add_argument("profiles", nargs="+")
+    r.add_argument("--out", required=True)
+    r.set_defaults(func=_pool)
     c = sub.add_parser("calibrate", help="fit the profile's serving overheads to measured runs; writes a new profile")
     c.add_argument("measured", nargs="+")
     c.add_argument("--profile", required=True)
@@ -75,6 +80,17 @@ def _measure(args) -> None:
 def _validate(args) -> None:
     from bench.simulate.validate import validate
     validate(args.measured, args.profile)
+
+
+def _pool(args) -> None:
+    from dataclasses import replace
+    from pdplan.profile import Profile, StepCost
+    runs = [Profile.load(p) for p in args.profiles]
+    samples = [s for run in runs for s in run.samples]
+    pooled = replace(runs[-1], step=StepCost.fit(samples), samples=samples,
+                     machine=runs[-1].machine | {"pooled_runs": len(runs)})
+    pooled.save(args.out)
+    print(f"wrote {args.out}: {pooled.step}; median fit error {pooled.fit_error():.1%}")
 
 
 def _calibrate(args) -> None:
