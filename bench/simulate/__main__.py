@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--slo-tpot-ms", type=float)
     s.add_argument("--tag", default="", help="added to the result's and the plots' names")
     s.set_defaults(func=_study)
+    pl = sub.add_parser("plot", help="redraw a study's plots and print its table")
+    pl.add_argument("result")
+    pl.set_defaults(func=_plot)
     g = sub.add_parser("gpu-profile", help="write the GPU profile built from published figures")
     g.add_argument("--out", default="bench/profiles/gpu_a100_llama2_7b_published.json")
     g.set_defaults(func=_gpu_profile)
@@ -106,6 +109,17 @@ def _study(args) -> None:
     slo = (args.slo_ttft_ms, args.slo_tpot_ms) if args.slo_ttft_ms and args.slo_tpot_ms else None
     study(args.profile, [float(r) for r in args.rates.split(",")], args.workloads.split(","), args.num_requests,
           slo, args.tag)
+
+
+def _plot(args) -> None:
+    import json
+    from bench.simulate.plots import plot_study
+    from bench.simulate.study import table
+    with open(args.result) as f:
+        result = json.load(f)
+    print(table(result))
+    for png in plot_study(result):
+        print(f"plot {png}")
 
 
 def _gpu_profile(args) -> None:

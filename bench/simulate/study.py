@@ -25,29 +25,37 @@ def kind(profile: Profile) -> str:
 
 def study(profile_paths: list[str], rates: list[float], workloads: list[str], max_requests: int = MAX_REQUESTS,
           slo: tuple[float, float] | None = None, tag: str = "") -> str:
+    path_json = None
     result = {"bench": "simulate_study", "window_s": WINDOW_S, "max_requests": max_requests, "tag": tag,
               "profiles": {}}
     for path in profile_paths:
         profile = Profile.load(path)
         ttft, tpot = slo or SLOS[kind(profile)]
-        rows = []
-        for workload in workloads:
-            for rate in rates:
+        rows: list[dict] = []
+        result["profiles"][path] = {"source": profile.source, "extrapolated": profile.extrapolated,
+                                    "machine": profile.machine, "model": profile.model, "slo_ms": [ttft, tpot],
+                                    "plans": rows}
+        for rate in rates:                  # rates outside: a run cut short still covers every workload
+            for workload in workloads:
                 t0 = time.perf_counter()
                 planner = Planner(profile)
                 plan = planner.plan(PlanRequest(workload, rate, ttft, tpot, window_s=WINDOW_S, max_requests=max_requests,
                                                 min_requests=min(600, max_requests)))
                 rows.append(plan.to_dict() | {"seconds": round(time.perf_counter() - t0, 1)})
                 print(plan.describe() + f"\n  ({planner.simulations} simulations, {rows[-1]['seconds']} s)", flush=True)
-        result["profiles"][path] = {"source": profile.source, "extrapolated": profile.extrapolated,
-                                    "machine": profile.machine, "model": profile.model, "slo_ms": [ttft, tpot],
-                                    "plans": rows}
-        path_json = rec.write(result, "_".join(filter(None, ("simulate_study", tag))))
+                path_json = _save(result, tag, path_json)
     from bench.simulate.plots import plot_study
     for png in plot_study(result):
         print(f"plot {png}")
     print(f"wrote {path_json}")
     return path_json
+
+
+def _save(result: dict, tag: str, previous: str | None) -> str:
+    """After every plan, replacing the previous file: a run cut short keeps what it planned."""
+    if previous and os.path.exists(previous):
+        os.remove(previous)
+    return rec.write(result, "_".join(filter(None, ("simulate_study", tag))))
 
 
 def table(result: dict) -> str:
