@@ -21,8 +21,11 @@ def plot_study(result: dict) -> list[str]:
             plans = [p for p in prof["plans"] if p["request"]["workload"] == workload]
             rates = [p["request"]["rate"] for p in plans]
             for key, label, marker in (("colocated", "colocated replicas", "o"), ("disaggregated", "planner's P:D", "s")):
-                ax.plot(rates, [p[key]["goodput_per_node"] for p in plans], marker=marker, label=label)
+                ax.plot(rates, [p[key]["goodput_per_node"] if p[key]["summary"] else float("nan") for p in plans],
+                        marker=marker, label=label)
                 for r, p in zip(rates, plans):
+                    if not p[key]["summary"]:
+                        continue            # none found: no point
                     ax.annotate(p[key]["topology"].replace(" colocated", ""), (r, p[key]["goodput_per_node"]),
                                 fontsize=7, textcoords="offset points", xytext=(3, 4))
             ax.set_xscale("log")

@@ -60,14 +60,20 @@ def _save(result: dict, tag: str, previous: str | None) -> str:
 
 def table(result: dict) -> str:
     """Markdown: per profile, workload and rate, both options' fleets and goodput per node."""
-    lines = ["| profile | workload | rate | colocated | goodput/node | P:D split | goodput/node | ratio |",
+    lines = ["| profile | workload | rate | colocated | goodput/node | P:D split | goodput/node | P:D / colocated |",
              "|---|---|---|---|---|---|---|---|"]
     for path, prof in result["profiles"].items():
         name = os.path.basename(path).removesuffix(".json") + (" (extrapolated)" if prof["extrapolated"] else "")
         for plan in prof["plans"]:
             c, d = plan["colocated"], plan["disaggregated"]
-            ratio = d["goodput_per_node"] / c["goodput_per_node"] if c["goodput_per_node"] else float("nan")
+            ratio = f"{d['goodput_per_node'] / c['goodput_per_node']:.2f}" if c["summary"] and d["summary"] else "-"
             lines.append(f"| {name} | {plan['request']['workload']} | {plan['request']['rate']:g} | "
-                         f"{c['topology']} | {c['goodput_per_node']:.3f} | {d['topology']} | "
-                         f"{d['goodput_per_node']:.3f} | {ratio:.2f} |")
+                         f"{_fleet(c)} | {_fleet(d)} | {ratio} |")
     return "\n".join(lines)
+
+
+def _fleet(option: dict) -> str:
+    """'<fleet> | <goodput per node>', or none found (the search's node limit per slice)."""
+    if option["summary"] is None:
+        return "none found | -"
+    return f"{option['topology'].replace(' colocated', '')} | {option['goodput_per_node']:.3f}"
