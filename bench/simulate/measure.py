@@ -16,7 +16,7 @@ from dataclasses import replace
 from bench.serving import record as rec
 from bench.serving.compare import SweepSpec, _point, _warmup, free_port
 from bench.serving.loadgen import LoadSpec, run_load
-from bench.serving.servers import Knobs, pdserve_colocated, pdserve_disaggregated, running
+from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
 from bench.simulate.pinning import cmdline, pin_nodes
 
 PINS = {"colocated": ({}, {0}),
@@ -32,7 +32,9 @@ def server(system: str, model: str, port: int, knobs: Knobs):
         argv = list(spec.argv)
         argv[argv.index("--decode") + 1] = system[2]
         spec = replace(spec, name=f"pdserve-{system}", argv=tuple(argv))
-    return replace(spec, env={"OMP_NUM_THREADS": "1"})
+    # PYTHONPATH: the `pdserve` console script (and so its nodes) would import the venv's editable
+    # install rather than this checkout
+    return replace(spec, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": REPO})
 
 
 def measure(system: str, spec: SweepSpec, model: str, vocab: list[str]) -> dict:
