@@ -71,6 +71,7 @@ def up(config: RayConfig, up_argv: list[str]) -> int:
         if not any(a.startswith("--control-endpoint") for a in up_argv):   # other hosts reach it at this host's Ray address
             router = replace(router, control_endpoint=tcp_endpoint(ray.util.get_node_ip_address(), 0))
         logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
-        return launcher.up(model, router, args.cluster, node_flags, RayFleet(args.cluster, node_flags, config))
+        return launcher.up(model, router, args.cluster, node_flags, RayFleet(args.cluster, node_flags, config),
+                           autoscale=args.autoscale)
     finally:
         ray.shutdown()

@@ -9,6 +9,7 @@
     pdserve nodes | drain NODE | remove NODE      the operator API (router/operator_cli.py)
     pdserve pools | scale --prefill N --decode M  the pools' sizes: nodes start or drain
     pdserve ray up --address auto [up flags]     the same deployment on a Ray cluster (ray_deploy/)
+    pdserve profile [--model DIR] [node flags] | plan --profile P --workload W --rate R   (pdplan/cli.py)
 
 A multi-host deployment: `pdserve secret > secret && chmod 600 secret`, copy the file to every
 host, then `pdserve router --cluster-secret-file secret --host 0.0.0.0 --control-endpoint
@@ -49,6 +50,7 @@ from typing import Any, NamedTuple, Sequence
 
 from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
 from engine.flags import add_dataclass_args, build_dataclass
+from pdplan.autoscale_config import AutoscaleConfig
 from router.config import RouterConfig
 from router.node_fleet import NodeFleet
 from router.node_processes import ClusterConfig, LocalFleet
@@ -62,6 +64,7 @@ class UpArgs(NamedTuple):
     cluster: ClusterConfig
     model: str | None           # --model as given; None: the built-in model
     node_flags: list[str]       # the node flags given, as node argv, --model aside
+    autoscale: AutoscaleConfig = AutoscaleConfig()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -79,12 +82,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv[:1] == ["ray"]:
         from ray_deploy.cli import main as ray_main      # needs the [ray] extra; `pdserve up` never imports ray
         sys.exit(ray_main(argv[1:]))
+    if argv[:1] in (["profile"], ["plan"]):
+        from pdplan.cli import main as planner_main
+        return planner_main(argv)
     if argv[:1] == ["router"]:
         argv = ["up", *argv[1:], "--prefill", "0", "--decode", "0"]
     args = parse_up(argv)
     model = model_path(args.model)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
-    sys.exit(up(model, args.router, args.cluster, ["--model", model, *args.node_flags]))
+    sys.exit(up(model, args.router, args.cluster, ["--model", model, *args.node_flags], autoscale=args.autoscale))
 
 
 def parse_up(argv: Sequence[str]) -> UpArgs:
@@ -94,21 +100,23 @@ def parse_up(argv: Sequence[str]) -> UpArgs:
     try:
         router = build_dataclass(RouterConfig, args)
         cluster = build_dataclass(ClusterConfig, args)
+        autoscale = build_dataclass(AutoscaleConfig, args)
     except ValueError as err:
         parser.error(str(err))
-    return UpArgs(router, cluster, args.get("node_model"), _node_flags(args))
+    return UpArgs(router, cluster, args.get("node_model"), _node_flags(args), autoscale)
 
 
 def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: list[str],
-       fleet: NodeFleet | None = None) -> int:
+       fleet: NodeFleet | None = None, autoscale: AutoscaleConfig = AutoscaleConfig()) -> int:
     """Runs the deployment until Ctrl-C or SIGTERM; returns the exit status. fleet: who starts
-    and supervises the nodes (default: processes on this machine, `pdserve up`)."""
+    and supervises the nodes (default: processes on this machine, `pdserve up`); autoscale: the
+    pools follow the router's own figures (--autoscale)."""
     import uvloop
 
     fleet = fleet if fleet is not None else LocalFleet(cluster, node_flags)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        return uvloop.run(_serve(model, router, cluster, fleet))
+        return uvloop.run(_serve(model, router, cluster, fleet, autoscale))
     except KeyboardInterrupt:
         print("\npdserve: shutting down", flush=True)
         return 0
@@ -120,7 +128,8 @@ def up(model: str, router: RouterConfig, cluster: ClusterConfig, node_flags: lis
         signal.signal(signal.SIGTERM, previous)
 
 
-async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, fleet: NodeFleet) -> int:
+async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, fleet: NodeFleet,
+                 autoscale: AutoscaleConfig) -> int:
     from router.http.app import create_app
     from router.cluster.disaggregated import DisaggregatedBackend
     from router.http.server import PortInUse, Server, bind_http
@@ -141,9 +150,11 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, fleet
         fleet.start(endpoint, backend, secret)
         if not await fleet.wait_registered(backend):
             return 1
-        server = Server(create_app(backend, config), config, log_level="info")   # bounded shutdown: router/http/server.py
+        app = create_app(backend, config)
+        server = Server(app, config, log_level="info")   # bounded shutdown: router/http/server.py
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         watching = asyncio.create_task(fleet.supervise(backend))
+        scaling = _autoscaler(autoscale, backend, app)
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         greeting = None
@@ -154,12 +165,26 @@ async def _serve(model: str, config: RouterConfig, cluster: ClusterConfig, fleet
                 greeting = asyncio.create_task(_first_request(config, backend.model_name))
         await serving
         watching.cancel()
+        if scaling is not None:
+            scaling.cancel()
         if greeting is not None:
             greeting.cancel()
         return 0 if server.started else 1
     finally:
         backend.close()
         sock.close()
+
+
+def _autoscaler(config: AutoscaleConfig, backend: Any, app: Any) -> asyncio.Task | None:
+    """--autoscale: the pools follow the router's own figures (pdplan/autoscaler.py)."""
+    if not config.autoscale:
+        return None
+    if backend.operator.scaler is None:
+        sys.exit("pdserve: --autoscale needs nodes started here (a router alone cannot start any)")
+    from pdplan.autoscaler import Autoscaler
+    scaler = Autoscaler(config, backend.operator, backend.server.registry, app.state.metrics.registry,
+                        backend.server.block_size or 16)
+    return asyncio.create_task(scaler.run())
 
 
 def _cluster_secret(config: RouterConfig, cluster: ClusterConfig) -> bytes:
@@ -226,11 +251,12 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{up,router,prefill,decode,colocated,secret,nodes,drain,remove,pools,scale,ray}")
+                                metavar="{up,router,prefill,decode,colocated,secret,nodes,drain,remove,pools,scale,ray,profile,plan}")
     up_parser = sub.add_parser("up", help="router + prefill and decode node processes on this machine",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dataclass_args(up_parser, RouterConfig)
     add_dataclass_args(up_parser, ClusterConfig)
+    add_dataclass_args(up_parser.add_argument_group("autoscaling (pdplan/autoscaler.py)"), AutoscaleConfig)
     nodes = up_parser.add_argument_group("engine and node flags (passed to every node when given)")
     add_dataclass_args(nodes, NodeConfig, dest_prefix="node_", skip=_PER_NODE_FIELDS)
     sub.add_parser("router", help="the router alone (up --prefill 0 --decode 0): nodes join from other hosts")
@@ -244,6 +270,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("pools", help="each pool's target and its active, draining and starting nodes")
     sub.add_parser("scale", help="resize the pools: --prefill N --decode M (new nodes start, the surplus drains)")
     sub.add_parser("ray", help="ray up: the router and its nodes on a Ray cluster; ray scale (pip install pdserve[ray])")
+    sub.add_parser("profile", help="measure one node's step cost and block transfer into a JSON profile (pdplan)")
+    sub.add_parser("plan", help="the P:D split and node counts that meet SLOs, from a profile (pdplan)")
     return parser
 
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from pdplan.autoscale_config import AutoscaleConfig
 from router import launcher, node_processes
 from router.config import RouterConfig
 from router.launcher import parse_up
@@ -24,7 +25,7 @@ def test_flags_reach_router_cluster_and_nodes():
     assert args.cluster == ClusterConfig(prefill=2, decode=3, prefill_tp=1, decode_tp=2)
     assert args.model == "/m"
     assert args.node_flags == ["--dtype", "float32", "--max-num-seqs", "4"]
-    assert parse_up(["up"]) == (RouterConfig(), ClusterConfig(), None, [])
+    assert parse_up(["up"]) == (RouterConfig(), ClusterConfig(), None, [], AutoscaleConfig())
 
 
 def test_invalid_flags_are_usage_errors():

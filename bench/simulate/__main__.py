@@ -1,0 +1,132 @@
+"""python -m bench.simulate: the simulator's validation against real runs, and the on-paper study.
+
+    python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
+    python -m bench.simulate pool run1.json run2.json --out P.json          # several profile runs, one fit
+    python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
+    python -m bench.simulate validate bench/results/simulate_measured_*.json --profile C.json
+    python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
+    python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+SYSTEMS = "colocated,1p1d,1p2d"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(required=True)
+    m = sub.add_parser("measure", help="real runs, nodes pinned to cores")
+    m.add_argument("--workload", default="sharegpt")
+    m.add_argument("--systems", default=SYSTEMS)
+    m.add_argument("--rates", default="0.5,1")
+    m.add_argument("--num-requests", type=int, default=16)
+    m.add_argument("--output-cap", type=int, default=256)
+    m.add_argument("--deadline-s", type=float, default=150.0)
+    m.set_defaults(func=_measure)
+    v = sub.add_parser("validate", help="simulate the measured points; print the side-by-side table")
+    v.add_argument("measured", nargs="+")
+    v.add_argument("--profile", required=True)
+    v.set_defaults(func=_validate)
+    r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
+    r.add_argument("profiles", nargs="+")
+    r.add_argument("--out", required=True)
+    r.set_defaults(func=_pool)
+    c = sub.add_parser("calibrate", help="fit the profile's serving overheads to measured runs; writes a new profile")
+    c.add_argument("measured", nargs="+")
+    c.add_argument("--profile", required=True)
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=_calibrate)
+    s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
+    s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
+    s.add_argument("--rates", default="10,30,100,300,1000")
+    s.add_argument("--workloads", default="rag,mixed")
+    s.add_argument("--num-requests", type=int, default=1500, help="most simulated requests per candidate")
+    s.add_argument("--slo-ttft-ms", type=float, help="default: per profile kind (bench/simulate/study.py SLOS)")
+    s.add_argument("--slo-tpot-ms", type=float)
+    s.add_argument("--tag", default="", help="added to the result's and the plots' names")
+    s.set_defaults(func=_study)
+    pl = sub.add_parser("plot", help="redraw a study's plots and print its table")
+    pl.add_argument("result")
+    pl.set_defaults(func=_plot)
+    g = sub.add_parser("gpu-profile", help="write the GPU profile built from published figures")
+    g.add_argument("--out", default="bench/profiles/gpu_a100_llama2_7b_published.json")
+    g.set_defaults(func=_gpu_profile)
+    args = ap.parse_args(argv)
+    args.func(args)
+
+
+def _measure(args) -> None:
+    from bench.serving import record as rec
+    from bench.serving.compare import SweepSpec
+    from bench.serving.model import prepare_model, word_vocab
+    from bench.serving.servers import BENCH
+    from bench.simulate.measure import measure
+    import os
+    spec = SweepSpec(systems=tuple(args.systems.split(",")), workload=args.workload,
+                     num_requests=args.num_requests, rates=tuple(float(r) for r in args.rates.split(",")),
+                     deadline_s=args.deadline_s, output_cap=args.output_cap)
+    model, vocab = prepare_model(os.path.join(BENCH, ".cache")), word_vocab()
+    result = rec.header("simulate_measured", model) | {"sweep": spec, "systems": {}}
+    path = None
+    for system in spec.systems:
+        result["systems"][system] = measure(system, spec, model, vocab)
+        if path:
+            os.remove(path)
+        path = rec.write(result, f"simulate_measured_{args.workload}")
+    print(f"wrote {path}")
+
+
+def _validate(args) -> None:
+    from bench.simulate.validate import validate
+    validate(args.measured, args.profile)
+
+
+def _pool(args) -> None:
+    from dataclasses import replace
+    from pdplan.profile import Profile, StepCost
+    runs = [Profile.load(p) for p in args.profiles]
+    samples = [s for run in runs for s in run.samples]
+    pooled = replace(runs[-1], step=StepCost.fit(samples), samples=samples,
+                     machine=runs[-1].machine | {"pooled_runs": len(runs)})
+    pooled.save(args.out)
+    print(f"wrote {args.out}: {pooled.step}; median fit error {pooled.fit_error():.1%}")
+
+
+def _calibrate(args) -> None:
+    from bench.simulate.calibrate import calibrate
+    from pdplan.profile import Profile
+    profile = calibrate(args.measured, Profile.load(args.profile))
+    profile.save(args.out)
+    print(f"wrote {args.out}: {profile.overheads}")
+
+
+def _study(args) -> None:
+    from bench.simulate.study import study
+    slo = (args.slo_ttft_ms, args.slo_tpot_ms) if args.slo_ttft_ms and args.slo_tpot_ms else None
+    study(args.profile, [float(r) for r in args.rates.split(",")], args.workloads.split(","), args.num_requests,
+          slo, args.tag)
+
+
+def _plot(args) -> None:
+    import json
+    from bench.simulate.plots import plot_study
+    from bench.simulate.study import table
+    with open(args.result) as f:
+        result = json.load(f)
+    print(table(result))
+    for png in plot_study(result):
+        print(f"plot {png}")
+
+
+def _gpu_profile(args) -> None:
+    from bench.simulate.gpu_profile import published_profile
+    published_profile().save(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

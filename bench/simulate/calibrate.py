@@ -1,0 +1,42 @@
+"""Fits a profile's serving-path overheads (pdplan/profile.py: Overheads) to real runs, so that
+the engine-only profile also prices HTTP, tokenizing, control messages and streaming:
+
+  1. request_s: the median gap between measured and simulated TTFT p50 of the colocated points
+  2. handoff_s: the same for the disaggregated points, less request_s
+  3. token_s: the per-token cost (from a short list) that best matches the TPOT p50s
+
+Calibrate on one workload and validate on the others (held out): validate.py reports both.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+
+from bench.simulate.validate import predict
+from pdplan.profile import Overheads, Profile
+
+TOKEN_S = (0.0, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3)
+
+
+def calibrate(paths: list[str], profile: Profile) -> Profile:
+    measured = [json.load(open(p)) for p in paths]
+    p = replace(profile, overheads=Overheads())
+    p = replace(p, overheads=replace(p.overheads, token_s=_best_token_s(measured, p)))
+    rows = _rows(measured, p)
+    colocated = [r["TTFT p50"]["measured"] - r["TTFT p50"]["simulated"] for r in rows if r["system"] == "colocated"]
+    request_ms = max(0.0, statistics.median(colocated)) if colocated else 0.0
+    disagg = [r["TTFT p50"]["measured"] - r["TTFT p50"]["simulated"] for r in rows if r["system"] != "colocated"]
+    handoff_ms = max(0.0, statistics.median(disagg) - request_ms) if disagg else 0.0
+    return replace(p, overheads=replace(p.overheads, request_s=request_ms / 1000, handoff_s=handoff_ms / 1000))
+
+
+def _rows(measured: list[dict], profile: Profile) -> list[dict]:
+    return [row for m in measured for row in predict(m, profile)]
+
+
+def _best_token_s(measured: list[dict], profile: Profile) -> float:
+    def error(token_s: float) -> float:
+        rows = _rows(measured, replace(profile, overheads=replace(profile.overheads, token_s=token_s)))
+        return sum(abs(r["TPOT p50"]["error"]) for r in rows)
+    return min(TOKEN_S, key=error)

@@ -1,0 +1,64 @@
+"""The real half of the validation: the serving benchmark's rate points (bench/serving/compare.py,
+same workloads, seeds and load generator) against colocated, 1P+1D and 1P+2D pdserve, each node
+pinned to a core of its own where the machine has one, and one thread per node.
+
+    colocated   the whole engine (and its HTTP front end) on core 0
+    1P+1D       prefill-0 on core 0, decode-0 on core 1; the router floats
+    1P+2D       prefill-0 on core 0, decode-0 and decode-1 share core 1 (2 cores: no third one)
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import replace
+
+from bench.serving import record as rec
+from bench.serving.compare import SweepSpec, _point, _warmup, free_port
+from bench.serving.loadgen import LoadSpec, run_load
+from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
+from bench.simulate.pinning import cmdline, pin_nodes
+
+PINS = {"colocated": ({}, {0}),
+        "1p1d": ({"prefill-0": {0}, "decode-0": {1}}, None),
+        "1p2d": ({"prefill-0": {0}, "decode-0": {1}, "decode-1": {1}}, None)}
+
+
+def server(system: str, model: str, port: int, knobs: Knobs):
+    if system == "colocated":
+        spec = pdserve_colocated(model, port, knobs)
+    else:
+        spec = pdserve_disaggregated(model, port, knobs)
+        argv = list(spec.argv)
+        argv[argv.index("--decode") + 1] = system[2]
+        spec = replace(spec, name=f"pdserve-{system}", argv=tuple(argv))
+    # PYTHONPATH: the `pdserve` console script (and so its nodes) would import the venv's editable
+    # install rather than this checkout
+    return replace(spec, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": REPO})
+
+
+def measure(system: str, spec: SweepSpec, model: str, vocab: list[str]) -> dict:
+    """One system over the sweep's rates; the points are compare.py's, plus what was pinned."""
+    port = free_port()
+    srv = server(system, model, port, spec.knobs)
+    log = os.path.join(rec.RESULTS, "logs", f"validate_{system}_{int(time.time())}.log")
+    out = {"system": system, "server": srv.record(), "points": []}
+    with running(srv, log) as endpoint:
+        root = _root(port)
+        nodes, default = PINS[system]
+        time.sleep(1.0)                     # the node processes are up: the router waited for them
+        out["pinned"] = {str(k): v for k, v in pin_nodes(root, nodes, default).items()}
+        print(f"[{system}] pinned {out['pinned']}", flush=True)
+        asyncio.run(run_load(endpoint, _warmup(spec), vocab, LoadSpec(float("inf"), deadline_s=120), "warm-up"))
+        for i, rate in enumerate(spec.rates):
+            out["points"].append(_point(endpoint, spec, i, rate, vocab, system))
+    return out
+
+
+def _root(port: int) -> int:
+    """The server process: the lowest pid whose command line carries `--port <port>`."""
+    mark = f"--port {port} "
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and mark in cmdline(int(p)) + " "]
+    if not pids:
+        raise RuntimeError(f"no process serves port {port}")
+    return min(pids)

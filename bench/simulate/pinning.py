@@ -1,0 +1,54 @@
+"""Core pinning for the validation runs: each node process gets its own core, as a separate host
+would (Linux: sched_setaffinity on every thread of the process)."""
+from __future__ import annotations
+
+import os
+
+
+def children(pid: int) -> list[int]:
+    """Every descendant of `pid` (from /proc), depth first."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                kids.append(int(entry))
+    return [d for k in kids for d in (k, *children(k))]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of `pid` onto `cores` (threads started later inherit the mask)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            pass
+
+
+def pin_nodes(root: int, plan: dict[str, set[int]], default: set[int] | None = None) -> dict[int, str]:
+    """Pins each descendant of `root` whose command line names a node id in `plan` (e.g.
+    {"prefill-0": {0}, "decode-0": {1}}); `default` (if given) pins `root` itself. Returns the
+    pids pinned, each with what it is."""
+    done = {}
+    if default is not None:
+        pin(root, default)
+        done[root] = f"root -> {sorted(default)}"
+    for pid in children(root):
+        line = cmdline(pid)
+        for node_id, cores in plan.items():
+            if f"--node-id {node_id} " in line + " ":
+                pin(pid, cores)
+                done[pid] = f"{node_id} -> {sorted(cores)}"
+    return done

@@ -1,0 +1,51 @@
+"""The simulated decode pool: decode engines that reserve blocks for a prompt (or answer Busy),
+adopt the shipped blocks on Commit, and decode in continuous batches, preempting by recompute
+when their blocks run out (a recomputed sequence is prefilled again on the decode node)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from pdplan.events import EventLoop
+from pdplan.profile import Profile
+from pdplan.sim_engine import SimEngine, SimSeq
+from pdplan.sim_request import SimRequest
+
+
+class DecodeNode:
+    def __init__(self, name: str, profile: Profile, loop: EventLoop, on_room: Callable[[], None]):
+        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s)
+        self.on_room = on_room
+
+    def computed(self, seq: SimSeq, before: int, t: float) -> None:
+        pass
+
+    def sampled(self, seq: SimSeq, t: float) -> None:
+        pass                            # streamed by the engine
+
+    def finished(self, seq: SimSeq, t: float) -> None:
+        self.on_room()
+
+    def free_fraction(self) -> float:
+        return self.engine.pool.available / self.engine.pool.total
+
+
+class DecodePool:
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None]):
+        self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room) for i in range(count)]
+
+    def reserve(self, req: SimRequest) -> tuple[DecodeNode, int] | None:
+        """The least loaded node with room (router/cluster/policy.py's rank) reserves the prompt's
+        blocks; None when no node has room (the router waits for some)."""
+        ranked = sorted(self.nodes, key=lambda n: (bool(n.engine.waiting), -n.free_fraction(), n.engine.num_seqs()))
+        for node in ranked:
+            seq = SimSeq(req, req.prompt_len, target=req.output_len)
+            hits = node.engine.reserve(seq, req.output_len)
+            if hits is not None:
+                return node, hits
+        return None
+
+    def busy_s(self) -> float:
+        return sum(n.engine.busy_s for n in self.nodes)
+
+    def preemptions(self) -> int:
+        return sum(n.engine.preemptions for n in self.nodes)

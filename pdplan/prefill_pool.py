@@ -1,0 +1,74 @@
+"""The simulated prefill pool: prefill engines (max_tokens = 1) and the link each ships KV blocks on.
+
+A request here (steps 3-5 of the lifecycle in DESIGN.md):
+  1. the router picks the node that finishes it soonest: queued tokens there plus the tokens of
+     this prompt its prefix cache lacks (router/cluster/policy.py prices it in blocks the same way)
+  2. the engine prefills it in chunks beside other prompts; every block that fills is queued on
+     the node's link at once (the partial last block when the prompt is done); blocks the decode
+     node already holds are not sent; the link sends one block at a time, per_block_s each
+  3. the step that completes the prompt samples the first token: the router has it at once
+  4. Commit follows the last block on the link (+ per_transfer_s): the decode node adopts
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pdplan.events import EventLoop
+from pdplan.profile import Profile
+from pdplan.sim_engine import SimEngine, SimSeq
+from pdplan.sim_request import SimRequest
+
+
+@dataclass(slots=True)
+class _Shipment:
+    skip: int                       # leading blocks the decode node holds already
+    sent: int                       # blocks queued on the link so far
+    on_first_token: Callable[[float], None]
+    on_commit: Callable[[float], None]
+
+
+class PrefillNode:
+    def __init__(self, name: str, profile: Profile, loop: EventLoop):
+        self.engine = SimEngine(name, profile, loop, self, False)
+        self.profile, self.loop = profile, loop
+        self.link_free_at = 0.0
+        self.shipments: dict[int, _Shipment] = {}
+
+    def submit(self, req: SimRequest, skip: int, on_first_token, on_commit) -> None:
+        self.shipments[req.rid] = _Shipment(skip, skip, on_first_token, on_commit)
+        self.engine.add(SimSeq(req, req.prompt_len, target=1))
+
+    def computed(self, seq: SimSeq, before: int, t: float) -> None:
+        ship = self.shipments[seq.req.rid]
+        done = seq.computed == seq.req.prompt_len
+        ready = self.profile.blocks(seq.computed) if done else seq.computed // self.profile.block_size
+        per_block = self.profile.transfer.per_block_s
+        while ship.sent < ready:
+            self.link_free_at = max(self.link_free_at, t) + per_block
+            ship.sent += 1
+
+    def sampled(self, seq: SimSeq, t: float) -> None:
+        ship = self.shipments.pop(seq.req.rid)
+        ship.on_first_token(t)
+        commit = max(self.link_free_at, t) + self.profile.transfer.per_transfer_s
+        self.loop.at(commit, lambda: ship.on_commit(commit))
+
+    def finished(self, seq: SimSeq, t: float) -> None:
+        pass
+
+
+class PrefillPool:
+    def __init__(self, count: int, profile: Profile, loop: EventLoop):
+        self.nodes = [PrefillNode(f"prefill-{i}", profile, loop) for i in range(count)]
+        self.bs = profile.block_size
+
+    def choose(self, req: SimRequest) -> PrefillNode:
+        """Soonest done: queued tokens plus this prompt's uncached tokens (ties: the first)."""
+        def cost(node: PrefillNode) -> int:
+            hits = node.engine.pool.hits(req.block_hashes)
+            return node.engine.queued_tokens() + req.prompt_len - hits * self.bs
+        return min(self.nodes, key=cost)
+
+    def busy_s(self) -> float:
+        return sum(n.engine.busy_s for n in self.nodes)

@@ -1,0 +1,164 @@
+"""A node profile: what one engine step costs on one machine, and what shipping a KV block costs,
+as a JSON file the simulator and the planner read. Written by `pdserve profile` (profiler.py) from
+measurements, or by hand from published figures (then `source` says where from and
+`extrapolated` is true).
+
+One step's cost is linear in five features of the batch it runs, each sequence i computing
+n_i new tokens over c_i tokens already in its context:
+
+    t(step) = fixed + per_token * sum(n_i) + per_seq * #seqs
+              + per_decode_ctx * sum(c_i + 1 over decoding seqs, n_i == 1)      attention reads (bandwidth)
+              + per_prefill_pair * sum(n_i * (c_i + (n_i + 1) / 2) over n_i > 1) attention pairs (compute)
+
+The same function prices a prefill node's chunks, a decode node's batches and a colocated
+engine's mixed steps; the coefficients are a non-negative least-squares fit over every measured
+step (the raw steps stay in the file).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+FEATURES = ("fixed", "per_token", "per_seq", "per_decode_ctx", "per_prefill_pair")
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """One scheduled sequence of a step: new tokens and the context before them."""
+    new_tokens: int
+    context: int
+
+
+def step_features(shapes: list[StepShape] | list[tuple[int, int]]) -> list[float]:
+    """The five features of FEATURES for a step's scheduled sequences [(new, context), ...]."""
+    tokens = decode_ctx = pairs = 0.0
+    for n, c in shapes:
+        tokens += n
+        if n == 1:
+            decode_ctx += c + 1
+        else:
+            pairs += n * (c + (n + 1) / 2)
+    return [1.0, tokens, float(len(shapes)), decode_ctx, pairs]
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Seconds per unit of each feature (see the module docstring)."""
+    fixed: float
+    per_token: float
+    per_seq: float
+    per_decode_ctx: float
+    per_prefill_pair: float
+
+    def seconds(self, tokens: float, seqs: int, decode_ctx: float, prefill_pairs: float) -> float:
+        return (self.fixed + self.per_token * tokens + self.per_seq * seqs
+                + self.per_decode_ctx * decode_ctx + self.per_prefill_pair * prefill_pairs)
+
+    def of(self, shapes: list[tuple[int, int]]) -> float:
+        _, tokens, seqs, ctx, pairs = step_features(shapes)
+        return self.seconds(tokens, int(seqs), ctx, pairs)
+
+    @classmethod
+    def fit(cls, samples: list["StepSample"]) -> "StepCost":
+        """Non-negative least squares over the median of each group of like steps (same kind,
+        batch and tokens; context within 10%: a busy machine's outliers weigh little, and a
+        decode grid of hundreds of steps no more than a prefill of a few), relative error
+        weighted (a 5 ms step matters as much as a 1 s one); features with a negative
+        coefficient are dropped and the rest refitted."""
+        groups: dict[tuple, list[StepSample]] = {}
+        for s in samples:
+            f = step_features(s.shapes)
+            key = (s.kind, f[1], f[2], round(math.log1p(f[3]) * 10), round(math.log1p(f[4]) * 10))
+            groups.setdefault(key, []).append(s)
+        medians = [sorted(g, key=lambda s: s.seconds)[len(g) // 2] for g in groups.values()]
+        x = np.array([step_features(s.shapes) for s in medians])
+        y = np.array([s.seconds for s in medians])
+        w = 1.0 / np.maximum(y, 1e-6)
+        keep = list(range(len(FEATURES)))
+        while True:
+            coef, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
+            if (coef >= 0).all() or not keep:
+                break
+            keep.pop(int(np.argmin(coef)))
+        full = [0.0] * len(FEATURES)
+        for k, c in zip(keep, coef):
+            full[k] = float(c)
+        return cls(*full)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured step: the scheduled (new tokens, context) pairs and its wall time."""
+    shapes: list[tuple[int, int]]
+    seconds: float
+    kind: str = ""                  # prefill | prefill_cached | decode | mixed: what the experiment was
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Shipping one KV block from a prefill node to a decode node."""
+    per_block_s: float
+    per_transfer_s: float           # once per request: reservation round trip, commit
+    block_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Overheads:
+    """What the engine step does not include: the serving path around it. `pdserve profile`
+    measures engines only (these stay 0); bench/simulate/calibrate.py fits them to real runs."""
+    request_s: float = 0.0          # HTTP, tokenizing, routing: arrival to the first engine admission
+    handoff_s: float = 0.0          # disaggregated only, on top: reservation, PrefillRequest, FirstToken messages
+    token_s: float = 0.0            # per token a streaming step samples: node -> router -> client (added to the step)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    machine: dict                   # where it was measured (cpu, gpu, threads), or the published source's hardware
+    model: dict                     # name, parameters, layers, kv bytes per token
+    block_size: int
+    num_blocks: int                 # KV blocks one node holds
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    step: StepCost
+    transfer: Transfer
+    overheads: Overheads = Overheads()
+    source: str = "measured"        # measured | the publication the figures come from
+    extrapolated: bool = False      # true when not measured on the machine it describes
+    samples: list[StepSample] = field(default_factory=list)
+
+    def step_seconds(self, shapes: list[tuple[int, int]]) -> float:
+        return self.step.of(shapes)
+
+    def blocks(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    def fit_error(self) -> float:
+        """Median relative error of the fitted step cost over the measured steps (nan if none)."""
+        if not self.samples:
+            return float("nan")
+        errors = [abs(self.step.of(s.shapes) - s.seconds) / s.seconds for s in self.samples]
+        return float(np.median(errors))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json())
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Profile":
+        samples = [StepSample([tuple(p) for p in s["shapes"]], s["seconds"], s.get("kind", ""))
+                   for s in d.get("samples", [])]
+        return cls(d["machine"], d["model"], d["block_size"], d["num_blocks"], d["max_num_seqs"],
+                   d["max_num_batched_tokens"], StepCost(**d["step"]), Transfer(**d["transfer"]),
+                   Overheads(**d.get("overheads", {})), d.get("source", "measured"),
+                   d.get("extrapolated", False), samples)
+
+    @classmethod
+    def load(cls, path: str) -> "Profile":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))

@@ -1,0 +1,60 @@
+"""What a simulated run reports, defined as bench/serving/metrics.py defines it for real runs:
+TTFT, TPOT = (E2EL - TTFT) / (tokens - 1), ITL (gaps between tokens), SLO attainment (the share of
+all requests meeting both the TTFT and the TPOT SLO), goodput (vLLM's: requests meeting both per
+second of the run), and the busy share of each pool's step loops."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from pdplan.sim_request import SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values_s: list[float]) -> "Percentiles":
+        ms = np.asarray(values_s or [0.0]) * 1000
+        return cls(*(float(np.percentile(ms, p)) for p in (50, 90, 99)))
+
+
+@dataclass(frozen=True, slots=True)
+class SimSummary:
+    requests: int
+    completed: int
+    duration_s: float
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    itl_ms: Percentiles
+    slo_attainment: float
+    goodput: float                  # requests meeting both SLOs per second
+    utilization: dict[str, float]   # pool -> busy share of its nodes' time
+    preemptions: int
+    admission_waits: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def meets(r: SimRequest, ttft_ms: float, tpot_ms: float) -> bool:
+    return r.done and r.ttft * 1000 <= ttft_ms and (r.tpot or 0.0) * 1000 <= tpot_ms
+
+
+def summarize(requests: list[SimRequest], ttft_ms: float, tpot_ms: float, busy_s: dict[str, tuple[float, int]],
+              preemptions: int, waits: int) -> SimSummary:
+    done = [r for r in requests if r.done]
+    start = min(r.arrival for r in requests)
+    end = max((r.token_times[-1] for r in done), default=start)
+    duration = max(end - start, 1e-9)
+    ok = sum(meets(r, ttft_ms, tpot_ms) for r in requests)
+    return SimSummary(
+        len(requests), len(done), duration, Percentiles.of([r.ttft for r in done]),
+        Percentiles.of([r.tpot for r in done if r.tpot is not None]),
+        Percentiles.of([b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]),
+        ok / len(requests), ok / duration,
+        {pool: busy / (nodes * duration) for pool, (busy, nodes) in busy_s.items()}, preemptions, waits)

@@ -1,0 +1,58 @@
+"""The simulated router of a disaggregated deployment (router/cluster/admission.py):
+
+  1. a request arrives; after the serving path's own cost (overheads.request_s) it is admitted:
+     the least loaded decode node with room reserves its blocks
+  2. no decode node has room: it waits, in arrival order, until a decode request ends somewhere
+     (the real router wakes on a heartbeat reporting more free blocks) or its timer fires (50 ms
+     doubling to 1 s)
+  3. reserved: the prefill node that finishes it soonest prefills it and ships the blocks not
+     already on the decode node; the first token goes to the client, Commit to the decode node
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from pdplan.decode_pool import DecodePool
+from pdplan.events import EventLoop
+from pdplan.prefill_pool import PrefillPool
+from pdplan.sim_request import SimRequest
+
+FIRST_WAIT_S, MAX_WAIT_S = 0.05, 1.0
+
+
+class SimRouter:
+    def __init__(self, loop: EventLoop, prefill: PrefillPool, decode: DecodePool, request_s: float):
+        self.loop, self.prefill, self.decode, self.request_s = loop, prefill, decode, request_s
+        self.pending: deque[SimRequest] = deque()
+        self.waits = 0
+
+    def arrive(self, req: SimRequest) -> None:
+        self.loop.after(self.request_s, lambda: self._admit(req, FIRST_WAIT_S))
+
+    def room(self) -> None:
+        """A decode node freed blocks: the waiting requests try again, oldest first."""
+        while self.pending:
+            if not self._try(self.pending[0]):
+                return
+            self.pending.popleft()
+
+    def _admit(self, req: SimRequest, wait_s: float) -> None:
+        if req in self.pending and self.pending[0] is not req:
+            return                                  # FCFS: the oldest waiting one goes first
+        if self._try(req):
+            if req in self.pending:
+                self.pending.remove(req)
+            return
+        if req not in self.pending:
+            self.pending.append(req)
+            self.waits += 1
+        self.loop.after(wait_s, lambda: req in self.pending and self._admit(req, min(2 * wait_s, MAX_WAIT_S)))
+
+    def _try(self, req: SimRequest) -> bool:
+        got = self.decode.reserve(req)
+        if got is None:
+            return False
+        node, hits = got
+        p = self.prefill.choose(req)
+        p.submit(req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid))
+        return True

@@ -1,0 +1,66 @@
+"""Profiles: the step-cost fit recovers known coefficients, JSON round-trips, and the profiler
+measures a real engine (the built-in model) and a real socket."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pdplan.profile import Profile, StepCost, StepSample, Transfer
+
+TRUE = StepCost(fixed=0.02, per_token=4e-4, per_seq=1e-4, per_decode_ctx=2e-6, per_prefill_pair=1e-7)
+
+
+def synthetic_samples() -> list[StepSample]:
+    rng = random.Random(0)
+    out = []
+    for n in (16, 128, 512, 2048):
+        for c in (0, 512, 1024):
+            out.append(StepSample([(n, c)], TRUE.of([(n, c)]), "prefill"))
+    for b in (1, 4, 16, 64):
+        for c in (64, 512, 2048):
+            shapes = [(1, c + rng.randrange(8)) for _ in range(b)]
+            out.append(StepSample(shapes, TRUE.of(shapes), "decode"))
+    return out
+
+
+def test_fit_recovers_the_coefficients_of_noise_free_steps():
+    """Least squares over exact step times gives back the five coefficients."""
+    fit = StepCost.fit(synthetic_samples())
+    for name in ("fixed", "per_token", "per_seq", "per_decode_ctx", "per_prefill_pair"):
+        assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+
+
+def test_fit_never_returns_a_negative_coefficient():
+    """A feature that only hurts the fit is dropped (0), never priced negative."""
+    samples = [StepSample([(1, 0)] * b, 0.01 + 0.001 * b - 1e-9 * b * b, "decode") for b in range(1, 40)]
+    assert all(v >= 0 for v in vars_of(StepCost.fit(samples)))
+
+
+def vars_of(cost: StepCost) -> list[float]:
+    return [cost.fixed, cost.per_token, cost.per_seq, cost.per_decode_ctx, cost.per_prefill_pair]
+
+
+def test_profile_json_round_trip(tmp_path):
+    """save() then load() gives an equal profile, samples included."""
+    p = Profile({"cpu": "x"}, {"name": "m"}, 16, 100, 8, 256, TRUE, Transfer(1e-4, 1e-5, 4096),
+                samples=synthetic_samples()[:3])
+    p.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json") == p
+
+
+def test_profiler_measures_the_builtin_engine_and_a_socket():
+    """A small grid on the built-in model: every experiment yields steps, the fit is usable, the
+    transfer of a block takes a positive time, and the machine is recorded."""
+    from engine.args import EngineArgs
+    from pdplan.profiler import ProfileGrid, Profiler
+    grid = ProfileGrid(prompt_lens=(16, 96), chunk_sizes=(64,), cached_prefixes=(32,), batch_sizes=(1, 3),
+                       contexts=(24,), decode_steps=2, mixed=(3, 24, 200),
+                       transfer_blocks=8)
+    p = Profiler(EngineArgs(dtype="float32", num_blocks=256, max_num_seqs=8, max_num_batched_tokens=128),
+                 grid, log=lambda *_: None).run()
+    kinds = {s.kind for s in p.samples}
+    assert kinds == {"prefill", "prefill_cached", "decode", "mixed"}
+    assert [s.shapes for s in p.samples if s.kind == "prefill"][1:3] == [[(64, 0)], [(32, 64)]]   # 96 in chunks of 64
+    assert p.transfer.per_block_s > 0 and p.transfer.block_bytes == p.model["kv_bytes_per_token"] * 16
+    assert p.step.fixed + p.step.per_token > 0 and "device" in p.machine and p.num_blocks == 256
