@@ -13,7 +13,6 @@ plan, so chunking and prefix hits are whatever the engine really did):
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import threading
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from engine.machine import machine_info
 from pdplan.profile import Overheads, Profile, StepCost, StepSample, Transfer
 
 
@@ -203,15 +203,5 @@ def measure_transfer(block_bytes: int, blocks: int) -> float:
 
 
 def machine_description(engine) -> dict:
-    import torch
-    info = {"platform": platform.platform(), "device": str(engine.config.torch_device),
-            "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
-    except OSError:
-        pass
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
+    """The machine (engine/machine.py) and the device the profiled engine ran on."""
+    return {**machine_info(), "device": str(engine.config.torch_device)}
