@@ -129,7 +129,7 @@ class SimEngine:
         """Nothing is preempted while a step runs (scheduling happens between steps)."""
         t = self.loop.now
         self.stepping = False
-        bs, streams = self.bs, self.streams
+        streams = self.streams
         for seq, n in plan:
             before = seq.computed
             seq.computed = before + n

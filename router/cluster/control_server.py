@@ -34,7 +34,7 @@ import zmq.asyncio
 from prometheus_client import Counter
 
 from pdwire import control
-from pdwire.control import (KV_COUNTERS, FirstToken, KVEvents, NodeCommand, NodeGoodbye, NodeHello,
+from pdwire.control import (FirstToken, KVEvents, NodeCommand, NodeGoodbye, NodeHello,
                             NodeStatus, RequestFailed, TokenDelta)
 from kvtransport.framing import FrameError, control_framer
 from pdwire.figures import PrefixCounters
