@@ -1,7 +1,8 @@
 """One decode step's linears alone: 32 rows through the bench model's weight shapes, float32
 against bfloat16, in each layout pdserve could use (oneDNN packed, which engine/packed_linear.py
 uses; F.linear; a matmul with the weight transposed once). Shows whether a dtype's linear is
-bound by memory (bfloat16 moves half the bytes) or by compute on this CPU.
+bound by memory (bfloat16 moves half the bytes) or by compute on this CPU; the memory-copy
+ceiling runs in the same script.
 
     python bench/linear_bench.py [--rows 32] [--iters 200]
 """
@@ -51,8 +52,12 @@ def main() -> None:
             print(f"  {name:13s} {row['dtype']:9s} {row['weight_mib']:6.1f} MiB  packed {row['packed_ms']:6.3f}  "
                   f"F.linear {row['f_linear_ms']:6.3f}  matmul {row['matmul_ms']:6.3f}  "
                   f"(packed reads the weight at {row['packed_gbps']:.1f} GB/s)")
-    print("  oneDNN bf16 support:", torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    write_result("linear_bench", {"rows": args.rows, "results": rows})
+    src = torch.empty(64 << 20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    ceiling = 2 * src.numel() / _ms(lambda: dst.copy_(src), 20) / 1e6      # bytes read + written
+    print(f"  ceiling: memory copy {ceiling:.1f} GB/s (64 MiB, read + write); oneDNN bf16 support: "
+          f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}")
+    write_result("linear_bench", {"rows": args.rows, "results": rows, "memcpy_gbps": ceiling})
 
 
 if __name__ == "__main__":

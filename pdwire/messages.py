@@ -89,11 +89,16 @@ class BlockFrame:
         check_id(self.xfer_id, "xfer_id")
         check_int(self.index, "index", hi=MAX_BLOCKS - 1)
         check_int(self.block_id, "block_id", hi=(1 << 31) - 1)
-        check_int(self.nbytes, "nbytes", lo=1, hi=1 << 34)
-        check_str(self.dtype, "dtype", max_len=32)
-        if self.dtype not in KV_DTYPES:
-            raise ProtocolError(f"dtype {self.dtype!r} is not a KV dtype")
-        object.__setattr__(self, "shape", check_ints(self.shape, "shape", 8, lo=1, hi=1 << 20))
+        _check_block_format(self)
+
+
+def _check_block_format(msg) -> None:
+    """A block header's nbytes, dtype and shape (of one block), as Block and BlockBatch carry them."""
+    check_int(msg.nbytes, "nbytes", lo=1, hi=1 << 34)
+    check_str(msg.dtype, "dtype", max_len=32)
+    if msg.dtype not in KV_DTYPES:
+        raise ProtocolError(f"dtype {msg.dtype!r} is not a KV dtype")
+    object.__setattr__(msg, "shape", check_ints(msg.shape, "shape", 8, lo=1, hi=1 << 20))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +126,7 @@ class BlockBatch:
             raise ProtocolError("a batch needs as many block ids as indices, and one at least")
         if len(set(self.indices)) != n or len(set(self.block_ids)) != n:
             raise ProtocolError("a batch repeats an index or a block id")
-        check_int(self.nbytes, "nbytes", lo=1, hi=1 << 34)
-        check_str(self.dtype, "dtype", max_len=32)
-        if self.dtype not in KV_DTYPES:
-            raise ProtocolError(f"dtype {self.dtype!r} is not a KV dtype")
-        object.__setattr__(self, "shape", check_ints(self.shape, "shape", 8, lo=1, hi=1 << 20))
+        _check_block_format(self)
 
 
 @dataclass(frozen=True, slots=True)
