@@ -70,14 +70,14 @@ def pdserve_colocated(model: str, port: int, k: Knobs) -> ServerSpec:
             "--served-model-name", SERVED_NAME, "--max-model-len", str(k.max_model_len),
             "--kv-cache-gib", str(k.kv_cache_gib), "--max-num-seqs", str(k.max_num_seqs),
             "--max-num-batched-tokens", str(k.max_num_batched_tokens))
-    return ServerSpec("pdserve-colocated", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME))
+    return ServerSpec("pdserve-colocated", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME), _this_checkout())
 
 
 def pdserve_disaggregated(model: str, port: int, k: Knobs) -> ServerSpec:
     argv = (*_pdserve_command(), "up", "--model", model, "--prefill", "1", "--decode", "1", "--port", str(port),
             "--dtype", k.dtype, "--kv-cache-gib", str(k.kv_cache_gib), "--max-num-seqs", str(k.max_num_seqs),
             "--max-num-batched-tokens", str(k.max_num_batched_tokens), "--served-model-name", SERVED_NAME)
-    return ServerSpec("pdserve-1p1d", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME))
+    return ServerSpec("pdserve-1p1d", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME), _this_checkout())
 
 
 def vllm_cpu(model: str, port: int, k: Knobs) -> ServerSpec:
@@ -138,6 +138,12 @@ def available(name: str) -> str | None:
     if name == "transformers" and not os.path.isdir(os.path.join(HF_SERVE_EXTRA, "openai")):
         return "`transformers serve` needs `openai`: python -m bench.serving install"
     return None
+
+
+def _this_checkout() -> dict[str, str]:
+    """The environment that makes a pdserve server (and the nodes it spawns) import this checkout,
+    not whatever checkout the venv's editable install points at (a git worktree shares the venv)."""
+    return {"PYTHONPATH": REPO}
 
 
 def _pdserve_command() -> tuple[str, ...]:
