@@ -39,6 +39,19 @@ def test_a_status_without_the_newer_counters_still_decodes():
             control.decode(envelope(values))
 
 
+def test_a_decode_request_without_local_prefill_still_decodes():
+    """A router from before local prefill sends DecodeRequest without its last field: it reads as
+    False (a prefill node ships the prompt); one field more than this node knows is refused."""
+    envelope = lambda values: msgpack.packb([control.PROTOCOL_VERSION, "decode_request", values])
+    wire = control.encode(DecodeRequest("r1", (1, 2, 3), PARAMS, "prefill-0", 0, True))
+    values = msgpack.unpackb(wire)[2]
+    old = control.decode(envelope(values[:-1]))
+    assert isinstance(old, DecodeRequest) and old.local_prefill is False and old.prompt_ids == (1, 2, 3)
+    assert control.decode(envelope(values)).local_prefill is True
+    with pytest.raises(ProtocolError):
+        control.decode(envelope(values + [False]))
+
+
 def test_a_status_without_the_prefix_counters_still_decodes():
     """A node from before the prefix-cache counters sends 15 fields: they read as 0; hits above queries are refused."""
     envelope = lambda values: msgpack.packb([control.PROTOCOL_VERSION, "node_status", values])
