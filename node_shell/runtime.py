@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.005
+EXIT_BLOCKS_BROKEN = 70     # the node closed cleanly but its block accounting did not hold (EX_SOFTWARE)
 
 
 def main(role: str, make_service: Callable[[NodeConfig], NodeService], argv: list[str] | None = None) -> None:
@@ -32,19 +33,19 @@ def main(role: str, make_service: Callable[[NodeConfig], NodeService], argv: lis
         service = make_service(config)
     except SecretError as err:
         sys.exit(f"{role} node {config.node_id}: {err}")
-    run(service)
+    intact = run(service)
     # Closed on purpose (goodbye said, transport, link and tp workers closed): exit now. The
     # interpreter's own teardown would spend 2-3 s collecting the engine's ~400k objects (one per
     # KV block among them) for nothing, and a drained node or a stopped deployment waits on it.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(0 if intact else EXIT_BLOCKS_BROKEN)
 
 
-def run(service: NodeService) -> None:
+def run(service: NodeService) -> bool:
     """Serve until the router says leave or the process gets SIGTERM/SIGINT; then say goodbye
-    (with the reason) and close."""
+    (with the reason) and close. Returns whether block conservation held at the end."""
     stopping = []
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -65,4 +66,5 @@ def run(service: NodeService) -> None:
         reason = f"failed: {type(err).__name__}: {err}"[:200]
         raise
     finally:
-        service.close(reason)
+        intact = service.close(reason)
+    return intact

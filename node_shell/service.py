@@ -84,12 +84,19 @@ class NodeService(ABC):
     def should_stop(self) -> bool:
         return self.link.leave
 
-    def close(self, reason: str = "") -> None:
-        """Goodbye first (the router moves this node's requests at once), then everything else."""
+    def close(self, reason: str = "") -> bool:
+        """Goodbye first (the router moves this node's requests at once), then everything else.
+        Returns whether the node's block accounting held to the end (block conservation)."""
         self.link.goodbye(reason or "closed")
         self.close_transport()
         self.link.close()
         self.engine.runner.close()            # tp > 1: stop the worker processes
+        try:
+            self.engine.check_integrity()
+        except AssertionError as err:
+            log.error("%s: block accounting broken at exit: %s", self.config.node_id, err)
+            return False
+        return True
 
     def _hello(self, epoch: str) -> NodeHello:
         bm = self.engine.block_manager

@@ -59,10 +59,15 @@ class NodeHarness:
         self.results: dict[str, Result] = {}
         self.cached: dict[str, set[bytes]] = {"prefill-0": set(), "decode-0": set()}  # by the KV events
         self.evicted: dict[str, int] = {"prefill-0": 0, "decode-0": 0}              # hashes they removed
-        self.threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in (self.prefill, self.decode)]
+        self.intact: dict[str, bool] = {}         # node -> block conservation held when it closed
+        self.threads = [threading.Thread(target=self._serve, args=(s,), daemon=True)
+                        for s in (self.prefill, self.decode)]
         for t in self.threads:
             t.start()
         self.pump(until=lambda: len(self.hellos) == 2)
+
+    def _serve(self, service) -> None:
+        self.intact[service.config.node_id] = run(service)
 
     def send(self, node_id: str, msg) -> None:
         self.sock.send_multipart(self.end.seal(node_id, msg))
@@ -136,6 +141,7 @@ class NodeHarness:
             t.join(timeout=10)
         self.sock.close(linger=0)
         self.ctx.term()
+        assert self.intact == {"prefill-0": True, "decode-0": True}, f"nodes closed with {self.intact}"
 
 
 @contextlib.contextmanager

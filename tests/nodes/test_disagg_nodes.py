@@ -12,7 +12,7 @@ from engine import SamplingParams
 from pdwire.outputs import CompletionOutput, RequestOutput
 from pdwire.control import AbortRequest
 from tests.model_factory import hf_greedy
-from tests.node_harness import serving, tokens as _tokens
+from tests.node_harness import NodeHarness, serving, tokens as _tokens
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -189,3 +189,15 @@ def test_seeded_request_samples_as_colocated_and_after_a_move(harness, model_dir
     assert m.failed is None and _tokens(m) == colocated.token_ids[4:]
     assert _tokens(fresh) != colocated.token_ids[4:]        # without the count it samples anew
     assert zmq.zmq_version_info() >= (4, 0)
+
+
+def test_a_node_that_leaked_a_block_says_so_when_it_closes(model_dir):
+    """Block conservation is checked as a node closes: a leaked block makes run() report it (and
+    `pdserve decode` exit 70), an intact pool reports True."""
+    h = NodeHarness(model_dir[0], block_size=8, num_blocks=32)
+    leaked = h.decode.engine.block_manager.blocks[0]
+    leaked.ref_count += 1                       # held by no sequence: what a leak looks like
+    with pytest.raises(AssertionError, match="decode-0': False"):
+        h.close()
+    assert h.intact == {"prefill-0": True, "decode-0": False}
+    leaked.ref_count -= 1
