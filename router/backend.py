@@ -47,7 +47,8 @@ class Backend(ABC):
         its finish_reason in its last; the sum of a choice's deltas is its whole output, and
         nothing is ever taken back. Text that may still become part of a stop string is held
         until it cannot (router/stop_hold.py), so no stop string is ever sent, even in part;
-        a delta's tokens are those whose text it carries. The last output has finished=True;
+        token ids and logprobs are not held (a delta may carry tokens and no text). The last
+        output has finished=True;
       - prompt_logprobs, when asked for, come once: in the first output that carries a choice
         delta, or before it; later outputs carry None. Beam search yields its beams once, at
         the end (it revises them until then);

@@ -9,8 +9,8 @@ released is then a prefix of the final text, and a stop string is never shown, e
     stop "\\n\\n", hold 1:   add "Hi\\n"   take -> "Hi"    ("\\n" held)
                            add "\\n", cut at 2 (the stop completed), finish   take -> "" + "stop"
 
-Tokens whose text is still held wait and go with the next text, so a delta's text and its
-token_ids / logprobs stay aligned (an OpenAI logprobs entry's text offset relies on it).
+Only text is held: token ids and logprobs go at once (a stop string's tokens are part of the
+output; only its text is cut), so a client's token counts and timings never wait on the hold.
 Released text is forgotten: a choice keeps only its unreleased tail, never its whole text.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ class StopHold:
         """The delta to send now, or None when there is nothing to send yet (or any more)."""
         finished = self.finish_reason is not None
         keep = 0 if finished else min(self.hold, len(self.tail))
-        if self.done or (len(self.tail) == keep and not finished):
+        if self.done or (len(self.tail) == keep and not self.token_ids and not finished):
             return None
         text, self.tail = self.tail[:len(self.tail) - keep], self.tail[len(self.tail) - keep:]
         delta = CompletionOutput(self.index, text, self.token_ids, self.logprobs, self.finish_reason)

@@ -53,6 +53,8 @@ async def chat_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any
             if d.logprobs is not None:
                 logprobs = ChatChoiceLogprobs(content=chat_logprobs(tokenizer, d.token_ids, d.logprobs, top_logprobs))
             index = out.index * meta.n + d.index
+            if not d.text and d.finish_reason is None and logprobs is None:
+                continue    # tokens whose text is not out yet: a chunk only for their logprobs
             if tools is not None:
                 held.setdefault(index, []).append(d.text)
                 if d.finish_reason is None:

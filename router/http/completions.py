@@ -66,8 +66,8 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, workers:
                                                          logprobs=logprobs if d.logprobs is not None else None)],
                                  so_far), exclude)
             started.add(index)
-            if not d.text and not d.token_ids and d.finish_reason is None:
-                continue
+            if not d.text and d.finish_reason is None and (d.logprobs is None or not d.token_ids):
+                continue    # tokens whose text is not out yet: a chunk only for their logprobs
             logprobs = None
             if d.logprobs is not None:
                 logprobs, offsets[index] = completion_logprobs(workers.tokenizer, d.token_ids, d.logprobs,

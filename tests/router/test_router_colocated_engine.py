@@ -73,7 +73,9 @@ def test_streamed_greedy_completion_matches_engine(real_engine):
             return [o async for o in backend.generate("direct", prompt_ids, SamplingParams(
                 temperature=0, max_tokens=12, ignore_eos=True))]
 
-        assert run(direct())[-1].outputs[0].token_ids == reference.token_ids
+        deltas = run(direct())
+        assert [t for o in deltas for c in o.outputs for t in c.token_ids] == reference.token_ids
+        assert "".join(c.text for o in deltas for c in o.outputs) == reference.text
     finally:
         backend.close()
     engine.check_integrity()

@@ -1,5 +1,5 @@
 """StopHold (router/stop_hold.py): one choice's unsent output, cut into deltas that never show
-any part of a stop string and keep text and tokens aligned."""
+any part of a stop string; only text is held, never tokens."""
 from __future__ import annotations
 
 from pdwire.outputs import CompletionOutput
@@ -18,11 +18,12 @@ def step(hold: StopHold, output: CompletionOutput):
 
 
 def test_sends_only_new_text_and_tokens():
-    """Each take is the unsent suffix; a token whose text is not out yet waits with it."""
+    """Each take is the unsent suffix; a token whose text is not out yet goes at once, without it."""
     h = StopHold(0, (), False)
     assert step(h, whole("he", [1, 2])) == (0, "he", [1, 2], None, None)
-    assert step(h, whole("he", [1, 2, 3])) is None               # no text yet (a partial character)
-    assert step(h, whole("hello", [1, 2, 3, 4])) == (0, "llo", [3, 4], None, None)
+    assert step(h, whole("he", [1, 2, 3])) == (0, "", [3], None, None)    # no text yet (a partial character)
+    assert step(h, whole("he", [1, 2, 3])) is None
+    assert step(h, whole("hello", [1, 2, 3, 4])) == (0, "llo", [4], None, None)
     assert step(h, whole("hello", [1, 2, 3, 4], None, "stop")) == (0, "", [], None, "stop")
     assert step(h, whole("hello", [1, 2, 3, 4], None, "stop")) is None
 
@@ -32,7 +33,8 @@ def test_holds_back_a_possible_stop_string_start():
     h = StopHold(0, ("\n\n",), False)
     assert step(h, whole("Hi", [1])) == (0, "H", [1], None, None)
     assert step(h, whole("Hi\n", [1, 2])) == (0, "i", [2], None, None)   # "\n" held
-    assert step(h, whole("Hi", [1, 2, 3], None, "stop")) == (0, "", [3], None, "stop")
+    assert step(h, whole("Hi\n", [1, 2, 3])) == (0, "", [3], None, None)  # a token with no text yet
+    assert step(h, whole("Hi", [1, 2, 3, 4], None, "stop")) == (0, "", [4], None, "stop")
     h = StopHold(0, ("\n\n", "x"), False)
     assert step(h, whole("a\n", [1, 2])) == (0, "a", [1, 2], None, None)
     assert step(h, whole("a\nb", [1, 2, 3])) == (0, "\n", [3], None, None)   # not a stop after all
