@@ -53,7 +53,7 @@ class _Sink:
             return None
         for whole in output.outputs:
             if whole.index not in self.holds:
-                self.holds[whole.index] = StopHold(whole.index, self.params.stop, whole.logprobs is not None)
+                self.holds[whole.index] = StopHold(whole.index, self.params)
             self.holds[whole.index].advance_to(whole)
         choices = [d for hold in self.holds.values() if (d := hold.take()) is not None]
         scores = None if self.scored else output.prompt_logprobs

@@ -3,8 +3,9 @@
 Both backends yield deltas (router/backend.py): each output carries, per choice, only what is
 new since the last. A node's engine cuts a stop string out of the text once it completes, but
 the string's start may already have been produced: so while a choice runs, its last `hold`
-characters are not released (hold = the longest stop string less one, as vLLM does). What is
-released is then a prefix of the final text, and a stop string is never shown, even in part:
+characters are not released (hold = the longest stop string less one, as vLLM does; none when
+the stop string stays in the text, include_stop_str_in_output). What is released is then a
+prefix of the final text, and a stop string is never shown, even in part:
 
     stop "\\n\\n", hold 1:   add "Hi\\n"   take -> "Hi"    ("\\n" held)
                            add "\\n", cut at 2 (the stop completed), finish   take -> "" + "stop"
@@ -16,27 +17,40 @@ Released text is forgotten: a choice keeps only its unreleased tail, never its w
 from __future__ import annotations
 
 from pdwire.outputs import CompletionOutput
+from pdwire.sampling_params import SamplingParams
 
 
 class StopHold:
-    __slots__ = ("index", "hold", "sent", "tail", "num_tokens", "token_ids", "logprobs", "finish_reason",
-                 "done")
+    """One choice's text as a window on the whole (absolute character offsets):
 
-    def __init__(self, index: int, stops: tuple[str, ...], logprobs: bool):
+        0 ........ base ........ sent ........ length
+        forgotten  | released,    | not released  |
+                   | kept: window |               |
+                   └──────────── tail ───────────┘
+
+    The window (the longest stop string less one) keeps enough released text for a stop string
+    to be found across it (router/cluster/disagg_request.stop_across) when none was held.
+    """
+    __slots__ = ("index", "window", "hold", "base", "sent", "tail", "num_tokens", "token_ids", "logprobs",
+                 "finish_reason", "done")
+
+    def __init__(self, index: int, params: SamplingParams):
         self.index = index                  # which of the request's n completions
-        self.hold = max(map(len, stops), default=1) - 1
+        self.window = max(map(len, params.stop), default=1) - 1
+        self.hold = 0 if params.include_stop_str_in_output else self.window
+        self.base = 0                       # offset of tail's first character
         self.sent = 0                       # characters of text released
-        self.tail = ""                      # text produced after them, not released yet
+        self.tail = ""                      # text from base on
         self.num_tokens = 0                 # tokens produced, released or not
         self.token_ids: list[int] = []      # tokens not released yet
-        self.logprobs: list[dict[int, float]] | None = [] if logprobs else None   # theirs
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None   # theirs
         self.finish_reason: str | None = None
         self.done = False                   # the last delta (with finish_reason) was taken
 
     @property
     def length(self) -> int:
         """Characters of text produced so far (released or not)."""
-        return self.sent + len(self.tail)
+        return self.base + len(self.tail)
 
     def add(self, token_ids: list[int], logprobs: list[dict[int, float]] | None, text: str) -> None:
         """New tokens (with their logprob entries, when asked for) and the text they completed."""
@@ -47,10 +61,10 @@ class StopHold:
         self.tail += text
 
     def cut(self, end: int) -> int:
-        """The text now ends at character `end` (a stop string began there); never before what
-        was released. Returns where it ends."""
+        """The text now ends at character `end` (a stop string began, or ended, there); never
+        before what was released. Returns where it ends."""
         end = max(end, self.sent)
-        self.tail = self.tail[:end - self.sent]
+        self.tail = self.tail[:end - self.base]
         return end
 
     def finish(self, reason: str) -> None:
@@ -70,12 +84,14 @@ class StopHold:
     def take(self) -> CompletionOutput | None:
         """The delta to send now, or None when there is nothing to send yet (or any more)."""
         finished = self.finish_reason is not None
-        keep = 0 if finished else min(self.hold, len(self.tail))
-        if self.done or (len(self.tail) == keep and not self.token_ids and not finished):
+        end = self.length if finished else max(self.sent, self.length - self.hold)
+        if self.done or (end == self.sent and not self.token_ids and not finished):
             return None
-        text, self.tail = self.tail[:len(self.tail) - keep], self.tail[len(self.tail) - keep:]
-        delta = CompletionOutput(self.index, text, self.token_ids, self.logprobs, self.finish_reason)
-        self.sent += len(text)
+        delta = CompletionOutput(self.index, self.tail[self.sent - self.base:end - self.base], self.token_ids,
+                                 self.logprobs, self.finish_reason)
+        self.sent = end
+        forget = max(self.base, min(self.sent, self.length - self.window))
+        self.tail, self.base = self.tail[forget - self.base:], forget
         self.token_ids = []
         self.logprobs = None if self.logprobs is None else []
         self.done = finished

@@ -60,7 +60,7 @@ class FakeBackend(Backend):
         finished = False
         try:
             replies = [REPLY.upper() if i % 2 else REPLY for i in range(params.n)]
-            holds = [StopHold(i, params.stop, params.logprobs is not None) for i in range(params.n)]
+            holds = [StopHold(i, params) for i in range(params.n)]
             steps = min(len(REPLY), params.max_tokens or len(REPLY))
             for step in range(1, steps + 1):
                 if step == 2 and "hang" in text:

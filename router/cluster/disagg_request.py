@@ -77,7 +77,7 @@ class Choice:
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
 
     def __post_init__(self) -> None:
-        self.out = StopHold(self.index, self.params.stop, self.params.logprobs is not None)
+        self.out = StopHold(self.index, self.params)
 
     def finish(self, reason: str) -> None:
         self.finish_reason = reason
@@ -146,8 +146,8 @@ def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], 
     out.add(list(new), entries, text[before - text_start:])
     if finish_reason == "stop" and choice.params.stop:
         _cut_at_stop(choice, att, before, text_start + len(text))
-    if att.text_base and (at := stop_across(out, att.text_base, choice.params.stop)) != -1:
-        out.cut(at)
+    if att.text_base and (at := stop_across(out, att.text_base, choice.params.stop))[0] != -1:
+        out.cut(at[1] if choice.params.include_stop_str_in_output else at[0])
         finish_reason = "stop"
     if finish_reason:
         choice.finish(finish_reason)
@@ -164,18 +164,18 @@ def _cut_at_stop(choice: Choice, att: Attempt, before: int, end: int) -> None:
     choice.out.cut(max(end, floor))
 
 
-def stop_across(out: StopHold, boundary: int, stops: tuple[str, ...]) -> int:
-    """Where the earliest stop string that begins before character `boundary` and ends after it
-    begins, or -1. A moved request's new node sees only its own text (from `boundary` on), so a
-    stop string split between the attempts is the router's to find. Only the unreleased tail is
-    searched: such a string is found by the merge that completes it, and the hold kept its
-    start (and everything after) unreleased until then."""
-    best = -1
+def stop_across(out: StopHold, boundary: int, stops: tuple[str, ...]) -> tuple[int, int]:
+    """(begin, end) of the earliest stop string that begins before character `boundary` and ends
+    after it, or (-1, -1). A moved request's new node sees only its own text (from `boundary` on), so a
+    stop string split between the attempts is the router's to find. Only the tail is searched:
+    such a string is found by the merge that completes it, and the tail then still holds its
+    start (the window: the longest stop string less one)."""
+    best = (-1, -1)
     for stop in stops:
-        begin, end = max(0, boundary - len(stop) + 1 - out.sent), boundary + len(stop) - 1 - out.sent
+        begin, end = max(0, boundary - len(stop) + 1 - out.base), boundary + len(stop) - 1 - out.base
         at = out.tail.find(stop, begin, end) if end > 0 else -1
-        if at != -1 and (best == -1 or at + out.sent < best):
-            best = at + out.sent
+        if at != -1 and (best[0] == -1 or at + out.base < best[0]):
+            best = (at + out.base, at + out.base + len(stop))
     return best
 
 

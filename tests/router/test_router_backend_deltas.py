@@ -66,6 +66,25 @@ def test_colocated_deltas_add_up_to_the_engine_output_with_n_logprobs_and_a_spli
     engine.check_integrity()
 
 
+def test_colocated_include_stop_str_in_output_keeps_the_stop_string(real_engine):
+    """include_stop_str_in_output: the text ends with the stop string (split over two tokens),
+    and the deltas, held back by nothing, add up to it."""
+    engine = real_engine
+    prompt = engine.tokenizer.encode("hello world, the quick brown fox")
+    greedy = _engine_greedy(engine, prompt, 24)
+    stop = _split_stop(engine, greedy.token_ids, greedy.text)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
+    backend = ColocatedBackend(engine)
+    try:
+        deltas = _deltas(backend, prompt, params)
+    finally:
+        backend.close()
+    text = "".join(c.text for o in deltas for c in o.outputs)
+    assert text == greedy.text[:greedy.text.index(stop) + 2] and text.endswith(stop)
+    assert deltas[-1].outputs[0].finish_reason == "stop"
+    engine.check_integrity()
+
+
 def test_colocated_beam_search_comes_once_whole_at_the_end(real_engine):
     """Beam search revises its beams until it ends: the backend yields them once, finished, equal
     to the engine's own beams."""

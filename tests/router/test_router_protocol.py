@@ -36,6 +36,8 @@ def test_stop_string_and_list():
     """stop accepts one string or a list of strings."""
     assert CompletionRequest(prompt="x", stop="a").sampling_params(1, None).stop == ("a",)
     assert CompletionRequest(prompt="x", stop=["a", "b"]).sampling_params(1, None).stop == ("a", "b")
+    assert CompletionRequest(prompt="x", stop="a", include_stop_str_in_output=True).sampling_params(
+        1, None).include_stop_str_in_output
 
 
 def test_max_completion_tokens_wins():

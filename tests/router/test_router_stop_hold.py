@@ -3,7 +3,12 @@ any part of a stop string; only text is held, never tokens."""
 from __future__ import annotations
 
 from pdwire.outputs import CompletionOutput
+from pdwire.sampling_params import SamplingParams
 from router.stop_hold import StopHold
+
+
+def new(stop=(), logprobs: bool = False, include: bool = False) -> StopHold:
+    return StopHold(0, SamplingParams(stop=stop, logprobs=0 if logprobs else None, include_stop_str_in_output=include))
 
 
 def whole(text, token_ids, logprobs=None, finish_reason=None) -> CompletionOutput:
@@ -19,7 +24,7 @@ def step(hold: StopHold, output: CompletionOutput):
 
 def test_sends_only_new_text_and_tokens():
     """Each take is the unsent suffix; a token whose text is not out yet goes at once, without it."""
-    h = StopHold(0, (), False)
+    h = new()
     assert step(h, whole("he", [1, 2])) == (0, "he", [1, 2], None, None)
     assert step(h, whole("he", [1, 2, 3])) == (0, "", [3], None, None)    # no text yet (a partial character)
     assert step(h, whole("he", [1, 2, 3])) is None
@@ -30,12 +35,12 @@ def test_sends_only_new_text_and_tokens():
 
 def test_holds_back_a_possible_stop_string_start():
     """hold = longest stop - 1: released text is always a prefix of the final, stop-cut text."""
-    h = StopHold(0, ("\n\n",), False)
+    h = new(("\n\n",))
     assert step(h, whole("Hi", [1])) == (0, "H", [1], None, None)
     assert step(h, whole("Hi\n", [1, 2])) == (0, "i", [2], None, None)   # "\n" held
     assert step(h, whole("Hi\n", [1, 2, 3])) == (0, "", [3], None, None)  # a token with no text yet
     assert step(h, whole("Hi", [1, 2, 3, 4], None, "stop")) == (0, "", [4], None, "stop")
-    h = StopHold(0, ("\n\n", "x"), False)
+    h = new(("\n\n", "x"))
     assert step(h, whole("a\n", [1, 2])) == (0, "a", [1, 2], None, None)
     assert step(h, whole("a\nb", [1, 2, 3])) == (0, "\n", [3], None, None)   # not a stop after all
     assert step(h, whole("a\nbc", [1, 2, 3, 4], None, "length")) == (0, "bc", [4], None, "length")
@@ -43,14 +48,14 @@ def test_holds_back_a_possible_stop_string_start():
 
 def test_slices_logprobs_with_tokens():
     """Logprobs go with the token ids they belong to."""
-    h = StopHold(0, (), True)
+    h = new(logprobs=True)
     step(h, whole("a", [1], [{1: -0.1}]))
     assert step(h, whole("ab", [1, 2], [{1: -0.1}, {2: -0.2}]))[3] == [{2: -0.2}]
 
 
 def test_a_cut_never_takes_back_released_text():
     """A cut below what was released stops at the released text: a client is never told less."""
-    h = StopHold(0, ("abc",), False)
+    h = new(("abc",))
     h.add([1], None, "xyzab")
     assert h.take().text == "xyz" and h.cut(1) == 3 and h.length == 3
 
@@ -58,9 +63,16 @@ def test_a_cut_never_takes_back_released_text():
 def test_keeps_only_the_unreleased_tail():
     """A long choice keeps at most hold characters between takes, and each delta is only its
     new text: nothing grows with the length of the output."""
-    h = StopHold(0, ("STOP!",), False)
+    h = new(("STOP!",))
     for i in range(10_000):
         h.add([i], None, "word ")
         d = h.take()
         assert len(h.tail) <= h.hold and len(d.text) <= 5 + h.hold and len(d.token_ids) <= 1
     assert h.length == 50_000 and h.sent == 50_000 - h.hold
+
+
+def test_no_hold_when_the_stop_string_stays_in_the_text():
+    """include_stop_str_in_output: nothing is cut, so nothing is held."""
+    h = new(("\n\n",), include=True)
+    assert step(h, whole("Hi\n", [1, 2])) == (0, "Hi\n", [1, 2], None, None)
+    assert step(h, whole("Hi\n\n", [1, 2, 3], None, "stop")) == (0, "\n", [3], None, "stop")
