@@ -11,17 +11,7 @@ from pdwire.control import FirstToken, TokenDelta
 from pdwire.sampling_params import SamplingParams
 from router.colocated import ColocatedBackend
 from tests.disagg_harness import END, Cluster, admit, run
-from tests.router.test_router_colocated_engine import _engine_greedy, real_engine  # noqa: F401 -- a fixture
-
-
-def _engine_whole(engine, prompt: list[int], params: SamplingParams):
-    """The engine's own final output, stepped by hand on this thread."""
-    engine.add_request("reference", prompt, params)
-    final = None
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            final = out
-    return final
+from tests.router.test_router_colocated_engine import _engine_greedy, _engine_whole
 
 
 def _deltas(backend, prompt: list[int], params: SamplingParams) -> list:
