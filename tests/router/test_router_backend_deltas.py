@@ -14,10 +14,16 @@ from tests.disagg_harness import END, Cluster, admit, run
 from tests.router.test_router_colocated_engine import _engine_greedy, _engine_whole
 
 
-def _deltas(backend, prompt: list[int], params: SamplingParams) -> list:
+def _deltas(engine, prompt: list[int], params: SamplingParams) -> list:
+    """Every output a ColocatedBackend over `engine` yields for the request."""
+    backend = ColocatedBackend(engine)
+
     async def collect():
         return [o async for o in backend.generate("r", prompt, params)]
-    return asyncio.run(asyncio.wait_for(collect(), 20))
+    try:
+        return asyncio.run(asyncio.wait_for(collect(), 20))
+    finally:
+        backend.close()
 
 
 def _split_stop(engine, token_ids: list[int], text: str) -> str:
@@ -39,11 +45,7 @@ def test_colocated_deltas_add_up_to_the_engine_output_with_n_logprobs_and_a_spli
     stop = _split_stop(engine, sample.token_ids, sample.text)
     params = SamplingParams(n=2, seed=5, temperature=0.8, max_tokens=20, ignore_eos=True, logprobs=2, stop=[stop])
     reference = _engine_whole(engine, prompt, params).outputs
-    backend = ColocatedBackend(engine)
-    try:
-        deltas = _deltas(backend, prompt, params)
-    finally:
-        backend.close()
+    deltas = _deltas(engine, prompt, params)
     assert reference[0].finish_reason == "stop" and stop not in reference[0].text
     for ref in reference:
         mine = [c for o in deltas for c in o.outputs if c.index == ref.index]
@@ -64,11 +66,7 @@ def test_colocated_include_stop_str_in_output_keeps_the_stop_string(real_engine)
     greedy = _engine_greedy(engine, prompt, 24)
     stop = _split_stop(engine, greedy.token_ids, greedy.text)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
-    backend = ColocatedBackend(engine)
-    try:
-        deltas = _deltas(backend, prompt, params)
-    finally:
-        backend.close()
+    deltas = _deltas(engine, prompt, params)
     text = "".join(c.text for o in deltas for c in o.outputs)
     assert text == greedy.text[:greedy.text.index(stop) + 2] and text.endswith(stop)
     assert deltas[-1].outputs[0].finish_reason == "stop"
@@ -82,11 +80,7 @@ def test_colocated_beam_search_comes_once_whole_at_the_end(real_engine):
     prompt = engine.tokenizer.encode("the quick brown fox")
     params = SamplingParams(n=2, beam_width=2, temperature=0, max_tokens=8, ignore_eos=True)
     reference = _engine_whole(engine, prompt, params).outputs
-    backend = ColocatedBackend(engine)
-    try:
-        deltas = _deltas(backend, prompt, params)
-    finally:
-        backend.close()
+    deltas = _deltas(engine, prompt, params)
     assert len(deltas) == 1 and deltas[0].finished
     assert [(c.text, c.token_ids) for c in deltas[0].outputs] == [(c.text, c.token_ids) for c in reference]
     engine.check_integrity()
