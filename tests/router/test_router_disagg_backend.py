@@ -19,7 +19,8 @@ from tests.disagg_harness import PROMPT, CONFIG, END, Cluster, run, first_of, vi
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_first_token_then_deltas_give_exact_cumulative_outputs(loop):
-    """P's first token is emitted before D sends anything; D's re-sent token 0 is not emitted twice."""
+    """P's first token is emitted before D sends anything; D's re-sent token 0 is not emitted twice
+    (the deltas summed are exactly the whole output)."""
     async def test():
         async with Cluster() as c:
             p, d = await c.pair()
