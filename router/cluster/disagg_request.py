@@ -70,7 +70,7 @@ class Choice:
     rid: str
     params: SamplingParams          # n = 1, this choice's seed
     token_ids: list[int] = field(default_factory=list)  # every token merged, released or not
-    out: StopHold = None            # its text, tokens and logprobs not yet sent, and its text's length
+    out: StopHold = field(init=False)   # its text, tokens and logprobs not yet sent; its text's length
     finish_reason: str | None = None
     attempt: Attempt | None = None
     num_attempts: int = 0
