@@ -12,7 +12,8 @@ prefix of the final text, and a stop string is never shown, even in part:
 
 Only text is held: token ids and logprobs go at once (a stop string's tokens are part of the
 output; only its text is cut), so a client's token counts and timings never wait on the hold.
-Released text is forgotten: a choice keeps only its unreleased tail, never its whole text.
+Released text is forgotten: a choice keeps only its unreleased text and a window of the
+released (the longest stop string less one), never its whole text.
 """
 from __future__ import annotations
 
