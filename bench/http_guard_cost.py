@@ -49,14 +49,13 @@ def _backend(tokens: int):
             return 0x110000
 
     class Stream(Backend):
-        """`tokens` outputs per request, each one more character, at once."""
+        """`tokens` outputs per request, each a delta of one more character, at once."""
         model_name, tokenizer, max_model_len = "m", Tokenizer(), 1 << 16
 
         async def generate(self, request_id, prompt, params):
-            ids = []
             for k in range(tokens):
-                ids.append(97 + k % 26)
-                yield RequestOutput(request_id, prompt, [CompletionOutput(0, "".join(map(chr, ids)), list(ids), None,
+                token = 97 + k % 26
+                yield RequestOutput(request_id, prompt, [CompletionOutput(0, chr(token), [token], None,
                                                                           "length" if k == tokens - 1 else None)],
                                    k == tokens - 1)
                 await asyncio.sleep(0)

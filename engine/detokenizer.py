@@ -41,12 +41,12 @@ class Detokenizer:
         return after[len(before):]
 
 
-def find_stop(text: str, new_len: int, stops: tuple[str, ...]) -> int:
-    """Index in `text` where the earliest stop string that the last `new_len` characters
-    completed begins, or -1."""
-    best = -1
+def find_stop(text: str, new_len: int, stops: tuple[str, ...]) -> tuple[int, int]:
+    """(begin, end) in `text` of the earliest stop string that the last `new_len` characters
+    completed, or (-1, -1)."""
+    best = (-1, -1)
     for stop in stops:
         at = text.find(stop, max(0, len(text) - new_len - len(stop) + 1))
-        if at != -1 and (best == -1 or at < best):
-            best = at
+        if at != -1 and (best[0] == -1 or at < best[0]):
+            best = (at, at + len(stop))
     return best

@@ -342,8 +342,8 @@ class LLMEngine:
             reason = FinishReason.STOP
         elif (not p.ignore_eos and token in self.model_config.eos_token_ids) or token in p.stop_token_ids:
             reason = FinishReason.STOP
-        elif p.stop and new_text and (at := find_stop(seq.text, len(new_text), p.stop)) != -1:
-            seq.text, reason = seq.text[:at], FinishReason.STOP
+        elif p.stop and new_text and (at := find_stop(seq.text, len(new_text), p.stop))[0] != -1:
+            seq.text, reason = seq.text[:at[1] if p.include_stop_str_in_output else at[0]], FinishReason.STOP
         elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) \
                 or len(seq) >= self.max_model_len:
             reason = FinishReason.LENGTH

@@ -6,7 +6,7 @@ router, a node and a test can all parse a message without loading a model. `engi
 
     schema.py           protocol version, limits, field checks, ProtocolError, XferId / BlockHash
     sampling_params.py  SamplingParams (vLLM names), validated; choice_seed for n > 1
-    outputs.py          RequestOutput / CompletionOutput (cumulative), EngineMetrics
+    outputs.py          RequestOutput / CompletionOutput (engine: cumulative; router backends: deltas), EngineMetrics
     block_hash.py       chained blake2b block hashes, the same in every process
     handshake.py        KVLayout, PeerIdentity, model_fingerprint, check_compatible (names the field)
     messages.py         KV-transport messages (Hello ... Reserved, Busy) and the envelope codec

@@ -1,4 +1,8 @@
-"""What the engine returns per request, cumulative like vLLM's outputs."""
+"""What the engine returns per request, and what a router backend yields.
+
+The engine's outputs are cumulative (each choice's text, token_ids and logprobs so far), as its
+nodes' streamers need; a router backend (router/backend.py) yields the same records as deltas,
+like vLLM's RequestOutputKind.DELTA: per choice, only what is new since its last delta."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +11,8 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class CompletionOutput:
     index: int                                   # which of the request's n completions
-    text: str                                    # detokenized, stop strings cut
-    token_ids: list[int]                         # generated tokens so far
+    text: str                                    # detokenized, stop strings cut (a delta: the new text)
+    token_ids: list[int]                         # generated tokens so far (a delta: the new ones)
     logprobs: list[dict[int, float]] | None      # per generated token: top-n plus the chosen one
     finish_reason: str | None                    # "stop" | "length" | "abort" | None while running
 

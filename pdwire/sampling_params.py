@@ -27,7 +27,8 @@ class SamplingParams:
     seed: int | None = None             # the k-th token is drawn from (seed, k): same seed, same output
     max_tokens: int | None = 16         # None: up to the model's context
     min_tokens: int = 0                 # EOS / stop ids masked until this many tokens
-    stop: tuple[str, ...] = ()          # stop strings, not included in the text
+    stop: tuple[str, ...] = ()          # stop strings, not included in the text (unless the next)
+    include_stop_str_in_output: bool = False    # the stop string that ends the text stays in it
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None         # top-n logprobs per generated token (plus the chosen one)
@@ -80,6 +81,8 @@ class SamplingParams:
         _require(self.logprobs is None or 0 <= self.logprobs <= 20,
                  f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+        _require(type(self.include_stop_str_in_output) is bool,
+                 f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}")
         _require(0 <= self.beam_width <= 64,
                  f"beam_width must be an integer in [0, 64], got {self.beam_width!r}")
         _require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,

@@ -9,7 +9,8 @@
     cluster/        the nodes: disaggregated.py (the DisaggregatedBackend), disagg_request.py,
                     admission.py, policy.py, registry.py, membership.py, control_server.py (the
                     control plane), node_operator.py (drain / remove), node_collector.py
-    backend.py      Backend: the interface between the halves, and NoNodeAvailable (a 503)
+    backend.py      Backend: the interface between the halves (it yields deltas), and NoNodeAvailable (a 503)
+    stop_hold.py    StopHold: one choice's unsent output; holds back text a stop string may still claim
     colocated.py    ColocatedBackend: one engine on its own thread (prefill + decode on one node)
     config.py       RouterConfig, the frozen, validated settings (flags generated from it)
     cli.py          `python -m router`: the colocated server

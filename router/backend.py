@@ -42,8 +42,16 @@ class Backend(ABC):
 
     generate(request_id, prompt, params) is an async generator of RequestOutput:
       - `prompt` is a token-id list (the router tokenizes) or a string;
-      - it yields each time the request changes, outputs cumulative per choice (text, token_ids,
-        logprobs), and its last output has finished=True;
+      - it yields deltas, as vLLM's RequestOutputKind.DELTA: each output carries, per choice that
+        advanced, only what is new since that choice's last delta (text, token_ids, logprobs), and
+        its finish_reason in its last; the sum of a choice's deltas is its whole output, and
+        nothing is ever taken back. Text that may still become part of a stop string is held
+        until it cannot (router/stop_hold.py), so no stop string is ever sent, even in part;
+        token ids and logprobs are not held (a delta may carry tokens and no text). The last
+        output has finished=True;
+      - prompt_logprobs, when asked for, come once: in the first output that carries a choice
+        delta, or before it; later outputs carry None. Beam search yields its beams once, at
+        the end (it revises them until then);
       - it raises ValueError at its first await, before yielding anything, when the request is
         rejected (empty or too long a prompt, a duplicate request id);
       - it raises RuntimeError if the backend fails while the request runs;

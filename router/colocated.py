@@ -7,8 +7,13 @@ The engine is synchronous and not thread-safe, so only the engine thread touches
     generate() ──_Add──▶ inbox ──▶ 1. drain the inbox: add_request / abort_request
                                    2. step() while work exists; a step that raises fails
                                       the requests it held (3 in a row: the engine is broken)
-    asyncio.Queue per request ◀──── 3. each RequestOutput via loop.call_soon_threadsafe
+    asyncio.Queue per request ◀──── 3. each RequestOutput, cut into its delta (router/stop_hold.py),
+                                      via loop.call_soon_threadsafe
                                    4. refresh the metrics snapshot; block on the inbox when idle
+
+The engine's outputs are cumulative (its nodes' streamers need that); only their deltas leave the
+engine thread. Beam search revises its beams until the end, so the engine outputs them once,
+finished, and that one output goes whole.
 """
 from __future__ import annotations
 
@@ -24,16 +29,40 @@ from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
 from router.backend import NoNodeAvailable
+from router.stop_hold import StopHold
 
 _END = object()     # sentinel: the request was aborted, its stream ends
 
 
 class _Sink:
-    """The asyncio.Queue of one request, fed from the engine thread."""
+    """The asyncio.Queue of one request, fed from the engine thread, and what its choices have
+    not released yet (engine thread only)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, params: SamplingParams):
         self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.params = params
+        self.holds: dict[int, StopHold] = {}
+        self.scored = params.prompt_logprobs is None    # the prompt's scores were sent, or none are due
+        self.prompt: list[int] | None = None            # the first output's prompt, shared by the rest
+
+    def delta(self, output: RequestOutput) -> RequestOutput | None:
+        """What `output` (cumulative) adds, or None if nothing. The prompt's scores, when asked for,
+        come once, with or before the first choice delta."""
+        if not self.scored and output.prompt_logprobs is None and not output.finished:
+            return None
+        for whole in output.outputs:
+            if whole.index not in self.holds:
+                self.holds[whole.index] = StopHold(whole.index, self.params)
+            self.holds[whole.index].advance_to(whole)
+        choices = [d for hold in self.holds.values() if (d := hold.take()) is not None]
+        scores = None if self.scored else output.prompt_logprobs
+        self.scored = True
+        if not choices and scores is None and not output.finished:
+            return None
+        self.prompt = output.prompt_token_ids if self.prompt is None else self.prompt
+        return RequestOutput(output.request_id, self.prompt, choices, output.finished, scores,
+                             output.num_cached_tokens, output.queue_time)
 
     def push(self, item: Any) -> None:
         try:
@@ -90,7 +119,7 @@ class ColocatedBackend(Backend):
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
         if not self.is_healthy():
             raise NoNodeAvailable(f"engine is not running: {self._error!r}")
-        sink = _Sink(asyncio.get_running_loop())
+        sink = _Sink(asyncio.get_running_loop(), params)
         self._inbox.put(_Add(request_id, prompt, params, sink))
         finished = False
         try:
@@ -177,7 +206,8 @@ class ColocatedBackend(Backend):
         sink = self._sinks.get(output.request_id)
         if sink is None:
             return
-        sink.push(output)
+        if (delta := sink.delta(output)) is not None:
+            sink.push(delta)
         if output.finished:
             del self._sinks[output.request_id]
 

@@ -15,6 +15,7 @@ from kvtransport.testing import TEST_SECRET
 from router.config import RouterConfig
 from router.cluster.disaggregated import DisaggregatedBackend
 from tests.control_peer import NodeEnd
+from tests.deltas import Accumulator
 
 
 BLOCK = 4
@@ -104,17 +105,21 @@ class ScriptedNode:
 
 
 class Consumer:
-    """Iterates a generate() stream on its own task, as the HTTP app does."""
+    """Iterates a generate() stream on its own task, as the HTTP app does; next() gives the whole
+    output so far after each delta (the deltas themselves are kept in `deltas`)."""
 
     def __init__(self, stream):
         self.stream = stream
         self.items: asyncio.Queue = asyncio.Queue()
+        self.deltas: list = []
         self.task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
+        whole = Accumulator()
         try:
             async for output in self.stream:
-                self.items.put_nowait(output)
+                self.deltas.append(output)
+                self.items.put_nowait(whole.add(output))
             self.items.put_nowait(END)
         except Exception as err:    # noqa: BLE001 -- the test asserts on it
             self.items.put_nowait(err)

@@ -7,6 +7,7 @@ import asyncio
 from pdwire.outputs import CompletionOutput, RequestOutput
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
+from router.stop_hold import StopHold
 
 REPLY = "hello world"   # what choice 0 says; choice 1 says it in upper case
 MODEL = "fake-model"
@@ -29,7 +30,8 @@ class CharTokenizer:
 
 
 class FakeBackend(Backend):
-    """Emits REPLY one character per output; the prompt text picks special behaviour:
+    """Emits REPLY one character per step, as deltas cut by StopHold like the real backends'; the
+    prompt text picks special behaviour:
     "reject" raises ValueError, "hang" stops after one token until cancelled, "fail" raises midway."""
 
     def __init__(self, max_model_len: int = 64):
@@ -58,6 +60,7 @@ class FakeBackend(Backend):
         finished = False
         try:
             replies = [REPLY.upper() if i % 2 else REPLY for i in range(params.n)]
+            holds = [StopHold(i, params) for i in range(params.n)]
             steps = min(len(REPLY), params.max_tokens or len(REPLY))
             for step in range(1, steps + 1):
                 if step == 2 and "hang" in text:
@@ -67,11 +70,12 @@ class FakeBackend(Backend):
                     raise RuntimeError("engine exploded")
                 finished = step == steps
                 reason = ("length" if steps < len(REPLY) else "stop") if finished else None
-                prompt_logprobs = None if params.prompt_logprobs is None else \
+                prompt_logprobs = None if params.prompt_logprobs is None or step > 1 else \
                     [None] + [{t: -0.25, t + 1: -2.0} for t in prompt[1:]]
-                yield RequestOutput(request_id, list(prompt),
-                                 [_completion(i, r[:step], reason, params) for i, r in enumerate(replies)],
-                                 finished, prompt_logprobs)
+                for i, r in enumerate(replies):
+                    holds[i].advance_to(_completion(i, r[:step], reason, params))
+                yield RequestOutput(request_id, list(prompt), [d for h in holds if (d := h.take()) is not None],
+                                    finished, prompt_logprobs)
                 await asyncio.sleep(0)
         finally:
             if not finished:

@@ -5,7 +5,7 @@ scripted backend, so a test can hold raw sockets against it, signal it, and read
                                 [--hf-tokenizer]
 
 The backend streams `steps` outputs per request, one `interval_s` apart, each adding TOKEN_TEXT
-to every choice (cumulative, as the engine's outputs are); prompt logprobs when asked.
+to every choice (a delta, as a Backend yields); prompt logprobs when asked, in the first.
 """
 from __future__ import annotations
 
@@ -37,10 +37,9 @@ class StreamingBackend(FakeBackend):
         steps = min(self._steps, params.max_tokens or self._steps)
         for step in range(1, steps + 1):
             reason = "length" if step == steps else None
-            outs = [CompletionOutput(i, TOKEN_TEXT * step, [7] * step,
-                                     None if params.logprobs is None else [{7: -0.5}] * step, reason)
+            outs = [CompletionOutput(i, TOKEN_TEXT, [7], None if params.logprobs is None else [{7: -0.5}], reason)
                     for i in range(params.n)]
-            scores = None if params.prompt_logprobs is None else \
+            scores = None if params.prompt_logprobs is None or step > 1 else \
                 [None] + [{t: -0.5, **{k: -1.0 for k in range(params.prompt_logprobs)}} for t in prompt[1:]]
             yield RequestOutput(request_id, prompt, outs, reason is not None, scores)
             await asyncio.sleep(self._interval_s)

@@ -1,5 +1,7 @@
 """The per-request records of the disaggregated backend, and how a node's tokens merge into what
-the client has seen (router/cluster/disaggregated.py runs the lifecycle)."""
+the client is sent (router/cluster/disaggregated.py runs the lifecycle). A choice keeps every
+token it merged (a next attempt continues from them) but of its text only the tail that the stop
+hold (router/stop_hold.py) has not released: the router yields deltas, never the text so far."""
 from __future__ import annotations
 
 import asyncio
@@ -8,13 +10,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from pdwire.outputs import CompletionOutput, RequestOutput
-from router.cluster.prefix import Prefix
+from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire.control import FirstToken, RequestFailed, TokenDelta
 from router.cluster.membership import NODE_FAILURE, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
+from router.stop_hold import StopHold
 
 log = logging.getLogger(__name__)
 
@@ -63,22 +65,23 @@ class Attempt:
 
 @dataclass(slots=True, eq=False)
 class Choice:
-    """One completion of a request, cumulative across attempts: exactly what the client saw."""
+    """One completion of a request, across attempts."""
     index: int
     rid: str
     params: SamplingParams          # n = 1, this choice's seed
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[dict[int, float]] | None = None
+    token_ids: list[int] = field(default_factory=list)  # every token merged, released or not
+    out: StopHold = field(init=False)   # its text, tokens and logprobs not yet sent; its text's length
     finish_reason: str | None = None
     attempt: Attempt | None = None
     num_attempts: int = 0
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
 
-    def output(self) -> CompletionOutput:
-        """A snapshot, in O(1): token_ids and logprobs are only ever appended to (merge)."""
-        logprobs = None if self.logprobs is None else Prefix(self.logprobs)
-        return CompletionOutput(self.index, self.text, Prefix(self.token_ids), logprobs, self.finish_reason)
+    def __post_init__(self) -> None:
+        self.out = StopHold(self.index, self.params)
+
+    def finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        self.out.finish(reason)
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +95,7 @@ class PendingRequest:
     num_cached_tokens: int | None = None    # prompt tokens D found cached, by choice 0's first reservation
     arrival: float = field(default_factory=time.monotonic)
     queue_time: float | None = None         # arrival until choice 0's first PrefillRequest went out
+    scored: bool = False                    # the prompt's scores went out, or the choices went without
 
     def note_admitted(self, choice: Choice, att: Attempt, block_size: int) -> None:
         """At choice 0's first admission: the prompt tokens D held cached (whole blocks; at least
@@ -100,62 +104,78 @@ class PendingRequest:
             self.num_cached_tokens = min(att.cached_blocks * block_size, len(self.prompt_ids) - 1)
             self.queue_time = time.monotonic() - self.arrival
 
-    def output(self) -> RequestOutput:
+    def take(self) -> RequestOutput | None:
+        """What the choices merged since the last take, or None if nothing. When the prompt's
+        scores are asked for, no choice goes out before them: they come with choice 0's first
+        token, or never (its node sent none that fit)."""
         finished = all(c.finish_reason is not None for c in self.choices)
-        return RequestOutput(self.request_id, Prefix(self.prompt_ids), [c.output() for c in self.choices],
-                             finished, self.prompt_logprobs, self.num_cached_tokens or 0, self.queue_time)
+        asked = self.choices[0].params.prompt_logprobs is not None
+        if asked and self.prompt_logprobs is None and not self.choices[0].token_ids and not finished:
+            return None
+        choices = [d for c in self.choices if (d := c.out.take()) is not None]
+        scores = None if self.scored else self.prompt_logprobs
+        self.scored = True
+        if not choices and scores is None and not finished:
+            return None
+        return RequestOutput(self.request_id, self.prompt_ids, choices, finished, scores,
+                             self.num_cached_tokens or 0, self.queue_time)
 
 
 def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], text_offset: int,
            text: str, logprobs: tuple | None, finish_reason: str) -> bool:
     """Merges the attempt's tokens [index, index + len(token_ids)) and the text at text_offset into
     the choice, skipping what it already has. False, merging nothing, if that would leave a gap.
-    A last message's text is final: text sent before and cut since (the stop string it
-    completes) is cut here too; the client never saw it (lifecycle.hold_chars).
+    A last message's text is final: text merged before and cut since (the stop string it
+    completes) is cut here too; the stop hold kept it from the client.
 
     logprobs has one entry per token, or fewer: then the entries belong to the last tokens. An
     empty entry has no logprob (D's for the first token, which P's FirstToken carries).
     """
+    out = choice.out
     start, text_start = att.base + index, att.text_base + text_offset
-    if start > len(choice.token_ids) or text_start > len(choice.text):
+    if start > len(choice.token_ids) or text_start > out.length:
         return False
     unlogged = len(token_ids) - len(logprobs or ())     # leading tokens without an entry
-    for k in range(len(choice.token_ids) - start, len(token_ids)):
-        choice.token_ids.append(token_ids[k])
-        if choice.logprobs is not None:
-            entry = logprobs[k - unlogged] if k >= unlogged else None
-            choice.logprobs.append(top_logprobs(entry) if entry else missing_logprob(token_ids[k]))
-    before = len(choice.text)
-    choice.text += text[len(choice.text) - text_start:]
+    new = token_ids[len(choice.token_ids) - start:]
+    entries = None
+    if out.logprobs is not None:
+        entries = [top_logprobs(logprobs[k - unlogged]) if k >= unlogged and logprobs[k - unlogged]
+                   else missing_logprob(token_ids[k]) for k in range(len(token_ids) - len(new), len(token_ids))]
+    choice.token_ids += new
+    before = out.length
+    out.add(list(new), entries, text[before - text_start:])
     if finish_reason == "stop" and choice.params.stop:
         _cut_at_stop(choice, att, before, text_start + len(text))
-    if att.text_base and (at := stop_across(choice.text, att.text_base, choice.params.stop)) != -1:
-        choice.text, finish_reason = choice.text[:at], "stop"
+    if att.text_base and (at := stop_across(out, att.text_base, choice.params.stop))[0] != -1:
+        out.cut(at[1] if choice.params.include_stop_str_in_output else at[0])
+        finish_reason = "stop"
     if finish_reason:
-        choice.finish_reason = finish_reason
+        choice.finish(finish_reason)
     return True
 
 
 def _cut_at_stop(choice: Choice, att: Attempt, before: int, end: int) -> None:
     """The node's final text ends at `end` (a stop string cut it). Text is only taken back as far
-    as the stop string can reach: the router holds that much back from the client (the longest
-    stop string less one character) and never shows it; a node asking for more is ignored."""
-    floor = max(att.text_base, before - (max(map(len, choice.params.stop)) - 1))
+    as the stop string can reach: the stop hold keeps that much from the client (the longest
+    stop string less one character); a node asking for more is ignored."""
+    floor = max(att.text_base, before - choice.out.hold)
     if end < floor:
         log.warning("%s: the node cut its text to %d characters; only %d may go", att.wire_rid, end, floor)
-    choice.text = choice.text[:max(end, floor)]
+    choice.out.cut(max(end, floor))
 
 
-def stop_across(text: str, boundary: int, stops: tuple[str, ...]) -> int:
-    """Where the earliest stop string that begins before `boundary` and ends after it begins in
-    `text`, or -1. A moved request's new node sees only its own text (from `boundary` on), so a
-    stop string split between the attempts is the router's to find; the router still holds the
-    split string's start back from the client (lifecycle.hold_chars)."""
-    best = -1
+def stop_across(out: StopHold, boundary: int, stops: tuple[str, ...]) -> tuple[int, int]:
+    """(begin, end) of the earliest stop string that begins before character `boundary` and ends
+    after it, or (-1, -1). A moved request's new node sees only its own text (from `boundary` on), so a
+    stop string split between the attempts is the router's to find. Only the tail is searched:
+    such a string is found by the merge that completes it, and the tail then still holds its
+    start (the window: the longest stop string less one)."""
+    best = (-1, -1)
     for stop in stops:
-        at = text.find(stop, max(0, boundary - len(stop) + 1), boundary + len(stop) - 1)
-        if at != -1 and (best == -1 or at < best):
-            best = at
+        begin, end = max(0, boundary - len(stop) + 1 - out.base), boundary + len(stop) - 1 - out.base
+        at = out.tail.find(stop, begin, end) if end > 0 else -1
+        if at != -1 and (best[0] == -1 or at + out.base < best[0]):
+            best = (at + out.base, at + out.base + len(stop))
     return best
 
 

@@ -10,7 +10,8 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
        no reservation within admission_timeout_s fails the request (503)
     3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router   (steps 1-3: admission.py)
     4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
-       offset, so a token D re-sends is not emitted twice
+       offset, so a token D re-sends is not emitted twice; the client is sent deltas only, less
+       the text a stop string may still claim (router/stop_hold.py)
     5. P or D fails or leaves (RequestFailed, heartbeat timeout, new epoch, goodbye, an operator's
        remove or drain deadline: router/cluster/node_operator.py): AbortRequest to both,
        then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
@@ -149,7 +150,9 @@ class DisaggregatedBackend(Backend):
                     if isinstance(event, BaseException):
                         raise event if not yielded or not isinstance(event, ValueError) \
                             else RuntimeError(str(event))
-                output = request.output()
+                output = request.take()
+                if output is None:
+                    continue
                 yielded = True
                 yield output
                 if output.finished:
@@ -236,7 +239,6 @@ class DisaggregatedBackend(Backend):
             seed = None if params.seed is None else choice_seed(params.seed, i)
             choice = Choice(i, request_id if params.n == 1 else f"{request_id}#{i}",
                              dataclasses.replace(params, n=1, seed=seed))
-            choice.logprobs = None if params.logprobs is None else []
             choices.append(choice)
         return PendingRequest(request_id, prompt_ids, choices)
 
@@ -293,7 +295,7 @@ class DisaggregatedBackend(Backend):
         emitted = len(choice.token_ids)
         max_tokens = None if choice.params.max_tokens is None else choice.params.max_tokens - emitted
         if (max_tokens is not None and max_tokens < 1) or len(request.prompt_ids) + emitted >= self.max_model_len:
-            choice.finish_reason = "length"
+            choice.finish("length")
             request.events.put_nowait(choice.index)
             return None
         params = dataclasses.replace(choice.params, max_tokens=max_tokens,
@@ -306,7 +308,7 @@ class DisaggregatedBackend(Backend):
         if k > 0:
             (self._migrations if emitted else self._retries).labels(cause).inc()
         att = Attempt(choice.rid if k == 0 else f"{choice.rid}~{k}",
-                       request.prompt_ids + choice.token_ids, params, emitted, len(choice.text))
+                       request.prompt_ids + choice.token_ids, params, emitted, choice.out.length)
         choice.attempt = self._attempts[att.wire_rid] = att
         return att
 
@@ -340,7 +342,7 @@ class DisaggregatedBackend(Backend):
         """Merges P's first token and D's deltas into the choice until it finishes or fails."""
         timer = TransferTimer(self._kv_transfer_time)
         while choice.finish_reason is None:
-            before = (len(choice.token_ids), len(choice.text))
+            before = (len(choice.token_ids), choice.out.length)
             had_first = att.first_token
             event = await att.inbox.get()
             failure = apply_event(choice, att, event, request, self._vocab)
@@ -349,7 +351,7 @@ class DisaggregatedBackend(Backend):
                 self._registry.release(att.bookings.pop(att.prefill_id))    # P's part is done
             if failure is not None:
                 return failure
-            if (len(choice.token_ids), len(choice.text)) != before or choice.finish_reason is not None:
+            if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
                 request.events.put_nowait(choice.index)
         return None
 

@@ -42,7 +42,7 @@ async def chat_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any
                       usage_mode: StreamUsage, tools: ToolMode | None = None) -> AsyncIterator[str]:
     exclude = None if usage_mode is not StreamUsage.NONE else {"usage"}
     generated = 0
-    held: dict[int, str] = {}       # with tools: choice index -> its text so far
+    held: dict[int, list[str]] = {}     # with tools: choice index -> its text so far, in pieces
     for i in range(len(meta.prompt_lens) * meta.n):
         opening = ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
         yield sse(_chunk(meta, [opening], usage_so_far(meta, generated, generation, usage_mode)), exclude)
@@ -53,11 +53,13 @@ async def chat_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any
             if d.logprobs is not None:
                 logprobs = ChatChoiceLogprobs(content=chat_logprobs(tokenizer, d.token_ids, d.logprobs, top_logprobs))
             index = out.index * meta.n + d.index
+            if not d.text and d.finish_reason is None and logprobs is None:
+                continue    # tokens whose text is not out yet: a chunk only for their logprobs
             if tools is not None:
-                held[index] = held.get(index, "") + d.text
+                held.setdefault(index, []).append(d.text)
                 if d.finish_reason is None:
                     continue
-                choice = _calls_choice(index, held.pop(index), tools, d.finish_reason)
+                choice = _calls_choice(index, "".join(held.pop(index)), tools, d.finish_reason)
             else:
                 choice = ChatStreamChoice(index=index, delta=DeltaMessage(content=d.text), logprobs=logprobs,
                                           finish_reason=d.finish_reason)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, NamedTuple
 
+from pdwire.outputs import CompletionOutput
 from router.http.lifecycle import Collected, FullChoice, Generation, ResponseMeta, usage, usage_so_far
 from router.http.logprobs import completion_logprobs
 from router.http.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse, StreamUsage
-from router.http.streaming import DONE, Delta, sse
+from router.http.streaming import DONE, sse
 from router.http.workers import Workers
 
 
@@ -65,8 +66,8 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, workers:
                                                          logprobs=logprobs if d.logprobs is not None else None)],
                                  so_far), exclude)
             started.add(index)
-            if not d.text and not d.token_ids and d.finish_reason is None:
-                continue
+            if not d.text and d.finish_reason is None and (d.logprobs is None or not d.token_ids):
+                continue    # tokens whose text is not out yet: a chunk only for their logprobs
             logprobs = None
             if d.logprobs is not None:
                 logprobs, offsets[index] = completion_logprobs(workers.tokenizer, d.token_ids, d.logprobs,
@@ -100,8 +101,8 @@ def _without_completion(full: FullChoice) -> FullChoice:
     return FullChoice([], [], None if full.logprobs is None else [], "length" if full.finish_reason else None)
 
 
-def _empty(d: Delta) -> Delta:
-    return Delta(d.index, "", [], None if d.logprobs is None else [], "length" if d.finish_reason else None)
+def _empty(d: CompletionOutput) -> CompletionOutput:
+    return CompletionOutput(d.index, "", [], None if d.logprobs is None else [], "length" if d.finish_reason else None)
 
 
 def _chunk(meta: ResponseMeta, choices: list[CompletionChoice], usage_info: Any = None) -> CompletionResponse:

@@ -4,10 +4,12 @@
    (`{id}-{i}`), each carrying all n choices
 2. start() waits for every prompt's first output, so a rejection (ValueError) still becomes a 400
    before any response byte is sent
-3. each backend output is turned into deltas the moment it arrives (ChoiceCursor): what waits for
-   the client is only output it has not been sent, at most max_stream_buffer_bytes of it; a
-   client that falls further behind has its request ended (StreamBufferFull)
-4. outputs() yields those deltas in arrival order, tagged with the prompt's index
+3. the backend yields deltas (router/backend.py: new text, tokens and logprobs only, stop
+   strings already held back): what waits for the client is only output it has not been sent,
+   at most max_stream_buffer_bytes of it; a client that falls further behind has its request
+   ended (StreamBufferFull)
+4. outputs() yields those deltas in arrival order, tagged with the prompt's index; a whole
+   response collects them, a list of text pieces per choice joined once
 5. close() (always) cancels what still runs: the backend generators' cleanup aborts every
    unfinished request, on error, client disconnect, shutdown or normal end alike
 """
@@ -20,11 +22,11 @@ from typing import Any, AsyncIterator, Awaitable, NamedTuple, TypeVar
 
 from fastapi import Request
 
+from pdwire.outputs import CompletionOutput
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend
 from router.http.metrics import RouterMetrics
 from router.http.protocol import PromptTokensDetails, StreamUsage, UsageInfo
-from router.http.streaming import ChoiceCursor, Delta
 
 T = TypeVar("T")
 _DONE = object()    # a prompt's stream ended
@@ -45,7 +47,7 @@ class ServerShuttingDown(RuntimeError):
 class PromptDelta(NamedTuple):
     """What one backend output of one prompt added."""
     index: int                  # which prompt of the request
-    choices: list[Delta]        # the choices that advanced
+    choices: list[CompletionOutput]     # the choices that advanced, each its delta
     prompt_logprobs: list[dict[int, float] | None] | None   # the prompt's scores, once, when they come
     finished: bool
 
@@ -131,19 +133,13 @@ class Generation:
                                        "output (--max-stream-buffer-bytes); the request was ended"))
 
     async def _pump(self, index: int, stream: AsyncIterator[Any]) -> None:
-        cursors: dict[int, ChoiceCursor] = {}
-        hold = max(map(len, self._params[index].stop), default=1) - 1
         scored = self._params[index].prompt_logprobs is None    # no prompt scores to wait for
         try:
             async for output in stream:
                 self._trackers[index].on_output(output)
                 self._cached_tokens[index] = max(self._cached_tokens[index], output.num_cached_tokens)
-                if not scored and output.prompt_logprobs is None and not output.finished:
-                    continue    # echo: the choices wait for the prompt's scores
-                choices = [d for c in output.outputs
-                           if (d := cursors.setdefault(c.index, ChoiceCursor(hold=hold)).advance(c)) is not None]
-                if choices or not scored:
-                    self._put(index, PromptDelta(index, choices, None if scored else output.prompt_logprobs,
+                if output.outputs or not scored:    # the prompt's scores come first, once (Backend)
+                    self._put(index, PromptDelta(index, output.outputs, None if scored else output.prompt_logprobs,
                                                  output.finished))
                 scored = True
             self._put(index, _DONE)

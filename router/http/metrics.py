@@ -101,19 +101,22 @@ class RequestTracker:
         self._m = metrics
         self._start = self._last = self._first = metrics.clock()
         self._tokens = 0
+        self._reasons: list[str] = []   # each choice's finish reason, as its last delta came
         self._ended = False
 
     def on_output(self, output: Any) -> None:
-        tokens = sum(len(c.token_ids) for c in output.outputs)
-        if tokens > self._tokens:
+        """`output` is a delta (router/backend.py): its tokens are new ones."""
+        new = sum(len(c.token_ids) for c in output.outputs)
+        if new:
             now = self._m.clock()
             if self._tokens == 0:
                 self._first = now
                 self._on_first_token(now - self._start, output.queue_time)
             else:
                 self._m.itl.observe(now - self._last)
-            self._m.generation_tokens.inc(tokens - self._tokens)
-            self._tokens, self._last = tokens, now
+            self._m.generation_tokens.inc(new)
+            self._tokens, self._last = self._tokens + new, now
+        self._reasons += [c.finish_reason for c in output.outputs if c.finish_reason is not None]
         if output.finished and not self._ended:
             self._ended = True
             self._on_finish(output)
@@ -132,8 +135,8 @@ class RequestTracker:
         m.prompt_tokens.inc(len(output.prompt_token_ids))
         m.prompt_len.observe(len(output.prompt_token_ids))
         m.generation_len.observe(self._tokens)
-        for choice in output.outputs:
-            m.success.labels(m.model, choice.finish_reason or "unknown").inc()
+        for reason in self._reasons:
+            m.success.labels(m.model, reason).inc()
 
     def fail(self, reason: str) -> None:
         """Counts the request as failed unless it already finished."""

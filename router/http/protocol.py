@@ -57,6 +57,7 @@ class _SamplingRequest(StructuredFields):
     repetition_penalty: float | None = None        # extension
     min_tokens: int = 0                            # extension
     ignore_eos: bool = False                       # extension
+    include_stop_str_in_output: bool = False       # extension (vLLM's): the stop string stays in the text
     use_beam_search: bool = False                  # extension: beam search, width beam_width or n
     beam_width: int | None = None                  # extension
     length_penalty: float = 1.0                    # extension (beam search)
@@ -92,7 +93,7 @@ class _SamplingRequest(StructuredFields):
         return SamplingParams(
             n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens, seed=self.seed,
             stop=_as_tuple(self.stop), stop_token_ids=tuple(self.stop_token_ids or ()),
-            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             beam_width=(self.beam_width or self.n) if self.use_beam_search else 0,
             length_penalty=self.length_penalty, early_stopping=self.early_stopping, structured=structured,
             **{k: v for k, v in given.items() if v is not None})

@@ -1,9 +1,8 @@
-"""Server-sent events, and the per-choice cursor that turns a backend's cumulative outputs into deltas."""
+"""Server-sent events, and the response that streams them."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, NamedTuple
+from typing import AsyncIterator, Awaitable, Callable
 
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
@@ -17,50 +16,6 @@ def sse(payload: BaseModel | dict, exclude: set[str] | None = None) -> str:
     if isinstance(payload, BaseModel):
         return f"data: {payload.model_dump_json(exclude=exclude)}\n\n"
     return f"data: {json.dumps(payload)}\n\n"
-
-
-class Delta(NamedTuple):
-    """The unsent part of one choice."""
-    index: int              # which of the prompt's n choices
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, float]] | None
-    finish_reason: str | None
-
-
-@dataclass(slots=True)
-class ChoiceCursor:
-    """How much of one choice's cumulative output has been sent.
-
-    While a choice runs, its last `hold` characters are not sent (hold = the longest stop string
-    less one, as vLLM does): they may be the start of a stop string, which the final text cuts.
-    Whatever is sent is then a prefix of the final text:
-
-        stop "\n\n", hold 1:   text "Hi\n"   sent "Hi"   ("\n" held)
-                               text "Hi" (the next "\n" completed the stop)   sent "" + finish
-    """
-    chars: int = 0
-    tokens: int = 0
-    text_offset: int = 0    # completions logprobs: offset of the next token in the text
-    done: bool = False
-    hold: int = 0
-
-    def advance(self, choice: Any) -> Delta | None:
-        """The unsent part of `choice`, or None when there is nothing to send yet.
-
-        Tokens whose text is still held back (a partial stop string or character) wait and go
-        with the next text, so text and token_ids/logprobs stay aligned.
-        """
-        finished = choice.finish_reason is not None
-        end = len(choice.text) if finished else max(self.chars, len(choice.text) - self.hold)
-        text = choice.text[self.chars:end]
-        if self.done or (not text and not finished):
-            return None
-        logprobs = None if choice.logprobs is None else choice.logprobs[self.tokens:]
-        delta = Delta(choice.index, text, choice.token_ids[self.tokens:], logprobs, choice.finish_reason)
-        self.chars, self.tokens = end, len(choice.token_ids)
-        self.done = choice.finish_reason is not None
-        return delta
 
 
 class ClosingStreamingResponse(StreamingResponse):

@@ -3,7 +3,6 @@ metrics, aborts (errors: test_router_errors.py)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 
 import pytest
@@ -129,25 +128,6 @@ def test_completion_echo_with_logprobs_scores_the_prompt_tokens(client, backend)
     assert lp["token_logprobs"] == [None, -0.25, -0.25, -0.5, -0.5]
     assert lp["top_logprobs"][0] is None and lp["top_logprobs"][1] == {"b": -0.25, "c": -2.0}
     assert backend.requests[-1][2].prompt_logprobs == 1
-
-
-def test_streamed_echo_waits_for_the_prompt_scores(backend):
-    """Disaggregated, a choice's first token can come before the prompt's scores (another
-    choice's prefill sends them): its echo chunk waits for them rather than sending nulls."""
-    generate = backend.generate
-
-    async def scores_late(request_id, prompt, params):
-        first = True
-        async for out in generate(request_id, prompt, params):
-            yield dataclasses.replace(out, prompt_logprobs=None) if first else out
-            first = False
-    backend.generate = scores_late
-    client = TestClient(create_app(backend, RouterConfig()))
-    body = {"prompt": "abc", "max_tokens": 3, "echo": True, "logprobs": 0, "n": 2, "stream": True}
-    chunks = [c for c in events(client.post("/v1/completions", json=body).text)[:-1] if c["choices"]]
-    echoes = [c["choices"][0] for c in chunks if c["choices"][0]["text"] == "abc"]
-    assert len(echoes) == 2 and all(e["logprobs"]["token_logprobs"] == [None, -0.25, -0.25] for e in echoes)
-    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == 0) == "abchel"
 
 
 def test_completion_echo_with_max_tokens_0_scores_the_prompt_only(client, backend):

@@ -108,11 +108,11 @@ async def collect(backend, rid, prompt, params):
     return [out async for out in backend.generate(rid, prompt, params)]
 
 
-def test_generate_streams_cumulative_outputs(engine_and_backend):
-    """generate() yields every step's cumulative output and ends on the finished one."""
+def test_generate_streams_deltas(engine_and_backend):
+    """generate() yields each step's delta of the engine's cumulative output and ends on the finished one."""
     engine, backend = engine_and_backend
     outs = run(collect(backend, "r1", [1, 2], SamplingParams(max_tokens=3)))
-    assert [o.outputs[0].token_ids for o in outs] == [[7], [7, 7], [7, 7, 7]]
+    assert [(o.outputs[0].token_ids, o.outputs[0].text) for o in outs] == [([7], "x"), ([7], "x"), ([7], "x")]
     assert [o.finished for o in outs] == [False, False, True]
     assert engine.aborted == []
 

@@ -12,31 +12,25 @@ import pytest
 from pdwire.sampling_params import SamplingParams
 from router.colocated import ColocatedBackend
 from tests.http_helpers import UNCACHED
-from tests.tiny_chat_model import tiny_chat_model_folder
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 10))
 
 
-@pytest.fixture(scope="module")
-def real_engine(tmp_path_factory):
-    from engine import CacheConfig, EngineConfig, LLMEngine
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_chat_model_folder(path)
-    return LLMEngine(EngineConfig(model=str(path), dtype="float32", device="cpu",
-                                  cache=CacheConfig(block_size=16, num_blocks=64)))
-
-
-def _engine_greedy(engine, prompt: list[int], max_tokens: int):
-    """The engine's own greedy answer, stepped by hand on this thread."""
-    engine.add_request("reference", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+def _engine_whole(engine, prompt: list[int], params: SamplingParams):
+    """The engine's own final output, stepped by hand on this thread."""
+    engine.add_request("reference", prompt, params)
     final = None
     while engine.has_unfinished_requests():
         for out in engine.step():
             final = out
-    return final.outputs[0]
+    return final
+
+
+def _engine_greedy(engine, prompt: list[int], max_tokens: int):
+    """The engine's own greedy answer."""
+    return _engine_whole(engine, prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)).outputs[0]
 
 
 def test_streamed_greedy_completion_matches_engine(real_engine):
@@ -73,7 +67,9 @@ def test_streamed_greedy_completion_matches_engine(real_engine):
             return [o async for o in backend.generate("direct", prompt_ids, SamplingParams(
                 temperature=0, max_tokens=12, ignore_eos=True))]
 
-        assert run(direct())[-1].outputs[0].token_ids == reference.token_ids
+        deltas = run(direct())
+        assert [t for o in deltas for c in o.outputs for t in c.token_ids] == reference.token_ids
+        assert "".join(c.text for o in deltas for c in o.outputs) == reference.text
     finally:
         backend.close()
     engine.check_integrity()

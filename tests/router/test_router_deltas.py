@@ -1,5 +1,5 @@
-"""Deltas only, bounded (issue #22): a Generation keeps only unsent deltas of the backend's
-cumulative outputs, at most max_stream_buffer_bytes of them; echoed prompt logprobs are scored once."""
+"""Deltas only, bounded (issue #22): a Generation keeps only the backend's unsent deltas, at most
+max_stream_buffer_bytes of them; echoed prompt logprobs are scored once."""
 from __future__ import annotations
 
 import asyncio
@@ -18,15 +18,12 @@ from tests.fake_backend import FakeBackend
 
 
 class Growing(FakeBackend):
-    """Cumulative outputs that grow by "abcdefgh" and one token per step, forever."""
+    """Deltas of "abcdefgh" and one token per step, forever."""
 
     async def generate(self, request_id, prompt, params):
-        step = 0
         try:
             while True:
-                step += 1
-                yield RequestOutput(request_id, prompt, [CompletionOutput(0, "abcdefgh" * step, [7] * step, None, None)],
-                                    False)
+                yield RequestOutput(request_id, prompt, [CompletionOutput(0, "abcdefgh", [7], None, None)], False)
                 await asyncio.sleep(0)
         finally:
             self.aborted.append(request_id)
@@ -42,8 +39,7 @@ async def _unread(max_bytes: int, steps: int) -> tuple[Generation, Growing]:
 
 
 def test_unread_output_is_kept_as_deltas():
-    """A client that reads nothing holds 16 bytes per step (8 characters + 1 token id), not the
-    cumulative text of every step."""
+    """A client that reads nothing holds 16 bytes per step (8 characters + 1 token id)."""
     async def check():
         generation, _ = await _unread(1 << 20, 50)
         buffered, items = generation._buffered, len(generation._items)

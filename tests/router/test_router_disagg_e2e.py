@@ -18,6 +18,7 @@ from pdwire.sampling_params import SamplingParams
 from router.config import RouterConfig
 from router.cluster.disaggregated import DisaggregatedBackend
 from router.node_processes import ClusterConfig, NodeSpawner, stop_nodes
+from tests.deltas import Accumulator
 from tests.model_factory import hf_greedy
 from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET
@@ -36,8 +37,10 @@ async def _registered(backend: DisaggregatedBackend, nodes, timeout: float = 120
 
 
 async def _collect(backend: DisaggregatedBackend, rid: str, prompt, params: SamplingParams, on_output=None):
-    final = None
-    async for final in backend.generate(rid, prompt, params):
+    """The request's whole output, summed from its deltas; on_output sees the whole so far."""
+    final, whole = None, Accumulator()
+    async for delta in backend.generate(rid, prompt, params):
+        final = whole.add(delta)
         if on_output is not None:
             on_output(final)
     return final

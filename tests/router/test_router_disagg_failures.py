@@ -68,17 +68,17 @@ def test_decode_death_mid_stream_migrates_without_losing_or_repeating_tokens(dea
     run(test)
 
 
-@pytest.mark.parametrize("finish", ["", "length"])
-def test_stop_string_split_by_a_migration_is_found_by_the_router(finish):
-    """Stop "cd": the lost D sent "abc", the new attempt's first token "d" completes it. The new
-    node never saw the "c", so the router cuts the text at "ab" and finishes with "stop" (also
-    when that token was the last one allowed), aborting the new attempt if it runs on; the client
-    never saw the held-back "c"."""
+@pytest.mark.parametrize("finish, include", [("", False), ("length", False), ("", True)])
+def test_stop_string_split_by_a_migration_is_found_by_the_router(finish, include):
+    """Stop "cd": the lost D sent "abc", the new attempt's first token "de" completes it. The new
+    node never saw the "c", so the router cuts the text at "ab" (after "cd" with
+    include_stop_str_in_output) and finishes with "stop" (also when that token was the last one
+    allowed), aborting the new attempt if it runs on; the client never saw the held-back "c"."""
     async def test():
         async with Cluster(LOSSY) as c:
             p = await c.node("prefill-0", "prefill")
             ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
-            out = c.generate(max_tokens=8, stop=["cd"])
+            out = c.generate(max_tokens=8, stop=["cd"], include_stop_str_in_output=include)
             dead, _ = await first_of(ds, DecodeRequest)
             dead.send(Reserved("r1", "x1", (3, 4), 0))
             await p.expect(PrefillRequest)
@@ -94,7 +94,8 @@ def test_stop_string_split_by_a_migration_is_found_by_the_router(finish):
             p.send(FirstToken("r1~1", 14, "de", None, finish))
             while (final := await out.next()) is not END and not final.finished:
                 seen.append(view(final))
-            assert view(final) == ([([11, 12, 13, 14], "ab", "stop")], True)
+            assert view(final) == ([([11, 12, 13, 14], "abcd" if include else "ab", "stop")], True)
+            assert "".join(o.text for delta in out.deltas for o in delta.outputs) == final.outputs[0].text
             if not finish:
                 assert (await live.expect(AbortRequest)).rid == "r1~1"
     run(test)

@@ -27,6 +27,7 @@ class NodesBackend(FakeBackend):
 
 
 def _out(tokens: int, finished: bool = False, queue: float | None = 0.5) -> RequestOutput:
+    """A delta of `tokens` new tokens."""
     choice = CompletionOutput(0, "x" * tokens, list(range(tokens)), None, "length" if finished else None)
     return RequestOutput("r", [1, 2, 3, 4, 5], [choice], finished, queue_time=queue)
 
@@ -43,7 +44,7 @@ def test_request_phases_split_ttft_and_the_rest():
     clock.now = 102.0
     tracker.on_output(_out(1))
     clock.now = 105.0
-    tracker.on_output(_out(4, finished=True))
+    tracker.on_output(_out(3, finished=True))
     text = _text(metrics)
     for line in (f"pdserve_time_to_first_token_seconds_sum{{{M}}} 2.0",
                  f"pdserve_request_queue_time_seconds_sum{{{M}}} 0.5",

@@ -1,7 +1,5 @@
-"""OpenAI protocol models, prompt checks and stream deltas, without HTTP."""
+"""OpenAI protocol models, prompt checks and SSE framing, without HTTP."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import pytest
 from pydantic import ValidationError
@@ -11,7 +9,7 @@ from router.http.errors import OpenAIError, from_value_error
 from router.http.prompts import completion_prompts, max_tokens_for
 from router.http.protocol import (ChatCompletionRequest, ChatCompletionChunk, ChatStreamChoice, CompletionRequest,
                              DeltaMessage)
-from router.http.streaming import ChoiceCursor, sse
+from router.http.streaming import sse
 
 
 class Tok:
@@ -20,15 +18,6 @@ class Tok:
 
     def __len__(self):
         return 1000
-
-
-@dataclass
-class Choice:
-    text: str
-    token_ids: list[int]
-    logprobs: list | None = None
-    finish_reason: str | None = None
-    index: int = 0
 
 
 def test_defaults_map_to_engine_defaults():
@@ -47,6 +36,8 @@ def test_stop_string_and_list():
     """stop accepts one string or a list of strings."""
     assert CompletionRequest(prompt="x", stop="a").sampling_params(1, None).stop == ("a",)
     assert CompletionRequest(prompt="x", stop=["a", "b"]).sampling_params(1, None).stop == ("a", "b")
+    assert CompletionRequest(prompt="x", stop="a", include_stop_str_in_output=True).sampling_params(
+        1, None).include_stop_str_in_output
 
 
 def test_max_completion_tokens_wins():
@@ -124,35 +115,6 @@ def test_value_error_param_detection():
     """A ValueError becomes a 400 whose param is the field its message starts with, if any."""
     assert from_value_error(ValueError("n must be >= 1"), {"n", "prompt"}).info.param == "n"
     assert from_value_error(ValueError("oops"), {"n"}).info.param is None
-
-
-def test_cursor_sends_only_new_text_and_tokens():
-    """The cursor yields each choice's unsent suffix, holding tokens whose text is held back."""
-    cur = ChoiceCursor()
-    assert cur.advance(Choice("he", [1, 2])) == (0, "he", [1, 2], None, None)
-    assert cur.advance(Choice("he", [1, 2, 3])) is None               # text held back
-    assert cur.advance(Choice("hello", [1, 2, 3, 4])) == (0, "llo", [3, 4], None, None)
-    assert cur.advance(Choice("hello", [1, 2, 3, 4], None, "stop")) == (0, "", [], None, "stop")
-    assert cur.advance(Choice("hello", [1, 2, 3, 4], None, "stop")) is None
-
-
-def test_cursor_holds_back_a_possible_stop_string_start():
-    """hold = longest stop - 1: sent text is always a prefix of the final, stop-cut text."""
-    cur = ChoiceCursor(hold=1)                                          # stop "\n\n"
-    assert cur.advance(Choice("Hi", [1])) == (0, "H", [1], None, None)
-    assert cur.advance(Choice("Hi\n", [1, 2])) == (0, "i", [2], None, None)   # "\n" held
-    assert cur.advance(Choice("Hi", [1, 2, 3], None, "stop")) == (0, "", [3], None, "stop")
-    cur = ChoiceCursor(hold=1)
-    assert cur.advance(Choice("a\n", [1, 2])) == (0, "a", [1, 2], None, None)
-    assert cur.advance(Choice("a\nb", [1, 2, 3])) == (0, "\n", [3], None, None)   # not a stop after all
-    assert cur.advance(Choice("a\nbc", [1, 2, 3, 4], None, "length")) == (0, "bc", [4], None, "length")
-
-
-def test_cursor_slices_logprobs_with_tokens():
-    """Logprobs are sliced along with the token ids they belong to."""
-    cur = ChoiceCursor()
-    cur.advance(Choice("a", [1], [{1: -0.1}]))
-    assert cur.advance(Choice("ab", [1, 2], [{1: -0.1}, {2: -0.2}])).logprobs == [{2: -0.2}]
 
 
 def test_sse_framing_and_delta_nulls():
