@@ -47,7 +47,7 @@ from router.cluster.control_server import ControlServer
 from router.cluster.membership import NodeLoss
 from router.http.metrics import LATENCY_BUCKETS
 from router.cluster.kv_index import KVIndex
-from router.cluster.kv_move import REPREFILL, KVMoves, MoveOut
+from router.cluster.kv_move import REPREFILL, UNTIMED, KVMoves, MoveOut
 from router.cluster.node_operator import NodeOperator
 from router.cluster.policy import PrefixAffinity
 from router.cluster.registry import NodeRegistry, NodeRole
@@ -212,7 +212,7 @@ class DisaggregatedBackend(Backend):
         self._affinity.forget(node_id)
         self._kv_index.forget(node_id)
         for att in self._attempts.values():
-            if node_id in (att.prefill_id, att.decode_id):
+            if node_id in (att.prefill_id, att.decode_id, att.writer):
                 att.inbox.put_nowait(Lost(node_id, loss))
 
     # ------------------------------------------------------------ a request
@@ -361,7 +361,7 @@ class DisaggregatedBackend(Backend):
 
     async def _stream(self, request: PendingRequest, choice: Choice, att: Attempt) -> Failure | MoveOut | None:
         """Merges P's first token and D's deltas into the choice until it finishes, fails or moves."""
-        timer = TransferTimer(self._kv_transfer_time)
+        timer = TransferTimer(UNTIMED if att.writer else self._kv_transfer_time)    # a KV move: not a prefill's
         while choice.finish_reason is None:
             before = (len(choice.token_ids), len(choice.text))
             had_first = att.first_token

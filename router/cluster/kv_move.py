@@ -42,6 +42,14 @@ class MoveOut(NamedTuple):
         return Failure(self.node_id, f"node {self.node_id} {self.loss}: {detail}", True, self.loss.cause.value)
 
 
+class _Untimed:
+    """A histogram that keeps nothing: a KV move's attempt has no prefill to time the transfer from."""
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+UNTIMED = _Untimed()
 NewAttempt = Callable[[PendingRequest, Choice, int, int], Attempt]   # (request, choice, emitted, text_base)
 
 

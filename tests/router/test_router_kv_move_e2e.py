@@ -1,0 +1,116 @@
+"""KV moves over real node processes on this machine: a drained decode node's running streams move
+to the other decode node with their KV blocks (router/cluster/kv_move.py, decode_node/mover.py)."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from engine.builtin import BUILTIN_MODEL_PATH
+from pdwire.sampling_params import SamplingParams
+from router.config import RouterConfig
+from router.node_processes import ClusterConfig
+from tests.model_factory import hf_greedy
+from tests.router.test_router_disagg_e2e import PROMPTS, _collect, _prefills, _with_cluster
+from tests.router.test_router_operator import membership
+from tests.router.test_router_operator_e2e import _until
+
+# every prompt through the prefill node, so a re-prefill would show in its count
+CONFIG = RouterConfig(heartbeat_timeout_s=30.0, routing="affinity")
+STREAMS, MAX_TOKENS = 4, 96
+TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach", "HAMLET:\nTo be, or not",
+         "JULIET:\nO Romeo, Romeo", "First Citizen:\nBefore we proceed", "MACBETH:\nIs this a dagger"]
+
+
+class DrainMidStream:
+    """Drains (deadline ~0) the decode node of the first stream to reach at_tokens tokens, from
+    that output's callback: its streams are then mid-generation."""
+
+    def __init__(self, backend, at_tokens: int):
+        self.backend, self.at_tokens = backend, at_tokens
+        self.node: str | None = None
+
+    def watch(self, rid: str):
+        def on_output(out) -> None:
+            if self.node is None and len(out.outputs[0].token_ids) >= self.at_tokens:
+                self.node = self.backend.placement(rid)[0][1]
+                self.backend.operator.drain(self.node, deadline_s=0.001)
+        return on_output
+
+
+def _migrations(backend) -> dict[str, float]:
+    return {k: v for k, v in membership(backend).items() if k.startswith("pdserve_router_migrations_total")}
+
+
+async def _all_blocks_free(backend) -> None:
+    await _until(lambda: all(v.num_free_blocks == v.num_blocks and v.num_running == 0
+                             for v in backend.operator.nodes()))
+
+
+def test_drain_deadline_moves_running_streams_with_their_kv_blocks(model_dir):
+    """4 greedy streams on 2 decode nodes; one node drained with a ~0 deadline mid-stream: each
+    of its running streams moves with its KV blocks (counted as kv_move, none re-prefilled: the prefill
+    node prefilled exactly the 4 prompts), every stream still equals transformers' greedy
+    (float32), the drained node exits 0, and every surviving node ends with every block free."""
+    path, hf_model = model_dir
+
+    async def test(backend, nodes):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        drain = DrainMidStream(backend, 4)
+        prompts = [PROMPTS[i % 2] for i in range(STREAMS)]
+        outs = await asyncio.gather(*(_collect(backend, f"s{i}", p, params, drain.watch(f"s{i}"))
+                                      for i, p in enumerate(prompts)))
+        for prompt, out in zip(prompts, outs):
+            assert out.finished and out.outputs[0].finish_reason == "length"
+            assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, prompt, MAX_TOKENS)
+        moved = _migrations(backend)
+        assert list(moved) == ['pdserve_router_migrations_total{cause="drained",how="kv_move"}'], moved
+        assert 1 <= sum(moved.values()) <= STREAMS
+        assert _prefills(backend) == {"remote": STREAMS}
+        node = next(n for n in nodes if n.node_id == drain.node)
+        await _until(lambda: node.process.poll() is not None)
+        assert node.process.returncode == 0
+        await _all_blocks_free(backend)
+    _with_cluster(path, CONFIG, ClusterConfig(1, 2), test)
+
+
+def test_a_failed_kv_move_falls_back_to_re_prefilling(model_dir):
+    """No pause can be answered within a kv_move_timeout_s of 1 µs: the streams of the drained
+    node move re-prefilled instead (counted as reprefill, one more prefill each), still equal to
+    transformers' greedy, and every surviving node ends with every block free."""
+    path, hf_model = model_dir
+
+    async def test(backend, nodes):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        drain = DrainMidStream(backend, 4)
+        outs = await asyncio.gather(*(_collect(backend, f"s{i}", PROMPTS[0], params, drain.watch(f"s{i}"))
+                                      for i in range(STREAMS)))
+        for out in outs:
+            assert list(out.outputs[0].token_ids) == hf_greedy(hf_model, PROMPTS[0], MAX_TOKENS)
+        moved = _migrations(backend)
+        assert list(moved) == ['pdserve_router_migrations_total{cause="drained",how="reprefill"}'], moved
+        assert _prefills(backend) == {"remote": STREAMS + sum(moved.values())}
+        await _all_blocks_free(backend)
+    _with_cluster(path, dataclasses.replace(CONFIG, kv_move_timeout_s=1e-6), ClusterConfig(1, 2), test)
+
+
+def test_greedy_streams_moved_in_bfloat16_equal_them_unmoved():
+    """bfloat16 on the built-in model, where a re-prefilled K/V differs from the decoded one (a
+    re-prefill move changed 1 of these 6 streams in a run of this test with kv_move_timeout_s at
+    1 µs): 6 greedy streams, the decode node of the first to reach 40 tokens drained then; every
+    stream moved with its KV blocks gives exactly the token ids it gives unmoved (prefix caching
+    off: the same K/V bytes either way)."""
+    flags = ["--dtype", "bfloat16", "--no-enable-prefix-caching"]     # after NODE_FLAGS' float32
+
+    async def test(backend, nodes):
+        params = SamplingParams(temperature=0.0, max_tokens=160, ignore_eos=True)
+        unmoved = await asyncio.gather(*(_collect(backend, f"u{i}", t, params) for i, t in enumerate(TEXTS)))
+        drain = DrainMidStream(backend, 40)
+        moved = await asyncio.gather(*(_collect(backend, f"m{i}", t, params, drain.watch(f"m{i}"))
+                                       for i, t in enumerate(TEXTS)))
+        kv_moves = _migrations(backend)
+        assert list(kv_moves) == ['pdserve_router_migrations_total{cause="drained",how="kv_move"}'], kv_moves
+        for a, b in zip(unmoved, moved):
+            assert len(b.outputs[0].token_ids) == 160
+            assert list(b.outputs[0].token_ids) == list(a.outputs[0].token_ids), b.request_id
+        await _all_blocks_free(backend)
+    _with_cluster(BUILTIN_MODEL_PATH, CONFIG, ClusterConfig(1, 2), test, flags)
