@@ -97,12 +97,12 @@ def test_greedy_streams_moved_in_bfloat16_equal_them_unmoved():
     """bfloat16 on the built-in model, where a re-prefilled K/V differs from the decoded one (a
     re-prefill move changed 1 of these 6 streams in a run of this test with kv_move_timeout_s at
     1 µs): 6 greedy streams, the decode node of the first to reach 40 tokens drained then; every
-    stream moved with its KV blocks gives exactly the token ids it gives unmoved (prefix caching
-    off: the same K/V bytes either way)."""
+    stream moved with its KV blocks gives exactly the token ids, text and logprobs it gives unmoved
+    (prefix caching off: the same K/V bytes either way)."""
     flags = ["--dtype", "bfloat16", "--no-enable-prefix-caching"]     # after NODE_FLAGS' float32
 
     async def test(backend, nodes):
-        params = SamplingParams(temperature=0.0, max_tokens=160, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=160, ignore_eos=True, logprobs=1)
         unmoved = await asyncio.gather(*(_collect(backend, f"u{i}", t, params) for i, t in enumerate(TEXTS)))
         drain = DrainMidStream(backend, 40)
         moved = await asyncio.gather(*(_collect(backend, f"m{i}", t, params, drain.watch(f"m{i}"))
@@ -112,5 +112,6 @@ def test_greedy_streams_moved_in_bfloat16_equal_them_unmoved():
         for a, b in zip(unmoved, moved):
             assert len(b.outputs[0].token_ids) == 160
             assert list(b.outputs[0].token_ids) == list(a.outputs[0].token_ids), b.request_id
+            assert (b.outputs[0].text, list(b.outputs[0].logprobs)) == (a.outputs[0].text, list(a.outputs[0].logprobs))
         await _all_blocks_free(backend)
     _with_cluster(BUILTIN_MODEL_PATH, CONFIG, ClusterConfig(1, 2), test, flags)
