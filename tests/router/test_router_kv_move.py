@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, Paused, PauseRequest, PrefillRequest,
-                            RequestFailed, ShipRequest, TokenDelta)
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused, PauseRequest,
+                            PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
 from pdwire.messages import Busy, Reserved
 from tests.disagg_harness import CONFIG, END, PROMPT, Cluster, run, until, view
 from tests.router.test_router_operator import admin_client, cast, first_tokens, membership
@@ -123,4 +123,23 @@ def test_a_node_that_does_not_pause_in_time_falls_back_and_is_removed():
             await until(lambda: "leave" in d1.commands)
             got = membership(c.backend)
             assert got['pdserve_router_migrations_total{cause="removed",how="reprefill"}'] == 1
+    run(test)
+
+
+def test_the_writer_leaving_mid_ship_fails_the_move_at_once_and_re_prefills():
+    """D1 says goodbye after its ShipRequest, before the live node took the blocks: the moved
+    attempt fails at once (not at the transfer's lease) and r1 continues re-prefilled."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            d1, live, out, _ = await paused_after_13(p, ds, c)
+            live.send(Reserved("r1~1", "x2", (7, 8), 0))
+            await d1.expect(ShipRequest)
+            d1.stop_heartbeat()
+            d1.send(NodeGoodbye(d1.node_id, d1.epoch, "SIGTERM"))
+            assert (await live.expect(AbortRequest)).rid == "r1~1"
+            again = await live.expect(DecodeRequest)
+            assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == ("r1~2", PROMPT + [11, 12, 13], p.node_id)
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="goodbye",how="reprefill"}'] == 1
     run(test)
