@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-
 from typing import Protocol
 
 from router.cluster.control_server import ControlServer
@@ -70,7 +69,8 @@ class NodeOperator:
         return self.node(node_id)
 
     def remove(self, node_id: str) -> NodeView:
-        """Tells the node to leave and moves its requests now; KeyError if unknown."""
+        """Moves the node's requests now (a decode node's with their KV blocks first) and tells it
+        to leave; KeyError if unknown."""
         view = self.node(node_id)
         self._cancel(node_id)
         self._take_out(node_id, NodeLoss(LossCause.REMOVED))
@@ -109,9 +109,9 @@ class NodeOperator:
     def _take_out(self, node_id: str, loss: NodeLoss) -> None:
         """Removes the node now, or, when requests move off it with their KV blocks, once they have
         (the node takes no new work meanwhile)."""
-        node = self._server.registry.get(node_id)
         if node_id in self._evacuating:
             return
+        node = self._server.registry.get(node_id)
         if node is None or node.role is not NodeRole.DECODE or self._evacuation is None \
                 or not self._evacuation.start(node_id, loss):
             return self._server.remove(node_id, loss)

@@ -30,8 +30,8 @@ class MoveHarness(NodeHarness):
 
     def __init__(self, model_path: str, **node_kwargs):
         super().__init__(model_path, **node_kwargs)
-        cfg = dict(router=self.sock.getsockopt_string(zmq.LAST_ENDPOINT), model=model_path, cluster_secret_file=secret_file(),
-                   **node_kwargs)
+        cfg = dict(router=self.sock.getsockopt_string(zmq.LAST_ENDPOINT), model=model_path,
+                   cluster_secret_file=secret_file(), **node_kwargs)
         self.decode1 = DecodeService(NodeConfig(node_id="decode-1", **cfg))
         self.cached["decode-1"], self.evicted["decode-1"] = set(), 0
         self.paused: dict[str, Paused] = {}

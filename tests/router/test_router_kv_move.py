@@ -139,7 +139,8 @@ def test_the_writer_leaving_mid_ship_fails_the_move_at_once_and_re_prefills():
             d1.send(NodeGoodbye(d1.node_id, d1.epoch, "SIGTERM"))
             assert (await live.expect(AbortRequest)).rid == "r1~1"
             again = await live.expect(DecodeRequest)
-            assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == ("r1~2", PROMPT + [11, 12, 13], p.node_id)
+            assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == \
+                ("r1~2", PROMPT + [11, 12, 13], p.node_id)
             got = membership(c.backend)
             assert got['pdserve_router_migrations_total{cause="goodbye",how="reprefill"}'] == 1
     run(test)
