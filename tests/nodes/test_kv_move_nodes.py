@@ -3,6 +3,7 @@ decode-0 pauses a running request and ships its blocks into decode-1's reservati
 on exactly where decode-0 stopped; what cannot move is refused and nothing leaks or stays pinned."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 
@@ -28,8 +29,8 @@ class MoveHarness(NodeHarness):
     """NodeHarness plus decode-1; the test routes moves itself: `ships` maps a moved attempt's rid
     to the paused rid whose blocks its reservation takes (and to whom the ShipRequest goes)."""
 
-    def __init__(self, model_path: str, **node_kwargs):
-        super().__init__(model_path, **node_kwargs)
+    def __init__(self, model_path: str, decode_tp: int = 1, **node_kwargs):
+        super().__init__(model_path, decode_tp=decode_tp, **node_kwargs)
         cfg = dict(router=self.sock.getsockopt_string(zmq.LAST_ENDPOINT), model=model_path,
                    cluster_secret_file=secret_file(), **node_kwargs)
         self.decode1 = DecodeService(NodeConfig(node_id="decode-1", **cfg))
@@ -83,16 +84,25 @@ class MoveHarness(NodeHarness):
         super().close()
 
 
-@pytest.fixture
-def harness(model_dir):
-    h = MoveHarness(model_dir[0], block_size=8, num_blocks=48, lease_s=2.0)
-    yield h
-    h.idle()
-    h.close()
+@contextlib.contextmanager
+def moving(model_path: str, decode_tp: int = 1):
+    """A MoveHarness; at the end every node idle, every block accounted for, none pinned."""
+    h = MoveHarness(model_path, decode_tp, block_size=8, num_blocks=48, lease_s=2.0)
+    try:
+        yield h
+        h.idle()
+    finally:
+        h.close()
     for service in (h.prefill, h.decode, h.decode1):
         service.engine.check_integrity()
         assert not service.engine.block_manager.num_pins, f"{service.config.node_id} kept a block pinned"
         assert not service.engine.has_unfinished_requests()
+
+
+@pytest.fixture
+def harness(model_dir):
+    with moving(model_dir[0]) as h:
+        yield h
 
 
 def _running(harness, rid: str, at_tokens: int = 6) -> None:
@@ -100,12 +110,18 @@ def _running(harness, rid: str, at_tokens: int = 6) -> None:
     harness.pump(lambda: len(harness.results[rid].tokens) >= at_tokens)
 
 
-def test_a_paused_request_moves_with_its_blocks_and_decodes_on_exactly(harness, model_dir):
-    """decode-0 pauses after n tokens (every one sent), holding the blocks of prompt + n - 1; its
-    ShipRequest fills decode-1's reservation (full blocks and the partial last one, nothing
-    prefilled), whose deltas start at the last token decode-0 sampled: together, transformers'
-    greedy; decode-0 ends with nothing running and no pin."""
-    _, hf = model_dir
+@pytest.mark.parametrize("decode_tp", [1, 2])
+def test_a_paused_request_moves_with_its_blocks_and_decodes_on_exactly(model_dir, decode_tp):
+    """decode-0 (tp 1, or 2: its ranks' heads gathered) pauses after n tokens (every one sent),
+    holding the blocks of prompt + n - 1; its ShipRequest fills decode-1's reservation (full
+    blocks and the partial last one, nothing prefilled), whose deltas start at the last token
+    decode-0 sampled: together, transformers' greedy; decode-0 ends with nothing running and no pin."""
+    path, hf = model_dir
+    with moving(path, decode_tp) as harness:
+        _move_and_finish(harness, hf)
+
+
+def _move_and_finish(harness, hf) -> None:
     _running(harness, "r")
     paused = harness.pause("r")
     got = tokens(harness.results["r"])
