@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused, PauseRequest,
                             PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
 from pdwire.messages import Busy, Reserved
@@ -84,19 +86,31 @@ def test_a_busy_receiver_falls_back_to_the_re_prefill_move():
     run(test)
 
 
-def test_a_failed_ship_falls_back_to_the_re_prefill_move():
-    """D1 cannot ship (RequestFailed for the moved attempt): the moved attempt ends (aborted on
-    the live node) and r1 continues re-prefilled; both the kv move and the re-prefill are counted."""
+def _fails_to_ship(d1) -> None:
+    d1.send(RequestFailed("r1~1", "cannot reach the decode node", True))
+
+
+def _leaves_mid_ship(d1) -> None:
+    d1.stop_heartbeat()
+    d1.send(NodeGoodbye(d1.node_id, d1.epoch, "SIGTERM"))
+
+
+@pytest.mark.parametrize("fail, cause", [(_fails_to_ship, "node_failure"), (_leaves_mid_ship, "goodbye")])
+def test_a_writer_failing_after_its_ship_request_falls_back_to_the_re_prefill_move(fail, cause):
+    """D1 cannot ship (RequestFailed for the moved attempt), or says goodbye before the live node
+    took the blocks: the moved attempt fails at once (not at the transfer's lease) and is aborted on
+    the live node; r1 continues re-prefilled; the kv move and the re-prefill (by its cause) are counted."""
     async def test():
         async with Cluster() as c:
             p, ds = await cast(c)
             d1, live, out, _ = await paused_after_13(p, ds, c)
             live.send(Reserved("r1~1", "x2", (7, 8), 0))
             await d1.expect(ShipRequest)
-            d1.send(RequestFailed("r1~1", "cannot reach the decode node", True))
+            fail(d1)
             assert (await live.expect(AbortRequest)).rid == "r1~1"
             again = await live.expect(DecodeRequest)
-            assert (again.rid, list(again.prompt_ids)) == ("r1~2", PROMPT + [11, 12, 13])
+            assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == \
+                ("r1~2", PROMPT + [11, 12, 13], p.node_id)
             live.send(Reserved("r1~2", "x3", (7, 8, 9), 0))
             while (msg := await p.expect(object)) and not isinstance(msg, PrefillRequest):
                 assert isinstance(msg, AbortRequest)
@@ -104,7 +118,7 @@ def test_a_failed_ship_falls_back_to_the_re_prefill_move():
             await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
             got = membership(c.backend)
             assert got['pdserve_router_migrations_total{cause="removed",how="kv_move"}'] == 1
-            assert got['pdserve_router_migrations_total{cause="node_failure",how="reprefill"}'] == 1
+            assert got[f'pdserve_router_migrations_total{{cause="{cause}",how="reprefill"}}'] == 1
     run(test)
 
 
@@ -123,24 +137,4 @@ def test_a_node_that_does_not_pause_in_time_falls_back_and_is_removed():
             await until(lambda: "leave" in d1.commands)
             got = membership(c.backend)
             assert got['pdserve_router_migrations_total{cause="removed",how="reprefill"}'] == 1
-    run(test)
-
-
-def test_the_writer_leaving_mid_ship_fails_the_move_at_once_and_re_prefills():
-    """D1 says goodbye after its ShipRequest, before the live node took the blocks: the moved
-    attempt fails at once (not at the transfer's lease) and r1 continues re-prefilled."""
-    async def test():
-        async with Cluster() as c:
-            p, ds = await cast(c)
-            d1, live, out, _ = await paused_after_13(p, ds, c)
-            live.send(Reserved("r1~1", "x2", (7, 8), 0))
-            await d1.expect(ShipRequest)
-            d1.stop_heartbeat()
-            d1.send(NodeGoodbye(d1.node_id, d1.epoch, "SIGTERM"))
-            assert (await live.expect(AbortRequest)).rid == "r1~1"
-            again = await live.expect(DecodeRequest)
-            assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == \
-                ("r1~2", PROMPT + [11, 12, 13], p.node_id)
-            got = membership(c.backend)
-            assert got['pdserve_router_migrations_total{cause="goodbye",how="reprefill"}'] == 1
     run(test)
