@@ -46,7 +46,7 @@ from kvtransport.zmq_receiver import ZmqReceiver  # noqa: E402
 from kvtransport.zmq_sender import ZmqSender  # noqa: E402
 from pdwire.handshake import KVLayout, PeerIdentity, new_epoch  # noqa: E402
 from pdwire.sampling_params import SamplingParams  # noqa: E402
-from prefill_node.shipper import BlockShipper, Shipment  # noqa: E402
+from node_shell.shipper import BlockShipper, Shipment  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECRET = b"prefill-gap-bench-secret-0123456"

@@ -15,6 +15,16 @@ Request lifecycle:
   5. on finish, AbortRequest, or a failed transfer (lease expiry, P's death, P's abort) the
      blocks are freed exactly once; a failed transfer is reported as RequestFailed (retryable)
 
+A KV move (an operator's remove or drain deadline; decode_node/mover.py) makes this node the
+sender of a running request, and another decode node the receiver:
+  6. PauseRequest: the request stops between two steps, its blocks are pinned, Paused(n tokens)
+     follows its last TokenDelta; ShipRequest: the blocks go into the other node's reservation
+     (this node named as its writer) with the transport and BlockBatch / Commit path of a prefill
+     node, the last token sampled here committed as the first; the pins go once the bytes left
+  7. as the receiver, nothing differs from steps 1-3: the DecodeRequest names the sending decode
+     node as the writer, with the tokens generated before as prior outputs, and the Commit's
+     first token is the one the sender sampled last (the router has sent it already)
+
 A DecodeRequest with local_prefill (the router found all but a few of the prompt's tokens cached
 here) skips steps 2-3: the reservation joins the batch at once, the engine prefills the uncached
 tail in chunks beside its decodes and samples the first token itself, which goes out as the first
@@ -27,12 +37,13 @@ import secrets
 
 from decode_node.streamer import Streamer
 from pdwire.outputs import RequestOutput
-from pdwire.control import AbortRequest, DecodeRequest, RequestFailed
+from pdwire.control import AbortRequest, DecodeRequest, Paused, PauseRequest, RequestFailed, ShipRequest
+from decode_node.mover import KVMover
 from kvtransport.events import TransferCommitted, TransferFailed
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import ReceiverMetrics
-from kvtransport.factory import make_receiver
+from kvtransport.factory import make_receiver, make_sender
 from kvtransport.receiver_state import Reservation
 from node_shell.config import NodeConfig
 from node_shell.service import NodeService
@@ -56,6 +67,9 @@ class DecodeService(NodeService):
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
         self.receiver = make_receiver(config.kv_transport, runner.kv_cache, identity, secret, bind=config.kv_bind,
                                       p2p_host=config.p2p_host, write_blocks=runner.block_writer())
+        sender = lambda: make_sender(config.kv_transport, identity, secret,  # noqa: E731 -- at the first move
+                                     device=str(runner.kv_cache.device), p2p_host=config.p2p_host)
+        self.mover = KVMover(self.engine, sender, config.lease_s)
 
     @property
     def transfer_metrics(self) -> ReceiverMetrics:
@@ -72,6 +86,12 @@ class DecodeService(NodeService):
                 self._reserve(msg)
             elif isinstance(msg, AbortRequest):
                 self._abort(msg.rid)
+                self.mover.release(msg.rid)
+            elif isinstance(msg, PauseRequest):
+                self.link.send(self._pause(msg.rid))
+            elif isinstance(msg, ShipRequest) and (failed := self.mover.ship(msg)) is not None:
+                self.link.send(failed)
+        self.mover.tick()
         for event in self.receiver.poll(0.0):
             rid = self.xfer_rid.pop(event.xfer_id, None)
             if rid is None:
@@ -94,9 +114,10 @@ class DecodeService(NodeService):
                 self.link.send(delta)
 
     def busy(self) -> bool:
-        return bool(self.xfer_rid)
+        return bool(self.xfer_rid) or self.mover.busy()
 
     def close_transport(self) -> None:
+        self.mover.close()
         for failed in self.receiver.close() or ():      # transfers still open: free their blocks
             rid = self.xfer_rid.pop(failed.xfer_id, None)
             if rid is not None:
@@ -139,6 +160,16 @@ class DecodeService(NodeService):
         """The router's session was lost: every request here is the router's to run again."""
         for rid in list(self.streamer.streams):
             self._abort(rid)
+        self.mover.drop_all()
+
+    def _pause(self, rid: str) -> Paused:
+        """Step 6's pause; a request whose blocks are still arriving is dropped, nothing held."""
+        state = self.streamer.streams.get(rid)
+        if state is None or rid in self.xfer_rid.values():
+            self._abort(rid)
+            return Paused(rid, 0, 0)
+        self.streamer.drop(rid)
+        return self.mover.pause(rid, state.tokens, state.before_last)
 
     def _abort(self, rid: str) -> None:
         xfer_id = next((x for x, r in self.xfer_rid.items() if r == rid), None)

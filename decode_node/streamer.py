@@ -11,6 +11,7 @@ from pdwire.control import TokenDelta
 class StreamState:
     tokens: int = 0          # generated tokens already sent
     chars: int = 0           # output text characters already sent
+    before_last: int = -1    # characters sent before the last token's (-1: its delta had more)
 
 
 class Streamer:
@@ -43,6 +44,7 @@ class Streamer:
             logprobs = [[list(kv) for kv in e.items()] if e else [] for e in entries[state.tokens:]]
         msg = TokenDelta(out.request_id, state.tokens, new_tokens, text_offset, new_text, logprobs,
                          comp.finish_reason or "")
+        state.before_last = text_offset if len(new_tokens) == 1 else -1
         state.tokens, state.chars = len(comp.token_ids), len(comp.text)
         if out.finished:
             self.drop(out.request_id)

@@ -1,4 +1,6 @@
-"""The transport interface: a KVSender on each prefill node, a KVReceiver on each decode node.
+"""The transport interface: a KVSender on each prefill node, a KVReceiver on each decode node
+(which also makes a KVSender when it moves a running request to another decode node: the same
+steps below, with the moving decode node in P's place).
 
   decode node D                                   prefill node P
   1. recv.register(Reservation(xfer_id, dst_block_ids, cached_prefix_blocks))

@@ -10,9 +10,14 @@ shared with it.
                     KVEvents (block hashes the node's prefix cache stored and evicted),
                     FirstToken (prefill),
                     TokenDelta (decode), Reserved | Busy (decode, answering DecodeRequest),
-                    RequestFailed
+                    Paused (decode, answering PauseRequest), RequestFailed
   router -> node:   NodeCommand (answer to hello/heartbeat), DecodeRequest, PrefillRequest,
-                    AbortRequest
+                    AbortRequest, PauseRequest and ShipRequest (decode: a KV move, below)
+
+A KV move takes a running request from decode node D1 to D2 with its blocks (an operator's
+remove or drain deadline): PauseRequest(rid) ─▶ D1 stops it and keeps its blocks ─▶ Paused;
+DecodeRequest(prompt + the tokens before D1's last, writer D1) ─▶ D2 ─▶ Reserved;
+ShipRequest ─▶ D1 ships into D2's reservation and commits its last token as the first.
 """
 from __future__ import annotations
 
@@ -289,6 +294,50 @@ class RequestFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class PauseRequest:
+    """Router -> decode node: stop decoding rid and keep its blocks for a ShipRequest (a KV move)."""
+    rid: str
+
+    def __post_init__(self) -> None:
+        _rid(self.rid)
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """Decode node -> router, after every TokenDelta of rid: rid stopped after num_tokens generated
+    tokens here, the K/V of all but the last one held. num_tokens = 0: nothing is held (rid was
+    not decoding here: still arriving, preempted, finished or unknown); it is dropped here."""
+    rid: str
+    num_tokens: int              # tokens this node generated for rid (all sent in TokenDeltas)
+    text_chars: int              # characters of its output text before the last token's
+
+    def __post_init__(self) -> None:
+        _rid(self.rid), check_int(self.num_tokens, "num_tokens", hi=MAX_PROMPT_TOKENS)
+        check_int(self.text_chars, "text_chars", hi=MAX_PROMPT_TOKENS * 64)
+
+
+@dataclass(frozen=True, slots=True)
+class ShipRequest:
+    """Router -> the decode node holding from_rid: ship its blocks into the reservation a decode
+    node made for attempt rid (whose writer is this node), then Commit its last token as the first
+    token of num_tokens; the held blocks are then freed here."""
+    rid: str                     # the new attempt, on the receiving decode node
+    from_rid: str                # the paused request here
+    kv_endpoint: str             # the receiving decode node's KV receiver
+    xfer_id: str
+    dst_block_ids: tuple[int, ...]
+    cached_prefix_blocks: int
+
+    def __post_init__(self) -> None:
+        _rid(self.rid), _rid(self.from_rid), check_id(self.xfer_id, "xfer_id")
+        check_str(self.kv_endpoint, "kv_endpoint", max_len=256, min_len=1)
+        object.__setattr__(self, "dst_block_ids", check_ints(self.dst_block_ids, "dst_block_ids", MAX_BLOCKS))
+        if not self.dst_block_ids:
+            raise ProtocolError("dst_block_ids is empty")
+        check_int(self.cached_prefix_blocks, "cached_prefix_blocks", hi=len(self.dst_block_ids))
+
+
+@dataclass(frozen=True, slots=True)
 class AbortRequest:
     rid: str
 
@@ -302,6 +351,7 @@ KINDS: dict[str, type] = {
     "decode_request": DecodeRequest, "prefill_request": PrefillRequest, "first_token": FirstToken,
     "token_delta": TokenDelta, "request_failed": RequestFailed, "abort_request": AbortRequest,
     "reserved": Reserved, "busy": Busy,
+    "pause_request": PauseRequest, "paused": Paused, "ship_request": ShipRequest,
 }
 _KIND_OF = {cls: kind for kind, cls in KINDS.items()}
 

@@ -25,7 +25,7 @@ from pdwire.schema import ProtocolError
 from node_shell.config import NodeConfig
 from node_shell.service import NodeService
 from kvtransport.factory import make_sender
-from prefill_node.shipper import BlockShipper, Shipment
+from node_shell.shipper import BlockShipper, Shipment
 
 log = logging.getLogger(__name__)
 

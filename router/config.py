@@ -26,6 +26,7 @@ class RouterConfig:
     control_endpoint: str = "tcp://127.0.0.1:0"  # disaggregated: where nodes connect; port 0 = any free
     admission_timeout_s: float = 30.0       # disaggregated: longest wait for a decode reservation
     max_retries: int = 3                    # disaggregated: new attempts of a request after failures
+    kv_move_timeout_s: float = 5.0          # disaggregated: a decode node removed or past its drain deadline moves each running request with its KV blocks, waiting this long for its pause and another node's reservation, else re-prefills it (0: always re-prefill)
     cluster_secret_file: str | None = None  # disaggregated: the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET, else `pdserve up` makes one
     max_body_bytes: int = 8 << 20           # HTTP: largest request body (a 400 beyond it)
     max_prompt_chars: int = 1 << 20         # HTTP: characters of all prompts / chat messages, before tokenizing
@@ -71,6 +72,7 @@ class RouterConfig:
         _require(self.admission_timeout_s > 0,
                  f"admission_timeout_s must be > 0, got {self.admission_timeout_s}")
         _require(self.max_retries >= 0, f"max_retries must be >= 0, got {self.max_retries}")
+        _require(self.kv_move_timeout_s >= 0, f"kv_move_timeout_s must be >= 0, got {self.kv_move_timeout_s}")
         _require(self.metrics_api_key is None or bool(self.metrics_api_key),
                  "metrics_api_key must be None or non-empty")
         _require(self.admin_api_key is None or bool(self.admin_api_key), "admin_api_key must be None or non-empty")

@@ -14,6 +14,7 @@ One admission, round by round:
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
     4. DecodeRequest to D (local_prefill: D computes the prompt): Reserved ends admission, and
        sends P its PrefillRequest unless D prefills; Busy releases the bookings and goes to 1
+       (a KV move's reservation, reserve_move, is one round of 2 and 4: its writer is a decode node)
     5. past admission_timeout_s: 503 naming why (no live node, every decode node busy or full,
        or a decode node that did not answer)
 """
@@ -113,6 +114,22 @@ class Admission:
             if not isinstance(reply, Busy):
                 return reply
             self._on_busy(att, decode, reply, rounds)
+
+    async def reserve_move(self, choice: Choice, att: Attempt) -> Reserved | Busy | Failure | None:
+        """A KV move's reservation, written by att.writer: one ask of the first ranked decode node
+        with room within kv_move_timeout_s (no waiting for room); None if none has room.
+        Raises NoNodeAvailable if the node does not answer in time."""
+        loop = asyncio.get_running_loop()
+        rounds = _Rounds(loop.time() + self._config.kv_move_timeout_s, self._need_blocks(att))
+        decode = self._choose_decode(choice, rounds, att, chain_hashes(att.prompt_ids, self._server.block_size))
+        if decode is None or decode.node_id == att.writer:
+            return None
+        self._book(att, decode, None)
+        reply = await self._reserve(att, decode, rounds.deadline)
+        if isinstance(reply, Busy):
+            self.busy.inc()
+            self._release_all(att)
+        return reply
 
     async def _wait_for_nodes(self, choice: Choice, deadline: float) -> None:
         """Until both pools have a live node. A fresh request does not wait: 503 at once; one that
@@ -219,7 +236,8 @@ class Admission:
         att.decode_id = decode.node_id
         att.contacted.add(decode.node_id)
         self._server.send(decode.node_id, DecodeRequest(att.wire_rid, att.prompt_ids, att.params,
-                                                        att.prefill_id or decode.node_id, att.base, att.local))
+                                                        att.writer or att.prefill_id or decode.node_id, att.base,
+                                                        att.local))
         while True:
             try:
                 event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
@@ -240,6 +258,8 @@ class Admission:
             if isinstance(msg, Reserved):
                 att.cached_blocks = msg.cached_prefix_blocks
                 self._taken(att, node_id)
+                if att.writer:                  # a KV move: the writer ships (router/cluster/kv_move.py)
+                    return msg
                 self.prefills.labels("local" if att.local else "remote").inc()
                 if att.local:
                     att.first_token = True      # D's deltas carry every token from the first

@@ -16,7 +16,7 @@
    the registered node's current epoch go to the listener (the router's KV index)
    A node told to leave (drained, removed) is answered "leave" until it says goodbye, so it
    cannot register again in the same epoch
-4. request messages (Reserved, Busy, FirstToken, TokenDelta, RequestFailed) go to the listener
+4. request messages (Reserved, Busy, FirstToken, TokenDelta, RequestFailed, Paused) go to the listener
 5. a node silent for heartbeat_timeout_s is removed and the listener told that it is lost
    (every loss carries a router.cluster.membership.LossCause, counted in `membership`)
 
@@ -35,7 +35,7 @@ from prometheus_client import Counter
 
 from pdwire import control
 from pdwire.control import (FirstToken, KVEvents, NodeCommand, NodeGoodbye, NodeHello,
-                            NodeStatus, RequestFailed, TokenDelta)
+                            NodeStatus, Paused, RequestFailed, TokenDelta)
 from kvtransport.framing import FrameError, control_framer
 from pdwire.figures import PrefixCounters
 from pdwire.messages import Busy, Reserved
@@ -47,7 +47,7 @@ from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, Node
 
 log = logging.getLogger(__name__)
 
-REQUEST_MESSAGES = (Reserved, Busy, FirstToken, TokenDelta, RequestFailed)
+REQUEST_MESSAGES = (Reserved, Busy, FirstToken, TokenDelta, RequestFailed, Paused)
 _SEND_HWM = 10_000      # queued messages per node before the socket drops (a wedged node)
 _RECV_HWM = 10_000      # queued messages from all connections before the socket stops reading
 _CLOSE_LINGER_MS = 200

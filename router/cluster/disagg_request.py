@@ -57,6 +57,7 @@ class Attempt:
     contacted: set[str] = field(default_factory=set)            # nodes that got a request
     bookings: dict[str, Booking] = field(default_factory=dict)  # by node id: to release at the end
     ended: bool = False
+    writer: str = ""                # a KV move: the decode node shipping D its blocks, until D's first delta
 
     @property
     def prefill_id(self) -> str:

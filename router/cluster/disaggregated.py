@@ -16,6 +16,8 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
        remove or drain deadline: router/cluster/node_operator.py): AbortRequest to both,
        then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
        and min_tokens less those tokens: a retry before the first token, a migration after it
+       (an operator's remove or drain deadline first moves D's requests with their KV blocks:
+       router/cluster/kv_move.py; this re-prefill is the fallback)
     6. client gone / generator closed / abort(): AbortRequest to the nodes of the attempt
 
 An attempt is one try on one (P, D) pair. Its wire rid is the choice's rid, then `rid~k` for try k,
@@ -46,6 +48,7 @@ from router.cluster.control_server import ControlServer
 from router.cluster.membership import NodeLoss
 from router.http.metrics import LATENCY_BUCKETS
 from router.cluster.kv_index import KVIndex
+from router.cluster.kv_move import REPREFILL, UNTIMED, KVMoves, MoveOut
 from router.cluster.node_operator import NodeOperator
 from router.cluster.policy import PrefixAffinity
 from router.cluster.registry import NodeRegistry, NodeRole
@@ -79,11 +82,15 @@ class DisaggregatedBackend(Backend):
         self._admission = Admission(config, self._registry, self._server, self._affinity, capacity, self._kv_index)
         self._requests: dict[str, PendingRequest] = {}
         self._attempts: dict[str, Attempt] = {}
-        self._operator = NodeOperator(self._server)
         self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
                                 "token after a node failed, by cause.", ["cause"], registry=None)
-        self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after "
-                                   "tokens were emitted, by cause.", ["cause"], registry=None)
+        self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after tokens "
+                                   "were emitted, by cause and how: with their KV blocks (kv_move) or "
+                                   "re-prefilled from prompt + emitted tokens (reprefill).", ["cause", "how"],
+                                   registry=None)
+        self._moves = KVMoves(config.kv_move_timeout_s, self._server, self._admission, self._attempts,
+                              self._attempt, self._end_attempt, self._migrations, self._vocab)
+        self._operator = NodeOperator(self._server, self._moves, 2 * config.kv_move_timeout_s)
         self._kv_transfer_time = Histogram("pdserve_kv_transfer_time_seconds", TransferTimer.__doc__,
                                            buckets=LATENCY_BUCKETS, registry=None)
 
@@ -196,7 +203,7 @@ class DisaggregatedBackend(Backend):
 
     def on_request_message(self, node_id: str, msg: Any) -> bool:
         att = self._attempts.get(msg.rid)
-        if att is None or node_id not in (att.prefill_id, att.decode_id):
+        if att is None or node_id not in (att.prefill_id, att.decode_id, att.writer):
             return False
         att.inbox.put_nowait((node_id, msg))
         return True
@@ -208,7 +215,7 @@ class DisaggregatedBackend(Backend):
         self._affinity.forget(node_id)
         self._kv_index.forget(node_id)
         for att in self._attempts.values():
-            if node_id in (att.prefill_id, att.decode_id):
+            if node_id in (att.prefill_id, att.decode_id, att.writer):
                 att.inbox.put_nowait(Lost(node_id, loss))
 
     # ------------------------------------------------------------ a request
@@ -277,18 +284,29 @@ class DisaggregatedBackend(Backend):
                 att = self._next_attempt(request, choice, cause)
                 if att is None:
                     break
-                try:
-                    failure = await self._admission.admit(choice, att)
-                    if failure is None:
-                        request.note_admitted(choice, att, self._server.block_size or 1)
-                        failure = await self._stream(request, choice, att)
-                finally:
-                    self._end_attempt(att)
+                failure = await self._run_attempt(request, choice, att)
                 if failure is not None:
                     self._after_failure(choice, failure)
                     cause = failure.cause
         except Exception as err:    # noqa: BLE001 -- handed to generate(), which raises it
             request.events.put_nowait(err)
+
+    async def _run_attempt(self, request: PendingRequest, choice: Choice, att: Attempt) -> Failure | None:
+        """Admits and streams an attempt, and the attempts its KV moves make; ends each one."""
+        try:
+            failure = await self._admission.admit(choice, att)
+            if failure is None:
+                request.note_admitted(choice, att, self._server.block_size or 1)
+                failure = await self._stream(request, choice, att)
+            while isinstance(failure, MoveOut):
+                moved, failure = await self._moves.move(request, choice, att, failure)
+                if moved is not None:
+                    self._end_attempt(att)      # after the ShipRequest: D1's hold is no longer its
+                    att = moved
+                    failure = await self._stream(request, choice, att)
+        finally:
+            self._end_attempt(att)
+        return failure
 
     def _next_attempt(self, request: PendingRequest, choice: Choice, cause: str) -> Attempt | None:
         """The next try from what was emitted; None (and the choice finished) if nothing is left."""
@@ -298,6 +316,13 @@ class DisaggregatedBackend(Backend):
             choice.finish("length")
             request.events.put_nowait(choice.index)
             return None
+        if choice.num_attempts > 0:
+            (self._migrations.labels(cause, REPREFILL) if emitted else self._retries.labels(cause)).inc()
+        return self._attempt(request, choice, emitted, choice.out.length)
+
+    def _attempt(self, request: PendingRequest, choice: Choice, emitted: int, text_base: int) -> Attempt:
+        """The choice's next attempt, from prompt + its first `emitted` tokens (text_base characters)."""
+        max_tokens = None if choice.params.max_tokens is None else choice.params.max_tokens - emitted
         params = dataclasses.replace(choice.params, max_tokens=max_tokens,
                                      min_tokens=max(0, choice.params.min_tokens - emitted))
         if params.prompt_logprobs is not None and (emitted or choice.index or request.prompt_logprobs):
@@ -305,10 +330,8 @@ class DisaggregatedBackend(Backend):
                                                                           # choice 0 before any token
         k = choice.num_attempts
         choice.num_attempts += 1
-        if k > 0:
-            (self._migrations if emitted else self._retries).labels(cause).inc()
         att = Attempt(choice.rid if k == 0 else f"{choice.rid}~{k}",
-                       request.prompt_ids + choice.token_ids, params, emitted, choice.out.length)
+                       request.prompt_ids + choice.token_ids[:emitted], params, emitted, text_base)
         choice.attempt = self._attempts[att.wire_rid] = att
         return att
 
@@ -338,14 +361,17 @@ class DisaggregatedBackend(Backend):
 
     # ------------------------------------------------------------ step 4: tokens
 
-    async def _stream(self, request: PendingRequest, choice: Choice, att: Attempt) -> Failure | None:
-        """Merges P's first token and D's deltas into the choice until it finishes or fails."""
-        timer = TransferTimer(self._kv_transfer_time)
+    async def _stream(self, request: PendingRequest, choice: Choice, att: Attempt) -> Failure | MoveOut | None:
+        """Merges P's first token and D's deltas into the choice until it finishes, fails or moves."""
+        timer = TransferTimer(UNTIMED if att.writer else self._kv_transfer_time)    # a KV move: not a prefill's
         while choice.finish_reason is None:
             before = (len(choice.token_ids), choice.out.length)
             had_first = att.first_token
             event = await att.inbox.get()
+            if isinstance(event, MoveOut):
+                return event
             failure = apply_event(choice, att, event, request, self._vocab)
+            self._moves.note(att, event)
             timer.note(event, att)
             if att.first_token and not had_first and att.prefill_id in att.bookings:
                 self._registry.release(att.bookings.pop(att.prefill_id))    # P's part is done

@@ -2,9 +2,12 @@
 
     drain(node, deadline_s) ──▶ DRAINING: no new work; its running requests go on
         ├─ idle at a heartbeat ─────────▶ told "leave" (registry), lost as DRAINED ("idle")
-        └─ deadline_s passes, still busy ─▶ told "leave", lost as DRAINED: its requests move to
-                                           other nodes (re-prefilled from prompt + emitted tokens)
-    remove(node) ──▶ told "leave" and lost as REMOVED at once: its requests move
+        └─ deadline_s passes, still busy ─▶ take out, lost as DRAINED
+    remove(node) ──▶ take out at once, lost as REMOVED
+    take out: a decode node's decoding requests first move to other decode nodes with their KV
+              blocks (router/cluster/kv_move.py; the node is DRAINING meanwhile), for at most
+              2 x kv_move_timeout_s; then the node is told "leave" and lost: whatever is still
+              there moves re-prefilled from prompt + emitted tokens, as a prefill node's requests do
     a node told to leave says goodbye and exits; adding a node is starting one
     scale(role, count) ──▶ the deployment's PoolScaler starts nodes, or drains the surplus
                            (router/cluster/pool_scaler.py); no scaler: the nodes are started by hand
@@ -15,17 +18,33 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Protocol
 
 from router.cluster.control_server import ControlServer
 from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S, LossCause, NodeLoss, NodeView
 from router.cluster.pool_scaler import NoScaler, PoolScaler, PoolView, pool_views
-from router.cluster.registry import Node, NodeState
+from router.cluster.registry import Node, NodeRole, NodeState
+
+
+_EVACUATION_POLL_S = 0.02
+
+
+class Evacuation(Protocol):
+    """Moves a node's running requests off it before it is told to leave (router/cluster/kv_move.py)."""
+
+    def start(self, node_id: str, loss: NodeLoss) -> bool:
+        """Starts moving them; False if there is nothing to move."""
+
+    def pending(self, node_id: str) -> bool:
+        """Whether a move off the node is still under way."""
 
 
 class NodeOperator:
-    def __init__(self, server: ControlServer):
+    def __init__(self, server: ControlServer, evacuation: Evacuation | None = None, wait_s: float = 10.0):
         self._server = server
+        self._evacuation, self._wait_s = evacuation, wait_s     # wait_s: longest evacuation
         self._deadlines: dict[str, tuple[str, asyncio.TimerHandle]] = {}   # node id -> (epoch, timer)
+        self._evacuating: dict[str, asyncio.Task] = {}          # node id -> its take-out
         self.scaler: PoolScaler | None = None       # set by the deployment that starts the nodes
 
     def nodes(self) -> list[NodeView]:
@@ -50,10 +69,11 @@ class NodeOperator:
         return self.node(node_id)
 
     def remove(self, node_id: str) -> NodeView:
-        """Tells the node to leave and moves its requests now; KeyError if unknown."""
+        """Moves the node's requests now (a decode node's with their KV blocks first) and tells it
+        to leave; KeyError if unknown."""
         view = self.node(node_id)
         self._cancel(node_id)
-        self._server.remove(node_id, NodeLoss(LossCause.REMOVED))
+        self._take_out(node_id, NodeLoss(LossCause.REMOVED))
         self._server.membership.removals.inc()
         return replace(view, state="removed", drain_deadline_s=None)
 
@@ -76,13 +96,41 @@ class NodeOperator:
     def close(self) -> None:
         for node_id in list(self._deadlines):
             self._cancel(node_id)
+        for task in self._evacuating.values():
+            task.cancel()
 
     def _deadline_passed(self, node_id: str, epoch: str, deadline_s: float) -> None:
         self._deadlines.pop(node_id, None)
         info, node = self._server.info(node_id), self._server.registry.get(node_id)
         if info is None or node is None or info.hello.epoch != epoch or node.state is not NodeState.DRAINING:
             return      # gone already (idle), or back as a new incarnation
-        self._server.remove(node_id, NodeLoss(LossCause.DRAINED, f"its {deadline_s:g} s drain deadline passed"))
+        self._take_out(node_id, NodeLoss(LossCause.DRAINED, f"its {deadline_s:g} s drain deadline passed"))
+
+    def _take_out(self, node_id: str, loss: NodeLoss) -> None:
+        """Removes the node now, or, when requests move off it with their KV blocks, once they have
+        (the node takes no new work meanwhile)."""
+        if node_id in self._evacuating:
+            return
+        node = self._server.registry.get(node_id)
+        if node is None or node.role is not NodeRole.DECODE or self._evacuation is None \
+                or not self._evacuation.start(node_id, loss):
+            return self._server.remove(node_id, loss)
+        if node.state is not NodeState.DRAINING:
+            self._server.drain(node_id)
+        epoch = self._server.info(node_id).hello.epoch
+        task = asyncio.get_running_loop().create_task(self._remove_when_moved(node_id, epoch, loss))
+        self._evacuating[node_id] = task
+
+    async def _remove_when_moved(self, node_id: str, epoch: str, loss: NodeLoss) -> None:
+        deadline = asyncio.get_running_loop().time() + self._wait_s
+        try:
+            while self._evacuation.pending(node_id) and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(_EVACUATION_POLL_S)
+        finally:
+            self._evacuating.pop(node_id, None)
+        info = self._server.info(node_id)
+        if info is not None and info.hello.epoch == epoch:
+            self._server.remove(node_id, loss)
 
     def _cancel(self, node_id: str) -> None:
         entry = self._deadlines.pop(node_id, None)

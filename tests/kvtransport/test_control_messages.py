@@ -8,8 +8,8 @@ from hypothesis import given, settings, strategies as st
 from engine import SamplingParams
 from pdwire import control
 from pdwire.figures import PrefixCounters
-from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
-                                 PrefillRequest, RequestFailed, TokenDelta)
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus, Paused,
+                            PauseRequest, PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
 from pdwire.schema import ProtocolError
 
 PARAMS = SamplingParams(temperature=0.7, top_k=5, stop=("\n\n",), seed=3, max_tokens=9, logprobs=2)
@@ -25,6 +25,8 @@ MESSAGES = [
     FirstToken("r1", 42, "hi", None, "", (None, ((2, -0.5), (9, -1.0)), ((3, -0.25),))),
     TokenDelta("r1", 1, (5, 6), 2, " there", ((), ((6, -0.3),)), "length"),
     RequestFailed("r1", "busy", True), AbortRequest("r1"),
+    PauseRequest("r1"), Paused("r1", 7, 12), Paused("r1", 0, 0),
+    ShipRequest("r1~1", "r1", "tcp://127.0.0.1:5556", "x.3", (8, 9, 10), 1),
 ]
 
 
@@ -69,6 +71,21 @@ def test_every_message_round_trips(msg):
     back = control.decode(control.encode(msg))
     assert type(back) is type(msg)
     assert control.encode(back) == control.encode(msg)
+
+
+@pytest.mark.parametrize("kind, values", [
+    ("paused", ["r1", -1, 0]), ("paused", ["r1", 3, "12"]), ("paused", ["", 3, 1]),
+    ("pause_request", ["r" * 1000]),
+    ("ship_request", ["r1~1", "r1", "tcp://h:1", "x.3", [], 0]),              # no block
+    ("ship_request", ["r1~1", "r1", "tcp://h:1", "x.3", [8, 9], 3]),          # more cached than blocks
+    ("ship_request", ["r1~1", "r1", "tcp://h:1", "x.3", [8, -9], 0]),
+    ("ship_request", ["r1~1", "r1", "", "x.3", [8], 0]),
+    ("ship_request", ["r1~1", "r1", "tcp://h:1", "x y", [8], 0]),            # not an id
+])
+def test_bad_kv_move_fields_are_protocol_errors(kind, values):
+    """A KV move's messages are checked like every other: rids, counts, endpoint, ids, block lists."""
+    with pytest.raises(ProtocolError):
+        control.decode(msgpack.packb([control.PROTOCOL_VERSION, kind, values]))
 
 
 @pytest.mark.parametrize("fields", [

@@ -9,21 +9,24 @@ import prefill_node.service as prefill_service
 
 def _stub(transport):
     runner = SimpleNamespace(kv_cache=SimpleNamespace(device="cpu"), block_writer=lambda: None)
-    config = SimpleNamespace(kv_transport=transport, p2p_host="10.0.0.9", kv_bind="tcp://127.0.0.1:0")
+    config = SimpleNamespace(kv_transport=transport, p2p_host="10.0.0.9", kv_bind="tcp://127.0.0.1:0", lease_s=30.0)
     return SimpleNamespace(engine=SimpleNamespace(runner=runner), config=config,
                            shipper=SimpleNamespace(bind=lambda engine, sender: None))
 
 
 @pytest.mark.parametrize("transport", ["zmq", "torch_dist"])
 def test_node_services_make_their_transport_by_name(monkeypatch, transport):
-    """open_transport passes config.kv_transport and its whole option set to the factory."""
+    """open_transport passes config.kv_transport and its whole option set to the factory (a decode
+    node's sender, for KV moves, is made at the first move, the same way)."""
     calls = []
     monkeypatch.setattr(prefill_service, "make_sender", lambda *a, **kw: calls.append((a, kw)) or "S")
+    monkeypatch.setattr(decode_service, "make_sender", lambda *a, **kw: calls.append((a, kw)) or "S")
     monkeypatch.setattr(decode_service, "make_receiver", lambda *a, **kw: calls.append((a, kw)) or "R")
     p, d = _stub(transport), _stub(transport)
     prefill_service.PrefillService.open_transport(p, "identity", b"secret")
     decode_service.DecodeService.open_transport(d, "identity", b"secret")
-    assert (p.sender, d.receiver) == ("S", "R")
-    assert calls == [((transport, "identity", b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9"}),
-                     ((transport, d.engine.runner.kv_cache, "identity", b"secret"),
-                      {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None})]
+    assert (p.sender, d.receiver, d.mover.sender) == ("S", "R", None)
+    assert d.mover._make_sender() == "S"
+    sender = ((transport, "identity", b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9"})
+    assert calls == [sender, ((transport, d.engine.runner.kv_cache, "identity", b"secret"),
+                              {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None}), sender]

@@ -7,7 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from pdwire.control import AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, PrefillRequest, TokenDelta
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused, PauseRequest,
+                            PrefillRequest, TokenDelta)
 from pdwire.messages import Reserved
 from router.http.app import create_app
 from router.config import RouterConfig
@@ -185,8 +186,9 @@ def test_drain_lets_the_running_request_finish_sends_no_new_work_then_tells_the_
 
 
 def test_drain_deadline_moves_the_running_request_with_an_exact_continuation():
-    """A drained node still busy at its deadline is told to leave and lost (cause drained): its
-    request continues on the other decode node from prompt + the 2 emitted tokens, exactly."""
+    """A drained node still busy at its deadline, holding nothing it could ship (Paused with 0
+    tokens), is told to leave and lost (cause drained): its request continues on the other decode
+    node re-prefilled from prompt + the 2 emitted tokens, exactly."""
     async def test():
         async with Cluster() as c:
             p, ds = await cast(c)
@@ -195,19 +197,22 @@ def test_drain_deadline_moves_the_running_request_with_an_exact_continuation():
             async with admin_client(c.backend) as http:
                 reply = await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
                 assert reply.status_code == 200
+                assert (await drained.expect(PauseRequest)).rid == "r1"
+                drained.send(Paused("r1", 0, 0))
                 req = await live.expect(DecodeRequest, timeout=5.0)
             await until(lambda: "leave" in drained.commands)
             assert drained.commands.index("drain") < drained.commands.index("leave")
             await continue_on(live, p, req, out)
             assert membership(c.backend) == counts(3, (1, 1), drains=1, extra={
                 'pdserve_router_node_losses_total{cause="drained"}': 1,
-                'pdserve_router_migrations_total{cause="drained"}': 1})
+                'pdserve_router_migrations_total{cause="drained",how="reprefill"}': 1})
     run(test)
 
 
 def test_remove_moves_the_running_request_at_once_and_the_node_cannot_rejoin_in_its_epoch():
-    """POST remove: the node is told "leave" and lost (cause removed), its request continues
-    exactly on the other decode node; a hello or heartbeat in the same epoch is answered "leave"."""
+    """POST remove: the node is told "leave" and lost (cause removed) once its request is not held
+    (Paused with 0 tokens): it continues exactly on the other decode node, re-prefilled; a hello or
+    heartbeat in the same epoch is answered "leave"."""
     async def test():
         async with Cluster() as c:
             p, ds = await cast(c)
@@ -216,6 +221,8 @@ def test_remove_moves_the_running_request_at_once_and_the_node_cannot_rejoin_in_
             async with admin_client(c.backend) as http:
                 reply = await http.post(f"/admin/nodes/{removed.node_id}/remove")
                 assert (reply.status_code, reply.json()["state"]) == (200, "removed")
+                assert (await removed.expect(PauseRequest)).rid == "r1"
+                removed.send(Paused("r1", 0, 0))
                 req = await live.expect(DecodeRequest, timeout=5.0)
                 await continue_on(live, p, req, out)
                 await until(lambda: "leave" in removed.commands)
@@ -226,7 +233,7 @@ def test_remove_moves_the_running_request_at_once_and_the_node_cannot_rejoin_in_
             assert listed == sorted(["prefill-0", live.node_id])
             assert membership(c.backend) == counts(3, (1, 1), removals=1, extra={
                 'pdserve_router_node_losses_total{cause="removed"}': 1,
-                'pdserve_router_migrations_total{cause="removed"}': 1})
+                'pdserve_router_migrations_total{cause="removed",how="reprefill"}': 1})
     run(test)
 
 

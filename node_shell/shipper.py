@@ -1,4 +1,5 @@
-"""Ships a prompt's blocks to its decode node as soon as each one is computed.
+"""Ships a prompt's blocks to its decode node as soon as each one is computed (a prefill node), or
+a paused request's blocks all at once (a decode node's KV move: decode_node/mover.py).
 
 Called by the engine after every step that computed part of a tracked prompt (a StepObserver):
 
@@ -54,9 +55,17 @@ class BlockShipper:
         bs = self.engine.block_manager.block_size
         done = seq.num_computed_tokens >= s.prompt_len
         end = len(s.dst_block_ids) if done else min(seq.num_computed_tokens // bs, len(s.dst_block_ids))
+        self._send(s, seq.block_table, end)
+
+    def ship(self, s: Shipment, blocks: list[int]) -> None:
+        """Ship every block of s not sent yet now, from `blocks` (the source's table for s)."""
+        self._send(s, blocks, len(s.dst_block_ids))
+
+    def _send(self, s: Shipment, table: list[int], end: int) -> None:
+        """Ship s's blocks [next_index, end) from the source blocks table[next_index:end]."""
         if end <= s.next_index:
             return
-        kv_cache, sources = self._full_head_blocks(s, seq.block_table[s.next_index:end])
+        kv_cache, sources = self._full_head_blocks(s, table[s.next_index:end])
         self.sender.send_blocks(s.xfer_id, list(range(s.next_index, end)), list(s.dst_block_ids[s.next_index:end]),
                                 kv_cache, list(sources))
         s.next_index = end

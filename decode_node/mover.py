@@ -1,0 +1,130 @@
+"""A decode node's side of a KV move: a running request leaves for another decode node with its
+blocks, shipped over the transport prefill nodes use (node_shell/shipper.py, kvtransport).
+
+    request here: prompt p, outputs o_1 .. o_n; K/V computed for p + o_1 .. o_{n-1} (o_n is
+    sampled, its K/V not computed yet)
+
+  1. PauseRequest(rid): the request stops between two steps; the blocks of its first
+     L = len(p) + n - 1 tokens are pinned, the engine drops it, and the router hears
+     Paused(rid, n, text before o_n) after every TokenDelta it was sent (n = 0: nothing held)
+  2. the router reserves on D2 the prompt p + o_1 .. o_{n-1} (prior outputs n - 1), writer: this node
+  3. ShipRequest(rid', rid, D2, xfer_id, D2's blocks): every block from D2's cached prefix on, the
+     partial last one included, in BlockBatches, then Commit(first token o_n, L tokens): D2 adopts
+     them as a prefill's and decodes on from o_n, exactly where this node stopped
+  4. the pins go once the transport says the bytes left (exactly once: shipped, aborted, expired
+     after lease_s unshipped, or the router's session lost)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.block_manager import PinHandle
+from engine.llm_engine import LLMEngine
+from kvtransport.base import KVSender, TransportError
+from node_shell.shipper import BlockShipper, Shipment
+from pdwire.control import Paused, RequestFailed, ShipRequest
+from pdwire.handshake import HandshakeError
+
+log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 5.0     # pairing with the receiving decode node, on this node's loop
+
+
+@dataclass(slots=True)
+class Held:
+    """A paused request's blocks, pinned until shipped or released."""
+    pin: PinHandle
+    blocks: tuple[int, ...]     # the blocks of its first num_tokens tokens, in order
+    num_tokens: int             # L: tokens whose K/V the blocks hold
+    last_token: int             # o_n: the receiving node's first token
+    expires_at: float
+
+
+class KVMover:
+    def __init__(self, engine: LLMEngine, make_sender: Callable[[], KVSender], lease_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine, self.lease_s, self.clock = engine, lease_s, clock
+        self._make_sender = make_sender
+        self.sender: KVSender | None = None        # made at the first move
+        self.shipper = BlockShipper()
+        self.held: dict[str, Held] = {}
+
+    def busy(self) -> bool:
+        return bool(self.held or self.shipper.shipments)
+
+    def pause(self, rid: str, sent_tokens: int, before_last: int) -> Paused:
+        """Step 1. sent_tokens / before_last: what the streamer sent of rid (tokens, and characters
+        before the last token's, -1 if unknown). Drops rid from the engine in every case."""
+        bs = self.engine.block_manager.block_size
+        group = next((g for g in self.engine.scheduler.running if g.request_id == rid), None)
+        seq = group.seqs[0] if group is not None and len(group.seqs) == 1 and group.beam is None else None
+        n = seq.num_output_tokens if seq is not None and not seq.is_finished else 0
+        movable = n > 0 and n == sent_tokens and before_last >= 0 and seq.num_computed_tokens == len(seq) - 1
+        if movable:
+            blocks = tuple(seq.block_table[:-(-seq.num_computed_tokens // bs)])
+            self.held[rid] = Held(self.engine.block_manager.pin(list(blocks)), blocks, seq.num_computed_tokens,
+                                  seq.token_ids[-1], self.clock() + self.lease_s)
+        self.engine.abort_request(rid)
+        return Paused(rid, n, before_last) if movable else Paused(rid, 0, 0)
+
+    def ship(self, req: ShipRequest) -> RequestFailed | None:
+        """Step 3; a RequestFailed (for the new attempt) if it cannot start. The held blocks are
+        released once sent, or at once if nothing was sent."""
+        held = self.held.pop(req.from_rid, None)
+        if held is None:
+            return RequestFailed(req.rid, f"nothing held for {req.from_rid}", True)
+        if len(req.dst_block_ids) != len(held.blocks):
+            self.engine.block_manager.unpin(held.pin)
+            return RequestFailed(req.rid, f"{len(req.dst_block_ids)} blocks reserved for "
+                                 f"{len(held.blocks)} held", True)
+        shipment = Shipment(req.rid, req.xfer_id, tuple(req.dst_block_ids), held.num_tokens,
+                            req.cached_prefix_blocks, pins=[held.pin])
+        try:
+            sender = self._sender()
+            sender.connect(req.kv_endpoint, CONNECT_TIMEOUT_S)
+            sender.begin(req.xfer_id, req.kv_endpoint)
+        except (HandshakeError, TransportError, RuntimeError, ValueError) as err:
+            self.engine.block_manager.unpin(held.pin)
+            return RequestFailed(req.rid, f"cannot reach the decode node: {err}"[:500], True)
+        self.shipper.track(shipment)
+        try:
+            self.shipper.ship(shipment, list(held.blocks))
+            sender.commit(req.xfer_id, held.last_token, held.num_tokens)
+        except (TransportError, ValueError) as err:
+            sender.abort(req.xfer_id, "send failed")
+            return RequestFailed(req.rid, f"KV move failed: {err}"[:500], True)
+        finally:
+            self.shipper.close(req.rid)
+        return None
+
+    def release(self, rid: str) -> None:
+        """Unpin rid's held blocks, if held (the router gave up the move)."""
+        held = self.held.pop(rid, None)
+        if held is not None:
+            self.engine.block_manager.unpin(held.pin)
+
+    def tick(self) -> None:
+        """Free holds past their lease, and the pins of shipments whose bytes have left."""
+        now = self.clock()
+        for rid in [r for r, h in self.held.items() if h.expires_at <= now]:
+            log.warning("held blocks of %s were not shipped within %.0f s: freed", rid, self.lease_s)
+            self.release(rid)
+        if self.sender is not None:
+            self.sender.poll(0.0)       # heartbeats, replies; a committed transfer fails on D2's side
+            self.shipper.release_sent()
+
+    def drop_all(self) -> None:
+        for rid in list(self.held):
+            self.release(rid)
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+
+    def _sender(self) -> KVSender:
+        if self.sender is None:
+            self.sender = self._make_sender()
+            self.shipper.bind(self.engine, self.sender)
+        return self.sender

@@ -1,0 +1,157 @@
+"""KV moves: a request decoding on a node an operator takes out (remove, drain deadline) moves to
+another decode node with its KV blocks, so its continuation is exact in every dtype.
+
+    attempt A on D1 (tokens o_1 .. o_n emitted)        node_operator: D1 draining, no new work
+    1. start(D1): MoveOut into the inbox of every attempt decoding on D1
+    2. PauseRequest ─▶ D1; its last TokenDeltas merge as usual; Paused(n, chars before o_n)
+    3. attempt A' = prompt + o_1 .. o_{n-1} (base n - 1: its first token o_n is the client's
+       already), writer D1; DecodeRequest ─▶ D2 (one ask, admission.reserve_move) ─▶ Reserved
+    4. ShipRequest(A', A) ─▶ D1: D1 ships its blocks into D2's reservation and commits o_n;
+       D2 adopts them and streams A' from o_n on (merge skips what the client has)
+    5. D2's first TokenDelta: A' no longer needs D1 (writer cleared); once no move off D1 is
+       pending, the operator removes D1 as before
+  Any step failing or past kv_move_timeout_s (D1 not pausing, D2 Busy or full, D1 dead, the
+  transfer failing) falls back to today's move: A, or A', ends and the next attempt re-prefills
+  prompt + every emitted token. pdserve_router_migrations{cause, how} counts both kinds.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, NamedTuple
+
+from pdwire.control import Paused, PauseRequest, ShipRequest, TokenDelta
+from pdwire.messages import Reserved
+from router.backend import NoNodeAvailable
+from router.cluster.admission import Admission
+from router.cluster.control_server import ControlServer
+from router.cluster.disagg_request import Attempt, Choice, Failure, PendingRequest, apply_event
+from router.cluster.membership import NodeLoss
+
+log = logging.getLogger(__name__)
+KV_MOVE, REPREFILL = "kv_move", "reprefill"     # the `how` of pdserve_router_migrations
+
+
+class MoveOut(NamedTuple):
+    """In an attempt's inbox: its decode node is being taken out; move the request with its blocks."""
+    node_id: str
+    loss: NodeLoss
+
+    def failure(self, detail: str) -> Failure:
+        """The fallback: a re-prefill move, counted under the loss's cause."""
+        return Failure(self.node_id, f"node {self.node_id} {self.loss}: {detail}", True, self.loss.cause.value)
+
+
+class _Untimed:
+    """A histogram that keeps nothing: a KV move's attempt has no prefill to time the transfer from."""
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+UNTIMED = _Untimed()
+NewAttempt = Callable[[PendingRequest, Choice, int, int], Attempt]   # (request, choice, emitted, text_base)
+
+
+class KVMoves:
+    def __init__(self, timeout_s: float, server: ControlServer, admission: Admission, attempts: dict[str, Attempt],
+                 new_attempt: NewAttempt, end_attempt: Callable[[Attempt], None], migrations: Any, vocab: int):
+        self._timeout_s, self._server, self._admission = timeout_s, server, admission
+        self._attempts, self._new_attempt, self._end_attempt = attempts, new_attempt, end_attempt
+        self._migrations, self._vocab = migrations, vocab
+        self._moving: dict[str, set[Attempt]] = {}     # node -> attempts moving off it
+
+    def start(self, node_id: str, loss: NodeLoss) -> bool:
+        """Step 1; False if nothing decodes on the node (or KV moves are off)."""
+        if self._timeout_s <= 0:
+            return False
+        atts = {a for a in self._attempts.values() if a.decode_id == node_id and a.first_token
+                and not a.decode_done and not a.ended and not a.writer}
+        for att in atts:
+            att.inbox.put_nowait(MoveOut(node_id, loss))
+        self._moving[node_id] = atts
+        return bool(atts)
+
+    def pending(self, node_id: str) -> bool:
+        """Whether a move off the node is under way (pausing there, or its blocks not adopted yet)."""
+        live = {a for a in self._moving.get(node_id, ()) if not a.ended and node_id in (a.decode_id, a.writer)}
+        if live:
+            self._moving[node_id] = live
+        else:
+            self._moving.pop(node_id, None)
+        return bool(live)
+
+    def note(self, att: Attempt, event: Any) -> None:
+        """Step 5, for each event of a streaming attempt: D2 took the blocks, D1 is done with."""
+        if att.writer and isinstance(event, tuple) and event[0] == att.decode_id and isinstance(event[1], TokenDelta):
+            booking = att.bookings.pop(att.writer, None)
+            if booking is not None:
+                self._server.registry.release(booking)
+            att.writer = ""
+
+    async def move(self, request: PendingRequest, choice: Choice, att: Attempt,
+                   out: MoveOut) -> tuple[Attempt | None, Failure | None]:
+        """Steps 2-4 for `att`: (the new attempt, its blocks on their way, None), or (None, the
+        failure to re-prefill after), or (None, None) when the choice finished meanwhile."""
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
+        self._server.send(att.decode_id, PauseRequest(att.wire_rid))
+        paused = await self._paused(request, choice, att, deadline)
+        if choice.finish_reason is not None or isinstance(paused, Failure):
+            return None, paused
+        if paused is None:
+            return None, out.failure(f"not paused within {self._timeout_s:g} s")
+        if paused.num_tokens == 0 or att.base + paused.num_tokens != len(choice.token_ids):
+            return None, out.failure(f"{paused.num_tokens} tokens held of {len(choice.token_ids) - att.base}")
+        moved = self._new_attempt(request, choice, len(choice.token_ids) - 1, att.text_base + paused.text_chars)
+        moved.writer, moved.first_token = out.node_id, True     # the client has its first token
+        self._moving.setdefault(out.node_id, set()).add(moved)
+        try:
+            reply = await self._admission.reserve_move(choice, moved)
+        except NoNodeAvailable as err:
+            reply = Failure(out.node_id, str(err), True)
+        endpoint = self._endpoint(moved.decode_id)
+        if not isinstance(reply, Reserved) or not endpoint:
+            self._end_attempt(moved)
+            return None, out.failure(f"no reservation for its blocks ({_why(reply)})")
+        moved.contacted.add(out.node_id)
+        if (booking := att.bookings.pop(out.node_id, None)) is not None:
+            moved.bookings[out.node_id] = booking     # D1 is not idle until D2 has the blocks
+        self._server.send(out.node_id, ShipRequest(moved.wire_rid, att.wire_rid, endpoint,
+                                                   reply.xfer_id, reply.dst_block_ids, reply.cached_prefix_blocks))
+        self._migrations.labels(out.loss.cause.value, KV_MOVE).inc()
+        log.info("%s: moving with its KV blocks from %s to %s (as %s)", att.wire_rid, out.node_id,
+                 moved.decode_id, moved.wire_rid)
+        return moved, None
+
+    async def _paused(self, request: PendingRequest, choice: Choice, att: Attempt,
+                      deadline: float) -> Paused | Failure | None:
+        """Step 2: the node's Paused, merging what comes before it; a Failure if the attempt
+        failed meanwhile; None if the choice finished (or, not finished, the time ran out)."""
+        loop = asyncio.get_running_loop()
+        while choice.finish_reason is None:
+            try:
+                event = await asyncio.wait_for(att.inbox.get(), deadline - loop.time())
+            except TimeoutError:
+                return None
+            if isinstance(event, MoveOut):
+                continue
+            if isinstance(event, tuple) and event[0] == att.decode_id and isinstance(event[1], Paused):
+                return event[1]
+            before = (len(choice.token_ids), choice.out.length)
+            failure = apply_event(choice, att, event, request, self._vocab)
+            if failure is not None:
+                return failure
+            if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
+                request.events.put_nowait(choice.index)
+        return None
+
+    def _endpoint(self, node_id: str) -> str:
+        """The node's KV receiver ("" if the node is gone)."""
+        info = self._server.info(node_id)
+        return info.hello.kv_endpoint if info is not None else ""
+
+
+def _why(reply: Any) -> str:
+    if reply is None:
+        return "no decode node with room"
+    return getattr(reply, "reason", None) or type(reply).__name__

@@ -1,0 +1,167 @@
+"""KV moves between two real decode node services over real ZMQ, the test acting as the router:
+decode-0 pauses a running request and ships its blocks into decode-1's reservation, which decodes
+on exactly where decode-0 stopped; what cannot move is refused and nothing leaks or stays pinned."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+import pytest
+import zmq
+
+from decode_node.service import DecodeService
+from engine import SamplingParams
+from kvtransport.metrics import DropReason
+from node_shell.config import NodeConfig
+from node_shell.runtime import run
+from pdwire.control import (AbortRequest, DecodeRequest, NodeCommand, Paused, PauseRequest, PrefillRequest,
+                            ShipRequest)
+from pdwire.messages import Reserved
+from tests.model_factory import hf_greedy
+from tests.node_harness import NodeHarness, Result, secret_file, tokens
+
+PROMPT = [(i * 37) % 500 + 3 for i in range(21)]       # 2 full blocks of 8 and a partial one
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+class MoveHarness(NodeHarness):
+    """NodeHarness plus decode-1; the test routes moves itself: `ships` maps a moved attempt's rid
+    to the paused rid whose blocks its reservation takes (and to whom the ShipRequest goes)."""
+
+    def __init__(self, model_path: str, decode_tp: int = 1, **node_kwargs):
+        super().__init__(model_path, decode_tp=decode_tp, **node_kwargs)
+        cfg = dict(router=self.sock.getsockopt_string(zmq.LAST_ENDPOINT), model=model_path,
+                   cluster_secret_file=secret_file(), **node_kwargs)
+        self.decode1 = DecodeService(NodeConfig(node_id="decode-1", **cfg))
+        self.cached["decode-1"], self.evicted["decode-1"] = set(), 0
+        self.paused: dict[str, Paused] = {}
+        self.ships: dict[str, tuple[str, str]] = {}     # moved rid -> (paused rid, its node)
+        self.threads.append(threading.Thread(target=run, args=(self.decode1,), daemon=True))
+        self.threads[-1].start()
+        self.pump(until=lambda: "decode-1" in self.hellos)
+
+    def _on(self, node: str, msg) -> None:
+        if isinstance(msg, Paused):
+            self.paused[msg.rid] = msg
+        elif isinstance(msg, Reserved) and msg.rid in self.ships:
+            self.results[msg.rid].reserved = msg
+            req = self.pending.pop(msg.rid)
+            paused_rid, writer = self.ships[msg.rid]
+            endpoint = self.hellos["decode-1"].kv_endpoint
+            if writer == "prefill-0":       # not the writer decode-1 was told of
+                self.send(writer, PrefillRequest(msg.rid, req.prompt_ids, req.params, endpoint, msg.xfer_id,
+                                                 msg.dst_block_ids, msg.cached_prefix_blocks, req.prior_outputs))
+            else:
+                self.send(writer, ShipRequest(msg.rid, paused_rid, endpoint, msg.xfer_id, msg.dst_block_ids,
+                                              msg.cached_prefix_blocks))
+        else:
+            super()._on(node, msg)
+
+    def pause(self, rid: str, node: str = "decode-0") -> Paused:
+        self.send(node, PauseRequest(rid))
+        self.pump(lambda: rid in self.paused)
+        return self.paused[rid]
+
+    def reserve_moved(self, rid: str, paused: Paused, shipper: str = "decode-0") -> str:
+        """decode-1 reserves the paused request's continuation, writer decode-0; `shipper` is sent
+        the order to fill it (decode-0 a ShipRequest, prefill-0 a PrefillRequest); returns its rid."""
+        moved, got = f"{rid}~1", tokens(self.results[rid])
+        n = paused.num_tokens
+        self.results[moved] = Result()
+        params = dataclasses.replace(GREEDY, max_tokens=GREEDY.max_tokens - (n - 1))
+        self.pending[moved] = DecodeRequest(moved, tuple(PROMPT + got[:n - 1]), params, "decode-0", n - 1)
+        self.ships[moved] = (rid, shipper)
+        self.send("decode-1", self.pending[moved])
+        return moved
+
+    def idle(self) -> None:
+        super().idle()
+        self.pump(lambda: not self.decode1.busy() and not self.decode1.engine.has_unfinished_requests(), 30.0)
+
+    def close(self) -> None:
+        self.send("decode-1", NodeCommand("leave"))
+        super().close()
+
+
+@contextlib.contextmanager
+def moving(model_path: str, decode_tp: int = 1):
+    """A MoveHarness; at the end every node idle, every block accounted for, none pinned."""
+    h = MoveHarness(model_path, decode_tp, block_size=8, num_blocks=48, lease_s=2.0)
+    try:
+        yield h
+        h.idle()
+    finally:
+        h.close()
+    for service in (h.prefill, h.decode, h.decode1):
+        service.engine.check_integrity()
+        assert not service.engine.block_manager.num_pins, f"{service.config.node_id} kept a block pinned"
+        assert not service.engine.has_unfinished_requests()
+
+
+@pytest.fixture
+def harness(model_dir):
+    with moving(model_dir[0]) as h:
+        yield h
+
+
+def _running(harness, rid: str, at_tokens: int = 6) -> None:
+    harness.submit(rid, PROMPT, GREEDY)
+    harness.pump(lambda: len(harness.results[rid].tokens) >= at_tokens)
+
+
+@pytest.mark.parametrize("decode_tp", [1, 2])
+def test_a_paused_request_moves_with_its_blocks_and_decodes_on_exactly(model_dir, decode_tp):
+    """decode-0 (tp 1, or 2: its ranks' heads gathered) pauses after n tokens (every one sent),
+    holding the blocks of prompt + n - 1; its ShipRequest fills decode-1's reservation (full
+    blocks and the partial last one, nothing prefilled), whose deltas start at the last token
+    decode-0 sampled: together, transformers' greedy; decode-0 ends with nothing running and no pin."""
+    path, hf = model_dir
+    with moving(path, decode_tp) as harness:
+        _move_and_finish(harness, hf)
+
+
+def _move_and_finish(harness, hf) -> None:
+    _running(harness, "r")
+    paused = harness.pause("r")
+    got = tokens(harness.results["r"])
+    assert paused.num_tokens == len(got) >= 6
+    assert harness.decode.mover.held["r"].num_tokens == len(PROMPT) + paused.num_tokens - 1
+    written = harness.decode1.receiver.metrics.blocks_written
+    moved = harness.reserve_moved("r", paused)
+    (m,) = harness.wait([moved])
+    assert m.failed is None and m.finish == "length" and m.tokens[0] == got[-1]
+    assert got[:-1] + tokens(m) == hf_greedy(hf, PROMPT, GREEDY.max_tokens)
+    blocks = -(-(len(PROMPT) + paused.num_tokens - 1) // 8)
+    assert harness.decode1.receiver.metrics.blocks_written - written == blocks - m.reserved.cached_prefix_blocks
+
+
+def test_what_cannot_move_is_refused_and_a_hold_is_freed_once(harness):
+    """A pause of an unknown request holds nothing (Paused 0); a ShipRequest naming no held
+    request fails retryably; an AbortRequest frees a hold; a hold never shipped is freed when its
+    lease (2 s here) runs out."""
+    assert harness.pause("nobody") == Paused("nobody", 0, 0)
+    harness.results["x~1"] = Result()
+    harness.send("decode-0", ShipRequest("x~1", "x", "tcp://127.0.0.1:9", "a" * 32, (1,), 0))
+    harness.pump(lambda: harness.results["x~1"].failed is not None)
+    assert harness.results["x~1"].failed.retryable and "nothing held" in harness.results["x~1"].failed.reason
+    for rid in ("aborted", "expired"):
+        _running(harness, rid)
+        assert harness.pause(rid).num_tokens > 0 and harness.decode.engine.block_manager.num_pins == 1
+        if rid == "aborted":
+            harness.send("decode-0", AbortRequest(rid))
+        harness.pump(lambda: not harness.decode.mover.held, timeout=10.0)
+        assert harness.decode.engine.block_manager.num_pins == 0
+
+
+def test_only_the_named_writer_may_write_a_moved_reservation(harness):
+    """decode-1's reservation names decode-0 as its writer: the prefill node, holding the cluster
+    secret but not named, has every frame dropped (wrong peer) and the transfer fails at its lease;
+    decode-0's hold is then released by the router's abort."""
+    _running(harness, "r")
+    paused = harness.pause("r")
+    (m,) = harness.wait([harness.reserve_moved("r", paused, shipper="prefill-0")], timeout=30.0)
+    assert m.failed is not None and m.failed.retryable and "transfer failed" in m.failed.reason
+    assert harness.decode1.receiver.metrics.drops[DropReason.WRONG_PEER] > 0
+    assert not harness.decode1.engine.has_unfinished_requests()
+    harness.send("decode-0", AbortRequest("r"))

@@ -1,0 +1,140 @@
+"""KV moves as the router runs them (router/cluster/kv_move.py), message by message, with scripted
+nodes over the real control plane: a removed decode node's running request moves with its blocks,
+and every way that fails falls back to the re-prefill move."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused, PauseRequest,
+                            PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
+from pdwire.messages import Busy, Reserved
+from tests.disagg_harness import CONFIG, END, PROMPT, Cluster, run, until, view
+from tests.router.test_router_operator import admin_client, cast, first_tokens, membership
+
+
+async def paused_after_13(p, ds, c):
+    """r1 (max 4 tokens) has 11, 12 when its decode node D1 is removed; D1 sends 13 before it
+    pauses holding 3 tokens ("ab" before the last). Returns (D1, the live node, the stream, the
+    live node's DecodeRequest)."""
+    out = c.generate(max_tokens=4)
+    d1, live = await first_tokens(p, ds, out)
+    async with admin_client(c.backend) as http:
+        reply = await http.post(f"/admin/nodes/{d1.node_id}/remove")
+    assert (reply.status_code, reply.json()["state"]) == (200, "removed")
+    assert (await d1.expect(PauseRequest)).rid == "r1"
+    d1.send(TokenDelta("r1", 2, (13,), 2, "c", None, ""))
+    d1.send(Paused("r1", 3, 2))
+    assert view(await out.next()) == ([([11, 12, 13], "abc", None)], False)
+    return d1, live, out, await live.expect(DecodeRequest)
+
+
+async def finish(out, expected: tuple) -> None:
+    while (final := await out.next()) is not END and not final.finished:
+        pass
+    assert view(final) == expected
+
+
+def test_a_removed_nodes_request_moves_with_its_kv_blocks_and_continues_exactly():
+    """The live node reserves prompt + 11, 12 (13 is the moved attempt's first token, the client's
+    already) written by D1 only; D1 is told to ship into it; the live node's deltas from 13 on
+    continue the stream without repeating 13; no prefill node prefills; D1 leaves once the live
+    node took the blocks; one migration counted as kv_move."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            d1, live, out, req = await paused_after_13(p, ds, c)
+            assert (req.rid, list(req.prompt_ids), req.params.max_tokens, req.prior_outputs, req.prefill_node_id) == \
+                ("r1~1", PROMPT + [11, 12], 2, 2, d1.node_id)
+            live.send(Reserved("r1~1", "x2", (7, 8), 1))
+            ship = await d1.expect(ShipRequest)
+            assert ship == ShipRequest("r1~1", "r1", live.kv_endpoint, "x2", (7, 8), 1)
+            assert (await d1.expect(AbortRequest)).rid == "r1"      # after the ShipRequest: nothing held by then
+            assert "leave" not in d1.commands                       # the blocks are not adopted yet
+            live.send(TokenDelta("r1~1", 0, (13, 14), 0, "cd", None, "length"))
+            await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
+            await until(lambda: "leave" in d1.commands)
+            assert (await p.expect(AbortRequest)).rid == "r1"       # r1's first attempt ended
+            await p.assert_silent(0.1)                              # no PrefillRequest: nothing re-prefilled
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="removed",how="kv_move"}'] == 1
+            assert 'pdserve_router_migrations_total{cause="removed",how="reprefill"}' not in got
+    run(test)
+
+
+def test_a_busy_receiver_falls_back_to_the_re_prefill_move():
+    """The live node answers the move's reservation Busy: the move is given up (D1 aborted, its
+    hold freed), and r1 continues re-prefilled from prompt + 11, 12, 13; counted as reprefill."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            d1, live, out, _ = await paused_after_13(p, ds, c)
+            live.send(Busy("r1~1", "no free KV blocks", 10))
+            assert (await d1.expect(AbortRequest)).rid == "r1"
+            again = await live.expect(DecodeRequest)
+            assert (again.rid, list(again.prompt_ids), again.prior_outputs, again.prefill_node_id) == \
+                ("r1~2", PROMPT + [11, 12, 13], 3, p.node_id)
+            live.send(Reserved("r1~2", "x3", (7, 8, 9), 0))
+            await p.expect(AbortRequest)
+            assert (await p.expect(PrefillRequest)).rid == "r1~2"
+            p.send(FirstToken("r1~2", 14, "d", None, "length"))
+            await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="removed",how="reprefill"}'] == 1
+            assert 'pdserve_router_migrations_total{cause="removed",how="kv_move"}' not in got
+    run(test)
+
+
+def _fails_to_ship(d1) -> None:
+    d1.send(RequestFailed("r1~1", "cannot reach the decode node", True))
+
+
+def _leaves_mid_ship(d1) -> None:
+    d1.stop_heartbeat()
+    d1.send(NodeGoodbye(d1.node_id, d1.epoch, "SIGTERM"))
+
+
+@pytest.mark.parametrize("fail, cause", [(_fails_to_ship, "node_failure"), (_leaves_mid_ship, "goodbye")])
+def test_a_writer_failing_after_its_ship_request_falls_back_to_the_re_prefill_move(fail, cause):
+    """D1 cannot ship (RequestFailed for the moved attempt), or says goodbye before the live node
+    took the blocks: the moved attempt fails at once (not at the transfer's lease) and is aborted on
+    the live node; r1 continues re-prefilled; the kv move and the re-prefill (by its cause) are counted."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            d1, live, out, _ = await paused_after_13(p, ds, c)
+            live.send(Reserved("r1~1", "x2", (7, 8), 0))
+            await d1.expect(ShipRequest)
+            fail(d1)
+            assert (await live.expect(AbortRequest)).rid == "r1~1"
+            again = await live.expect(DecodeRequest)
+            assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == \
+                ("r1~2", PROMPT + [11, 12, 13], p.node_id)
+            live.send(Reserved("r1~2", "x3", (7, 8, 9), 0))
+            while (msg := await p.expect(object)) and not isinstance(msg, PrefillRequest):
+                assert isinstance(msg, AbortRequest)
+            p.send(FirstToken("r1~2", 14, "d", None, "length"))
+            await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="removed",how="kv_move"}'] == 1
+            assert got[f'pdserve_router_migrations_total{{cause="{cause}",how="reprefill"}}'] == 1
+    run(test)
+
+
+def test_a_node_that_does_not_pause_in_time_falls_back_and_is_removed():
+    """No Paused within kv_move_timeout_s: r1 re-prefills, and the node is told to leave."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, kv_move_timeout_s=0.3)) as c:
+            p, ds = await cast(c)
+            out = c.generate(max_tokens=4)
+            d1, live = await first_tokens(p, ds, out)
+            async with admin_client(c.backend) as http:
+                await http.post(f"/admin/nodes/{d1.node_id}/remove")
+            await d1.expect(PauseRequest)
+            again = await live.expect(DecodeRequest)
+            assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == ("r1~1", PROMPT + [11, 12], p.node_id)
+            await until(lambda: "leave" in d1.commands)
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="removed",how="reprefill"}'] == 1
+    run(test)

@@ -1,0 +1,144 @@
+"""KV moves over real node processes on this machine: a drained decode node's running streams move
+to the other decode node with their KV blocks (router/cluster/kv_move.py, decode_node/mover.py)."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from engine.builtin import BUILTIN_MODEL_PATH
+from pdwire.sampling_params import SamplingParams
+from router.config import RouterConfig
+from router.node_processes import ClusterConfig
+from tests.model_factory import hf_greedy
+from tests.router.test_router_disagg_e2e import PROMPTS, _collect, _prefills, _with_cluster
+from tests.router.test_router_operator import membership
+from tests.router.test_router_operator_e2e import _until
+
+# every prompt through the prefill node, so a re-prefill would show in its count
+CONFIG = RouterConfig(heartbeat_timeout_s=30.0, routing="affinity")
+# streams long enough to be mid-generation whenever the drain lands (on a loaded machine the
+# router's view of a stream may lag the nodes by many tokens), and blocks for all of them on one node
+STREAMS, MAX_TOKENS = 4, 400
+ROOM = ["--num-blocks", "256"]
+TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach", "HAMLET:\nTo be, or not",
+         "JULIET:\nO Romeo, Romeo", "First Citizen:\nBefore we proceed", "MACBETH:\nIs this a dagger"]
+
+
+class DrainMidStream:
+    """Once every stream has at_tokens tokens (all decoding), drains (deadline ~0) the decode node
+    serving the most of them, from that output's callback: its streams are then mid-generation."""
+
+    def __init__(self, backend, rids: list[str], at_tokens: int):
+        self.backend, self.at_tokens = backend, at_tokens
+        self.counts = dict.fromkeys(rids, 0)
+        self.node: str | None = None
+        self.moved: set[str] = set()         # the streams on that node then
+
+    def watch(self, rid: str):
+        def on_output(out) -> None:
+            self.counts[rid] = len(out.outputs[0].token_ids)
+            if self.node is None and min(self.counts.values()) >= self.at_tokens and not out.finished:
+                where = {r: self.backend.placement(r)[0][1] for r in self.counts}
+                self.node = max(sorted(set(where.values())), key=list(where.values()).count)
+                self.moved = {r for r, node in where.items() if node == self.node}
+                self.backend.operator.drain(self.node, deadline_s=0.001)
+            assert self.node is not None or not out.finished, "a stream ended before the drain"
+        return on_output
+
+
+async def _warm(backend) -> None:
+    """One short request on each decode node at once (the second is booked on the other node):
+    both transfer paths are paired before the streams start, so the streams start together."""
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    await asyncio.gather(*(_collect(backend, f"warm{i}", PROMPTS[1], params) for i in range(2)))
+
+
+def _migrations(backend) -> dict[str, float]:
+    return {k: v for k, v in membership(backend).items() if k.startswith("pdserve_router_migrations_total")}
+
+
+async def _all_blocks_free(backend) -> None:
+    await _until(lambda: all(v.num_free_blocks == v.num_blocks and v.num_running == 0
+                             for v in backend.operator.nodes()))
+
+
+@pytest.mark.parametrize("transport", ["zmq", "torch_dist"])
+def test_drain_deadline_moves_running_streams_with_their_kv_blocks(model_dir, transport):
+    """4 greedy streams on 2 decode nodes; one node drained with a ~0 deadline mid-stream: its
+    running streams move with their KV blocks, over ZeroMQ or gloo pair groups (counted as kv_move,
+    none re-prefilled: the prefill node prefilled exactly the 4 prompts and 2 warm-ups), every
+    stream still equals transformers' greedy (float32), the drained node exits 0, and every
+    surviving node ends with every block free."""
+    path, hf_model = model_dir
+
+    async def test(backend, nodes):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        await _warm(backend)
+        rids, prompts = [f"s{i}" for i in range(STREAMS)], [PROMPTS[i % 2] for i in range(STREAMS)]
+        drain = DrainMidStream(backend, rids, 4)
+        outs = await asyncio.gather(*(_collect(backend, rid, p, params, drain.watch(rid))
+                                      for rid, p in zip(rids, prompts)))
+        expected = {i: hf_greedy(hf_model, PROMPTS[i], MAX_TOKENS) for i in (0, 1)}
+        for i, out in enumerate(outs):
+            assert out.finished and out.outputs[0].finish_reason == "length"
+            assert list(out.outputs[0].token_ids) == expected[i % 2]
+        moved = _migrations(backend)
+        assert list(moved) == ['pdserve_router_migrations_total{cause="drained",how="kv_move"}'], moved
+        assert 1 <= sum(moved.values()) <= len(drain.moved)
+        assert _prefills(backend) == {"remote": STREAMS + 2}       # + the warm-ups
+        node = next(n for n in nodes if n.node_id == drain.node)
+        await _until(lambda: node.process.poll() is not None)
+        assert node.process.returncode == 0
+        await _all_blocks_free(backend)
+    _with_cluster(path, CONFIG, ClusterConfig(1, 2), test, ["--kv-transport", transport, *ROOM])
+
+
+def test_a_failed_kv_move_falls_back_to_re_prefilling(model_dir):
+    """No pause can be answered within a kv_move_timeout_s of 1 µs: the streams of the drained
+    node move re-prefilled instead (counted as reprefill, one more prefill each), still equal to
+    transformers' greedy, and every surviving node ends with every block free."""
+    path, hf_model = model_dir
+
+    async def test(backend, nodes):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        await _warm(backend)
+        rids = [f"s{i}" for i in range(STREAMS)]
+        drain = DrainMidStream(backend, rids, 4)
+        outs = await asyncio.gather(*(_collect(backend, rid, PROMPTS[0], params, drain.watch(rid)) for rid in rids))
+        expected = hf_greedy(hf_model, PROMPTS[0], MAX_TOKENS)
+        for out in outs:
+            assert list(out.outputs[0].token_ids) == expected
+        moved = _migrations(backend)
+        assert list(moved) == ['pdserve_router_migrations_total{cause="drained",how="reprefill"}'], moved
+        assert 1 <= sum(moved.values()) <= len(drain.moved)
+        assert _prefills(backend) == {"remote": STREAMS + 2 + sum(moved.values())}
+        await _all_blocks_free(backend)
+    _with_cluster(path, dataclasses.replace(CONFIG, kv_move_timeout_s=1e-6), ClusterConfig(1, 2), test, ROOM)
+
+
+def test_greedy_streams_moved_in_bfloat16_equal_them_unmoved():
+    """bfloat16 on the built-in model, where a re-prefilled K/V differs from the decoded one (a
+    re-prefill move changed 1 of these 6 streams in a run of this test with kv_move_timeout_s at
+    1 µs): 6 greedy streams, the decode node serving most of them drained once all have 40
+    tokens; every stream moved with its KV blocks gives exactly the token ids, text and logprobs it gives unmoved
+    (prefix caching off: the same K/V bytes either way)."""
+    flags = ["--dtype", "bfloat16", "--no-enable-prefix-caching", *ROOM]     # after NODE_FLAGS' float32
+
+    async def test(backend, nodes):
+        params = SamplingParams(temperature=0.0, max_tokens=320, ignore_eos=True, logprobs=1)
+        unmoved = await asyncio.gather(*(_collect(backend, f"u{i}", t, params) for i, t in enumerate(TEXTS)))
+        await _warm(backend)
+        rids = [f"m{i}" for i in range(len(TEXTS))]
+        drain = DrainMidStream(backend, rids, 40)
+        moved = await asyncio.gather(*(_collect(backend, rid, t, params, drain.watch(rid))
+                                       for rid, t in zip(rids, TEXTS)))
+        kv_moves = _migrations(backend)
+        assert list(kv_moves) == ['pdserve_router_migrations_total{cause="drained",how="kv_move"}'], kv_moves
+        for a, b in zip(unmoved, moved):
+            assert len(b.outputs[0].token_ids) == 320
+            assert list(b.outputs[0].token_ids) == list(a.outputs[0].token_ids), b.request_id
+            assert (b.outputs[0].text, list(b.outputs[0].logprobs)) == (a.outputs[0].text, list(a.outputs[0].logprobs))
+        await _all_blocks_free(backend)
+    _with_cluster(BUILTIN_MODEL_PATH, CONFIG, ClusterConfig(1, 2), test, flags)
