@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
+from pdplan.sim_core import CoreMap, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 
 
 class ColocatedNode:
-    def __init__(self, name: str, profile: Profile, loop: EventLoop):
-        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s)
+    def __init__(self, name: str, profile: Profile, loop: EventLoop, core: SimCore | None = None):
+        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s, core)
 
     def computed(self, seq: SimSeq, before: int, t: float) -> None:
         pass
@@ -23,8 +24,9 @@ class ColocatedNode:
 
 
 class ColocatedPool:
-    def __init__(self, count: int, profile: Profile, loop: EventLoop):
-        self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop) for i in range(count)]
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None):
+        cores = cores or CoreMap(loop)
+        self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop, cores.of(f"colocated-{i}")) for i in range(count)]
 
     def submit(self, req: SimRequest) -> None:
         """To the replica that finishes the prompt soonest: its queued prompt tokens plus this

@@ -7,13 +7,15 @@ from typing import Callable
 
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
+from pdplan.sim_core import CoreMap, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 
 
 class DecodeNode:
-    def __init__(self, name: str, profile: Profile, loop: EventLoop, on_room: Callable[[], None]):
-        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s)
+    def __init__(self, name: str, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
+                 core: SimCore | None = None):
+        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s, core)
         self.on_room = on_room
 
     def computed(self, seq: SimSeq, before: int, t: float) -> None:
@@ -30,8 +32,10 @@ class DecodeNode:
 
 
 class DecodePool:
-    def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None]):
-        self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room) for i in range(count)]
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
+                 cores: CoreMap | None = None):
+        cores = cores or CoreMap(loop)
+        self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room, cores.of(f"decode-{i}")) for i in range(count)]
 
     def reserve(self, req: SimRequest) -> tuple[DecodeNode, int] | None:
         """The least loaded node with room (router/cluster/policy.py's rank) reserves the prompt's

@@ -1,4 +1,5 @@
-"""The planner: for SLOs, a workload and a rate, the fewest nodes that meet the SLOs colocated, and
+"""The planner: for SLOs (TTFT, TPOT, optionally ITL p90: slo.py), a workload and a rate, the fewest
+nodes that meet the SLOs colocated, and
 the P:D split that does (DistServe's question: goodput per node), both found with the simulator.
 
 Search (A(P, D) = SLO attainment, non-decreasing in each pool's size):
@@ -19,6 +20,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from engine.flags import to_argv
+from pdplan.autoscale_config import AutoscaleConfig
 from pdplan.profile import Profile
 from pdplan.sim_metrics import SimSummary
 from pdplan.simulation import SLOTargets, Topology, simulate
@@ -30,7 +33,8 @@ class PlanRequest:
     rate: float                     # offered requests/s
     slo_ttft_ms: float = 1000.0
     slo_tpot_ms: float = 100.0
-    attainment: float = 0.9         # share of requests that must meet both SLOs
+    slo_itl_ms: float | None = None  # p90 of each request's gaps between tokens; None: not a target
+    attainment: float = 0.9         # share of requests that must meet every SLO
     min_requests: int = 600
     max_model_len: int = 4096
     max_nodes: int = 4096           # in the whole fleet
@@ -38,6 +42,10 @@ class PlanRequest:
     window_s: float = 30.0          # arrivals span at least this (request lifetimes), up to max_requests
     max_requests: int = 3000
     seed: int = 0
+
+    @property
+    def slo(self) -> SLOTargets:
+        return SLOTargets(self.slo_ttft_ms, self.slo_tpot_ms, self.slo_itl_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +74,12 @@ class Plan:
     def to_dict(self) -> dict:
         return {"request": asdict(self.request), "scale": self.scale, "colocated": self.colocated.to_dict(),
                 "disaggregated": self.disaggregated.to_dict(), "recommended": str(self.best.topology),
-                "simulations": self.simulations}
+                "simulations": self.simulations,
+                "autoscale": asdict(self.autoscale_config()) if self.disaggregated.summary else None}
 
     def describe(self) -> str:
         r = self.request
-        lines = [f"plan for {r.workload} at {r.rate:g} req/s, SLOs TTFT {r.slo_ttft_ms:g} ms / TPOT "
-                 f"{r.slo_tpot_ms:g} ms for {r.attainment:.0%} of requests"
+        lines = [f"plan for {r.workload} at {r.rate:g} req/s, SLOs {r.slo.describe()} for {r.attainment:.0%} of requests"
                  + (f" (simulated a 1/{self.scale} slice)" if self.scale > 1 else "")]
         for name, o in (("colocated", self.colocated), ("disaggregated", self.disaggregated)):
             if o.summary is None:
@@ -81,9 +89,20 @@ class Plan:
             util = ", ".join(f"{k} {v:.0%}" for k, v in s.utilization.items())
             lines.append(f"  {name:14s} {str(o.topology):16s} goodput/node {o.goodput_per_node:7.3f} req/s  "
                          f"TTFT p50/p90 {s.ttft_ms.p50:.0f}/{s.ttft_ms.p90:.0f} ms  TPOT p50/p90 "
-                         f"{s.tpot_ms.p50:.1f}/{s.tpot_ms.p90:.1f} ms  attainment {s.slo_attainment:.1%}  busy {util}")
+                         f"{s.tpot_ms.p50:.1f}/{s.tpot_ms.p90:.1f} ms  ITL p90 {s.itl_ms.p90:.1f} ms  attainment {s.slo_attainment:.1%}  busy {util}")
         lines.append(f"  recommended: {self.best.topology}")
+        if self.disaggregated.summary is not None:
+            lines.append("  autoscale the split with: pdserve up " + " ".join(to_argv(self.autoscale_config())))
         return "\n".join(lines)
+
+    def autoscale_config(self) -> AutoscaleConfig:
+        """The live autoscaler's flags for the planned split: the same TTFT target, the ITL target
+        (the ITL SLO; without one the TPOT SLO, the mean gap the plan met), and the planned
+        pools as each pool's ceiling."""
+        r, t = self.request, self.disaggregated.topology
+        return AutoscaleConfig(autoscale=True, autoscale_max_prefill=max(1, t.prefill), autoscale_max_decode=max(1, t.decode),
+                               autoscale_slo_ttft_ms=r.slo_ttft_ms,
+                               autoscale_slo_itl_ms=r.slo_itl_ms if r.slo_itl_ms is not None else r.slo_tpot_ms)
 
 
 class Planner:
@@ -101,7 +120,7 @@ class Planner:
         rate = req.rate / scale
         requests = self.requests_for(req.workload, min(n, req.max_requests), rate, req.seed,
                                      self.profile.block_size, req.max_model_len)
-        slo = SLOTargets(req.slo_ttft_ms, req.slo_tpot_ms)
+        slo = req.slo
         seen: dict[Topology, SimSummary] = {}
         run = lambda topo: seen.get(topo) or seen.setdefault(topo, self._run(requests, topo, slo))  # noqa: E731
         limit = max(1, min(req.max_nodes // scale, req.max_slice_nodes))

@@ -16,6 +16,7 @@ from typing import Callable
 
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
+from pdplan.sim_core import CoreMap, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 
@@ -29,8 +30,8 @@ class _Shipment:
 
 
 class PrefillNode:
-    def __init__(self, name: str, profile: Profile, loop: EventLoop):
-        self.engine = SimEngine(name, profile, loop, self, False)
+    def __init__(self, name: str, profile: Profile, loop: EventLoop, core: SimCore | None = None):
+        self.engine = SimEngine(name, profile, loop, self, False, core=core)
         self.profile, self.loop = profile, loop
         self.link_free_at = 0.0
         self.shipments: dict[int, _Shipment] = {}
@@ -59,8 +60,9 @@ class PrefillNode:
 
 
 class PrefillPool:
-    def __init__(self, count: int, profile: Profile, loop: EventLoop):
-        self.nodes = [PrefillNode(f"prefill-{i}", profile, loop) for i in range(count)]
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None):
+        cores = cores or CoreMap(loop)
+        self.nodes = [PrefillNode(f"prefill-{i}", profile, loop, cores.of(f"prefill-{i}")) for i in range(count)]
         self.bs = profile.block_size
 
     def choose(self, req: SimRequest) -> PrefillNode:

@@ -1,7 +1,7 @@
 """What a simulated run reports, defined as bench/serving/metrics.py defines it for real runs:
 TTFT, TPOT = (E2EL - TTFT) / (tokens - 1), ITL (gaps between tokens), SLO attainment (the share of
-all requests meeting both the TTFT and the TPOT SLO), goodput (vLLM's: requests meeting both per
-second of the run), and the busy share of each pool's step loops."""
+all requests meeting every SLO given: TTFT, TPOT and, if set, ITL p90; slo.py), goodput (vLLM's:
+requests meeting them per second of the run), and the busy share of each pool's step loops."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pdplan.sim_request import SimRequest
+from pdplan.slo import SLOTargets
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,7 @@ class SimSummary:
     tpot_ms: Percentiles
     itl_ms: Percentiles
     slo_attainment: float
-    goodput: float                  # requests meeting both SLOs per second
+    goodput: float                  # requests meeting every SLO per second
     utilization: dict[str, float]   # pool -> busy share of its nodes' time
     preemptions: int
     admission_waits: int
@@ -41,17 +42,13 @@ class SimSummary:
         return asdict(self)
 
 
-def meets(r: SimRequest, ttft_ms: float, tpot_ms: float) -> bool:
-    return r.done and r.ttft * 1000 <= ttft_ms and (r.tpot or 0.0) * 1000 <= tpot_ms
-
-
-def summarize(requests: list[SimRequest], ttft_ms: float, tpot_ms: float, busy_s: dict[str, tuple[float, int]],
+def summarize(requests: list[SimRequest], slo: SLOTargets, busy_s: dict[str, tuple[float, int]],
               preemptions: int, waits: int) -> SimSummary:
     done = [r for r in requests if r.done]
     start = min(r.arrival for r in requests)
     end = max((r.token_times[-1] for r in done), default=start)
     duration = max(end - start, 1e-9)
-    ok = sum(meets(r, ttft_ms, tpot_ms) for r in requests)
+    ok = sum(slo.met_by(r) for r in requests)
     return SimSummary(
         len(requests), len(done), duration, Percentiles.of([r.ttft for r in done]),
         Percentiles.of([r.tpot for r in done if r.tpot is not None]),

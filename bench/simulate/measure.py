@@ -17,11 +17,7 @@ from bench.serving import record as rec
 from bench.serving.compare import SweepSpec, _point, _warmup, free_port
 from bench.serving.loadgen import LoadSpec, run_load
 from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
-from bench.simulate.pinning import cmdline, pin_nodes
-
-PINS = {"colocated": ({}, {0}),
-        "1p1d": ({"prefill-0": {0}, "decode-0": {1}}, None),
-        "1p2d": ({"prefill-0": {0}, "decode-0": {1}, "decode-1": {1}}, None)}
+from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes
 
 
 def server(system: str, model: str, port: int, knobs: Knobs):
@@ -45,9 +41,11 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str]) -> dict:
     out = {"system": system, "server": srv.record(), "points": []}
     with running(srv, log) as endpoint:
         root = _root(port)
-        nodes, default = PINS[system]
+        nodes = dict(PINS[system])
+        default = nodes.pop(COLOCATED_ROOT, None)
         time.sleep(1.0)                     # the node processes are up: the router waited for them
         out["pinned"] = {str(k): v for k, v in pin_nodes(root, nodes, default).items()}
+        out["cores"] = {node: sorted(cores) for node, cores in PINS[system].items()}   # what validate simulates
         print(f"[{system}] pinned {out['pinned']}", flush=True)
         asyncio.run(run_load(endpoint, _warmup(spec), vocab, LoadSpec(float("inf"), deadline_s=120), "warm-up"))
         for i, rate in enumerate(spec.rates):

@@ -1,12 +1,17 @@
 """The simulated half of the validation: every measured point (measure.py) simulated with the same
 requests, arrival times and topology, side by side with what was measured; a point agrees when
-TTFT p50, TTFT p90 and TPOT p50 are each within 20% of the measured value."""
+TTFT p50, TTFT p90 and TPOT p50 are each within 20% of the measured value.
+
+The topology includes the pinning the run used (the measured file's `cores`, written from
+pinning.py's PINS): on this 2-core machine 1P+2D's decode nodes share core 1, and so they do in the
+simulation (pdplan/sim_core.py)."""
 from __future__ import annotations
 
 import json
 import os
 
 from bench.serving import record as rec
+from bench.simulate.pinning import PINS
 from pdplan.profile import Profile
 from pdplan.simulation import SLOTargets, Topology, simulate
 from pdplan.workload import sim_requests
@@ -15,6 +20,12 @@ TOPOLOGY = {"colocated": Topology(colocated=1), "1p1d": Topology.disaggregated(1
             "1p2d": Topology.disaggregated(1, 2)}
 TOLERANCE = 0.2
 FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
+
+
+def topology(system: str, measured: dict) -> Topology:
+    """The system as it ran: its pools, pinned as the run recorded (or as PINS says)."""
+    cores = measured.get("cores") or PINS[system]
+    return TOPOLOGY[system].pinned({node: set(c) for node, c in cores.items()})
 
 
 def predict(measured: dict, profile: Profile) -> list[dict]:
@@ -27,7 +38,7 @@ def predict(measured: dict, profile: Profile) -> list[dict]:
                                 profile.block_size, sweep["knobs"]["max_model_len"],
                                 output_cap=sweep["output_cap"])
             slo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"])
-            sim = simulate(profile, reqs, TOPOLOGY[system], slo)
+            sim = simulate(profile, reqs, topology(system, out), slo)
             m = point["metrics"]
             row = {"workload": sweep["workload"], "system": system, "rate": point["rate"],
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],
