@@ -10,6 +10,8 @@ Search (A(P, D) = SLO attainment, non-decreasing in each pool's size):
      attainment among equals)
   3. goodput per node = rate / nodes; the recommendation is the higher
 
+Requests arriving in the first warmup_s seconds are simulated but not scored, so that a plan is for
+the fleet's steady state (RAG's documents cached on every node) rather than its cold start.
 Large rates are planned on a slice: arrivals must span a few request lifetimes (window_s), and
 past max_requests the simulated fleet serves rate / k for the smallest such k; the plan is the
 slice's times k (as DistServe replicates its best placement unit).
@@ -39,7 +41,9 @@ class PlanRequest:
     max_model_len: int = 4096
     max_nodes: int = 4096           # in the whole fleet
     max_slice_nodes: int = 512      # in the simulated slice (a search past it is too slow to be useful)
-    window_s: float = 30.0          # arrivals span at least this (request lifetimes), up to max_requests
+    window_s: float = 30.0          # scored arrivals span at least this (request lifetimes), up to max_requests
+    warmup_s: float = 0.0           # arrivals before the window, run but not scored: a fleet's steady state
+    #                                 (prefix caches warm, queues formed), not its cold start
     max_requests: int = 3000
     seed: int = 0
 
@@ -115,23 +119,23 @@ class Planner:
         self.simulations = 0
 
     def plan(self, req: PlanRequest) -> Plan:
-        n = max(req.min_requests, math.ceil(req.rate * req.window_s))
+        n = max(req.min_requests, math.ceil(req.rate * (req.window_s + req.warmup_s)))
         scale = math.ceil(n / req.max_requests)
         rate = req.rate / scale
         requests = self.requests_for(req.workload, min(n, req.max_requests), rate, req.seed,
                                      self.profile.block_size, req.max_model_len)
         slo = req.slo
         seen: dict[Topology, SimSummary] = {}
-        run = lambda topo: seen.get(topo) or seen.setdefault(topo, self._run(requests, topo, slo))  # noqa: E731
+        run = lambda topo: seen.get(topo) or seen.setdefault(topo, self._run(requests, topo, slo, req.warmup_s))  # noqa: E731
         limit = max(1, min(req.max_nodes // scale, req.max_slice_nodes))
         colocated = self._colocated(run, req.attainment, limit)
         disagg = self._disaggregated(run, req.attainment, limit, colocated.topology.colocated or limit)
         return Plan(req, scale, self._option(colocated, scale, req.rate), self._option(disagg, scale, req.rate),
                     self.simulations)
 
-    def _run(self, requests, topo: Topology, slo: SLOTargets) -> SimSummary:
+    def _run(self, requests, topo: Topology, slo: SLOTargets, warmup_s: float) -> SimSummary:
         self.simulations += 1
-        return simulate(self.profile, requests, topo, slo)
+        return simulate(self.profile, requests, topo, slo, warmup_s=warmup_s)
 
     def _colocated(self, run, target: float, limit: int) -> "_Found":
         n = fewest(lambda k: run(Topology(colocated=k)).slo_attainment >= target, limit)

@@ -76,8 +76,9 @@ class SimEngine:
         self.preemptions = 0
 
     # -- load, as the router sees it -----------------------------------------------------------
-    def queued_tokens(self) -> int:
-        return sum(s.uncomputed for s in self.waiting) + sum(s.uncomputed for s in self.running if s.uncomputed > 1)
+    def load(self) -> int:
+        """Sequences running or waiting (a node's heartbeat figure)."""
+        return len(self.running) + len(self.waiting)
 
     def num_seqs(self) -> int:
         return len(self.running) + len(self.reserved)

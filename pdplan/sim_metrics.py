@@ -43,15 +43,23 @@ class SimSummary:
 
 
 def summarize(requests: list[SimRequest], slo: SLOTargets, busy_s: dict[str, tuple[float, int]],
-              preemptions: int, waits: int) -> SimSummary:
+              preemptions: int, waits: int, warmup_s: float = 0.0) -> SimSummary:
+    """Latencies, attainment and goodput over the requests that arrived from warmup_s on (all of
+    them if none did); the busy shares over the whole run."""
+    run_s = _span(requests)
+    requests = [r for r in requests if r.arrival >= warmup_s] or requests
     done = [r for r in requests if r.done]
-    start = min(r.arrival for r in requests)
-    end = max((r.token_times[-1] for r in done), default=start)
-    duration = max(end - start, 1e-9)
+    duration = _span(requests)
     ok = sum(slo.met_by(r) for r in requests)
     return SimSummary(
         len(requests), len(done), duration, Percentiles.of([r.ttft for r in done]),
         Percentiles.of([r.tpot for r in done if r.tpot is not None]),
         Percentiles.of([b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]),
         ok / len(requests), ok / duration,
-        {pool: busy / (nodes * duration) for pool, (busy, nodes) in busy_s.items()}, preemptions, waits)
+        {pool: busy / (nodes * run_s) for pool, (busy, nodes) in busy_s.items()}, preemptions, waits)
+
+
+def _span(requests: list[SimRequest]) -> float:
+    """Seconds from the first arrival to the last token of those that finished."""
+    start = min(r.arrival for r in requests)
+    return max(max((r.token_times[-1] for r in requests if r.done), default=start) - start, 1e-9)

@@ -53,6 +53,5 @@ class SimRouter:
         if got is None:
             return False
         node, hits = got
-        p = self.prefill.choose(req)
-        p.submit(req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid))
+        self.prefill.submit(req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid))
         return True

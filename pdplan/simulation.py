@@ -58,9 +58,10 @@ class Topology:
 
 
 def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
-             slo: SLOTargets = SLOTargets(), horizon_s: float = float("inf")) -> SimSummary:
+             slo: SLOTargets = SLOTargets(), horizon_s: float = float("inf"), warmup_s: float = 0.0) -> SimSummary:
     """Runs every request to its end (or to `horizon_s` past the last arrival: the rest count as
-    misses). The requests' timelines are reset first, so a list can be simulated again."""
+    misses). The requests' timelines are reset first, so a list can be simulated again. Requests
+    arriving before warmup_s run (they fill prefix caches and queues) but are not scored."""
     for r in requests:
         r.token_times = []
     loop = EventLoop()
@@ -84,4 +85,4 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
         preemptions = decode.preemptions
     loop.run(max(r.arrival for r in requests) + horizon_s)
     return summarize(requests, slo, {k: (f(), n) for k, (f, n) in busy.items()},
-                     preemptions(), waits())
+                     preemptions(), waits(), warmup_s)

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--slo-ttft-ms", type=float, help="default: per profile kind (bench/simulate/study.py SLOS)")
     s.add_argument("--slo-tpot-ms", type=float)
     s.add_argument("--tag", default="", help="added to the result's and the plots' names")
+    s.add_argument("--warmup-s", type=float, default=10.0, help="arrivals run but not scored (steady state)")
     s.set_defaults(func=_study)
     pl = sub.add_parser("plot", help="redraw a study's plots and print its table")
     pl.add_argument("result")
@@ -108,7 +109,7 @@ def _study(args) -> None:
     from bench.simulate.study import study
     slo = (args.slo_ttft_ms, args.slo_tpot_ms) if args.slo_ttft_ms and args.slo_tpot_ms else None
     study(args.profile, [float(r) for r in args.rates.split(",")], args.workloads.split(","), args.num_requests,
-          slo, args.tag)
+          slo, args.tag, args.warmup_s)
 
 
 def _plot(args) -> None:
