@@ -4,7 +4,8 @@ A node with a core of its own (a separate host: the planner's default) runs each
 the time the profile prices it. Nodes pinned to one core (the validation runs' 1P+2D on this
 2-core machine: both decode nodes on core 1) time-share it as the OS does: while k of them are in
 a step, each step's remaining work advances at 1/k of the core's speed; a node between steps
-(idle) takes nothing.
+(idle) takes nothing. Other work on the machine (a shared test box) can be given as `background`:
+b runnable processes that never sleep, so k steps advance at 1/(k + b) each.
 
     work left     ████████░░░░      a step of 80 ms alone ends 80 ms after it starts; if another
                   ▲ start   ▲ end   node's step starts 40 ms in, both advance at half speed: the
@@ -19,8 +20,8 @@ from pdplan.events import EventLoop
 
 
 class SimCore:
-    def __init__(self, loop: EventLoop):
-        self.loop = loop
+    def __init__(self, loop: EventLoop, background: float = 0.0):
+        self.loop, self.background = loop, background
         self._jobs: dict[int, list] = {}        # job id -> [work left (s), on_done]
         self._next_id = 0
         self._since = 0.0                       # when the work left was last brought up to date
@@ -42,7 +43,7 @@ class SimCore:
         """Every running step gets its share of the time since the last change."""
         now = self.loop.now
         if self._jobs:
-            share = (now - self._since) / len(self._jobs)
+            share = (now - self._since) / (len(self._jobs) + self.background)
             for job in self._jobs.values():
                 job[0] -= share
         self._since = now
@@ -52,7 +53,7 @@ class SimCore:
         if not self._jobs:
             return
         version, left = self._version, min(job[0] for job in self._jobs.values())
-        self.loop.after(max(left, 0.0) * len(self._jobs), lambda: self._finish(version))
+        self.loop.after(max(left, 0.0) * (len(self._jobs) + self.background), lambda: self._finish(version))
 
     def _finish(self, version: int) -> None:
         if version != self._version:
@@ -67,15 +68,19 @@ class SimCore:
 
 class CoreMap:
     """Which SimCore each node steps on: nodes pinned to the same core id share one; every other
-    node gets a core of its own."""
+    node gets a core of its own. background: core id -> runnable processes of other work there."""
 
-    def __init__(self, loop: EventLoop, pins: tuple[tuple[str, int], ...] = ()):
+    def __init__(self, loop: EventLoop, pins: tuple[tuple[str, int], ...] = (),
+                 background: dict[int, float] | None = None):
         self.loop = loop
         self._pins = dict(pins)
+        self._background = background or {}
         self._shared: dict[int, SimCore] = {}
 
     def of(self, node: str) -> SimCore:
         core = self._pins.get(node)
         if core is None:
             return SimCore(self.loop)
-        return self._shared.setdefault(core, SimCore(self.loop))
+        if core not in self._shared:
+            self._shared[core] = SimCore(self.loop, self._background.get(core, 0.0))
+        return self._shared[core]

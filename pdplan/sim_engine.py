@@ -72,7 +72,9 @@ class SimEngine:
         self.running: list[SimSeq] = []
         self.reserved: dict[int, SimSeq] = {}
         self.stepping = False
-        self.busy_s = 0.0
+        self.busy_s = 0.0               # core time its steps took (the profile's prices)
+        self.wall_s = 0.0               # wall time they took: more when the core is shared
+        self._step_start = 0.0
         self.preemptions = 0
 
     # -- load, as the router sees it -----------------------------------------------------------
@@ -126,7 +128,7 @@ class SimEngine:
                 pairs += n * (c + (n + 1) / 2)
             sampled += c + n == seq.length
         dt = self.profile.step.seconds(tokens, len(plan), decode_ctx, pairs) + self.per_sample_s * sampled
-        self.stepping = True
+        self.stepping, self._step_start = True, self.loop.now
         self.busy_s += dt             # core time: a step stretched by sharing counts its own work only
         self.core.run(dt, lambda: self._end_step(plan))
 
@@ -134,6 +136,7 @@ class SimEngine:
         """Nothing is preempted while a step runs (scheduling happens between steps)."""
         t = self.loop.now
         self.stepping = False
+        self.wall_s += t - self._step_start
         streams = self.streams
         for seq, n in plan:
             before = seq.computed

@@ -4,7 +4,7 @@ all requests meeting every SLO given: TTFT, TPOT and, if set, ITL p90; slo.py), 
 requests meeting them per second of the run), and the busy share of each pool's step loops."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -37,6 +37,7 @@ class SimSummary:
     utilization: dict[str, float]   # pool -> busy share of its nodes' time
     preemptions: int
     admission_waits: int
+    node_times: dict[str, tuple[float, float]] = field(default_factory=dict)   # node -> (s on its core, s its steps took)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -58,19 +58,22 @@ class Topology:
 
 
 def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
-             slo: SLOTargets = SLOTargets(), horizon_s: float = float("inf"), warmup_s: float = 0.0) -> SimSummary:
+             slo: SLOTargets = SLOTargets(), horizon_s: float = float("inf"), warmup_s: float = 0.0,
+             background: dict[int, float] | None = None) -> SimSummary:
     """Runs every request to its end (or to `horizon_s` past the last arrival: the rest count as
     misses). The requests' timelines are reset first, so a list can be simulated again. Requests
-    arriving before warmup_s run (they fill prefix caches and queues) but are not scored."""
+    arriving before warmup_s run (they fill prefix caches and queues) but are not scored.
+    background: pinned core id -> other work's runnable processes there (sim_core.py)."""
     for r in requests:
         r.token_times = []
     loop = EventLoop()
-    cores = CoreMap(loop, topology.pins)
+    cores = CoreMap(loop, topology.pins, background)
     if topology.colocated:
         pool = ColocatedPool(topology.colocated, profile, loop, cores)
         for r in requests:
             loop.at(r.arrival + profile.overheads.request_s, lambda r=r: pool.submit(r))
         busy = {"colocated": (pool.busy_s, topology.colocated)}
+        nodes = pool.nodes
         waits = lambda: 0                                     # noqa: E731
         preemptions = pool.preemptions
     else:
@@ -81,8 +84,9 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
         for r in requests:
             loop.at(r.arrival, lambda r=r: router.arrive(r))
         busy = {"prefill": (prefill.busy_s, topology.prefill), "decode": (decode.busy_s, topology.decode)}
+        nodes = prefill.nodes + decode.nodes
         waits = lambda: router.waits                          # noqa: E731
         preemptions = decode.preemptions
     loop.run(max(r.arrival for r in requests) + horizon_s)
-    return summarize(requests, slo, {k: (f(), n) for k, (f, n) in busy.items()},
-                     preemptions(), waits(), warmup_s)
+    summary = summarize(requests, slo, {k: (f(), n) for k, (f, n) in busy.items()}, preemptions(), waits(), warmup_s)
+    return replace(summary, node_times={n.engine.name: (n.engine.busy_s, n.engine.wall_s) for n in nodes})

@@ -76,3 +76,25 @@ def test_a_lone_node_on_a_pinned_core_runs_as_on_its_own():
         simulate(profile(), [r], topo)
         return r.token_times
     assert times(topology("1p1d", {})) == pytest.approx(times(Topology.disaggregated(1, 1)))
+
+
+def test_background_load_slows_every_step_by_its_share():
+    """One background process on the core: a lone 100 ms step takes 200 ms; two steps 300 ms each."""
+    loop = EventLoop()
+    assert _run(SimCore(loop, background=1.0), loop, [(0.0, 0.1)]) == [pytest.approx(0.2)]
+    loop = EventLoop()
+    assert _run(SimCore(loop, background=1.0), loop, [(0.0, 0.1), (0.0, 0.1)]) == [pytest.approx(0.3)] * 2
+
+
+def test_the_contention_fit_recovers_a_known_background():
+    """Waits simulated under b = 0.6 on core 1 and 0 on core 0, read back as measured: the fit finds them."""
+    from bench.simulate.contention import fit_background, simulated_wait
+    cores = {"prefill-0": [0], "decode-0": [1], "decode-1": [1]}
+    topo = topology("1p2d", {"cores": cores})
+    reqs = [request(i, tokens(64, 3 + 100 * i), 30, at=0.05 * i) for i in range(6)]
+    run = lambda b: simulate(profile(), reqs, topo, background=b)          # noqa: E731
+    truth = run({0: 0.0, 1: 0.6})
+    target = {c: simulated_wait(truth, cores, c) for c in (0, 1)}
+    assert target[1] > 0.6 and target[0] == pytest.approx(0.0)
+    fitted = fit_background(run, target, cores)
+    assert fitted[0] == 0.0 and fitted[1] == pytest.approx(0.6, abs=0.01)
