@@ -4,7 +4,8 @@ the P:D split that does (DistServe's question: goodput per node), both found wit
 
 Search (A(P, D) = SLO attainment, non-decreasing in each pool's size):
   1. colocated: the fewest replicas N with A >= target (doubling, then bisection)
-  2. disaggregated: with the other pool at N (ample), the fewest prefill nodes P0 and the fewest
+  2. disaggregated: with the other pool at N (ample; 2N if N is not: a decode pool can need more
+     nodes than colocated replicas do), the fewest prefill nodes P0 and the fewest
      decode nodes D0 that reach the target; each alone is a lower bound, so the answer is the
      first (P0 + i, D0 + j), by total nodes i + j = 0, 1, 2 ..., that meets it (the best
      attainment among equals)
@@ -141,7 +142,14 @@ class Planner:
         n = fewest(lambda k: run(Topology(colocated=k)).slo_attainment >= target, limit)
         return _Found(Topology(colocated=n), run(Topology(colocated=n))) if n else _Found(Topology(colocated=limit), None)
 
-    def _disaggregated(self, run, target: float, limit: int, ample: int) -> "_Found":
+    def _disaggregated(self, run, target: float, limit: int, colocated: int) -> "_Found":
+        for ample in dict.fromkeys((colocated, min(limit, 2 * colocated))):
+            found = self._split(run, target, limit, ample)
+            if found.summary is not None:
+                return found
+        return found
+
+    def _split(self, run, target: float, limit: int, ample: int) -> "_Found":
         ok = lambda p, d: run(Topology.disaggregated(p, d)).slo_attainment >= target   # noqa: E731
         p0 = fewest(lambda p: ok(p, ample), limit)
         d0 = fewest(lambda d: ok(ample, d), limit)
