@@ -3,7 +3,7 @@
     python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
     python -m bench.simulate pool run1.json run2.json --out P.json          # several profile runs, one fit
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
-    python -m bench.simulate validate bench/results/simulate_measured_*.json --profile C.json
+    python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention]
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
     python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
 """
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     v = sub.add_parser("validate", help="simulate the measured points; print the side-by-side table")
     v.add_argument("measured", nargs="+")
     v.add_argument("--profile", required=True)
+    v.add_argument("--contention", action="store_true",
+                   help="also simulate each point under its measured load, fitted per core (contention.py)")
     v.set_defaults(func=_validate)
     r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
     r.add_argument("profiles", nargs="+")
@@ -83,7 +85,7 @@ def _measure(args) -> None:
 
 def _validate(args) -> None:
     from bench.simulate.validate import validate
-    validate(args.measured, args.profile)
+    validate(args.measured, args.profile, args.contention)
 
 
 def _pool(args) -> None:

@@ -85,7 +85,7 @@ def _ok(row: dict, key: str) -> str:
     return "yes" if all(abs(row[f][key]) <= TOLERANCE for f, _, _ in FIGURES) else "no"
 
 
-def validate(paths: list[str], profile_path: str, contention: bool = True) -> str:
+def validate(paths: list[str], profile_path: str, contention: bool = False) -> str:
     profile = Profile.load(profile_path)
     rows = []
     for path in paths:
