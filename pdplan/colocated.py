@@ -32,13 +32,14 @@ class ColocatedPool:
     def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None):
         cores = cores or CoreMap(loop)
         self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop, cores.of(f"colocated-{i}")) for i in range(count)]
-        self.affinity = PrefixAffinity(count, lambda i: self.nodes[i].engine.load())
+        self.affinity = PrefixAffinity(count, lambda i: self.nodes[i].engine.load(), balance=True)
         self.profile = profile
 
     def submit(self, req: SimRequest) -> None:
         """To the replica that finishes the prompt soonest, by the prefill pool's rule (blocks
         booked there plus this prompt's blocks not sent there before: sim_affinity.py), so both
-        see the same hits; the booking ends with the prompt's last chunk."""
+        see the same hits, unless the replicas' loads are far apart (then the idlest); the
+        booking ends with the prompt's last chunk."""
         i, new_blocks = self.affinity.choose(req.block_hashes, self.profile.blocks(req.prompt_len))
         node = self.nodes[i]
         node.on_first_token[req.rid] = lambda: self.affinity.release(i, new_blocks)

@@ -10,7 +10,11 @@
                  then fewer sequences running or waiting there (the router's heartbeat figure)
 
 The simulated prefill pool and the colocated balancer both choose with it, so each sees the hits
-the real router would price.
+the real router would price. Colocated replicas also decode what they prefill, so their balancer
+adds SGLang's cache-aware router's guard (sgl-router: balance_abs_threshold 32,
+balance_rel_threshold 1.5): when the busiest replica runs more than 32 sequences above, and 1.5x,
+the idlest, the request goes to the idlest whatever it has cached, so a popular document does not
+pile its decodes onto one replica.
 """
 from __future__ import annotations
 
@@ -18,12 +22,14 @@ from collections import OrderedDict
 from typing import Callable
 
 AFFINITY_BLOCKS = 8192              # router/config.py affinity_blocks_per_node
+BALANCE_ABS, BALANCE_REL = 32, 1.5  # sgl-router's defaults
 
 
 class PrefixAffinity:
-    def __init__(self, count: int, load: Callable[[int], int], capacity: int = AFFINITY_BLOCKS):
-        """load(node): its sequences running or waiting."""
-        self.capacity, self.load = capacity, load
+    def __init__(self, count: int, load: Callable[[int], int], capacity: int = AFFINITY_BLOCKS,
+                 balance: bool = False):
+        """load(node): its sequences running or waiting. balance: the colocated guard above."""
+        self.capacity, self.load, self.balance = capacity, load, balance
         self.sent: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(count)]
         self.booked_blocks = [0] * count
         self.booked_requests = [0] * count
@@ -38,9 +44,12 @@ class PrefixAffinity:
 
     def choose(self, hashes: tuple[int, ...], num_blocks: int) -> tuple[int, int]:
         """The cheapest node and the blocks it must compute; books them and records the hashes."""
-        costs = [(self.booked_blocks[i] + num_blocks - self.matched(i, hashes), self.booked_requests[i], self.load(i), i)
-                 for i in range(len(self.sent))]
-        node = min(costs)[-1]
+        loads = [self.load(i) for i in range(len(self.sent))]
+        if self.balance and max(loads) - min(loads) > BALANCE_ABS and max(loads) > BALANCE_REL * min(loads):
+            node = loads.index(min(loads))
+        else:
+            node = min((self.booked_blocks[i] + num_blocks - self.matched(i, hashes), self.booked_requests[i], loads[i], i)
+                       for i in range(len(self.sent)))[-1]
         new_blocks = num_blocks - self.matched(node, hashes)
         self.booked_blocks[node] += new_blocks
         self.booked_requests[node] += 1

@@ -35,3 +35,13 @@ def test_the_lru_forgets_a_chain_from_its_tail():
     a = PrefixAffinity(1, load=lambda i: 0, capacity=6)
     a.choose(DOC, 10)
     assert a.matched(0, DOC) == 6
+
+
+def test_the_colocated_guard_sends_to_the_idlest_when_loads_are_far_apart():
+    """Loads 40 and 5 (over 32 apart, over 1.5x): the idlest replica, though the other holds the prefix."""
+    loads = [40, 5]
+    a = PrefixAffinity(2, load=lambda i: loads[i], balance=True)
+    a.sent[0].update(dict.fromkeys(DOC))
+    assert a.choose(DOC + (1,), 11) == (1, 11)
+    loads[0] = 30                                       # 25 apart: the prefix wins again
+    assert a.choose(DOC + (2,), 11)[0] == 0
