@@ -38,9 +38,13 @@ class DecodePool:
         self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room, cores.of(f"decode-{i}")) for i in range(count)]
 
     def reserve(self, req: SimRequest) -> tuple[DecodeNode, int] | None:
-        """The least loaded node with room (router/cluster/policy.py's rank) reserves the prompt's
-        blocks; None when no node has room (the router waits for some)."""
-        ranked = sorted(self.nodes, key=lambda n: (bool(n.engine.waiting), -n.free_fraction(), n.engine.num_seqs()))
+        """The cheapest node with room reserves the prompt's blocks (router/cluster/routing_cost.py,
+        the router's default: no waiting requests first, then the prompt blocks it lacks plus its
+        blocks in use); None when no node has room (the router waits for some)."""
+        blocks = -(-req.prompt_len // self.nodes[0].engine.bs)
+        usable = req.block_hashes[:(req.prompt_len - 1) // self.nodes[0].engine.bs]
+        ranked = sorted(self.nodes, key=lambda n: (bool(n.engine.waiting),
+                                                   blocks - n.engine.pool.hits(usable) + n.engine.pool.used))
         for node in ranked:
             seq = SimSeq(req, req.prompt_len, target=req.output_len)
             hits = node.engine.reserve(seq, req.output_len)

@@ -101,6 +101,12 @@ class SimEngine:
         self.reserved[seq.req.rid] = seq
         return hits
 
+    def prefill_here(self, rid: int) -> None:
+        """A reserved prompt computed by this node itself (the router's local prefill): it runs as
+        any prefilling sequence and streams its first token."""
+        self.running.append(self.reserved.pop(rid))
+        self.kick()
+
     def adopt(self, rid: int) -> None:
         """Every block arrived: the prompt is computed and the sequence decodes from its first token."""
         seq = self.reserved.pop(rid)

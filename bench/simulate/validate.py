@@ -44,7 +44,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False) -> list[
             sim = simulate(profile, reqs, topo, slo)
             waits = measured_wait(point, cores) if contention else {}
             background = fit_background(lambda b: simulate(profile, reqs, topo, slo, background=b), waits, cores)
-            loaded = simulate(profile, reqs, topo, slo, background=background) if waits else None
+            loaded = (simulate(profile, reqs, topo, slo, background=background) if waits else sim) if contention else None
             m = point["metrics"]
             row = {"workload": sweep["workload"], "system": system, "rate": point["rate"],
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],

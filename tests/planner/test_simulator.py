@@ -115,3 +115,15 @@ def test_requests_in_the_warmup_run_but_are_not_scored():
     s = simulate(profile(), [first, second], Topology(colocated=1), SLOTargets(1000, 1000), warmup_s=0.5)
     assert first.done and (s.requests, s.completed) == (1, 1)
     assert s.ttft_ms.p50 == pytest.approx(second.ttft * 1000) and second.ttft < first.ttft
+
+
+def test_a_short_uncached_tail_is_prefilled_on_the_decode_node():
+    """40 tokens (<= 64 uncached): the decode node prefills it (the router's local prefill), the prefill
+    pool stays idle and nothing crosses the link; a 100-token prompt goes through the prefill node."""
+    short = request(0, tokens(40), 3)
+    s = simulate(profile(request_s=0.003), [short], Topology.disaggregated(1, 1))
+    assert s.utilization["prefill"] == 0.0
+    assert short.ttft == pytest.approx(0.003 + STEP.of([(40, 0)]))
+    assert short.token_times[1] - short.token_times[0] == pytest.approx(STEP.of([(1, 40)]))
+    long = request(1, tokens(100), 3)
+    assert simulate(profile(), [long], Topology.disaggregated(1, 1)).utilization["prefill"] > 0
