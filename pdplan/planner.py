@@ -8,7 +8,9 @@ Search (A(P, D) = SLO attainment, non-decreasing in each pool's size):
      nodes than colocated replicas do), the fewest prefill nodes P0 and the fewest
      decode nodes D0 that reach the target; each alone is a lower bound, so the answer is the
      first (P0 + i, D0 + j), by total nodes i + j = 0, 1, 2 ..., that meets it (the best
-     attainment among equals)
+     attainment among equals); then each pool is shrunk to the fewest nodes that still meet it
+     with the other fixed (attainment is only nearly monotone: with RAG, 1P+9D met a target that
+     2P+9D and 3P+9D missed, as prefix caches and local prefills shift with the pools)
   3. goodput per node = rate / nodes; the recommendation is the higher
 
 Requests arriving in the first warmup_s seconds are simulated but not scored, so that a plan is for
@@ -161,8 +163,20 @@ class Planner:
                      and (s := run(t)).slo_attainment >= target]
             if found:
                 s, t = max(found, key=lambda st: st[0].slo_attainment)
-                return _Found(t, s)
+                return self._shrink(run, target, t, s)
         return _Found(Topology.disaggregated(limit, limit), None)
+
+    @staticmethod
+    def _shrink(run, target: float, t: Topology, s: SimSummary) -> "_Found":
+        """The fewest prefill nodes that meet the target with t's decode pool (from 1 up: prefill
+        pools are small), then decode nodes taken away one at a time while it still holds."""
+        for p in range(1, t.prefill):
+            if (sp := run(Topology.disaggregated(p, t.decode))).slo_attainment >= target:
+                t, s = Topology.disaggregated(p, t.decode), sp
+                break
+        while t.decode > 1 and (sd := run(Topology.disaggregated(t.prefill, t.decode - 1))).slo_attainment >= target:
+            t, s = Topology.disaggregated(t.prefill, t.decode - 1), sd
+        return _Found(t, s)
 
     @staticmethod
     def _option(found: "_Found", scale: int, rate: float) -> Option:
