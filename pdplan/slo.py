@@ -7,8 +7,9 @@ A request meets the SLOs when it finished and met every target given:
 
 The live autoscaler (autoscale_config.py: autoscale_slo_itl_ms) watches ITL p90 over all tokens of
 its window. If every request's own p90 gap is within a bound, at most 10% of all gaps exceed it,
-so the pooled p90 the autoscaler reads is within it too: a plan made with --slo-itl-ms X is one the
-autoscaler, given the same X, has no reason to grow (Plan.autoscale_config writes those flags).
+so the pooled p90 the autoscaler reads is within it too; a plan holds that for its attainment
+share of requests (90%), so only the other 10% can push the pooled figure past the target.
+Plan.autoscale_config hands the autoscaler the same targets.
 """
 from __future__ import annotations
 
