@@ -7,7 +7,8 @@
      doubling to 1 s)
   3. reserved: when at most local_prefill_tokens of the prompt are not cached on the decode node,
      the decode node prefills it itself (routing_cost.py's local prefill: no hop, nothing shipped);
-     otherwise the prefill node that finishes it soonest prefills it and ships the blocks not
+     otherwise, after the prefill hop's own cost (overheads.handoff_s: PrefillRequest out,
+     FirstToken back), the prefill node that finishes it soonest prefills it and ships the blocks not
      already on the decode node; the first token goes to the client, Commit to the decode node
 """
 from __future__ import annotations
@@ -25,8 +26,9 @@ LOCAL_PREFILL_TOKENS = 64           # router/config.py's default
 
 class SimRouter:
     def __init__(self, loop: EventLoop, prefill: PrefillPool, decode: DecodePool, request_s: float,
-                 local_prefill_tokens: int = LOCAL_PREFILL_TOKENS):
+                 handoff_s: float = 0.0, local_prefill_tokens: int = LOCAL_PREFILL_TOKENS):
         self.loop, self.prefill, self.decode, self.request_s = loop, prefill, decode, request_s
+        self.handoff_s = handoff_s
         self.local_prefill_tokens = local_prefill_tokens
         self.local_prefills = 0
         self.pending: deque[SimRequest] = deque()
@@ -63,5 +65,6 @@ class SimRouter:
             self.local_prefills += 1
             node.engine.prefill_here(req.rid)
             return True
-        self.prefill.submit(req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid))
+        self.loop.after(self.handoff_s, lambda: self.prefill.submit(
+            req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid)))
         return True

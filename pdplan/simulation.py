@@ -80,7 +80,7 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
         router: SimRouter
         decode = DecodePool(topology.decode, profile, loop, lambda: router.room(), cores)
         prefill = PrefillPool(topology.prefill, profile, loop, cores)
-        router = SimRouter(loop, prefill, decode, profile.overheads.request_s + profile.overheads.handoff_s)
+        router = SimRouter(loop, prefill, decode, profile.overheads.request_s, profile.overheads.handoff_s)
         for r in requests:
             loop.at(r.arrival, lambda r=r: router.arrive(r))
         busy = {"prefill": (prefill.busy_s, topology.prefill), "decode": (decode.busy_s, topology.decode)}

@@ -127,3 +127,13 @@ def test_a_short_uncached_tail_is_prefilled_on_the_decode_node():
     assert short.token_times[1] - short.token_times[0] == pytest.approx(STEP.of([(1, 40)]))
     long = request(1, tokens(100), 3)
     assert simulate(profile(), [long], Topology.disaggregated(1, 1)).utilization["prefill"] > 0
+
+
+def test_the_prefill_hop_cost_is_charged_only_to_prompts_sent_to_a_prefill_node():
+    """handoff_s (PrefillRequest out, FirstToken back) delays a remote prefill, not a local one."""
+    from dataclasses import replace
+    p = replace(profile(), overheads=Overheads(request_s=0.003, handoff_s=0.020))
+    short, long = request(0, tokens(40), 2), request(1, tokens(100, 500), 2, at=5.0)
+    simulate(p, [short, long], Topology.disaggregated(1, 1))
+    assert short.ttft == pytest.approx(0.003 + STEP.of([(40, 0)]))
+    assert long.ttft == pytest.approx(0.003 + 0.020 + STEP.of([(100, 0)]))
