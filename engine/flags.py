@@ -56,6 +56,20 @@ def build_dataclass(cls: type, args: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+def to_argv(config: Any, prefix: str = "") -> list[str]:
+    """The flags that rebuild `config` (build_dataclass's inverse): one per scalar field that
+    differs from its default."""
+    argv: list[str] = []
+    for field in dataclasses.fields(config):
+        name, value = f"{prefix}{field.name}", getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            argv += to_argv(value, f"{name}_")
+        elif isinstance(value, _SCALARS) and value != field.default:
+            argv += [_flag(name)] if value is True else [f"--no-{_flag(name)[2:]}"] if value is False \
+                else [_flag(name), str(value)]
+    return argv
+
+
 @functools.cache
 def field_help(cls: type) -> dict[str, str]:
     """Each field's help: the comment after it in the class source (and comment-only lines

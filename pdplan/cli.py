@@ -2,11 +2,13 @@
 
     pdserve profile [--model DIR] [node flags] [--out profile.json] [--quick]
     pdserve plan --profile profile.json --workload rag --rate 20 [--slo-ttft-ms 1000] [--slo-tpot-ms 100]
+                 [--slo-itl-ms 150]
 
 `profile` measures one engine as a node runs it (the node's flags: --dtype, --block-size,
 --kv-cache-gib, --max-num-seqs, --max-num-batched-tokens, ...) on whatever device it uses and
 writes the JSON profile (pdplan/profile.py). `plan` searches deployments with the simulator and
-prints the recommendation (pdplan/planner.py). The workloads are the serving benchmark's
+prints the recommendation (pdplan/planner.py) and the `pdserve up --autoscale` flags with the same
+targets (the autoscaler's ITL target is the ITL SLO, or the TPOT SLO without one). The workloads are the serving benchmark's
 (bench/serving/workloads.py), so `plan` runs from a checkout.
 """
 from __future__ import annotations
@@ -46,16 +48,21 @@ def plan_main(argv: Sequence[str]) -> None:
     ap.add_argument("--profile", required=True, help="a JSON profile from `pdserve profile`")
     ap.add_argument("--workload", default="sharegpt", help="sharegpt | rag | mixed | alpaca | prefix")
     ap.add_argument("--rate", type=float, required=True, help="offered requests/s")
-    ap.add_argument("--slo-ttft-ms", type=float, default=1000.0)
-    ap.add_argument("--slo-tpot-ms", type=float, default=100.0)
-    ap.add_argument("--attainment", type=float, default=0.9, help="share of requests that must meet both SLOs")
+    ap.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="time to first token")
+    ap.add_argument("--slo-tpot-ms", type=float, default=100.0, help="time per output token: a request's mean gap")
+    ap.add_argument("--slo-itl-ms", "--itl-ms", type=float, default=None,
+                    help="inter-token latency: the 90th percentile of a request's gaps (default: not a target)")
+    ap.add_argument("--attainment", type=float, default=0.9, help="share of requests that must meet every SLO")
     ap.add_argument("--num-requests", type=int, default=600, help="simulated requests per candidate")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--max-nodes", type=int, default=4096)
+    ap.add_argument("--warmup-s", type=float, default=0.0,
+                    help="arrivals simulated but not scored: plan for the steady state (warm prefix caches)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     a = ap.parse_args(argv)
-    req = PlanRequest(a.workload, a.rate, a.slo_ttft_ms, a.slo_tpot_ms, a.attainment, a.num_requests,
-                      a.max_model_len, a.max_nodes)
+    req = PlanRequest(a.workload, a.rate, a.slo_ttft_ms, a.slo_tpot_ms, a.slo_itl_ms, a.attainment,
+                      min_requests=a.num_requests, max_model_len=a.max_model_len, max_nodes=a.max_nodes,
+                      warmup_s=a.warmup_s)
     plan = Planner(Profile.load(a.profile)).plan(req)
     print(json.dumps(plan.to_dict(), indent=1) if a.json else plan.describe())
 

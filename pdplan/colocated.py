@@ -2,18 +2,24 @@
 step loop, as `python -m router` runs it) behind a prefix-aware balancer."""
 from __future__ import annotations
 
+from typing import Callable
+
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
+from pdplan.sim_affinity import PrefixAffinity
+from pdplan.sim_core import CoreMap, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 
 
 class ColocatedNode:
-    def __init__(self, name: str, profile: Profile, loop: EventLoop):
-        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s)
+    def __init__(self, name: str, profile: Profile, loop: EventLoop, core: SimCore | None = None):
+        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s, core)
+        self.on_first_token: dict[int, Callable[[], None]] = {}
 
     def computed(self, seq: SimSeq, before: int, t: float) -> None:
-        pass
+        if seq.computed == seq.length and seq.generated == 0:
+            self.on_first_token.pop(seq.req.rid, lambda: None)()
 
     def sampled(self, seq: SimSeq, t: float) -> None:
         pass                            # streamed by the engine
@@ -23,19 +29,21 @@ class ColocatedNode:
 
 
 class ColocatedPool:
-    def __init__(self, count: int, profile: Profile, loop: EventLoop):
-        self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop) for i in range(count)]
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None):
+        cores = cores or CoreMap(loop)
+        self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop, cores.of(f"colocated-{i}")) for i in range(count)]
+        self.affinity = PrefixAffinity(count, lambda i: self.nodes[i].engine.load(), balance=True)
+        self.profile = profile
 
     def submit(self, req: SimRequest) -> None:
-        """To the replica that finishes the prompt soonest: its queued prompt tokens plus this
-        prompt's tokens it has not cached (the prefill pool's rule, so both see the same hits),
-        then the fewest sequences."""
-        bs = self.nodes[0].engine.bs
-
-        def cost(n: ColocatedNode) -> tuple[int, int]:
-            uncached = req.prompt_len - n.engine.pool.hits(req.block_hashes) * bs
-            return n.engine.queued_tokens() + uncached, n.engine.num_seqs() + len(n.engine.waiting)
-        min(self.nodes, key=cost).engine.add(SimSeq(req, req.prompt_len, target=req.output_len))
+        """To the replica that finishes the prompt soonest, by the prefill pool's rule (blocks
+        booked there plus this prompt's blocks not sent there before: sim_affinity.py), so both
+        see the same hits, unless the replicas' loads are far apart (then the idlest); the
+        booking ends with the prompt's last chunk."""
+        i, new_blocks = self.affinity.choose(req.block_hashes, self.profile.blocks(req.prompt_len))
+        node = self.nodes[i]
+        node.on_first_token[req.rid] = lambda: self.affinity.release(i, new_blocks)
+        node.engine.add(SimSeq(req, req.prompt_len, target=req.output_len))
 
     def busy_s(self) -> float:
         return sum(n.engine.busy_s for n in self.nodes)

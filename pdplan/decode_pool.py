@@ -7,13 +7,15 @@ from typing import Callable
 
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
+from pdplan.sim_core import CoreMap, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 
 
 class DecodeNode:
-    def __init__(self, name: str, profile: Profile, loop: EventLoop, on_room: Callable[[], None]):
-        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s)
+    def __init__(self, name: str, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
+                 core: SimCore | None = None):
+        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s, core)
         self.on_room = on_room
 
     def computed(self, seq: SimSeq, before: int, t: float) -> None:
@@ -30,13 +32,19 @@ class DecodeNode:
 
 
 class DecodePool:
-    def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None]):
-        self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room) for i in range(count)]
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
+                 cores: CoreMap | None = None):
+        cores = cores or CoreMap(loop)
+        self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room, cores.of(f"decode-{i}")) for i in range(count)]
 
     def reserve(self, req: SimRequest) -> tuple[DecodeNode, int] | None:
-        """The least loaded node with room (router/cluster/policy.py's rank) reserves the prompt's
-        blocks; None when no node has room (the router waits for some)."""
-        ranked = sorted(self.nodes, key=lambda n: (bool(n.engine.waiting), -n.free_fraction(), n.engine.num_seqs()))
+        """The cheapest node with room reserves the prompt's blocks (router/cluster/routing_cost.py,
+        the router's default: no waiting requests first, then the prompt blocks it lacks plus its
+        blocks in use); None when no node has room (the router waits for some)."""
+        blocks = -(-req.prompt_len // self.nodes[0].engine.bs)
+        usable = req.block_hashes[:(req.prompt_len - 1) // self.nodes[0].engine.bs]
+        ranked = sorted(self.nodes, key=lambda n: (bool(n.engine.waiting),
+                                                   blocks - n.engine.pool.hits(usable) + n.engine.pool.used))
         for node in ranked:
             seq = SimSeq(req, req.prompt_len, target=req.output_len)
             hits = node.engine.reserve(seq, req.output_len)

@@ -1,8 +1,8 @@
 """The simulated prefill pool: prefill engines (max_tokens = 1) and the link each ships KV blocks on.
 
 A request here (steps 3-5 of the lifecycle in DESIGN.md):
-  1. the router picks the node that finishes it soonest: queued tokens there plus the tokens of
-     this prompt its prefix cache lacks (router/cluster/policy.py prices it in blocks the same way)
+  1. the router picks the node that finishes it soonest: blocks booked there plus the blocks of
+     this prompt it has not been sent before (sim_affinity.py, as router/cluster/policy.py)
   2. the engine prefills it in chunks beside other prompts; every block that fills is queued on
      the node's link at once (the partial last block when the prompt is done); blocks the decode
      node already holds are not sent; the link sends one block at a time, per_block_s each
@@ -16,6 +16,8 @@ from typing import Callable
 
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
+from pdplan.sim_affinity import PrefixAffinity
+from pdplan.sim_core import CoreMap, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 
@@ -29,8 +31,8 @@ class _Shipment:
 
 
 class PrefillNode:
-    def __init__(self, name: str, profile: Profile, loop: EventLoop):
-        self.engine = SimEngine(name, profile, loop, self, False)
+    def __init__(self, name: str, profile: Profile, loop: EventLoop, core: SimCore | None = None):
+        self.engine = SimEngine(name, profile, loop, self, False, core=core)
         self.profile, self.loop = profile, loop
         self.link_free_at = 0.0
         self.shipments: dict[int, _Shipment] = {}
@@ -59,16 +61,22 @@ class PrefillNode:
 
 
 class PrefillPool:
-    def __init__(self, count: int, profile: Profile, loop: EventLoop):
-        self.nodes = [PrefillNode(f"prefill-{i}", profile, loop) for i in range(count)]
-        self.bs = profile.block_size
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None):
+        cores = cores or CoreMap(loop)
+        self.nodes = [PrefillNode(f"prefill-{i}", profile, loop, cores.of(f"prefill-{i}")) for i in range(count)]
+        self.affinity = PrefixAffinity(count, lambda i: self.nodes[i].engine.load())
+        self.profile = profile
 
-    def choose(self, req: SimRequest) -> PrefillNode:
-        """Soonest done: queued tokens plus this prompt's uncached tokens (ties: the first)."""
-        def cost(node: PrefillNode) -> int:
-            hits = node.engine.pool.hits(req.block_hashes)
-            return node.engine.queued_tokens() + req.prompt_len - hits * self.bs
-        return min(self.nodes, key=cost)
+    def submit(self, req: SimRequest, skip: int, on_first_token: Callable[[float], None],
+               on_commit: Callable[[float], None]) -> PrefillNode:
+        """To the node the router would choose; its booking ends with the first token."""
+        i, new_blocks = self.affinity.choose(req.block_hashes, self.profile.blocks(req.prompt_len))
+
+        def first_token(t: float) -> None:
+            self.affinity.release(i, new_blocks)
+            on_first_token(t)
+        self.nodes[i].submit(req, skip, first_token, on_commit)
+        return self.nodes[i]
 
     def busy_s(self) -> float:
         return sum(n.engine.busy_s for n in self.nodes)

@@ -110,7 +110,7 @@ class Overheads:
     """What the engine step does not include: the serving path around it. `pdserve profile`
     measures engines only (these stay 0); bench/simulate/calibrate.py fits them to real runs."""
     request_s: float = 0.0          # HTTP, tokenizing, routing: arrival to the first engine admission
-    handoff_s: float = 0.0          # disaggregated only, on top: reservation, PrefillRequest, FirstToken messages
+    handoff_s: float = 0.0          # a prompt sent to a prefill node, on top: PrefillRequest, FirstToken messages
     token_s: float = 0.0            # per token a streaming step samples: node -> router -> client (added to the step)
 
 

@@ -8,7 +8,8 @@ Each step (as the real scheduler):
      or itself
   2. waiting sequences in order while the budget, max_num_seqs and the blocks allow (prefix
      hits reused; the whole prompt's blocks allocated at admission, a watermark kept free)
-  3. the step ends after profile.step_seconds(shapes): computed tokens move on, full prompt
+  3. the step ends once its core has given it profile.step_seconds(shapes) (later if the core is
+     shared with busy nodes: sim_core.py): computed tokens move on, full prompt
      blocks enter the prefix cache, a sequence whose context is all computed samples a token
 A decode node's reservations (reserve / adopt) hold blocks without running.
 """
@@ -20,6 +21,7 @@ from typing import Protocol
 from pdplan.block_pool import BlockPool
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
+from pdplan.sim_core import SimCore
 from pdplan.sim_request import SimRequest
 
 
@@ -55,10 +57,12 @@ class Owner(Protocol):
 
 class SimEngine:
     def __init__(self, name: str, profile: Profile, loop: EventLoop, owner: Owner, streams: bool,
-                 per_sample_s: float = 0.0):
+                 per_sample_s: float = 0.0, core: SimCore | None = None):
         """streams: each sampled token goes to the client at the step's end (decode, colocated);
-        otherwise the owner hears of it (a prefill node's first token)."""
+        otherwise the owner hears of it (a prefill node's first token). core: what the steps run
+        on (default: a core of its own); a shared one stretches them (sim_core.py)."""
         self.name, self.profile, self.loop, self.owner = name, profile, loop, owner
+        self.core = core or SimCore(loop)
         self.streams = streams
         self.bs = profile.block_size
         self.pool = BlockPool(profile.num_blocks)
@@ -68,12 +72,15 @@ class SimEngine:
         self.running: list[SimSeq] = []
         self.reserved: dict[int, SimSeq] = {}
         self.stepping = False
-        self.busy_s = 0.0
+        self.busy_s = 0.0               # core time its steps took (the profile's prices)
+        self.wall_s = 0.0               # wall time they took: more when the core is shared
+        self._step_start = 0.0
         self.preemptions = 0
 
     # -- load, as the router sees it -----------------------------------------------------------
-    def queued_tokens(self) -> int:
-        return sum(s.uncomputed for s in self.waiting) + sum(s.uncomputed for s in self.running if s.uncomputed > 1)
+    def load(self) -> int:
+        """Sequences running or waiting (a node's heartbeat figure)."""
+        return len(self.running) + len(self.waiting)
 
     def num_seqs(self) -> int:
         return len(self.running) + len(self.reserved)
@@ -93,6 +100,12 @@ class SimEngine:
         self._allocate(seq, hits)
         self.reserved[seq.req.rid] = seq
         return hits
+
+    def prefill_here(self, rid: int) -> None:
+        """A reserved prompt computed by this node itself (the router's local prefill): it runs as
+        any prefilling sequence and streams its first token."""
+        self.running.append(self.reserved.pop(rid))
+        self.kick()
 
     def adopt(self, rid: int) -> None:
         """Every block arrived: the prompt is computed and the sequence decodes from its first token."""
@@ -121,14 +134,15 @@ class SimEngine:
                 pairs += n * (c + (n + 1) / 2)
             sampled += c + n == seq.length
         dt = self.profile.step.seconds(tokens, len(plan), decode_ctx, pairs) + self.per_sample_s * sampled
-        self.stepping = True
-        self.busy_s += dt
-        self.loop.after(dt, lambda: self._end_step(plan))
+        self.stepping, self._step_start = True, self.loop.now
+        self.busy_s += dt             # core time: a step stretched by sharing counts its own work only
+        self.core.run(dt, lambda: self._end_step(plan))
 
     def _end_step(self, plan: list[tuple[SimSeq, int]]) -> None:
         """Nothing is preempted while a step runs (scheduling happens between steps)."""
         t = self.loop.now
         self.stepping = False
+        self.wall_s += t - self._step_start
         streams = self.streams
         for seq, n in plan:
             before = seq.computed

@@ -5,7 +5,10 @@
   2. no decode node has room: it waits, in arrival order, until a decode request ends somewhere
      (the real router wakes on a heartbeat reporting more free blocks) or its timer fires (50 ms
      doubling to 1 s)
-  3. reserved: the prefill node that finishes it soonest prefills it and ships the blocks not
+  3. reserved: when at most local_prefill_tokens of the prompt are not cached on the decode node,
+     the decode node prefills it itself (routing_cost.py's local prefill: no hop, nothing shipped);
+     otherwise, after the prefill hop's own cost (overheads.handoff_s: PrefillRequest out,
+     FirstToken back), the prefill node that finishes it soonest prefills it and ships the blocks not
      already on the decode node; the first token goes to the client, Commit to the decode node
 """
 from __future__ import annotations
@@ -18,11 +21,16 @@ from pdplan.prefill_pool import PrefillPool
 from pdplan.sim_request import SimRequest
 
 FIRST_WAIT_S, MAX_WAIT_S = 0.05, 1.0
+LOCAL_PREFILL_TOKENS = 64           # router/config.py's default
 
 
 class SimRouter:
-    def __init__(self, loop: EventLoop, prefill: PrefillPool, decode: DecodePool, request_s: float):
+    def __init__(self, loop: EventLoop, prefill: PrefillPool, decode: DecodePool, request_s: float,
+                 handoff_s: float = 0.0, local_prefill_tokens: int = LOCAL_PREFILL_TOKENS):
         self.loop, self.prefill, self.decode, self.request_s = loop, prefill, decode, request_s
+        self.handoff_s = handoff_s
+        self.local_prefill_tokens = local_prefill_tokens
+        self.local_prefills = 0
         self.pending: deque[SimRequest] = deque()
         self.waits = 0
 
@@ -53,6 +61,10 @@ class SimRouter:
         if got is None:
             return False
         node, hits = got
-        p = self.prefill.choose(req)
-        p.submit(req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid))
+        if req.prompt_len - hits * node.engine.bs <= self.local_prefill_tokens:
+            self.local_prefills += 1
+            node.engine.prefill_here(req.rid)
+            return True
+        self.loop.after(self.handoff_s, lambda: self.prefill.submit(
+            req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid)))
         return True

@@ -1,20 +1,26 @@
 """A simulated deployment, run once: a profile, a list of requests with their arrival times, and
-a topology (colocated replicas, or P prefill + D decode nodes) in, a SimSummary out.
+a topology (colocated replicas, or P prefill + D decode nodes; each node on a core of its own
+unless pinned to share one) in, a SimSummary out.
 
     sim = simulate(profile, requests, Topology.disaggregated(1, 2), SLOTargets(1000, 100))
+    Topology.disaggregated(1, 2).pinned({"prefill-0": {0}, "decode-0": {1}, "decode-1": {1}})
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdplan.colocated import ColocatedPool
 from pdplan.decode_pool import DecodePool
 from pdplan.events import EventLoop
 from pdplan.prefill_pool import PrefillPool
 from pdplan.profile import Profile
+from pdplan.sim_core import CoreMap
 from pdplan.sim_metrics import SimSummary, summarize
 from pdplan.sim_request import SimRequest
 from pdplan.sim_router import SimRouter
+from pdplan.slo import SLOTargets
+
+__all__ = ["SLOTargets", "Topology", "simulate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,49 +28,65 @@ class Topology:
     colocated: int = 0              # replicas of the whole engine (0: disaggregated)
     prefill: int = 0
     decode: int = 0
+    pins: tuple[tuple[str, int], ...] = ()  # (node name, core id): names on one id share a core; others own one
 
     @classmethod
     def disaggregated(cls, prefill: int, decode: int) -> "Topology":
         return cls(0, prefill, decode)
+
+    def pinned(self, cores: dict[str, set[int]]) -> "Topology":
+        """This topology with nodes pinned as bench/simulate/pinning.py pins the real ones
+        ({"decode-0": {1}, "decode-1": {1}}: one core each, the same one here)."""
+        if any(len(c) != 1 for c in cores.values()):
+            raise ValueError(f"a simulated node runs on exactly one core: {cores}")
+        return replace(self, pins=tuple(sorted((node, next(iter(c))) for node, c in cores.items())))
+
+    def shared(self) -> list[list[str]]:
+        """The groups of nodes that share a core (two or more)."""
+        groups: dict[int, list[str]] = {}
+        for node, core in self.pins:
+            groups.setdefault(core, []).append(node)
+        return [g for g in groups.values() if len(g) > 1]
 
     @property
     def nodes(self) -> int:
         return self.colocated or self.prefill + self.decode
 
     def __str__(self) -> str:
-        return f"{self.colocated} colocated" if self.colocated else f"{self.prefill}P+{self.decode}D"
-
-
-@dataclass(frozen=True, slots=True)
-class SLOTargets:
-    ttft_ms: float = 1000.0
-    tpot_ms: float = 100.0
+        name = f"{self.colocated} colocated" if self.colocated else f"{self.prefill}P+{self.decode}D"
+        return name + "".join(f" ({'+'.join(g)} on one core)" for g in self.shared())
 
 
 def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
-             slo: SLOTargets = SLOTargets(), horizon_s: float = float("inf")) -> SimSummary:
+             slo: SLOTargets = SLOTargets(), horizon_s: float = float("inf"), warmup_s: float = 0.0,
+             background: dict[int, float] | None = None) -> SimSummary:
     """Runs every request to its end (or to `horizon_s` past the last arrival: the rest count as
-    misses). The requests' timelines are reset first, so a list can be simulated again."""
+    misses). The requests' timelines are reset first, so a list can be simulated again. Requests
+    arriving before warmup_s run (they fill prefix caches and queues) but are not scored.
+    background: pinned core id -> other work's runnable processes there (sim_core.py)."""
     for r in requests:
         r.token_times = []
     loop = EventLoop()
+    cores = CoreMap(loop, topology.pins, background)
     if topology.colocated:
-        pool = ColocatedPool(topology.colocated, profile, loop)
+        pool = ColocatedPool(topology.colocated, profile, loop, cores)
         for r in requests:
             loop.at(r.arrival + profile.overheads.request_s, lambda r=r: pool.submit(r))
         busy = {"colocated": (pool.busy_s, topology.colocated)}
+        nodes = pool.nodes
         waits = lambda: 0                                     # noqa: E731
         preemptions = pool.preemptions
     else:
         router: SimRouter
-        decode = DecodePool(topology.decode, profile, loop, lambda: router.room())
-        prefill = PrefillPool(topology.prefill, profile, loop)
-        router = SimRouter(loop, prefill, decode, profile.overheads.request_s + profile.overheads.handoff_s)
+        decode = DecodePool(topology.decode, profile, loop, lambda: router.room(), cores)
+        prefill = PrefillPool(topology.prefill, profile, loop, cores)
+        router = SimRouter(loop, prefill, decode, profile.overheads.request_s, profile.overheads.handoff_s)
         for r in requests:
             loop.at(r.arrival, lambda r=r: router.arrive(r))
         busy = {"prefill": (prefill.busy_s, topology.prefill), "decode": (decode.busy_s, topology.decode)}
+        nodes = prefill.nodes + decode.nodes
         waits = lambda: router.waits                          # noqa: E731
         preemptions = decode.preemptions
     loop.run(max(r.arrival for r in requests) + horizon_s)
-    return summarize(requests, slo.ttft_ms, slo.tpot_ms, {k: (f(), n) for k, (f, n) in busy.items()},
-                     preemptions(), waits())
+    summary = summarize(requests, slo, {k: (f(), n) for k, (f, n) in busy.items()}, preemptions(), waits(), warmup_s)
+    return replace(summary, node_times={n.engine.name: (n.engine.busy_s, n.engine.wall_s) for n in nodes})

@@ -3,7 +3,7 @@
     python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
     python -m bench.simulate pool run1.json run2.json --out P.json          # several profile runs, one fit
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
-    python -m bench.simulate validate bench/results/simulate_measured_*.json --profile C.json
+    python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention]
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
     python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
 """
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     v = sub.add_parser("validate", help="simulate the measured points; print the side-by-side table")
     v.add_argument("measured", nargs="+")
     v.add_argument("--profile", required=True)
+    v.add_argument("--contention", action="store_true",
+                   help="also simulate each point under its measured load, fitted per core (contention.py)")
     v.set_defaults(func=_validate)
     r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
     r.add_argument("profiles", nargs="+")
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--slo-ttft-ms", type=float, help="default: per profile kind (bench/simulate/study.py SLOS)")
     s.add_argument("--slo-tpot-ms", type=float)
     s.add_argument("--tag", default="", help="added to the result's and the plots' names")
+    s.add_argument("--warmup-s", type=float, default=10.0, help="arrivals run but not scored (steady state)")
     s.set_defaults(func=_study)
     pl = sub.add_parser("plot", help="redraw a study's plots and print its table")
     pl.add_argument("result")
@@ -82,7 +85,7 @@ def _measure(args) -> None:
 
 def _validate(args) -> None:
     from bench.simulate.validate import validate
-    validate(args.measured, args.profile)
+    validate(args.measured, args.profile, args.contention)
 
 
 def _pool(args) -> None:
@@ -108,7 +111,7 @@ def _study(args) -> None:
     from bench.simulate.study import study
     slo = (args.slo_ttft_ms, args.slo_tpot_ms) if args.slo_ttft_ms and args.slo_tpot_ms else None
     study(args.profile, [float(r) for r in args.rates.split(",")], args.workloads.split(","), args.num_requests,
-          slo, args.tag)
+          slo, args.tag, args.warmup_s)
 
 
 def _plot(args) -> None:

@@ -2,7 +2,9 @@
 the engine-only profile also prices HTTP, tokenizing, control messages and streaming:
 
   1. request_s: the median gap between measured and simulated TTFT p50 of the colocated points
-  2. handoff_s: the same for the disaggregated points, less request_s
+  2. handoff_s: the prefill hop's cost (from 0 to 100 ms in 5 ms steps) that best matches the
+     disaggregated points' TTFT p50s, request_s included (a local prefill skips the hop, so the
+     gap is not one constant per request)
   3. token_s: the per-token cost (from a short list) that best matches the TPOT p50s
 
 Calibrate on one workload and validate on the others (held out): validate.py reports both.
@@ -17,6 +19,7 @@ from bench.simulate.validate import predict
 from pdplan.profile import Overheads, Profile
 
 TOKEN_S = (0.0, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3)
+HANDOFF_S = tuple(i * 5e-3 for i in range(21))
 
 
 def calibrate(paths: list[str], profile: Profile) -> Profile:
@@ -26,9 +29,8 @@ def calibrate(paths: list[str], profile: Profile) -> Profile:
     rows = _rows(measured, p)
     colocated = [r["TTFT p50"]["measured"] - r["TTFT p50"]["simulated"] for r in rows if r["system"] == "colocated"]
     request_ms = max(0.0, statistics.median(colocated)) if colocated else 0.0
-    disagg = [r["TTFT p50"]["measured"] - r["TTFT p50"]["simulated"] for r in rows if r["system"] != "colocated"]
-    handoff_ms = max(0.0, statistics.median(disagg) - request_ms) if disagg else 0.0
-    return replace(p, overheads=replace(p.overheads, request_s=request_ms / 1000, handoff_s=handoff_ms / 1000))
+    p = replace(p, overheads=replace(p.overheads, request_s=request_ms / 1000))
+    return replace(p, overheads=replace(p.overheads, handoff_s=_best_handoff_s(measured, p)))
 
 
 def _rows(measured: list[dict], profile: Profile) -> list[dict]:
@@ -40,3 +42,10 @@ def _best_token_s(measured: list[dict], profile: Profile) -> float:
         rows = _rows(measured, replace(profile, overheads=replace(profile.overheads, token_s=token_s)))
         return sum(abs(r["TPOT p50"]["error"]) for r in rows)
     return min(TOKEN_S, key=error)
+
+
+def _best_handoff_s(measured: list[dict], profile: Profile) -> float:
+    def error(handoff_s: float) -> float:
+        rows = _rows(measured, replace(profile, overheads=replace(profile.overheads, handoff_s=handoff_s)))
+        return sum(abs(r["TTFT p50"]["error"]) for r in rows if r["system"] != "colocated")
+    return min(HANDOFF_S, key=error)

@@ -17,11 +17,8 @@ from bench.serving import record as rec
 from bench.serving.compare import SweepSpec, _point, _warmup, free_port
 from bench.serving.loadgen import LoadSpec, run_load
 from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
-from bench.simulate.pinning import cmdline, pin_nodes
-
-PINS = {"colocated": ({}, {0}),
-        "1p1d": ({"prefill-0": {0}, "decode-0": {1}}, None),
-        "1p2d": ({"prefill-0": {0}, "decode-0": {1}, "decode-1": {1}}, None)}
+from bench.simulate.cpu_time import deltas, sched_times
+from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes
 
 
 def server(system: str, model: str, port: int, knobs: Knobs):
@@ -38,20 +35,30 @@ def server(system: str, model: str, port: int, knobs: Knobs):
 
 
 def measure(system: str, spec: SweepSpec, model: str, vocab: list[str]) -> dict:
-    """One system over the sweep's rates; the points are compare.py's, plus what was pinned."""
+    """One system over the sweep's rates; the points are compare.py's, plus what was pinned and
+    each pinned node's time on and waiting for its core during the point (cpu_time.py)."""
     port = free_port()
     srv = server(system, model, port, spec.knobs)
     log = os.path.join(rec.RESULTS, "logs", f"validate_{system}_{int(time.time())}.log")
     out = {"system": system, "server": srv.record(), "points": []}
     with running(srv, log) as endpoint:
         root = _root(port)
-        nodes, default = PINS[system]
+        nodes = dict(PINS[system])
+        default = nodes.pop(COLOCATED_ROOT, None)
         time.sleep(1.0)                     # the node processes are up: the router waited for them
         out["pinned"] = {str(k): v for k, v in pin_nodes(root, nodes, default).items()}
+        out["cores"] = {node: sorted(cores) for node, cores in PINS[system].items()}   # what validate simulates
         print(f"[{system}] pinned {out['pinned']}", flush=True)
         asyncio.run(run_load(endpoint, _warmup(spec), vocab, LoadSpec(float("inf"), deadline_s=120), "warm-up"))
+        pids = {COLOCATED_ROOT if what.startswith("root") else what.split(" -> ")[0]: int(pid)
+                for pid, what in out["pinned"].items()}
         for i, rate in enumerate(spec.rates):
-            out["points"].append(_point(endpoint, spec, i, rate, vocab, system))
+            before, t0 = {node: sched_times(pid) for node, pid in pids.items()}, time.monotonic()
+            point = _point(endpoint, spec, i, rate, vocab, system)
+            point["cpu"] = deltas(before, {node: sched_times(pid) for node, pid in pids.items()})
+            point["cpu_wall_s"] = round(time.monotonic() - t0, 3)
+            point["loadavg_after"] = os.getloadavg()
+            out["points"].append(point)
     return out
 
 

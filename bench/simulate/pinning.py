@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import os
 
+# The validation runs' layout on this 2-core machine: node id -> its cores. The simulator reads the
+# same map (pdplan Topology.pinned), so a simulated deployment has the measured one's layout.
+# "colocated-0" is the colocated server's root process (its engine and HTTP front end); in the
+# disaggregated runs the router floats.
+PINS: dict[str, dict[str, set[int]]] = {
+    "colocated": {"colocated-0": {0}},
+    "1p1d": {"prefill-0": {0}, "decode-0": {1}},
+    "1p2d": {"prefill-0": {0}, "decode-0": {1}, "decode-1": {1}},   # no third core: the decodes share
+}
+COLOCATED_ROOT = "colocated-0"
+
 
 def children(pid: int) -> list[int]:
     """Every descendant of `pid` (from /proc), depth first."""

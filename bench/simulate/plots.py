@@ -37,7 +37,8 @@ def plot_study(result: dict) -> list[str]:
         name = os.path.basename(path).removesuffix(".json")
         ttft, tpot = prof["slo_ms"]
         fig.suptitle(f"{name}{' (extrapolated)' if prof['extrapolated'] else ''}: SLOs TTFT {ttft:g} ms, "
-                     f"TPOT {tpot:g} ms, 90% attainment (simulated)", fontsize=9)
+                     f"TPOT {tpot:g} ms, 90% attainment (simulated"
+                     + (f", after {result['warmup_s']:g} s of warm-up)" if result.get("warmup_s") else ")"), fontsize=9)
         fig.tight_layout()
         png = os.path.join(PLOTS, "_".join(filter(None, ("planner_study", name, result.get("tag")))) + ".png")
         fig.savefig(png, dpi=110)

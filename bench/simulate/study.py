@@ -3,6 +3,10 @@ colocated replicas and the planner's P:D split that meet the SLOs, and the goodp
 each (requests/s meeting both SLOs for >= 90% of requests, divided by the nodes). JSON to
 bench/results, one plot per profile to bench/plots.
 
+Each plan is for the fleet's steady state: the first warmup_s seconds of arrivals (default
+WARMUP_S) are simulated but not scored, so RAG's cold documents (seconds of prefill each on a CPU
+node) weigh as they do in a fleet that has been serving for a while, not as a cold start.
+
 SLOs are set per profile, a few times what a lone request takes on that hardware (a 1-core CPU
 node prefills a 3k-token document in seconds, a GPU in ~0.2 s): see SLOS.
 """
@@ -16,7 +20,7 @@ from pdplan.planner import Planner, PlanRequest
 from pdplan.profile import Profile
 
 SLOS = {"cpu": (10000.0, 250.0), "gpu": (1000.0, 50.0)}    # TTFT, TPOT ms
-WINDOW_S, MAX_REQUESTS = 20.0, 1500
+WINDOW_S, WARMUP_S, MAX_REQUESTS = 20.0, 10.0, 1500
 
 
 def kind(profile: Profile) -> str:
@@ -24,9 +28,9 @@ def kind(profile: Profile) -> str:
 
 
 def study(profile_paths: list[str], rates: list[float], workloads: list[str], max_requests: int = MAX_REQUESTS,
-          slo: tuple[float, float] | None = None, tag: str = "") -> str:
+          slo: tuple[float, float] | None = None, tag: str = "", warmup_s: float = WARMUP_S) -> str:
     path_json = None
-    result = {"bench": "simulate_study", "window_s": WINDOW_S, "max_requests": max_requests, "tag": tag,
+    result = {"bench": "simulate_study", "window_s": WINDOW_S, "warmup_s": warmup_s, "max_requests": max_requests, "tag": tag,
               "profiles": {}}
     for path in profile_paths:
         profile = Profile.load(path)
@@ -39,7 +43,8 @@ def study(profile_paths: list[str], rates: list[float], workloads: list[str], ma
             for workload in workloads:
                 t0 = time.perf_counter()
                 planner = Planner(profile)
-                plan = planner.plan(PlanRequest(workload, rate, ttft, tpot, window_s=WINDOW_S, max_requests=max_requests,
+                plan = planner.plan(PlanRequest(workload, rate, ttft, tpot, window_s=WINDOW_S, warmup_s=warmup_s,
+                                                max_requests=max_requests,
                                                 min_requests=min(600, max_requests)))
                 rows.append(plan.to_dict() | {"seconds": round(time.perf_counter() - t0, 1)})
                 print(plan.describe() + f"\n  ({planner.simulations} simulations, {rows[-1]['seconds']} s)", flush=True)

@@ -1,12 +1,18 @@
 """The simulated half of the validation: every measured point (measure.py) simulated with the same
 requests, arrival times and topology, side by side with what was measured; a point agrees when
-TTFT p50, TTFT p90 and TPOT p50 are each within 20% of the measured value."""
+TTFT p50, TTFT p90 and TPOT p50 are each within 20% of the measured value.
+
+The topology includes the pinning the run used (the measured file's `cores`, written from
+pinning.py's PINS): on this 2-core machine 1P+2D's decode nodes share core 1, and so they do in the
+simulation (pdplan/sim_core.py)."""
 from __future__ import annotations
 
 import json
 import os
 
 from bench.serving import record as rec
+from bench.simulate.contention import fit_background, measured_wait
+from bench.simulate.pinning import PINS
 from pdplan.profile import Profile
 from pdplan.simulation import SLOTargets, Topology, simulate
 from pdplan.workload import sim_requests
@@ -17,8 +23,15 @@ TOLERANCE = 0.2
 FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
 
 
-def predict(measured: dict, profile: Profile) -> list[dict]:
-    """One row per (system, rate): measured and simulated figures, in ms."""
+def topology(system: str, measured: dict) -> Topology:
+    """The system as it ran: its pools, pinned as the run recorded (or as PINS says)."""
+    cores = measured.get("cores") or PINS[system]
+    return TOPOLOGY[system].pinned({node: set(c) for node, c in cores.items()})
+
+
+def predict(measured: dict, profile: Profile, contention: bool = False) -> list[dict]:
+    """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
+    the point's schedstat), also simulated under the machine's load fitted per core (contention.py)."""
     sweep = measured["sweep"]
     rows = []
     for system, out in measured["systems"].items():
@@ -27,40 +40,57 @@ def predict(measured: dict, profile: Profile) -> list[dict]:
                                 profile.block_size, sweep["knobs"]["max_model_len"],
                                 output_cap=sweep["output_cap"])
             slo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"])
-            sim = simulate(profile, reqs, TOPOLOGY[system], slo)
+            topo, cores = topology(system, out), out.get("cores") or PINS[system]
+            sim = simulate(profile, reqs, topo, slo)
+            waits = measured_wait(point, cores) if contention else {}
+            background = fit_background(lambda b: simulate(profile, reqs, topo, slo, background=b), waits, cores)
+            loaded = (simulate(profile, reqs, topo, slo, background=background) if waits else sim) if contention else None
             m = point["metrics"]
             row = {"workload": sweep["workload"], "system": system, "rate": point["rate"],
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],
-                   "sim_utilization": sim.utilization, "sim_preemptions": sim.preemptions}
+                   "sim_utilization": sim.utilization, "sim_preemptions": sim.preemptions,
+                   "measured_wait_per_run": waits, "background": background}
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
+                if loaded is not None:
+                    pred = getattr(getattr(loaded, f"{metric}_ms"), pct)
+                    row[label] |= {"loaded": pred, "loaded_error": (pred - real) / real if real else None}
             rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    head = "| workload | system | rate | " + " | ".join(f"{f} measured / sim (err)" for f, _, _ in FIGURES) \
-        + " | within 20% |"
-    lines = [head, "|" + "---|" * (4 + len(FIGURES))]
+    """Measured / simulated (error); with contention fitted, a third figure: simulated under it."""
+    loaded = any("loaded" in r[FIGURES[0][0]] for r in rows)
+    sims = "sim / sim loaded" if loaded else "sim"
+    head = "| workload | system | rate | load avg | " + " | ".join(f"{f} measured / {sims} (err)" for f, _, _ in FIGURES) \
+        + (" | within 20% (sim / loaded) |" if loaded else " | within 20% |")
+    lines = [head, "|" + "---|" * (5 + len(FIGURES))]
     for r in rows:
-        cells = []
-        for label, _, _ in FIGURES:
-            v = r[label]
-            cells.append(f"{v['measured']:.0f} / {v['simulated']:.0f} ({v['error']:+.0%})" if v["measured"] >= 100
-                         else f"{v['measured']:.1f} / {v['simulated']:.1f} ({v['error']:+.0%})")
-        ok = all(abs(r[f]["error"]) <= TOLERANCE for f, _, _ in FIGURES)
-        lines.append(f"| {r['workload']} | {r['system']} | {r['rate']:g} | " + " | ".join(cells)
-                     + f" | {'yes' if ok else 'no'} |")
+        cells = [" / ".join([_ms(r[f]["measured"])] + [f"{_ms(r[f][k])} ({r[f][k + '_error'] if k != 'simulated' else r[f]['error']:+.0%})"
+                                                       for k in ("simulated", "loaded") if k in r[f]])
+                 for f, _, _ in FIGURES]
+        ok = [_ok(r, "error")] + ([_ok(r, "loaded_error")] if "loaded" in r[FIGURES[0][0]] else [])
+        lines.append(f"| {r['workload']} | {r['system']} | {r['rate']:g} | {r['loadavg']:.1f} | " + " | ".join(cells)
+                     + f" | {' / '.join(ok)} |")
     return "\n".join(lines)
 
 
-def validate(paths: list[str], profile_path: str) -> str:
+def _ms(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _ok(row: dict, key: str) -> str:
+    return "yes" if all(abs(row[f][key]) <= TOLERANCE for f, _, _ in FIGURES) else "no"
+
+
+def validate(paths: list[str], profile_path: str, contention: bool = False) -> str:
     profile = Profile.load(profile_path)
     rows = []
     for path in paths:
         with open(path) as f:
-            rows += predict(json.load(f), profile)
+            rows += predict(json.load(f), profile, contention)
     table = markdown(rows)
     out = rec.write({"bench": "simulate_validation", "profile": profile_path, "measured": paths, "rows": rows},
                     "simulate_validation")

@@ -61,3 +61,13 @@ def test_pdserve_profile_then_plan_from_the_command_line(tmp_path, capsys):
     plan = json.loads(capsys.readouterr().out)
     assert plan["recommended"] in (plan["colocated"]["topology"], plan["disaggregated"]["topology"])
     assert plan["colocated"]["summary"]["slo_attainment"] >= 0.9
+
+
+def test_the_split_is_shrunk_past_a_dip_in_attainment():
+    """Attainment not monotone in P (1P+9D meets, 2P and 3P miss, 9P meets): the split found at
+    9P+9D shrinks to 1P, then sheds decode nodes while the target still holds (down to 7D)."""
+    from types import SimpleNamespace
+    good = {(1, 9), (5, 9), (9, 9), (1, 8), (1, 7)}
+    run = lambda t: SimpleNamespace(slo_attainment=1.0 if (t.prefill, t.decode) in good else 0.5)   # noqa: E731
+    found = Planner._shrink(run, 0.9, Topology.disaggregated(9, 9), run(Topology.disaggregated(9, 9)))
+    assert found.topology == Topology.disaggregated(1, 7)

@@ -105,3 +105,35 @@ def test_slo_attainment_counts_ttft_and_tpot():
     ttft_ms = STEP.of([(300, 0)]) * 1000
     assert simulate(profile(), [r], Topology(colocated=1), SLOTargets(ttft_ms * 0.9, 1000)).slo_attainment == 0.0
     assert simulate(profile(), [r], Topology(colocated=1), SLOTargets(ttft_ms * 1.1, 1000)).slo_attainment == 1.0
+
+
+def test_requests_in_the_warmup_run_but_are_not_scored():
+    """A cold document's first request (arriving in the warm-up) is left out of the figures; the
+    later one, which hits the prefix it cached, is all the summary counts."""
+    doc = tokens(64)
+    first, second = request(0, doc + tokens(20, 500), 2), request(1, doc + tokens(20, 900), 2, at=1.0)
+    s = simulate(profile(), [first, second], Topology(colocated=1), SLOTargets(1000, 1000), warmup_s=0.5)
+    assert first.done and (s.requests, s.completed) == (1, 1)
+    assert s.ttft_ms.p50 == pytest.approx(second.ttft * 1000) and second.ttft < first.ttft
+
+
+def test_a_short_uncached_tail_is_prefilled_on_the_decode_node():
+    """40 tokens (<= 64 uncached): the decode node prefills it (the router's local prefill), the prefill
+    pool stays idle and nothing crosses the link; a 100-token prompt goes through the prefill node."""
+    short = request(0, tokens(40), 3)
+    s = simulate(profile(request_s=0.003), [short], Topology.disaggregated(1, 1))
+    assert s.utilization["prefill"] == 0.0
+    assert short.ttft == pytest.approx(0.003 + STEP.of([(40, 0)]))
+    assert short.token_times[1] - short.token_times[0] == pytest.approx(STEP.of([(1, 40)]))
+    long = request(1, tokens(100), 3)
+    assert simulate(profile(), [long], Topology.disaggregated(1, 1)).utilization["prefill"] > 0
+
+
+def test_the_prefill_hop_cost_is_charged_only_to_prompts_sent_to_a_prefill_node():
+    """handoff_s (PrefillRequest out, FirstToken back) delays a remote prefill, not a local one."""
+    from dataclasses import replace
+    p = replace(profile(), overheads=Overheads(request_s=0.003, handoff_s=0.020))
+    short, long = request(0, tokens(40), 2), request(1, tokens(100, 500), 2, at=5.0)
+    simulate(p, [short, long], Topology.disaggregated(1, 1))
+    assert short.ttft == pytest.approx(0.003 + STEP.of([(40, 0)]))
+    assert long.ttft == pytest.approx(0.003 + 0.020 + STEP.of([(100, 0)]))

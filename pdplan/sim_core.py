@@ -1,0 +1,86 @@
+"""A simulated core (or device) that engines' steps run on, shared by processor sharing.
+
+A node with a core of its own (a separate host: the planner's default) runs each step in exactly
+the time the profile prices it. Nodes pinned to one core (the validation runs' 1P+2D on this
+2-core machine: both decode nodes on core 1) time-share it as the OS does: while k of them are in
+a step, each step's remaining work advances at 1/k of the core's speed; a node between steps
+(idle) takes nothing. Other work on the machine (a shared test box) can be given as `background`:
+b runnable processes that never sleep, so k steps advance at 1/(k + b) each.
+
+    work left     ████████░░░░      a step of 80 ms alone ends 80 ms after it starts; if another
+                  ▲ start   ▲ end   node's step starts 40 ms in, both advance at half speed: the
+                                    first ends 80 ms later (at 120 ms), the other's work from then
+                                    on at full speed again
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from pdplan.events import EventLoop
+
+
+class SimCore:
+    def __init__(self, loop: EventLoop, background: float = 0.0):
+        self.loop, self.background = loop, background
+        self._jobs: dict[int, list] = {}        # job id -> [work left (s), on_done]
+        self._next_id = 0
+        self._since = 0.0                       # when the work left was last brought up to date
+        self._version = 0                       # the one finish event still valid
+
+    def run(self, work_s: float, on_done: Callable[[], None]) -> None:
+        """One step of `work_s` seconds of this core's time; on_done() when it has had them."""
+        self._advance()
+        self._jobs[self._next_id] = [work_s, on_done]
+        self._next_id += 1
+        self._schedule()
+
+    @property
+    def sharing(self) -> int:
+        """Steps running on this core now."""
+        return len(self._jobs)
+
+    def _advance(self) -> None:
+        """Every running step gets its share of the time since the last change."""
+        now = self.loop.now
+        if self._jobs:
+            share = (now - self._since) / (len(self._jobs) + self.background)
+            for job in self._jobs.values():
+                job[0] -= share
+        self._since = now
+
+    def _schedule(self) -> None:
+        self._version += 1
+        if not self._jobs:
+            return
+        version, left = self._version, min(job[0] for job in self._jobs.values())
+        self.loop.after(max(left, 0.0) * (len(self._jobs) + self.background), lambda: self._finish(version))
+
+    def _finish(self, version: int) -> None:
+        if version != self._version:
+            return                              # the set of steps changed since: a newer event stands
+        self._advance()
+        done = [jid for jid, job in self._jobs.items() if job[0] <= 1e-9]     # 1 ns: float residue
+        callbacks = [self._jobs.pop(jid)[1] for jid in done]
+        self._schedule()
+        for cb in callbacks:
+            cb()
+
+
+class CoreMap:
+    """Which SimCore each node steps on: nodes pinned to the same core id share one; every other
+    node gets a core of its own. background: core id -> runnable processes of other work there."""
+
+    def __init__(self, loop: EventLoop, pins: tuple[tuple[str, int], ...] = (),
+                 background: dict[int, float] | None = None):
+        self.loop = loop
+        self._pins = dict(pins)
+        self._background = background or {}
+        self._shared: dict[int, SimCore] = {}
+
+    def of(self, node: str) -> SimCore:
+        core = self._pins.get(node)
+        if core is None:
+            return SimCore(self.loop)
+        if core not in self._shared:
+            self._shared[core] = SimCore(self.loop, self._background.get(core, 0.0))
+        return self._shared[core]
