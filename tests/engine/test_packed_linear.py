@@ -102,3 +102,25 @@ def test_bf16_engine_generates_alike_on_either_linear(make_llm, model_dir, monke
     onednn = make_llm(model_dir[0], dtype="bfloat16")
     assert isinstance(onednn.engine.runner.model.lm_head, PackedLinear)
     assert [o.outputs[0].token_ids for o in onednn.generate(prompts, params)] == ours
+
+
+def test_without_the_c_kernels_bf16_linears_stay_on_onednn(monkeypatch):
+    """PDSERVE_CPU_KERNELS=0 (or no compiler, or no AVX512-BF16): the GEMM reports itself
+    unavailable and bf16 linears are packed for oneDNN, with the same results."""
+    from kernels import gemm_bf16
+    from kernels.cpu_kernels import build_error, gemm_bf16_lib
+    monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
+    gemm_bf16_lib.cache_clear()
+    gemm_bf16.supported.cache_clear()
+    try:
+        assert not gemm_bf16.supported() and "PDSERVE_CPU_KERNELS" in build_error("gemm_bf16")
+        linear = nn.Linear(64, 80, dtype=torch.bfloat16)
+        model = nn.Sequential(linear)
+        x = torch.randn(5, 64, dtype=torch.bfloat16)
+        assert pack_linears(model) == 1 and type(model[0]) is PackedLinear
+        torch.testing.assert_close(model(x).float(), linear(x).float(), atol=3e-2, rtol=3e-2)
+    finally:
+        monkeypatch.undo()
+        gemm_bf16_lib.cache_clear()
+        gemm_bf16.supported.cache_clear()
+    assert gemm_bf16.supported() == _bf16_gemm_here()
