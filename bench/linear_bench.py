@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -33,6 +34,16 @@ def _ms(fn, iters: int) -> float:
     for _ in range(iters):
         fn()
     return (time.perf_counter() - start) / iters * 1e3
+
+
+def _interleaved(fns: dict, iters: int, rounds: int = 5) -> dict[str, float]:
+    """Median ms per call of each fn over `rounds` rounds of iters // rounds calls, the fns taking
+    turns within a round: a shared machine's load then weighs on each alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(_ms(fn, max(1, iters // rounds)))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _cycling(call, weights: list):
@@ -62,15 +73,16 @@ def main() -> None:
             ws, x = [torch.randn(n, k).to(dtype) for _ in range(copies)], torch.randn(args.rows, k).to(dtype)
             packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
             wts = [w.t().contiguous() for w in ws]
-            row = {"linear": name, "dtype": str(dtype).split(".")[1], "weight_mib": n * k * dtype.itemsize / 2**20,
-                   "packed_ms": _ms(_cycling(lambda p: torch.ops.mkldnn._linear_pointwise(
-                       x, p, None, "none", [], ""), packed), args.iters),
-                   "f_linear_ms": _ms(_cycling(lambda w: torch.nn.functional.linear(x, w), ws), args.iters),
-                   "matmul_ms": _ms(_cycling(lambda wt: x @ wt, wts), args.iters)}
-            del packed, wts
+            fns = {"packed_ms": _cycling(lambda p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
+                                        packed),
+                   "f_linear_ms": _cycling(lambda w: torch.nn.functional.linear(x, w), ws),
+                   "matmul_ms": _cycling(lambda wt: x @ wt, wts)}
             if ours and dtype == torch.bfloat16:
                 mine = [gemm_bf16.pack_weight(w) for w in ws]
-                row["pdserve_gemm_ms"] = _ms(_cycling(lambda p: gemm_bf16.linear(x, p, n), mine), args.iters)
+                fns["pdserve_gemm_ms"] = _cycling(lambda p: gemm_bf16.linear(x, p, n), mine)
+            row = {"linear": name, "dtype": str(dtype).split(".")[1], "weight_mib": n * k * dtype.itemsize / 2**20,
+                   **_interleaved(fns, args.iters)}
+            del packed, wts, fns
             row["packed_gbps"] = row["weight_mib"] * 2**20 / row["packed_ms"] / 1e6
             rows.append(row)
             gemm = f"  pdserve GEMM {row['pdserve_gemm_ms']:6.3f}" if "pdserve_gemm_ms" in row else ""
