@@ -3,10 +3,12 @@ vdpbf16ps, float32 accumulation), the weight packed once at load into the kernel
 layout.
 
 engine/packed_linear.py's pack_linears picks this for bfloat16 CPU models when the CPU has
-AVX512-BF16 (`kernels.gemm_bf16.supported()`), at every row count: on the benchmark machine it
-matched or beat oneDNN's bf16 path from 1 to 2048 rows (bench/README.md, "bfloat16 decode
-step"), so no second copy of the weight is kept for a fallback. PDSERVE_BF16_GEMM=0 turns it
-off (oneDNN's packed path then, as on CPUs without AVX512-BF16), for A/B measurements.
+AVX512-BF16 (`kernels.gemm_bf16.supported()`), at every row count, so no second copy of the
+weight is kept for a fallback: on the benchmark machine it was 0.8x oneDNN's bf16 time at a
+decode step's 32 rows (weights from memory) and within noise of it at 1 and 128 rows; at 2048
+rows (prefill chunks) oneDNN was ahead on some shapes (bench/README.md, "bfloat16 decode
+step"). PDSERVE_BF16_GEMM=0 turns it off (oneDNN's packed path then, as on CPUs without
+AVX512-BF16), for A/B measurements.
 """
 from __future__ import annotations
 
