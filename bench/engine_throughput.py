@@ -127,6 +127,10 @@ def vllm_runner(path: str, args):
             if line.startswith("VLLM_TOKENS_PER_S="):
                 return float(line.split("=", 1)[1])
         raise RuntimeError(f"vLLM exited (rc {proc.wait()}) during repeat {repeat}")
+
+    def finish() -> None:      # after its last repeat: read its shutdown output, so it never writes to a closed pipe
+        proc.communicate(timeout=300)
+    run.finish = finish
     return run
 
 
@@ -167,6 +171,8 @@ def main() -> None:
     if args.vllm and args.vllm_interleaved:
         runners["vllm_cpu"] = vllm_runner(path, args)
     results = run_interleaved(runners, args.repeats)
+    if args.vllm and args.vllm_interleaved:
+        runners["vllm_cpu"].finish()
     if args.vllm and not args.vllm_interleaved:
         results["vllm_cpu"] = run_vllm(path, args)
     report(results, args)
