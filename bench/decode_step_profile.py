@@ -1,11 +1,12 @@
 """Where a decode step's time goes, bfloat16 beside float32, module by module.
 
-    .venv/bin/python bench/decode_step_profile.py [--num-seqs 32] [--steps 20]
+    .venv/bin/python bench/decode_step_profile.py [--num-seqs 32] [--steps 20] [--bf16-onednn]
 
 The peers' 58.5M random Llama (bench/random_model.py), `--num-seqs` sequences of 128 random
 prompt tokens prefilled, then `--steps` decode steps timed with forward hooks on the model's
 modules (summed over layers), alternating dtypes step block by step block; then one torch
-profiler pass per dtype lists the top operators by self CPU time. Shares matter more than
+profiler pass per dtype lists the top operators by self CPU time. --bf16-onednn adds a third
+side: bfloat16 with its linears on oneDNN (PDSERVE_BF16_GEMM=0) instead of pdserve's GEMM. Shares matter more than
 milliseconds on a shared machine. Writes bench/results/decode_step_profile_<time>.json.
 """
 from __future__ import annotations
@@ -54,8 +55,10 @@ class ModuleClock:
             self.seconds[part] += time.perf_counter() - module._clock_start
 
 
-def decoding_engine(path: str, dtype: str, num_seqs: int) -> LLMEngine:
-    """An engine with num_seqs sequences past their prefill, decoding."""
+def decoding_engine(path: str, dtype: str, num_seqs: int, bf16_gemm: bool = True) -> LLMEngine:
+    """An engine with num_seqs sequences past their prefill, decoding (bf16_gemm False: its
+    bf16 linears packed for oneDNN, as PDSERVE_BF16_GEMM=0 does)."""
+    os.environ["PDSERVE_BF16_GEMM"] = "1" if bf16_gemm else "0"     # read once, when the linears are packed
     engine = LLMEngine(EngineConfig(model=path, dtype=dtype, cache=CacheConfig(kv_cache_gib=0.5),
                                     scheduler=SchedulerConfig(max_num_seqs=num_seqs)))
     rng = random.Random(0)
@@ -101,12 +104,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-seqs", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20, help="decode steps per block; 3 blocks per dtype")
+    ap.add_argument("--bf16-onednn", action="store_true", help="also bf16 with oneDNN's linears")
     args = ap.parse_args()
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
     sides = {}
-    for dtype in ("float32", "bfloat16"):
-        engine = decoding_engine(path, dtype, args.num_seqs)
-        sides[dtype] = (engine, ModuleClock(engine.runner.model))
+    for label, dtype, gemm in (("float32", "float32", True), ("bfloat16", "bfloat16", True),
+                               ("bf16-onednn", "bfloat16", False))[:3 if args.bf16_onednn else 2]:
+        engine = decoding_engine(path, dtype, args.num_seqs, gemm)
+        sides[label] = (engine, ModuleClock(engine.runner.model))
     blocks: dict[str, list[dict[str, float]]] = {d: [] for d in sides}
     for _ in range(3):                  # alternating blocks of steps: both dtypes see the same load
         for dtype, (engine, clock) in sides.items():
@@ -115,15 +120,18 @@ def main() -> None:
     for dtype, runs in blocks.items():
         result[dtype] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         result[dtype + "_top_ops"] = top_ops(sides[dtype][0])
-    parts = list(result["float32"])
-    print(f"{'ms per decode step, ' + str(args.num_seqs) + ' seqs':52s} {'float32':>8s} {'bfloat16':>9s}  ratio")
+    parts, others = list(result["float32"]), [side for side in sides if side != "float32"]
+    print(f"{'ms per decode step, ' + str(args.num_seqs) + ' seqs':52s} {'float32':>8s}"
+          + "".join(f" {side:>11s}  ratio" for side in others))
     for part in parts:
-        f, b = result["float32"][part], result["bfloat16"][part]
-        print(f"{part:52s} {f:8.2f} {b:9.2f}  {b / f if f else float('nan'):5.2f}")
+        f = result["float32"][part]
+        print(f"{part:52s} {f:8.2f}" + "".join(
+            f" {result[side][part]:11.2f}  {result[side][part] / f if f else float('nan'):5.2f}" for side in others))
     for dtype in sides:
         print(f"top ops, {dtype} (self CPU ms per step):")
         for name, ms in result[dtype + "_top_ops"]:
             print(f"  {name:48s} {ms:7.2f}")
+    print(f"load average {os.getloadavg()}")
     print("wrote", write_result("decode_step_profile", {"num_seqs": args.num_seqs, "steps": args.steps,
                                                         "load_avg": os.getloadavg(), **result}))
 

@@ -3,6 +3,7 @@ vLLM's CPU build, on the same random-weight Llama and workload, in one script.
 
     python bench/engine_throughput.py                   # pdserve + transformers
     python bench/engine_throughput.py --vllm            # also vLLM CPU (own venv, ~4 min first time)
+    python bench/engine_throughput.py --vllm --vllm-interleaved --skip-hf   # vLLM's runs alternate with pdserve's
     python bench/engine_throughput.py --dtype bfloat16 --num-requests 32 --input-len 128 --output-len 128
     python bench/engine_throughput.py --temperature 0.8      # sampled instead of greedy, every system
     python bench/engine_throughput.py --vllm --omp-spin 10000   # all systems: bounded OpenMP spinning
@@ -96,13 +97,45 @@ def run_interleaved(runners: dict, repeats: int) -> dict[str, list[float]]:
     return rates
 
 
-def run_vllm(path: str, args) -> list[float] | None:
+def _vllm_cmd(path: str, args) -> tuple[list[str], dict]:
     install_vllm()
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                VLLM_CPU_KVCACHE_SPACE="2")
     cmd = [os.path.join(VLLM_VENV, "bin", "python"), os.path.join(HERE, "vllm_offline.py"), path, args.dtype,
            str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed), str(args.repeats),
            str(args.temperature)]
+    return cmd, env
+
+
+def vllm_runner(path: str, args):
+    """vLLM's CPU build in its own process, loaded and warm, idle between repeats; returns
+    run(repeat) -> output tokens/s, which has that process run its next repeat."""
+    cmd, env = _vllm_cmd(path, args)
+    proc = subprocess.Popen(cmd + ["paced"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("VLLM_READY"):
+            break
+    else:
+        raise RuntimeError("vLLM did not start:\n" + "".join(lines[-40:]))
+
+    def run(repeat: int) -> float:
+        proc.stdin.write(f"{repeat}\n")
+        proc.stdin.flush()
+        for line in proc.stdout:
+            if line.startswith("VLLM_TOKENS_PER_S="):
+                return float(line.split("=", 1)[1])
+        raise RuntimeError(f"vLLM exited (rc {proc.wait()}) during repeat {repeat}")
+
+    def finish() -> None:      # after its last repeat: read its shutdown output, so it never writes to a closed pipe
+        proc.communicate(timeout=300)
+    run.finish = finish
+    return run
+
+
+def run_vllm(path: str, args) -> list[float] | None:
+    cmd, env = _vllm_cmd(path, args)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     rates = [float(line.split("=", 1)[1]) for line in proc.stdout.splitlines()
              if line.startswith("VLLM_TOKENS_PER_S=")]
@@ -123,6 +156,9 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy; else every system samples at this temperature (no top-k/top-p)")
     ap.add_argument("--vllm", action="store_true", help="also run vLLM's CPU build (vllm-cpu)")
+    ap.add_argument("--vllm-interleaved", action="store_true",
+                    help="with --vllm: vLLM's repeats alternate with the others' (its process stays up, idle, "
+                         "between them) instead of running after them")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per system (median reported)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--omp-spin", type=int, default=None,
@@ -132,8 +168,12 @@ def main() -> None:
     runners = {"pdserve": pdserve_runner(path, args)}
     if not args.skip_hf:
         runners["transformers_static"] = hf_static_runner(path, args)
+    if args.vllm and args.vllm_interleaved:
+        runners["vllm_cpu"] = vllm_runner(path, args)
     results = run_interleaved(runners, args.repeats)
-    if args.vllm:
+    if args.vllm and args.vllm_interleaved:
+        runners["vllm_cpu"].finish()
+    if args.vllm and not args.vllm_interleaved:
         results["vllm_cpu"] = run_vllm(path, args)
     report(results, args)
 
@@ -150,13 +190,14 @@ def report(runs: dict, args) -> None:
           f"tokens, {f'temperature {args.temperature}' if args.temperature else 'greedy'}, {args.dtype}; "
           f"model: random Llama {PEER_SHAPE}")
     print(f"median of {args.repeats} timed runs per system, each on fresh prompts (pdserve and transformers "
-          f"interleaved run by run; vLLM in its own process after them):")
+          f"interleaved run by run; vLLM in its own process, "
+          f"{'interleaved too' if args.vllm_interleaved else 'after them'}):")
     paired = {}
     for name, tps in results.items():
         ratio = f"pdserve = {ours / tps:.2f}x" if tps and name != "pdserve" else ""
         each = ", ".join(f"{x:.0f}" for x in runs[name] or [])
         print(f"  {name:22s} {tps or float('nan'):8.1f} output tokens/s  {ratio:16s} (runs: {each})")
-        if name == "transformers_static" and runs[name]:
+        if name in ("transformers_static", "vllm_cpu") and runs[name] and len(runs[name]) == len(runs["pdserve"]):
             paired[name] = [a / b for a, b in zip(runs["pdserve"], runs[name])]
     for name, ratios in paired.items():
         print(f"  pdserve / {name}, run by run: " + ", ".join(f"{x:.2f}x" for x in ratios)

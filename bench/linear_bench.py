@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -18,8 +19,12 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.machine import write_result  # noqa: E402
+from kernels import gemm_bf16  # noqa: E402
 
 SHAPES = {"qkv_proj": (512, 1536), "gate_up_proj": (512, 2816), "down_proj": (1408, 512), "lm_head": (512, 32000)}
+
+
+COLD_BYTES = 96 << 20     # weight copies per shape with --cold: past a 32 MiB L3 three times
 
 
 def _ms(fn, iters: int) -> float:
@@ -31,33 +36,67 @@ def _ms(fn, iters: int) -> float:
     return (time.perf_counter() - start) / iters * 1e3
 
 
+def _interleaved(fns: dict, iters: int, rounds: int = 5) -> dict[str, float]:
+    """Median ms per call of each fn over `rounds` rounds of iters // rounds calls, the fns taking
+    turns within a round: a shared machine's load then weighs on each alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(_ms(fn, max(1, iters // rounds)))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _cycling(call, weights: list):
+    """A no-argument fn calling call(w) with the next weight of the list each time."""
+    state = {"i": 0}
+
+    def fn():
+        state["i"] = (state["i"] + 1) % len(weights)
+        return call(weights[state["i"]])
+    return fn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--cold", action="store_true", help="weights from memory, not cache (see above)")
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
-    print(f"ms per call, {args.rows} rows, {torch.get_num_threads()} threads")
+    ours = gemm_bf16.supported()
+    print(f"ms per call, {args.rows} rows, {torch.get_num_threads()} threads, {'cold' if args.cold else 'warm'} "
+          f"weights, pdserve bf16 GEMM {'available' if ours else 'unavailable (no AVX512-BF16)'}")
     for name, (k, n) in SHAPES.items():
         for dtype in (torch.float32, torch.bfloat16):
-            w, x = torch.randn(n, k).to(dtype), torch.randn(args.rows, k).to(dtype)
-            packed, wt = torch.ops.mkldnn._reorder_linear_weight(w), w.t().contiguous()
-            row = {"linear": name, "dtype": str(dtype).split(".")[1], "weight_mib": w.numel() * w.element_size() / 2**20,
-                   "packed_ms": _ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), args.iters),
-                   "f_linear_ms": _ms(lambda: torch.nn.functional.linear(x, w), args.iters),
-                   "matmul_ms": _ms(lambda: x @ wt, args.iters)}
+            copies = max(1, COLD_BYTES // (n * k * dtype.itemsize)) if args.cold else 1
+            ws, x = [torch.randn(n, k).to(dtype) for _ in range(copies)], torch.randn(args.rows, k).to(dtype)
+            packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
+            wts = [w.t().contiguous() for w in ws]
+            fns = {"packed_ms": _cycling(lambda p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
+                                        packed),
+                   "f_linear_ms": _cycling(lambda w: torch.nn.functional.linear(x, w), ws),
+                   "matmul_ms": _cycling(lambda wt: x @ wt, wts)}
+            if ours and dtype == torch.bfloat16:
+                mine = [gemm_bf16.pack_weight(w) for w in ws]
+                fns["pdserve_gemm_ms"] = _cycling(lambda p: gemm_bf16.linear(x, p, n), mine)
+            row = {"linear": name, "dtype": str(dtype).split(".")[1], "weight_mib": n * k * dtype.itemsize / 2**20,
+                   **_interleaved(fns, args.iters)}
+            del packed, wts, fns
             row["packed_gbps"] = row["weight_mib"] * 2**20 / row["packed_ms"] / 1e6
             rows.append(row)
+            gemm = f"  pdserve GEMM {row['pdserve_gemm_ms']:6.3f}" if "pdserve_gemm_ms" in row else ""
             print(f"  {name:13s} {row['dtype']:9s} {row['weight_mib']:6.1f} MiB  packed {row['packed_ms']:6.3f}  "
-                  f"F.linear {row['f_linear_ms']:6.3f}  matmul {row['matmul_ms']:6.3f}  "
-                  f"(packed reads the weight at {row['packed_gbps']:.1f} GB/s)")
+                  f"F.linear {row['f_linear_ms']:6.3f}  matmul {row['matmul_ms']:6.3f}{gemm}  "
+                  f"(packed reads the weight at {row['packed_gbps']:.1f} GB/s)", flush=True)
     src = torch.empty(64 << 20, dtype=torch.uint8)
     dst = torch.empty_like(src)
     ceiling = 2 * src.numel() / _ms(lambda: dst.copy_(src), 20) / 1e6      # bytes read + written
     print(f"  ceiling: memory copy {ceiling:.1f} GB/s (64 MiB, read + write); oneDNN bf16 support: "
           f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}")
-    write_result("linear_bench", {"rows": args.rows, "results": rows, "memcpy_gbps": ceiling})
+    print(f"  load average {os.getloadavg()}")
+    write_result("linear_bench", {"rows": args.rows, "cold": args.cold, "results": rows, "memcpy_gbps": ceiling,
+                                  "load_avg": os.getloadavg()})
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ step multiplies a few rows by every weight. Measured here (2-core AMD EPYC, fp32
     gate_up 512 -> 2816      F.linear 0.72 ms   packed 0.50 ms
 
 Only float32, and bfloat16/float16 where oneDNN reports native support, are packed; other
-cases keep nn.Linear. PDSERVE_PACKED_LINEAR=0 turns packing off (for A/B measurements).
+cases keep nn.Linear. bfloat16 on a CPU with AVX512-BF16 goes to pdserve's own GEMM instead
+(engine/bf16_linear.py; PDSERVE_BF16_GEMM=0 keeps oneDNN). PDSERVE_PACKED_LINEAR=0 turns all
+packing off (for A/B measurements).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import os
 
 import torch
 from torch import nn
+
+from engine import bf16_linear
 
 
 class PackedLinear(nn.Module):
@@ -55,13 +59,18 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear under `model` by a PackedLinear, in place, when `can_pack` allows
-    (decided by the first linear's dtype and device). Call after any weight surgery (e.g.
-    tensor-parallel sharding): a packed weight cannot be sliced. Returns how many were packed."""
+    """Replace every nn.Linear under `model` by a packed one, in place, when `can_pack` allows
+    (decided by the first linear's dtype and device): a Bf16Linear where `bf16_linear.can_use`,
+    else a PackedLinear. Call after any weight surgery (e.g. tensor-parallel sharding): a packed
+    weight cannot be sliced. Returns how many were packed."""
     linears = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is nn.Linear]
-    if not linears or not can_pack(linears[0][2].weight.dtype, linears[0][2].weight.device):
+    if not linears:
         return 0
+    dtype, device = linears[0][2].weight.dtype, linears[0][2].weight.device
+    if not can_pack(dtype, device):
+        return 0
+    packed = bf16_linear.Bf16Linear if bf16_linear.can_use(dtype, device) else PackedLinear
     for parent, name, child in linears:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, packed(child))
     return len(linears)

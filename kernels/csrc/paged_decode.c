@@ -63,6 +63,15 @@ static inline void store_row(void *dst, const float *src, float mul, int n, int 
     }
 }
 
+/* Prefetch token i's row (all kv heads) of the next block while this block's token i is read:
+ * blocks lie scattered in the pool, and the hardware prefetchers do not cross into the next one. */
+static inline __attribute__((always_inline)) void prefetch_row(const char *next_block, int i, int64_t token_stride,
+                                                               int row_bytes, int esize) {
+    if (next_block == NULL) return;
+    const char *row = next_block + (int64_t)i * token_stride * esize;
+    for (int b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+}
+
 /* Attention of one sequence's query heads over its cached tokens [c0, c1) (c0 a multiple of
  * block_size). partial == NULL: the normalized output row goes to out_row. Otherwise, per query
  * head j, partial[j * (head_dim + 2) ...] gets the unnormalized sum_t e^(s_t - m) V_t, then m and
@@ -72,7 +81,7 @@ static inline __attribute__((always_inline)) void attend(
     const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride, const int32_t *table,
     int c0, int c1, char *out_row, float *partial, int num_kv_heads, int group, int head_dim, int block_size,
     float scale, int dtype, int esize, float *scratch) {
-    const int nq = num_kv_heads * group, len = c1 - c0;
+    const int nq = num_kv_heads * group, len = c1 - c0, row_bytes = num_kv_heads * head_dim * esize;
     float *scores = scratch;                         /* [nq][len] */
     float *qf = scores + (size_t)nq * len;           /* [nq][head_dim], pre-scaled */
     float *acc = qf + (size_t)nq * head_dim;         /* [nq][head_dim] */
@@ -83,8 +92,10 @@ static inline __attribute__((always_inline)) void attend(
     /* K pass: block by block, token by token; a token's kv heads are adjacent in memory */
     for (int t0 = c0; t0 < c1; t0 += block_size) {
         const char *blk = k + (int64_t)table[t0 / block_size] * block_stride * esize;
+        const char *next = t0 + block_size < c1 ? k + (int64_t)table[t0 / block_size + 1] * block_stride * esize : NULL;
         const int n = c1 - t0 < block_size ? c1 - t0 : block_size;
         for (int i = 0; i < n; i++) {
+            prefetch_row(next, i, token_stride, row_bytes, esize);
             for (int h = 0; h < num_kv_heads; h++) {
                 const char *kr = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
                 for (int g = 0; g < group; g++)
@@ -109,8 +120,10 @@ static inline __attribute__((always_inline)) void attend(
     memset(acc, 0, sizeof(float) * (size_t)nq * head_dim);
     for (int t0 = c0; t0 < c1; t0 += block_size) {
         const char *blk = v + (int64_t)table[t0 / block_size] * block_stride * esize;
+        const char *next = t0 + block_size < c1 ? v + (int64_t)table[t0 / block_size + 1] * block_stride * esize : NULL;
         const int n = c1 - t0 < block_size ? c1 - t0 : block_size;
         for (int i = 0; i < n; i++) {
+            prefetch_row(next, i, token_stride, row_bytes, esize);
             for (int h = 0; h < num_kv_heads; h++) {
                 const char *vr = blk + ((int64_t)i * token_stride + (int64_t)h * head_dim) * esize;
                 for (int g = 0; g < group; g++)

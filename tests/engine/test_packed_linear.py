@@ -1,8 +1,10 @@
-"""engine.packed_linear: oneDNN-packed CPU linears equal nn.Linear; pack_linears swaps them in."""
+"""engine.packed_linear and engine.bf16_linear: packed CPU linears (oneDNN, pdserve's bf16 GEMM) equal
+nn.Linear; pack_linears swaps them in."""
 import pytest
 import torch
 from torch import nn
 
+from engine import SamplingParams, bf16_linear
 from engine.packed_linear import PackedLinear, can_pack, pack_linears
 from engine.parallel.sharding import RowParallelLinear
 
@@ -54,3 +56,71 @@ def test_engine_packs_its_cpu_linears(make_llm, model_dir):
     model = llm.engine.runner.model
     assert isinstance(model.lm_head, PackedLinear)
     assert all(isinstance(layer.mlp.down_proj, PackedLinear) for layer in model.layers)
+
+
+def _bf16_gemm_here() -> bool:
+    """Whether bf16 linears use pdserve's GEMM here: where the CPU has AVX512-BF16 they must."""
+    with open("/proc/cpuinfo") as f:
+        has = any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+    assert bf16_linear.can_use(torch.bfloat16, torch.device("cpu")) == has
+    return has
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 32, 300])
+def test_bf16_linear_equals_linear(bias, rows):
+    """Bf16Linear (pdserve's bf16 GEMM) equals nn.Linear in bf16, keeping leading dims."""
+    if not _bf16_gemm_here():
+        return
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias, dtype=torch.bfloat16)
+    x = torch.randn(rows, 3, 96, dtype=torch.bfloat16)[:, 1]     # rows strided in memory
+    got = bf16_linear.Bf16Linear(linear)(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 200)
+    torch.testing.assert_close(got.float(), linear(x).float(), atol=3e-2, rtol=3e-2)
+
+
+def test_pack_linears_uses_the_bf16_gemm_unless_switched_off(monkeypatch):
+    """bf16 on an AVX512-BF16 CPU: Bf16Linear; PDSERVE_BF16_GEMM=0 (or no AVX512-BF16): oneDNN."""
+    model = nn.Sequential(nn.Linear(16, 32, dtype=torch.bfloat16))
+    assert pack_linears(model) == 1
+    assert type(model[0]) is (bf16_linear.Bf16Linear if _bf16_gemm_here() else PackedLinear)
+    monkeypatch.setenv("PDSERVE_BF16_GEMM", "0")
+    model = nn.Sequential(nn.Linear(16, 32, dtype=torch.bfloat16))
+    assert pack_linears(model) == 1 and type(model[0]) is PackedLinear
+
+
+def test_bf16_engine_generates_alike_on_either_linear(make_llm, model_dir, monkeypatch):
+    """A bf16 engine on pdserve's GEMM gives the greedy tokens it gives on oneDNN's linears."""
+    prompts = [[1, 5, 9, 200, 31], [7, 7, 7]]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    llm = make_llm(model_dir[0], dtype="bfloat16")
+    expected_type = bf16_linear.Bf16Linear if _bf16_gemm_here() else PackedLinear
+    assert isinstance(llm.engine.runner.model.lm_head, expected_type)
+    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    monkeypatch.setenv("PDSERVE_BF16_GEMM", "0")
+    onednn = make_llm(model_dir[0], dtype="bfloat16")
+    assert isinstance(onednn.engine.runner.model.lm_head, PackedLinear)
+    assert [o.outputs[0].token_ids for o in onednn.generate(prompts, params)] == ours
+
+
+def test_without_the_c_kernels_bf16_linears_stay_on_onednn(monkeypatch):
+    """PDSERVE_CPU_KERNELS=0 (or no compiler, or no AVX512-BF16): the GEMM reports itself
+    unavailable and bf16 linears are packed for oneDNN, with the same results."""
+    from kernels import gemm_bf16
+    from kernels.cpu_kernels import build_error, gemm_bf16_lib
+    monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
+    gemm_bf16_lib.cache_clear()
+    gemm_bf16.supported.cache_clear()
+    try:
+        assert not gemm_bf16.supported() and "PDSERVE_CPU_KERNELS" in build_error("gemm_bf16")
+        linear = nn.Linear(64, 80, dtype=torch.bfloat16)
+        model = nn.Sequential(linear)
+        x = torch.randn(5, 64, dtype=torch.bfloat16)
+        assert pack_linears(model) == 1 and type(model[0]) is PackedLinear
+        torch.testing.assert_close(model(x).float(), linear(x).float(), atol=3e-2, rtol=3e-2)
+    finally:
+        monkeypatch.undo()
+        gemm_bf16_lib.cache_clear()
+        gemm_bf16.supported.cache_clear()
+    assert gemm_bf16.supported() == _bf16_gemm_here()

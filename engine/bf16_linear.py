@@ -1,0 +1,47 @@
+"""bfloat16 CPU linear layers through pdserve's own GEMM (kernels/gemm_bf16.py: AVX512-BF16's
+vdpbf16ps, float32 accumulation), the weight packed once at load into the kernel's tiled pair
+layout.
+
+engine/packed_linear.py's pack_linears picks this for bfloat16 CPU models when the CPU has
+AVX512-BF16 (`kernels.gemm_bf16.supported()`), at every row count, so no second copy of the
+weight is kept for a fallback: on the benchmark machine it was 0.8x oneDNN's bf16 time at a
+decode step's 32 rows (weights from memory) and within noise of it at 1 and 128 rows; at 2048
+rows (prefill chunks) oneDNN was ahead on some shapes (bench/README.md, "bfloat16 decode
+step"). PDSERVE_BF16_GEMM=0 turns it off (oneDNN's packed path then, as on CPUs without
+AVX512-BF16), for A/B measurements.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from kernels import gemm_bf16
+
+
+class Bf16Linear(nn.Module):
+    """y = x @ W^T + b, bf16, W held in gemm_bf16's packed layout (opaque: no `.weight`)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed_weight", gemm_bf16.pack_weight(linear.weight.detach()), persistent=False)
+        self.bias = None if linear.bias is None else linear.bias.detach().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, self.in_features)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        out = gemm_bf16.linear(x, self.packed_weight, self.out_features, self.bias)
+        return out.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def can_use(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether linears of this dtype on this device would use Bf16Linear."""
+    return (dtype == torch.bfloat16 and device.type == "cpu" and os.environ.get("PDSERVE_BF16_GEMM", "1") != "0"
+            and gemm_bf16.supported())
