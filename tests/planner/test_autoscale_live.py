@@ -19,7 +19,7 @@ PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks? It is the e
 MAX_TOKENS = 96
 NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "40", "--max-num-seqs", "8"]     # ~3 requests per decode node
 AUTOSCALE = ["--autoscale", "--autoscale-max-prefill", "2", "--autoscale-max-decode", "2",
-             "--autoscale-slo-ttft-ms", "500", "--autoscale-slo-itl-ms", "2000", "--autoscale-interval-s", "1",
+             "--autoscale-slo-ttft-ms", "250", "--autoscale-slo-itl-ms", "2000", "--autoscale-interval-s", "1",
              "--autoscale-window-s", "4", "--autoscale-down-after-s", "3", "--autoscale-cooldown-s", "2",
              "--autoscale-drain-deadline-s", "10"]
 
@@ -57,7 +57,7 @@ async def _ramp(url: str) -> None:
         seen.append(await _targets(http))
         assert seen[-1] == {"prefill": 1, "decode": 1}
         stop = asyncio.Event()
-        high = asyncio.create_task(_load(http, stop, concurrency=12))   # high: until both pools grew
+        high = asyncio.create_task(_load(http, stop, concurrency=24))   # high: until both pools grew
         grown = await _until(lambda: _grown(http), 60)
         await asyncio.sleep(3)                                  # the new nodes take work too
         stop.set()
