@@ -12,13 +12,15 @@ from typing import Any, NamedTuple
 
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
-from pdwire.control import FirstToken, RequestFailed, TokenDelta
+from pdwire import control
+from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
 from router.cluster.membership import NODE_FAILURE, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
 from router.stop_hold import StopHold
 
 log = logging.getLogger(__name__)
+MAX_BLOCK_ID = (1 << 31) - 1        # the widest block id on the wire (sizes check_control_size's probe)
 
 
 class Lost(NamedTuple):
@@ -263,3 +265,15 @@ class TransferTimer:
         if not self._done and self._first_at is not None and self._decode_at is not None:
             self._done = True
             self._histogram.observe(max(0.0, self._decode_at - self._first_at))
+
+
+def check_control_size(request_id: str, prompt_ids: list[int], params: SamplingParams, block_size: int) -> None:
+    """Raises ValueError if the request's PrefillRequest would be over the control plane's limit:
+    a node could not read it (its socket drops what is larger), so it is refused up front."""
+    blocks = -(-len(prompt_ids) // block_size)
+    probe = PrefillRequest(request_id + "#000~000", tuple(prompt_ids), params, "tcp://" + "x" * 250, "x" * 64,
+                           (MAX_BLOCK_ID,) * blocks, 0, 0)
+    size = len(control.encode(probe))
+    if size > control.MAX_CONTROL_BYTES:
+        raise ValueError(f"the request is {size} bytes on the node network, over its "
+                         f"{control.MAX_CONTROL_BYTES}-byte limit (fewer or shorter stop strings, or a shorter prompt)")

@@ -38,11 +38,12 @@ from prometheus_client import Counter, Histogram
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams, choice_seed
 from pdwire import control
-from pdwire.control import AbortRequest, PrefillRequest
+from pdwire.control import AbortRequest
 from pdwire.schema import MAX_RID_LEN
 from router.cluster.admission import Admission, CapacityWatch
 from router.backend import Backend, NodeMetrics
-from router.cluster.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, TransferTimer, apply_event
+from router.cluster.disagg_request import (Attempt, Choice, Failure, Lost, PendingRequest, TransferTimer, apply_event,
+                                           check_control_size)
 from router.config import RouterConfig
 from router.cluster.control_server import ControlServer
 from router.cluster.membership import NodeLoss
@@ -56,7 +57,6 @@ from router.cluster.registry import NodeRegistry, NodeRole
 log = logging.getLogger(__name__)
 
 _ABORTED = object()         # put in a request's events by abort(): its stream ends
-MAX_BLOCK_ID = (1 << 31) - 1        # the widest block id on the wire (sizes the probe below)
 MAX_PROMPT_LOGPROB_PAIRS = 400_000   # ~6 MB of FirstToken, well under the control plane's 16 MiB
 
 
@@ -240,7 +240,7 @@ class DisaggregatedBackend(Backend):
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context is {self.max_model_len} "
                              "tokens, including at least one output token")
-        _check_control_size(request_id, prompt_ids, params, self._server.block_size or 1)
+        check_control_size(request_id, prompt_ids, params, self._server.block_size or 1)
         choices = []
         for i in range(params.n):
             seed = None if params.seed is None else choice_seed(params.seed, i)
@@ -380,18 +380,6 @@ class DisaggregatedBackend(Backend):
             if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
                 request.events.put_nowait(choice.index)
         return None
-
-
-def _check_control_size(request_id: str, prompt_ids: list[int], params: SamplingParams, block_size: int) -> None:
-    """Raises ValueError if the request's PrefillRequest would be over the control plane's limit:
-    a node could not read it (its socket drops what is larger), so it is refused up front."""
-    blocks = -(-len(prompt_ids) // block_size)
-    probe = PrefillRequest(request_id + "#000~000", tuple(prompt_ids), params, "tcp://" + "x" * 250, "x" * 64,
-                           (MAX_BLOCK_ID,) * blocks, 0, 0)
-    size = len(control.encode(probe))
-    if size > control.MAX_CONTROL_BYTES:
-        raise ValueError(f"the request is {size} bytes on the node network, over its "
-                         f"{control.MAX_CONTROL_BYTES}-byte limit (fewer or shorter stop strings, or a shorter prompt)")
 
 
 async def _drain(queue: asyncio.Queue) -> list[Any]:
