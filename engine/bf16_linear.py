@@ -28,13 +28,16 @@ class Bf16Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed_weight", gemm_bf16.pack_weight(linear.weight.detach()), persistent=False)
         self.bias = None if linear.bias is None else linear.bias.detach().contiguous()
+        gemm_bf16.check_weight(self.packed_weight, self.out_features, self.bias)     # once, not per call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.in_features)
         if x.stride(-1) != 1:
             x = x.contiguous()
-        out = gemm_bf16.linear(x, self.packed_weight, self.out_features, self.bias)
+        if x.dtype != torch.bfloat16 or x.device.type != "cpu":
+            gemm_bf16.check_rows(x, self.packed_weight)        # raises the launcher's ValueError
+        out = gemm_bf16.product(x, self.packed_weight, self.out_features, self.bias)
         return out.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

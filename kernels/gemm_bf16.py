@@ -28,6 +28,7 @@ def supported() -> bool:
     return lib is not None and lib.gemm_bf16_supported() == 1
 
 
+@functools.cache
 def tile_n() -> int:
     """Columns per packed tile (the C file's TILE_N)."""
     return gemm_bf16_lib().gemm_bf16_tile_n()
@@ -35,6 +36,8 @@ def tile_n() -> int:
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """W [n, k] bf16 (a linear's weight) in the kernel's tiled pair layout (a new tensor)."""
+    require(supported(), "gemm_bf16: the kernel is not available on this CPU (not built, or built without "
+            "AVX512-BF16); use oneDNN's packed linear")
     require_dtype("weight", weight, torch.bfloat16)
     require(weight.dim() == 2 and weight.device.type == "cpu" and weight.numel() > 0,
             f"weight: expected a non-empty 2-d CPU tensor, got {tuple(weight.shape)} on {weight.device}")
@@ -48,22 +51,38 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [m, k] bf16 (rows with stride 1 in k) times the packed W [n, k], plus bias [n]:
     a new [m, n] bf16 tensor. Raises ValueError for inputs that do not fit together."""
-    require_dtype("x", x, torch.bfloat16)
+    check_weight(packed, n, bias)
+    check_rows(x, packed)
+    return product(x, packed, n, None if bias is None else bias.contiguous())
+
+
+def check_weight(packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> None:
+    """The packed weight (from pack_weight) of n outputs, and its bias: once, at load."""
     require_dtype("packed", packed, torch.bfloat16)
-    require(x.dim() == 2 and x.device.type == "cpu" and x.stride(1) == 1,
-            f"x: expected a 2-d CPU tensor with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
-    m, k = x.shape
     tile = tile_n()
     require(packed.dim() == 4 and packed.shape[2:] == (tile, 2) and packed.is_contiguous()
             and packed.device.type == "cpu", f"packed: expected a contiguous [tiles, pairs, {tile}, 2] CPU "
             f"tensor from pack_weight, got {tuple(packed.shape)}")
-    require(k > 0 and packed.shape[1] == -(-k // 2), f"x has k = {k}, packed holds {packed.shape[1]} k pairs")
     require(0 < n and -(-n // tile) == packed.shape[0], f"n = {n} does not fit {packed.shape[0]} tiles of {tile}")
     if bias is not None:
         require_dtype("bias", bias, torch.bfloat16)
         require(bias.shape == (n,) and bias.device.type == "cpu",
                 f"bias: expected a CPU tensor of shape ({n},), got {tuple(bias.shape)}")
-        bias = bias.contiguous()
+
+
+def check_rows(x: torch.Tensor, packed: torch.Tensor) -> None:
+    """x [m, k] against a packed weight that check_weight accepted: every call."""
+    require_dtype("x", x, torch.bfloat16)
+    require(x.dim() == 2 and x.device.type == "cpu" and x.stride(1) == 1,
+            f"x: expected a 2-d CPU tensor with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
+    k = x.shape[1]
+    require(k > 0 and packed.shape[1] == -(-k // 2), f"x has k = {k}, packed holds {packed.shape[1]} k pairs")
+
+
+def product(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel call, unchecked: inputs that check_weight (bias contiguous) and check_rows
+    accepted."""
+    m, k = x.shape
     out = torch.empty((m, n), dtype=torch.bfloat16)
     gemm_bf16_lib().gemm_bf16(x.data_ptr(), x.stride(0), packed.data_ptr(), None if bias is None else bias.data_ptr(),
                               out.data_ptr(), n, m, n, k, torch.get_num_threads())
