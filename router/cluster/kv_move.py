@@ -102,6 +102,9 @@ class KVMoves:
             return None, out.failure(f"not paused within {self._timeout_s:g} s")
         if paused.num_tokens == 0 or att.base + paused.num_tokens != len(choice.token_ids):
             return None, out.failure(f"{paused.num_tokens} tokens held of {len(choice.token_ids) - att.base}")
+        if att.text_base + paused.text_chars > choice.out.length:     # the node's word, checked: no hang
+            return None, out.failure(f"{paused.text_chars} characters before its last token, of "
+                                     f"{choice.out.length - att.text_base}")
         moved = self._new_attempt(request, choice, len(choice.token_ids) - 1, att.text_base + paused.text_chars)
         moved.writer, moved.first_token = out.node_id, True     # the client has its first token
         self._moving.setdefault(out.node_id, set()).add(moved)

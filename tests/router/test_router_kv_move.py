@@ -138,3 +138,22 @@ def test_a_node_that_does_not_pause_in_time_falls_back_and_is_removed():
             got = membership(c.backend)
             assert got['pdserve_router_migrations_total{cause="removed",how="reprefill"}'] == 1
     run(test)
+
+
+def test_a_paused_reply_claiming_more_text_than_was_sent_falls_back():
+    """Paused's character count is a node's word: one past the text the client has (which would
+    leave every later delta unmergeable) is refused, and r1 re-prefills instead."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            out = c.generate(max_tokens=4)
+            d1, live = await first_tokens(p, ds, out)
+            async with admin_client(c.backend) as http:
+                await http.post(f"/admin/nodes/{d1.node_id}/remove")
+            await d1.expect(PauseRequest)
+            d1.send(Paused("r1", 2, 999))
+            again = await live.expect(DecodeRequest)
+            assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == ("r1~1", PROMPT + [11, 12], p.node_id)
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="removed",how="reprefill"}'] == 1
+    run(test)
