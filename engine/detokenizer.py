@@ -25,8 +25,15 @@ class Detokenizer:
         self.skip = skip_special_tokens
 
     def start(self, prompt_ids: list[int]) -> DecodeState:
+        """The prompt's last tokens count as read, except those that end in an incomplete
+        multi-byte character: a request moved to another node restarts here on prompt + the
+        tokens it generated, and a character its last tokens began is still to be emitted."""
         ctx = list(prompt_ids[-_CONTEXT:])
-        return DecodeState(ctx, 0, len(ctx))
+        read = len(ctx)
+        while read > 1 and self.tokenizer is not None and \
+                self.tokenizer.decode(ctx[:read], skip_special_tokens=self.skip).endswith("\ufffd"):
+            read -= 1
+        return DecodeState(ctx, 0, read)
 
     def step(self, state: DecodeState, token_id: int) -> str:
         """The new text that `token_id` completes (possibly empty)."""
