@@ -7,7 +7,7 @@ between two of its outputs as the router yields them, against the median wait of
 
 One prefill and two decode node processes on this machine, the built-in model, affinity routing
 (every prompt through the prefill node); one JSON line per mode, all in
-bench/results/move_gap_<time>.json.
+bench/results/move_gap_<unix time>.json.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.builtin import BUILTIN_MODEL_PATH  # noqa: E402
-from engine.machine import machine_info  # noqa: E402
+from bench.machine import write_result  # noqa: E402
 from pdwire.sampling_params import SamplingParams  # noqa: E402
 from router.cluster.disaggregated import DisaggregatedBackend  # noqa: E402
 from router.config import RouterConfig  # noqa: E402
@@ -85,10 +85,7 @@ def main() -> None:
     results = [asyncio.run(one_mode(mode, args)) for mode in MODES]
     for r in results:
         print(json.dumps(r))
-    os.makedirs("bench/results", exist_ok=True)
-    path = f"bench/results/move_gap_{time.strftime('%Y%m%dT%H%M%S')}.json"
-    with open(path, "w") as f:
-        json.dump({"machine": machine_info(), "results": results}, f, indent=1)
+    print("wrote", write_result("move_gap", {"results": results}))
 
 
 if __name__ == "__main__":

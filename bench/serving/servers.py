@@ -73,11 +73,13 @@ def pdserve_colocated(model: str, port: int, k: Knobs) -> ServerSpec:
     return ServerSpec("pdserve-colocated", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME), _this_checkout())
 
 
-def pdserve_disaggregated(model: str, port: int, k: Knobs) -> ServerSpec:
-    argv = (*_pdserve_command(), "up", "--model", model, "--prefill", "1", "--decode", "1", "--port", str(port),
-            "--dtype", k.dtype, "--kv-cache-gib", str(k.kv_cache_gib), "--max-num-seqs", str(k.max_num_seqs),
-            "--max-num-batched-tokens", str(k.max_num_batched_tokens), "--served-model-name", SERVED_NAME)
-    return ServerSpec("pdserve-1p1d", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME), _this_checkout())
+def pdserve_disaggregated(model: str, port: int, k: Knobs, decode: int = 1) -> ServerSpec:
+    argv = (*_pdserve_command(), "up", "--model", model, "--prefill", "1", "--decode", str(decode),
+            "--port", str(port), "--dtype", k.dtype, "--kv-cache-gib", str(k.kv_cache_gib),
+            "--max-num-seqs", str(k.max_num_seqs), "--max-num-batched-tokens", str(k.max_num_batched_tokens),
+            "--max-model-len", str(k.max_model_len), "--served-model-name", SERVED_NAME)
+    return ServerSpec(f"pdserve-1p{decode}d", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME),
+                      _this_checkout())
 
 
 def vllm_cpu(model: str, port: int, k: Knobs) -> ServerSpec:

@@ -16,22 +16,18 @@ from dataclasses import replace
 from bench.serving import record as rec
 from bench.serving.compare import SweepSpec, _point, _warmup, free_port
 from bench.serving.loadgen import LoadSpec, run_load
-from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
+from bench.serving.servers import Knobs, pdserve_colocated, pdserve_disaggregated, running
 from bench.simulate.cpu_time import deltas, sched_times
 from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes
 
 
 def server(system: str, model: str, port: int, knobs: Knobs):
+    """colocated, 1p1d or 1p2d, one thread per node (each is pinned to a core)."""
     if system == "colocated":
         spec = pdserve_colocated(model, port, knobs)
     else:
-        spec = pdserve_disaggregated(model, port, knobs)
-        argv = list(spec.argv)
-        argv[argv.index("--decode") + 1] = system[2]
-        spec = replace(spec, name=f"pdserve-{system}", argv=tuple(argv))
-    # PYTHONPATH: the `pdserve` console script (and so its nodes) would import the venv's editable
-    # install rather than this checkout
-    return replace(spec, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": REPO})
+        spec = pdserve_disaggregated(model, port, knobs, decode=int(system[2]))
+    return replace(spec, env=spec.env | {"OMP_NUM_THREADS": "1"})
 
 
 def measure(system: str, spec: SweepSpec, model: str, vocab: list[str]) -> dict:

@@ -33,18 +33,22 @@ def predict(measured: dict, profile: Profile, contention: bool = False) -> list[
     """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
     the point's schedstat), also simulated under the machine's load fitted per core (contention.py)."""
     sweep = measured["sweep"]
+    if sweep.get("max_concurrency") is not None:
+        raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
     rows = []
     for system, out in measured["systems"].items():
         for i, point in enumerate(out["points"]):
             reqs = sim_requests(sweep["workload"], sweep["num_requests"], point["rate"], sweep["seed"] + i,
                                 profile.block_size, sweep["knobs"]["max_model_len"],
-                                output_cap=sweep["output_cap"])
+                                burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
             slo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"])
             topo, cores = topology(system, out), out.get("cores") or PINS[system]
             sim = simulate(profile, reqs, topo, slo)
-            waits = measured_wait(point, cores) if contention else {}
-            background = fit_background(lambda b: simulate(profile, reqs, topo, slo, background=b), waits, cores)
-            loaded = (simulate(profile, reqs, topo, slo, background=background) if waits else sim) if contention else None
+            waits, background, loaded = {}, {}, None
+            if contention:
+                waits = measured_wait(point, cores)
+                background = fit_background(lambda b: simulate(profile, reqs, topo, slo, background=b), waits, cores)
+                loaded = simulate(profile, reqs, topo, slo, background=background) if waits else sim
             m = point["metrics"]
             row = {"workload": sweep["workload"], "system": system, "rate": point["rate"],
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],
