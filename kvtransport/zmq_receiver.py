@@ -13,7 +13,6 @@ from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import batch_blocks
 
 __all__ = ["DEFAULT_BIND", "ZmqReceiver"]
 
@@ -26,6 +25,7 @@ class ZmqReceiver(Receiver):
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
                  sink: PayloadSink | None = None) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
-        nbytes = identity.layout.block_nbytes
-        link = ZmqReceiveLink(bind, hwm, nbytes * batch_blocks(nbytes))   # a frame may be a whole batch
+        # libzmq applies MAXMSGSIZE to each frame, and a BlockBatch carries one frame per block:
+        # no frame larger than a block is buffered from anyone, authenticated or not
+        link = ZmqReceiveLink(bind, hwm, identity.layout.block_nbytes)
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout)
