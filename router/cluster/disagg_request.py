@@ -17,6 +17,7 @@ from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
 from router.cluster.membership import NODE_FAILURE, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
+from engine.detokenizer import find_stop
 from router.stop_hold import StopHold
 
 log = logging.getLogger(__name__)
@@ -146,10 +147,11 @@ def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], 
                    else missing_logprob(token_ids[k]) for k in range(len(token_ids) - len(new), len(token_ids))]
     choice.token_ids += new
     before = out.length
-    out.add(list(new), entries, text[before - text_start:])
+    out.add(new, entries, text[before - text_start:])
     if finish_reason == "stop" and choice.params.stop:
         _cut_at_stop(choice, att, before, text_start + len(text))
-    if att.text_base and (at := stop_across(out, att.text_base, choice.params.stop))[0] != -1:
+    if att.text_base and before < att.text_base + out.window and \
+            (at := stop_across(out, att.text_base, choice.params.stop))[0] != -1:     # only near the seam
         out.cut(at[1] if choice.params.include_stop_str_in_output else at[0])
         finish_reason = "stop"
     if finish_reason:
@@ -168,18 +170,13 @@ def _cut_at_stop(choice: Choice, att: Attempt, before: int, end: int) -> None:
 
 
 def stop_across(out: StopHold, boundary: int, stops: tuple[str, ...]) -> tuple[int, int]:
-    """(begin, end) of the earliest stop string that begins before character `boundary` and ends
-    after it, or (-1, -1). A moved request's new node sees only its own text (from `boundary` on), so a
-    stop string split between the attempts is the router's to find. Only the tail is searched:
-    such a string is found by the merge that completes it, and the tail then still holds its
-    start (the window: the longest stop string less one)."""
-    best = (-1, -1)
-    for stop in stops:
-        begin, end = max(0, boundary - len(stop) + 1 - out.base), boundary + len(stop) - 1 - out.base
-        at = out.tail.find(stop, begin, end) if end > 0 else -1
-        if at != -1 and (best[0] == -1 or at + out.base < best[0]):
-            best = (at + out.base, at + out.base + len(stop))
-    return best
+    """(begin, end) of the earliest stop string that ends after character `boundary` and begins
+    before it, or (-1, -1). A moved request's new node sees only its own text (from `boundary` on)
+    and cuts any stop string inside it, so one split between the attempts is the router's to find.
+    Only the tail is searched: such a string is found by the merge that completes it, and the tail
+    then still holds its start (the window: the longest stop string less one)."""
+    begin, end = find_stop(out.tail, out.length - boundary, stops)
+    return (-1, -1) if begin == -1 else (begin + out.base, end + out.base)
 
 
 def top_logprobs(entry: Any) -> dict[int, float]:
