@@ -17,31 +17,25 @@ import os
 import torch
 from torch import nn
 
+from engine.packed_linear import PackedLinear
 from kernels import gemm_bf16
 
 
-class Bf16Linear(nn.Module):
+class Bf16Linear(PackedLinear):
     """y = x @ W^T + b, bf16, W held in gemm_bf16's packed layout (opaque: no `.weight`)."""
 
     def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed_weight", gemm_bf16.pack_weight(linear.weight.detach()), persistent=False)
-        self.bias = None if linear.bias is None else linear.bias.detach().contiguous()
+        super().__init__(linear)
         gemm_bf16.check_weight(self.packed_weight, self.out_features, self.bias)     # once, not per call
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, self.in_features)
-        if x.stride(-1) != 1:
-            x = x.contiguous()
+    @staticmethod
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        return gemm_bf16.pack_weight(weight)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.bfloat16 or x.device.type != "cpu":
             gemm_bf16.check_rows(x, self.packed_weight)        # raises the launcher's ValueError
-        out = gemm_bf16.product(x, self.packed_weight, self.out_features, self.bias)
-        return out.view(*shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return gemm_bf16.product(x, self.packed_weight, self.out_features, self.bias)
 
 
 def can_use(dtype: torch.dtype, device: torch.device) -> bool:

@@ -20,23 +20,29 @@ import os
 import torch
 from torch import nn
 
-from engine import bf16_linear
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W^T + b with W held packed by oneDNN (opaque: no `.weight`)."""
+    """y = x @ W^T + b with W held packed by oneDNN (opaque: no `.weight`). A subclass packs
+    for another kernel by overriding `pack` and `product` (engine/bf16_linear.py)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()),
-                             persistent=False)
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.register_buffer("packed_weight", self.pack(linear.weight.detach()), persistent=False)
+        self.bias = None if linear.bias is None else linear.bias.detach().contiguous()
+
+    @staticmethod
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(weight)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x [m, in_features] with contiguous rows -> [m, out_features]."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x = x.reshape(-1, self.in_features).contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        out = self.product(x.reshape(-1, self.in_features).contiguous())
         return out.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -70,6 +76,7 @@ def pack_linears(model: nn.Module) -> int:
     dtype, device = linears[0][2].weight.dtype, linears[0][2].weight.device
     if not can_pack(dtype, device):
         return 0
+    from engine import bf16_linear        # a subclass of PackedLinear: imported once this module is
     packed = bf16_linear.Bf16Linear if bf16_linear.can_use(dtype, device) else PackedLinear
     for parent, name, child in linears:
         setattr(parent, name, packed(child))
