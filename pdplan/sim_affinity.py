@@ -21,7 +21,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-AFFINITY_BLOCKS = 8192              # router/config.py affinity_blocks_per_node
+from router.config import RouterConfig
+
+AFFINITY_BLOCKS = RouterConfig.affinity_blocks_per_node     # the real router's default
 BALANCE_ABS, BALANCE_REL = 32, 1.5  # sgl-router's defaults
 
 

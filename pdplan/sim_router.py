@@ -19,9 +19,9 @@ from pdplan.decode_pool import DecodePool
 from pdplan.events import EventLoop
 from pdplan.prefill_pool import PrefillPool
 from pdplan.sim_request import SimRequest
+from router.config import ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S, LOCAL_PREFILL_TOKENS
 
-FIRST_WAIT_S, MAX_WAIT_S = 0.05, 1.0
-LOCAL_PREFILL_TOKENS = 64           # router/config.py's default
+FIRST_WAIT_S, MAX_WAIT_S = ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S     # the real router's
 
 
 class SimRouter:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 ROUTINGS = ("cost", "affinity")
 LOCAL_PREFILL_TOKENS = 64       # the threshold sweep in bench/README.md: all of RAG's gain (its questions are
                                 # 4-64 tokens), the fewest chats pulled onto the decode node (mixed workload)
+ADMISSION_FIRST_WAIT_S = 0.05   # least wait for room before asking a decode node that looks full again
+ADMISSION_MAX_WAIT_S = 1.0      # most wait between two such asks (the timer doubles up to it)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ One admission, round by round:
        its uncached tail is short (routing cost), else on a prefill node P; book the request on
        D (and P) at once, so the next request sees them taken
     3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
-       ending) or a timer (from retry_after_ms, doubling up to _MAX_WAIT_S, with jitter); when the
+       ending) or a timer (from retry_after_ms, doubling up to ADMISSION_MAX_WAIT_S, with jitter); when the
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
     4. DecodeRequest to D (local_prefill: D computes the prompt): Reserved ends admission, and
        sends P its PrefillRequest unless D prefills; Busy releases the bookings and goes to 1
@@ -29,7 +29,7 @@ from prometheus_client import Counter
 from pdwire.block_hash import chain_hashes
 from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed
 from pdwire.messages import Busy, Reserved
-from router.config import RouterConfig
+from router.config import ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S, RouterConfig
 from router.cluster.control_server import ControlServer
 from router.cluster.disagg_request import Attempt, Choice, Failure, Lost
 from router.cluster.kv_index import KVIndex
@@ -38,8 +38,6 @@ from router.cluster.registry import Node, NodeRegistry, NodeRole
 from router.cluster.routing_cost import RoutingCost
 
 _POLL_S = 0.05              # how often a failed-over request looks for a live node
-_FIRST_WAIT_S = 0.05        # least wait for room before asking a node that looks full
-_MAX_WAIT_S = 1.0           # most wait between two such asks (the timer doubles up to it)
 
 
 class CapacityWatch:
@@ -70,7 +68,7 @@ class _Rounds:
     refused: dict[str, int] = field(default_factory=dict)   # node -> its reported free blocks at Busy
     busy_replies: int = 0
     last_busy: str = ""
-    wait_s: float = _FIRST_WAIT_S           # the timer's period: doubles each time it fires
+    wait_s: float = ADMISSION_FIRST_WAIT_S           # the timer's period: doubles each time it fires
     probe_at: float | None = None           # when the timer fires (loop time); None: not set
     probe: bool = False                     # the timer fired: ask the least loaded node anyway
 
@@ -175,7 +173,7 @@ class Admission:
         await self._capacity.wait(min(rounds.probe_at, rounds.deadline) - now)
         if asyncio.get_running_loop().time() >= rounds.probe_at:
             rounds.probe, rounds.probe_at = True, None
-            rounds.wait_s = min(2 * rounds.wait_s, _MAX_WAIT_S)
+            rounds.wait_s = min(2 * rounds.wait_s, ADMISSION_MAX_WAIT_S)
 
     def _jittered(self, wait_s: float) -> float:
         """wait_s to 1.5 x wait_s, so waiting requests do not ask in step."""
