@@ -126,16 +126,22 @@ class Autoscaler:
 
     async def tick(self) -> list[Decision]:
         s = self.signals()
-        made = self.policy.decide(s, self.clock())
-        for d in made:
+        done = []
+        for d in self.policy.decide(s, self.clock()):
             log.info("autoscaler: %s %s -> %s (%s; TTFT p90 %s ms, ITL p90 %s ms, queued %.0f tokens/node, "
                      "decode KV %.0f%%, Busy %d)", d.role, d.current, d.target, d.reason, _ms(s.ttft_p90_ms),
                      _ms(s.itl_p90_ms), s.queued_prefill_tokens, 100 * s.decode_kv_usage, s.busy_replies)
-            await self.operator.scale(d.role, d.target, self.c.autoscale_drain_deadline_s)
+            try:
+                await self.operator.scale(d.role, d.target, self.c.autoscale_drain_deadline_s)
+            except Exception:           # this pool stays as it was and may be decided again at once;
+                log.exception("autoscaler: scaling %s to %d failed", d.role, d.target)   # the other goes on
+                self.policy.changed_at[d.role] = -1e18
+                continue
             self.counter.labels(d.role, d.direction, d.reason).inc()
             self.target.labels(d.role).set(d.target)
             self.decisions.append((self.clock(), d, s))
-        return made
+            done.append(d)
+        return done
 
     async def run(self) -> None:
         while True:

@@ -1,12 +1,14 @@
 """The autoscaler's policy (hysteresis, cooldown, bounds) and its windowed quantiles."""
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from pdplan.autoscale_config import AutoscaleConfig
-from pdplan.autoscaler import ScalePolicy
+from pdplan.autoscaler import Autoscaler, ScalePolicy
 from pdplan.signals import Signals, quantile
 
 CONFIG = AutoscaleConfig(autoscale=True, autoscale_slo_ttft_ms=100.0, autoscale_slo_itl_ms=20.0,
@@ -79,3 +81,29 @@ def test_bad_bounds_are_refused():
         AutoscaleConfig(autoscale_min_decode=3, autoscale_max_decode=2)
     with pytest.raises(ValueError):
         AutoscaleConfig(autoscale_down_at=0.9, autoscale_up_at=0.8)
+
+
+def test_a_failed_scale_leaves_the_other_pool_scaled_and_is_tried_again_at_once():
+    """Both pools are due to grow; the prefill scale raises: the decode pool still grows, the
+    failure is neither counted nor exported, and the next tick decides prefill again without
+    waiting out a cooldown for a change that never happened."""
+    class Operator:
+        scaler = None
+
+        def __init__(self):
+            self.fail, self.calls = {"prefill"}, []
+
+        async def scale(self, role, count, deadline_s):
+            self.calls.append((role, count))
+            if role in self.fail:
+                raise RuntimeError("no room for another node")
+
+    operator, registry = Operator(), CollectorRegistry()
+    scaler = Autoscaler(CONFIG, operator, None, registry, 16, clock=lambda: 100.0)
+    scaler.signals = lambda: signals(ttft=90, itl=17)
+    assert [(d.role, d.target) for d in asyncio.run(scaler.tick())] == [("decode", 2)]
+    assert registry.get_sample_value("pdserve_autoscaler_target", {"role": "prefill"}) is None
+    assert registry.get_sample_value("pdserve_autoscaler_target", {"role": "decode"}) == 2
+    operator.fail = set()
+    assert [(d.role, d.target) for d in asyncio.run(scaler.tick())] == [("prefill", 2)]
+    assert operator.calls == [("prefill", 2), ("decode", 2), ("prefill", 2)]
