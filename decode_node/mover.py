@@ -120,8 +120,11 @@ class KVMover:
             self.release(rid)
 
     def close(self) -> None:
+        """Every hold and every shipment's pins released (the node is closing)."""
+        self.drop_all()
         if self.sender is not None:
             self.sender.close()
+            self.shipper.release_all()
 
     def _sender(self) -> KVSender:
         if self.sender is None:

@@ -86,7 +86,8 @@ class NodeService(ABC):
 
     def close(self, reason: str = "") -> bool:
         """Goodbye first (the router moves this node's requests at once), then everything else.
-        Returns whether the node's block accounting held to the end (block conservation)."""
+        Returns whether the node's block accounting held to the end (block conservation, and no
+        block still pinned once the transport is closed)."""
         self.link.goodbye(reason or "closed")
         self.close_transport()
         self.link.close()
@@ -95,6 +96,9 @@ class NodeService(ABC):
             self.engine.check_integrity()
         except AssertionError as err:
             log.error("%s: block accounting broken at exit: %s", self.config.node_id, err)
+            return False
+        if self.engine.block_manager.num_pins:      # the transport's holds are all released by now
+            log.error("%s: %d block pins left at exit", self.config.node_id, self.engine.block_manager.num_pins)
             return False
         return True
 

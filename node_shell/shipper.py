@@ -86,6 +86,13 @@ class BlockShipper:
             s.closed = True
         return s
 
+    def release_all(self) -> None:
+        """The sender is closed: whatever it still had to send is dropped, every pin released."""
+        for s in self.shipments.values():
+            for handle in s.pins:
+                self.engine.block_manager.unpin(handle)
+        self.shipments.clear()
+
     def release_sent(self) -> None:
         """Unpin the blocks of closed shipments whose bytes have all left the process."""
         for rid, s in list(self.shipments.items()):

@@ -87,6 +87,7 @@ class PrefillService(NodeService):
 
     def close_transport(self) -> None:
         self.sender.close()
+        self.shipper.release_all()
 
     # -- requests ---------------------------------------------------------------------------
     def _start(self, req: PrefillRequest) -> None:

@@ -14,7 +14,6 @@ from decode_node.service import DecodeService
 from engine import SamplingParams
 from kvtransport.metrics import DropReason
 from node_shell.config import NodeConfig
-from node_shell.runtime import run
 from pdwire.control import (AbortRequest, DecodeRequest, NodeCommand, Paused, PauseRequest, PrefillRequest,
                             ShipRequest)
 from pdwire.messages import Reserved
@@ -37,7 +36,7 @@ class MoveHarness(NodeHarness):
         self.cached["decode-1"], self.evicted["decode-1"] = set(), 0
         self.paused: dict[str, Paused] = {}
         self.ships: dict[str, tuple[str, str]] = {}     # moved rid -> (paused rid, its node)
-        self.threads.append(threading.Thread(target=run, args=(self.decode1,), daemon=True))
+        self.threads.append(threading.Thread(target=self._serve, args=(self.decode1,), daemon=True))
         self.threads[-1].start()
         self.pump(until=lambda: "decode-1" in self.hellos)
 
