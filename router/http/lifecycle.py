@@ -133,15 +133,12 @@ class Generation:
                                        "output (--max-stream-buffer-bytes); the request was ended"))
 
     async def _pump(self, index: int, stream: AsyncIterator[Any]) -> None:
-        scored = self._params[index].prompt_logprobs is None    # no prompt scores to wait for
         try:
             async for output in stream:
                 self._trackers[index].on_output(output)
                 self._cached_tokens[index] = max(self._cached_tokens[index], output.num_cached_tokens)
-                if output.outputs or not scored:    # the prompt's scores come first, once (Backend)
-                    self._put(index, PromptDelta(index, output.outputs, None if scored else output.prompt_logprobs,
-                                                 output.finished))
-                scored = True
+                if output.outputs or output.prompt_logprobs is not None:   # the scores come once (Backend)
+                    self._put(index, PromptDelta(index, output.outputs, output.prompt_logprobs, output.finished))
             self._put(index, _DONE)
         except Exception as err:    # noqa: BLE001 -- handed to the consumer, which re-raises it
             self._trackers[index].fail("rejected" if isinstance(err, ValueError) else "error")
