@@ -16,7 +16,7 @@ from router.http.lifecycle import Collected, Generation, ResponseMeta, usage, us
 from router.http.logprobs import chat_logprobs
 from router.http.protocol import (AssistantMessage, ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
                              ChatCompletionResponse, ChatStreamChoice, DeltaMessage, StreamUsage)
-from router.http.streaming import DONE, sse
+from router.http.streaming import DONE, silent, sse
 from router.http.tools import ToolMode, split_calls
 
 
@@ -49,12 +49,12 @@ async def chat_stream(meta: ResponseMeta, generation: Generation, tokenizer: Any
     async for out in generation.outputs():
         for d in out.choices:
             generated += len(d.token_ids)
+            if silent(d):
+                continue
             logprobs = None
             if d.logprobs is not None:
                 logprobs = ChatChoiceLogprobs(content=chat_logprobs(tokenizer, d.token_ids, d.logprobs, top_logprobs))
             index = out.index * meta.n + d.index
-            if not d.text and d.finish_reason is None and logprobs is None:
-                continue    # tokens whose text is not out yet: a chunk only for their logprobs
             if tools is not None:
                 held.setdefault(index, []).append(d.text)
                 if d.finish_reason is None:

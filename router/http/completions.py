@@ -12,7 +12,7 @@ from pdwire.outputs import CompletionOutput
 from router.http.lifecycle import Collected, FullChoice, Generation, ResponseMeta, usage, usage_so_far
 from router.http.logprobs import completion_logprobs
 from router.http.protocol import CompletionChoice, CompletionLogprobs, CompletionResponse, StreamUsage
-from router.http.streaming import DONE, sse
+from router.http.streaming import DONE, silent, sse
 from router.http.workers import Workers
 
 
@@ -66,8 +66,8 @@ async def completion_stream(meta: ResponseMeta, generation: Generation, workers:
                                                          logprobs=logprobs if d.logprobs is not None else None)],
                                  so_far), exclude)
             started.add(index)
-            if not d.text and d.finish_reason is None and (d.logprobs is None or not d.token_ids):
-                continue    # tokens whose text is not out yet: a chunk only for their logprobs
+            if silent(d):
+                continue
             logprobs = None
             if d.logprobs is not None:
                 logprobs, offsets[index] = completion_logprobs(workers.tokenizer, d.token_ids, d.logprobs,

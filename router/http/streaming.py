@@ -8,7 +8,15 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from pdwire.outputs import CompletionOutput
+
 DONE = "data: [DONE]\n\n"
+
+
+def silent(delta: CompletionOutput) -> bool:
+    """A choice delta a stream sends no chunk for: tokens whose text is not out yet (the stop
+    hold keeps it), no logprobs to show for them, and no finish."""
+    return not delta.text and delta.finish_reason is None and (delta.logprobs is None or not delta.token_ids)
 
 
 def sse(payload: BaseModel | dict, exclude: set[str] | None = None) -> str:
