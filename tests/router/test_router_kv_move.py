@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused, PauseRequest,
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused,
                             PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
 from pdwire.messages import Busy, Reserved
 from tests.disagg_harness import CONFIG, END, PROMPT, Cluster, run, until, view
-from tests.router.test_router_operator import admin_client, cast, first_tokens, membership
+from tests.router.test_router_operator import cast, membership, removed_mid_stream
 
 
 async def paused_after_13(p, ds, c):
@@ -19,11 +19,7 @@ async def paused_after_13(p, ds, c):
     pauses holding 3 tokens ("ab" before the last). Returns (D1, the live node, the stream, the
     live node's DecodeRequest)."""
     out = c.generate(max_tokens=4)
-    d1, live = await first_tokens(p, ds, out)
-    async with admin_client(c.backend) as http:
-        reply = await http.post(f"/admin/nodes/{d1.node_id}/remove")
-    assert (reply.status_code, reply.json()["state"]) == (200, "removed")
-    assert (await d1.expect(PauseRequest)).rid == "r1"
+    d1, live = await removed_mid_stream(c, p, ds, out)
     d1.send(TokenDelta("r1", 2, (13,), 2, "c", None, ""))
     d1.send(Paused("r1", 3, 2))
     assert view(await out.next()) == ([([11, 12, 13], "abc", None)], False)
@@ -128,10 +124,7 @@ def test_a_node_that_does_not_pause_in_time_falls_back_and_is_removed():
         async with Cluster(dataclasses.replace(CONFIG, kv_move_timeout_s=0.3)) as c:
             p, ds = await cast(c)
             out = c.generate(max_tokens=4)
-            d1, live = await first_tokens(p, ds, out)
-            async with admin_client(c.backend) as http:
-                await http.post(f"/admin/nodes/{d1.node_id}/remove")
-            await d1.expect(PauseRequest)
+            d1, live = await removed_mid_stream(c, p, ds, out)
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == ("r1~1", PROMPT + [11, 12], p.node_id)
             await until(lambda: "leave" in d1.commands)
@@ -147,10 +140,7 @@ def test_a_paused_reply_claiming_more_text_than_was_sent_falls_back():
         async with Cluster() as c:
             p, ds = await cast(c)
             out = c.generate(max_tokens=4)
-            d1, live = await first_tokens(p, ds, out)
-            async with admin_client(c.backend) as http:
-                await http.post(f"/admin/nodes/{d1.node_id}/remove")
-            await d1.expect(PauseRequest)
+            d1, live = await removed_mid_stream(c, p, ds, out)
             d1.send(Paused("r1", 2, 999))
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == ("r1~1", PROMPT + [11, 12], p.node_id)

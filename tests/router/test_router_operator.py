@@ -65,6 +65,17 @@ async def first_tokens(p: ScriptedNode, ds: list[ScriptedNode], out) -> tuple[Sc
     return d, ds[1 - ds.index(d)]
 
 
+async def removed_mid_stream(c: Cluster, p: ScriptedNode, ds: list[ScriptedNode], out) -> tuple[ScriptedNode, ScriptedNode]:
+    """first_tokens, then the operator removes r1's decode node, which is asked to pause r1.
+    Returns (that node, the other)."""
+    d1, live = await first_tokens(p, ds, out)
+    async with admin_client(c.backend) as http:
+        reply = await http.post(f"/admin/nodes/{d1.node_id}/remove")
+    assert (reply.status_code, reply.json()["state"]) == (200, "removed")
+    assert (await d1.expect(PauseRequest)).rid == "r1"
+    return d1, live
+
+
 # ------------------------------------------------------------------ listing
 
 
