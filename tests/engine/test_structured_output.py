@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.grammar import GrammarCompiler
 from engine.sampler import Sampler, SamplingRow
 from pdwire.control import params_from_wire, params_to_wire

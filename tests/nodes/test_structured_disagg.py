@@ -9,7 +9,7 @@ import json
 import pytest
 
 from engine import SamplingParams
-from pdwire.structured_output import GrammarKind, StructuredOutput
+from pdwire.structured_output import StructuredOutput
 from tests.engine.test_structured_output import SCHEMA, SPECS, _check
 from tests.node_harness import NodeHarness
 from tests.schema_check import validate
