@@ -318,23 +318,33 @@ class BlockManager:
 
     # -- checks and figures -----------------------------------------------------------------
     def check_integrity(self, seqs: list[Sequence] | None = None) -> None:
-        """Assert free + cached + in use == total, and (given every live sequence) that each
-        reference count equals the number of block tables and pins holding that block."""
+        """Check free + cached + in use == total, and (given every live sequence) that each
+        reference count equals the number of block tables and pins holding that block. Raises
+        IntegrityError; plain ifs, not asserts, so the check also runs under `python -O`."""
         free, cached = set(self._free), set(self._evictable)
         in_use = {b.block_id for b in self.blocks if b.ref_count > 0}
-        assert len(free) == len(self._free), "a block is twice in the free queue"
-        assert not (free & cached) and not (free & in_use) and not (cached & in_use), "block in two states"
-        assert len(free) + len(cached) + len(in_use) == self.num_blocks, "a block leaked"
-        assert all(self.blocks[b].block_hash is None for b in free), "a free block is still hashed"
-        assert all(self.blocks[b].block_hash is not None for b in cached), "an unhashed block is cached"
-        assert all(self.blocks[b].block_hash == h for h, b in self._cached.items()), "stale cache entry"
+        _require(len(free) == len(self._free), "a block is twice in the free queue")
+        _require(not (free & cached) and not (free & in_use) and not (cached & in_use), "block in two states")
+        _require(len(free) + len(cached) + len(in_use) == self.num_blocks, "a block leaked")
+        _require(all(self.blocks[b].block_hash is None for b in free), "a free block is still hashed")
+        _require(all(self.blocks[b].block_hash is not None for b in cached), "an unhashed block is cached")
+        _require(all(self.blocks[b].block_hash == h for h, b in self._cached.items()), "stale cache entry")
         if seqs is not None:
             refs = [0] * self.num_blocks
             for table in [s.block_table for s in seqs] + list(self._pins.values()):
                 for block_id in table:
                     refs[block_id] += 1
-            assert refs == [b.ref_count for b in self.blocks], "reference counts disagree with tables"
+            _require(refs == [b.ref_count for b in self.blocks], "reference counts disagree with tables")
 
     def wasted_slots(self, seqs: list[Sequence]) -> int:
         """Allocated token slots not holding a token (internal fragmentation), over `seqs`."""
         return sum(len(s.block_table) * self.block_size - len(s) for s in seqs if s.block_table)
+
+
+class IntegrityError(AssertionError):
+    """Block accounting broke. An AssertionError, so tests and callers that catch one still do."""
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise IntegrityError(what)

@@ -1,11 +1,15 @@
 """Block manager: exact block ids, reference counts and free-queue order."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from pdwire.block_hash import chain_hashes, hash_block
-from engine.block_manager import BlockCopy, BlockManager, NoFreeBlocks
+from engine.block_manager import BlockCopy, BlockManager, IntegrityError, NoFreeBlocks
 from engine.sequence import Sequence
 
 BS = 4
@@ -256,5 +260,19 @@ def test_check_integrity_counts_pins():
     bm.pin([0])
     bm.check_integrity([s])
     bm.blocks[0].ref_count = 1
-    with pytest.raises(AssertionError):
+    with pytest.raises(IntegrityError, match="reference counts"):
         bm.check_integrity([s])
+
+
+def test_check_integrity_runs_under_python_O():
+    """The check is not an assert: `python -O` (which drops asserts) still catches a leaked block."""
+    leak = (
+        "from engine.block_manager import BlockManager, IntegrityError\n"
+        "bm = BlockManager(4, 16)\n"
+        "bm.blocks[1].ref_count = 1\n"           # in use, yet held by no table: leaked
+        "bm._free.remove(1)\n"
+        "bm.check_integrity([])\n")
+    out = subprocess.run([sys.executable, "-O", "-c", leak], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode != 0
+    assert "IntegrityError: reference counts disagree with tables" in out.stderr
