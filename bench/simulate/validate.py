@@ -43,7 +43,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False) -> list[
                                 profile.block_size, sweep["knobs"]["max_model_len"],
                                 burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
             slo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"])
-            topo, cores = topology(system, out, measured["machine"]["nproc"]), out.get("cores") or PINS[system]
+            topo, cores = topology(system, out, measured.get("machine", {}).get("nproc", 0)), out.get("cores") or PINS[system]
             sim = simulate(profile, reqs, topo, slo)
             waits, background, loaded = {}, {}, None
             if contention:
