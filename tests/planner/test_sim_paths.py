@@ -116,3 +116,21 @@ def test_the_simulated_decode_choice_has_the_routers_load_guard(monkeypatch):
     alone, guarded = busy(False), busy(True)
     assert min(alone.values()) < 0.05 * max(alone.values())
     assert min(guarded.values()) > 0.2 * max(guarded.values())
+
+
+def test_calibrate_takes_the_unpinned_cpu_per_token_from_measured_points():
+    """router: the disaggregated points' router CPU / output tokens; client: every point's; medians."""
+    from bench.simulate.calibrate import floating_per_token
+
+    def point(tokens: int, client: float, router: float | None = None) -> dict:
+        cpu = {"client": {"run_s": client, "wait_s": 0.0}}
+        if router is not None:
+            cpu["router"] = {"run_s": router, "wait_s": 0.0}
+        return {"metrics": {"total_output_tokens": tokens}, "float_cpu": cpu}
+    measured = {"systems": {"colocated": {"points": [point(1000, 0.3)]},
+                            "1p1d": {"points": [point(1000, 0.4, 0.6), point(2000, 1.0, 1.0), {"metrics": {
+                                "total_output_tokens": 10}}]}}}
+    trace = {"system": "1p1d", "points": [point(1000, 0.5, 0.55)]}
+    assert floating_per_token([measured, trace]) == (pytest.approx(0.55e-3), pytest.approx(0.45e-3))
+    assert floating_per_token([{"systems": {"colocated": {"points": [{"metrics": {"total_output_tokens": 5}}]}}}]) \
+        == (0.0, 0.0)
