@@ -7,14 +7,17 @@ from typing import Callable
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
 from pdplan.sim_affinity import PrefixAffinity
-from pdplan.sim_core import CoreMap, SimCore
+from pdplan.sim_core import CoreMap, FloatingWork, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 
 
 class ColocatedNode:
-    def __init__(self, name: str, profile: Profile, loop: EventLoop, core: SimCore | None = None):
-        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s, core)
+    def __init__(self, name: str, profile: Profile, loop: EventLoop, core: SimCore | None = None,
+                 floating: FloatingWork | None = None):
+        # the router is the engine's own process (its core); only the client floats
+        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s, core, floating,
+                                profile.overheads.client_token_s)
         self.on_first_token: dict[int, Callable[[], None]] = {}
 
     def computed(self, seq: SimSeq, before: int, t: float) -> None:
@@ -31,7 +34,8 @@ class ColocatedNode:
 class ColocatedPool:
     def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None):
         cores = cores or CoreMap(loop)
-        self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop, cores.of(f"colocated-{i}")) for i in range(count)]
+        self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop, cores.of(f"colocated-{i}"), cores.floating)
+                      for i in range(count)]
         self.affinity = PrefixAffinity(count, lambda i: self.nodes[i].engine.load(), balance=True)
         self.profile = profile
 

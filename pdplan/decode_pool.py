@@ -7,15 +7,18 @@ from typing import Callable
 
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
-from pdplan.sim_core import CoreMap, SimCore
+from pdplan.sim_core import CoreMap, FloatingWork, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
+from router.cluster.routing_cost import BALANCE, imbalanced
 
 
 class DecodeNode:
     def __init__(self, name: str, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
-                 core: SimCore | None = None):
-        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s, core)
+                 core: SimCore | None = None, floating: FloatingWork | None = None):
+        o = profile.overheads      # the router and the client float: neither runs on this node's core
+        self.engine = SimEngine(name, profile, loop, self, True, o.token_s, core, floating,
+                                o.router_token_s + o.client_token_s)
         self.on_room = on_room
 
     def computed(self, seq: SimSeq, before: int, t: float) -> None:
@@ -35,15 +38,19 @@ class DecodePool:
     def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
                  cores: CoreMap | None = None):
         cores = cores or CoreMap(loop)
-        self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room, cores.of(f"decode-{i}")) for i in range(count)]
+        self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room, cores.of(f"decode-{i}"), cores.floating)
+                      for i in range(count)]
 
     def reserve(self, req: SimRequest) -> tuple[DecodeNode, int] | None:
         """The cheapest node with room reserves the prompt's blocks (router/cluster/routing_cost.py,
         the router's default: no waiting requests first, then the prompt blocks it lacks plus its
-        blocks in use); None when no node has room (the router waits for some)."""
+        blocks in use; by sequences first when the load guard holds); None when no node has room
+        (the router waits for some)."""
         blocks = -(-req.prompt_len // self.nodes[0].engine.bs)
         usable = req.block_hashes[:(req.prompt_len - 1) // self.nodes[0].engine.bs]
-        ranked = sorted(self.nodes, key=lambda n: (bool(n.engine.waiting),
+        seqs = {id(n): len(n.engine.running) + len(n.engine.waiting) + len(n.engine.reserved) for n in self.nodes}
+        guard = imbalanced(list(seqs.values()), BALANCE)
+        ranked = sorted(self.nodes, key=lambda n: (seqs[id(n)] if guard else 0, bool(n.engine.waiting),
                                                    blocks - n.engine.pool.hits(usable) + n.engine.pool.used))
         for node in ranked:
             seq = SimSeq(req, req.prompt_len, target=req.output_len)

@@ -112,6 +112,11 @@ class Overheads:
     request_s: float = 0.0          # HTTP, tokenizing, routing: arrival to the first engine admission
     handoff_s: float = 0.0          # a prompt sent to a prefill node, on top: PrefillRequest, FirstToken messages
     token_s: float = 0.0            # per token a streaming step samples: node -> router -> client (added to the step)
+    # CPU seconds per streamed token of the processes pinned nowhere in the validation runs, measured
+    # there (bench/simulate/measure.py float_cpu): they take a core from a node only when no core is
+    # idle (pdplan/sim_core.py FloatingWork); in a plan (separate hosts) they cost nothing
+    router_token_s: float = 0.0     # a disaggregated router (a colocated one is its engine's process)
+    client_token_s: float = 0.0     # the load generator
 
 
 @dataclass(frozen=True, slots=True)

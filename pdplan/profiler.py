@@ -31,7 +31,7 @@ class ProfileGrid:
     chunk_sizes: tuple[int, ...] = (512, 2048)
     cached_prefixes: tuple[int, ...] = (1024, 2048)        # of a 3072-token prompt
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
-    contexts: tuple[int, ...] = (64, 512, 2048)
+    contexts: tuple[int, ...] = (64, 512, 2048, 4096)     # up to 4k: long RAG contexts decode there
     max_batch_tokens: int = 16384                          # skips B x C over it (time, pool size)
     decode_steps: int = 4
     repeats: int = 2                                       # each decode point, in a shuffled order
@@ -121,6 +121,8 @@ class Profiler:
         samples = []
         for ctx, b in self._decode_points():
             prefill_steps = -(-b * ctx // self.args.max_num_batched_tokens) + b   # then all decode together
+            if not self._fits(engine, ctx, b, prefill_steps + self.grid.decode_steps):
+                continue
             for _ in range(b):
                 self._add(engine, _ids(self.rng, ctx, vocab), prefill_steps + self.grid.decode_steps)
             steps = timed_steps(engine, rec, "decode")
@@ -128,6 +130,16 @@ class Profiler:
             self.log(f"profile: decode batch {b} context {ctx}")
         self.log(f"profile: decode: {len(samples)} steps")
         return samples
+
+    def _fits(self, engine, ctx: int, b: int, max_tokens: int) -> bool:
+        """Whether b sequences of ctx + max_tokens fit the model's length and the KV pool (else
+        the point is skipped, and said so)."""
+        need = b * -(-(ctx + max_tokens) // engine.block_manager.block_size)
+        if ctx + max_tokens > engine.max_model_len or need > engine.block_manager.num_blocks:
+            self.log(f"profile: decode batch {b} context {ctx} skipped: over the model's "
+                     f"{engine.max_model_len} tokens or the pool's {engine.block_manager.num_blocks} blocks")
+            return False
+        return True
 
     def _decode_points(self) -> list[tuple[int, int]]:
         """Every (context, batch) of the grid, `repeats` times, in a shuffled order: on a machine

@@ -7,6 +7,15 @@ a step, each step's remaining work advances at 1/k of the core's speed; a node b
 (idle) takes nothing. Other work on the machine (a shared test box) can be given as `background`:
 b runnable processes that never sleep, so k steps advance at 1/(k + b) each.
 
+Processes pinned nowhere (the load generator; a disaggregated deployment's router) are floating
+work (FloatingWork): CPU seconds per streamed token that the OS runs on an idle core of the machine
+if there is one, else beside a node on the core it last ran on, where it shares the core like a
+step. In the validation's 1P+1D (prefill on core 0, decode on core 1) the stream of one request
+keeps the decode core busy and its tokens' work lands on the prefill node's core, so a prompt
+prefilled while another request streams waits for the core: traced, a prefill step beside a busy
+decode node took 1.1-2.1x its own CPU time, one with the decode node idle 1.0-1.03x
+(bench/README.md, "What the trace found"). With no machine given (separate hosts) it costs nothing.
+
     work left     ████████░░░░      a step of 80 ms alone ends 80 ms after it starts; if another
                   ▲ start   ▲ end   node's step starts 40 ms in, both advance at half speed: the
                                     first ends 80 ms later (at 120 ms), the other's work from then
@@ -66,21 +75,61 @@ class SimCore:
             cb()
 
 
+class FloatingWork:
+    """Work that no process pin holds: run on an idle core of the machine (the one it last ran on
+    if that one is idle, else the lowest idle one), or, with none idle, on the core it last ran on
+    beside the node there. Work that comes while some runs waits and goes in one batch after it."""
+
+    def __init__(self, cores: list[SimCore]):
+        self.cores = cores              # every core of the machine; none: the work costs nothing here
+        self.pending = 0.0
+        self.running = False
+        self.last = 0
+        self.cpu_s = 0.0
+
+    def add(self, work_s: float) -> None:
+        if not self.cores or work_s <= 0:
+            return
+        self.pending += work_s
+        if not self.running:
+            self._start()
+
+    def _start(self) -> None:
+        work, self.pending = self.pending, 0.0
+        idle = [i for i, c in enumerate(self.cores) if not c.sharing]
+        if idle and self.last not in idle:
+            self.last = idle[0]
+        self.running = True
+        self.cpu_s += work
+        self.cores[self.last].run(work, self._done)
+
+    def _done(self) -> None:
+        self.running = False
+        if self.pending > 0:
+            self._start()
+
+
 class CoreMap:
     """Which SimCore each node steps on: nodes pinned to the same core id share one; every other
-    node gets a core of its own. background: core id -> runnable processes of other work there."""
+    node gets a core of its own. background: core id -> runnable processes of other work there.
+    machine_cores: the cores of the machine the pinned nodes run on (0: not one machine; floating
+    work is then free)."""
 
     def __init__(self, loop: EventLoop, pins: tuple[tuple[str, int], ...] = (),
-                 background: dict[int, float] | None = None):
+                 background: dict[int, float] | None = None, machine_cores: int = 0):
         self.loop = loop
         self._pins = dict(pins)
         self._background = background or {}
         self._shared: dict[int, SimCore] = {}
+        self.floating = FloatingWork([self._core(i) for i in range(machine_cores)])
 
     def of(self, node: str) -> SimCore:
         core = self._pins.get(node)
         if core is None:
             return SimCore(self.loop)
+        return self._core(core)
+
+    def _core(self, core: int) -> SimCore:
         if core not in self._shared:
             self._shared[core] = SimCore(self.loop, self._background.get(core, 0.0))
         return self._shared[core]

@@ -11,7 +11,9 @@ Each step (as the real scheduler):
   3. the step ends once its core has given it profile.step_seconds(shapes) (later if the core is
      shared with busy nodes: sim_core.py): computed tokens move on, full prompt
      blocks enter the prefix cache, a sequence whose context is all computed samples a token
-A decode node's reservations (reserve / adopt) hold blocks without running.
+A decode node's reservations (reserve / adopt) hold blocks without running. Control messages
+reach a node between its steps (node_shell/runtime.py polls there): between_steps() defers what a
+message does until the running step ends.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Protocol
 from pdplan.block_pool import BlockPool
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
-from pdplan.sim_core import SimCore
+from pdplan.sim_core import FloatingWork, SimCore
 from pdplan.sim_request import SimRequest
 
 
@@ -57,10 +59,12 @@ class Owner(Protocol):
 
 class SimEngine:
     def __init__(self, name: str, profile: Profile, loop: EventLoop, owner: Owner, streams: bool,
-                 per_sample_s: float = 0.0, core: SimCore | None = None):
+                 per_sample_s: float = 0.0, core: SimCore | None = None,
+                 floating: FloatingWork | None = None, float_per_token_s: float = 0.0):
         """streams: each sampled token goes to the client at the step's end (decode, colocated);
         otherwise the owner hears of it (a prefill node's first token). core: what the steps run
-        on (default: a core of its own); a shared one stretches them (sim_core.py)."""
+        on (default: a core of its own); a shared one stretches them (sim_core.py). Each streamed
+        token gives `floating` float_per_token_s of work (the router's and the client's)."""
         self.name, self.profile, self.loop, self.owner = name, profile, loop, owner
         self.core = core or SimCore(loop)
         self.streams = streams
@@ -72,6 +76,8 @@ class SimEngine:
         self.running: list[SimSeq] = []
         self.reserved: dict[int, SimSeq] = {}
         self.stepping = False
+        self._between: list = []        # what control messages do once the running step ends
+        self.floating, self.float_per_token_s = floating, float_per_token_s
         self.busy_s = 0.0               # core time its steps took (the profile's prices)
         self.wall_s = 0.0               # wall time they took: more when the core is shared
         self._step_start = 0.0
@@ -116,6 +122,13 @@ class SimEngine:
         self.running.append(seq)
         self.kick()
 
+    def between_steps(self, fn) -> None:
+        """fn() now if no step runs, else when the running one ends (before the next starts)."""
+        if self.stepping:
+            self._between.append(fn)
+        else:
+            fn()
+
     # -- the step loop -----------------------------------------------------------------------
     def kick(self) -> None:
         if self.stepping:
@@ -143,7 +156,7 @@ class SimEngine:
         t = self.loop.now
         self.stepping = False
         self.wall_s += t - self._step_start
-        streams = self.streams
+        streams, streamed = self.streams, 0
         for seq, n in plan:
             before = seq.computed
             seq.computed = before + n
@@ -154,13 +167,19 @@ class SimEngine:
                 seq.generated += 1
                 if streams:
                     seq.req.token_times.append(t)
+                    streamed += 1
                 else:
                     self.owner.sampled(seq, t)
                 if seq.generated >= seq.target:
                     self._finish(seq, t)
                 else:
                     seq.length += 1
+        between, self._between = self._between, []
+        for fn in between:
+            fn()
         self.kick()
+        if streamed and self.floating is not None:      # placed once this node's next step holds its core
+            self.floating.add(streamed * self.float_per_token_s)
 
     def _finish(self, seq: SimSeq, t: float) -> None:
         self.running.remove(seq)

@@ -7,7 +7,9 @@
      doubling to 1 s)
   3. reserved: when at most local_prefill_tokens of the prompt are not cached on the decode node,
      the decode node prefills it itself (routing_cost.py's local prefill: no hop, nothing shipped);
-     otherwise, after the prefill hop's own cost (overheads.handoff_s: PrefillRequest out,
+     otherwise, once the decode node's running step has ended (it reads its control messages
+     between steps: the reservation's answer waits for it), after the prefill hop's own cost
+     (overheads.handoff_s: PrefillRequest out,
      FirstToken back), the prefill node that finishes it soonest prefills it and ships the blocks not
      already on the decode node; the first token goes to the client, Commit to the decode node
 """
@@ -65,6 +67,6 @@ class SimRouter:
             self.local_prefills += 1
             node.engine.prefill_here(req.rid)
             return True
-        self.loop.after(self.handoff_s, lambda: self.prefill.submit(
-            req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid)))
+        node.engine.between_steps(lambda: self.loop.after(self.handoff_s, lambda: self.prefill.submit(
+            req, hits, lambda t: req.token_times.append(t), lambda t: node.engine.adopt(req.rid))))
         return True

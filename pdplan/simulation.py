@@ -29,17 +29,23 @@ class Topology:
     prefill: int = 0
     decode: int = 0
     pins: tuple[tuple[str, int], ...] = ()  # (node name, core id): names on one id share a core; others own one
+    machine_cores: int = 0          # the pinned nodes' machine has these cores (ids 0..n-1): unpinned work
+                                    # (router, load generator) runs on them (sim_core.py); 0: separate hosts
 
     @classmethod
     def disaggregated(cls, prefill: int, decode: int) -> "Topology":
         return cls(0, prefill, decode)
 
-    def pinned(self, cores: dict[str, set[int]]) -> "Topology":
+    def pinned(self, cores: dict[str, set[int]], machine_cores: int = 0) -> "Topology":
         """This topology with nodes pinned as bench/simulate/pinning.py pins the real ones
-        ({"decode-0": {1}, "decode-1": {1}}: one core each, the same one here)."""
+        ({"decode-0": {1}, "decode-1": {1}}: one core each, the same one here), on a machine of
+        `machine_cores` cores (0: unpinned work is not simulated)."""
         if any(len(c) != 1 for c in cores.values()):
             raise ValueError(f"a simulated node runs on exactly one core: {cores}")
-        return replace(self, pins=tuple(sorted((node, next(iter(c))) for node, c in cores.items())))
+        if machine_cores and any(next(iter(c)) >= machine_cores for c in cores.values()):
+            raise ValueError(f"a node pinned past the machine's {machine_cores} cores: {cores}")
+        return replace(self, pins=tuple(sorted((node, next(iter(c))) for node, c in cores.items())),
+                       machine_cores=machine_cores)
 
     def shared(self) -> list[list[str]]:
         """The groups of nodes that share a core (two or more)."""
@@ -67,7 +73,7 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
     for r in requests:
         r.token_times = []
     loop = EventLoop()
-    cores = CoreMap(loop, topology.pins, background)
+    cores = CoreMap(loop, topology.pins, background, topology.machine_cores)
     if topology.colocated:
         pool = ColocatedPool(topology.colocated, profile, loop, cores)
         for r in requests:

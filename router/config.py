@@ -24,6 +24,8 @@ class RouterConfig:
     routing: str = "cost"                   # disaggregated: cost (decode node by cached overlap and load from the nodes' KV events, short uncached tails prefilled on it) | affinity (prefill node by prefix affinity, decode node by load, every prompt through a prefill node)
     local_prefill_tokens: int = LOCAL_PREFILL_TOKENS  # routing cost: a decode node prefills a prompt itself when at most this many of its tokens are not cached there (0: never)
     decode_load_weight: float = 1.0         # routing cost: a decode node's blocks in use vs. the prompt blocks it lacks
+    decode_balance_abs: int = 32            # routing cost: when the busiest decode node runs more than this many sequences above the idlest
+    decode_balance_rel: float = 1.5         #   and more than this many times as many, the idlest takes the request whatever it caches (sgl-router's guard)
     kv_index_max_blocks: int = 1 << 18      # routing cost: (node, block hash) entries the router's KV index keeps, least recent dropped first
     control_endpoint: str = "tcp://127.0.0.1:0"  # disaggregated: where nodes connect; port 0 = any free
     admission_timeout_s: float = 30.0       # disaggregated: longest wait for a decode reservation
@@ -69,6 +71,8 @@ class RouterConfig:
         _require(self.routing in ROUTINGS, f"routing must be one of {ROUTINGS}, got {self.routing!r}")
         _require(self.local_prefill_tokens >= 0 and self.decode_load_weight >= 0 and self.kv_index_max_blocks >= 1,
                  "local_prefill_tokens and decode_load_weight must be >= 0, kv_index_max_blocks >= 1")
+        _require(self.decode_balance_abs >= 0 and self.decode_balance_rel >= 1.0,
+                 "decode_balance_abs must be >= 0 and decode_balance_rel >= 1")
         _require(self.control_endpoint.startswith(("tcp://", "ipc://")),
                  f"control_endpoint must be a tcp:// or ipc:// address, got {self.control_endpoint!r}")
         _require(self.admission_timeout_s > 0,

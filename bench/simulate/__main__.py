@@ -6,6 +6,7 @@
     python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention]
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
     python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
+    python -m bench.simulate trace --workload sharegpt --rates 0.25,0.5 --systems 1p1d  # one request's path, timed
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("measured", nargs="+")
     c.add_argument("--profile", required=True)
     c.add_argument("--out", required=True)
+    c.add_argument("--float-from", nargs="*", default=[],
+                   help="measured files (or a trace's measured.json) whose float_cpu gives the router's and the "
+                        "client's CPU per token, when the calibrated runs did not record it")
     c.set_defaults(func=_calibrate)
     s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
     s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
@@ -58,6 +62,16 @@ def main(argv: list[str] | None = None) -> None:
     g = sub.add_parser("gpu-profile", help="write the GPU profile built from published figures")
     g.add_argument("--out", default="bench/profiles/gpu_a100_llama2_7b_published.json")
     g.set_defaults(func=_gpu_profile)
+    t = sub.add_parser("trace", help="a measure run with every process timestamping each request's path (trace.py)")
+    t.add_argument("--workload", default="sharegpt")
+    t.add_argument("--systems", default="1p1d")
+    t.add_argument("--rates", default="0.25,0.5")
+    t.add_argument("--num-requests", type=int, default=12)
+    t.add_argument("--output-cap", type=int, default=256)
+    t.add_argument("--analyze", help="only print the table of an earlier trace folder")
+    t.add_argument("--profile", default="bench/profiles/cpu_1core_llama58m_quiet2.json",
+                   help="prices each traced step (measured / profile, alone and beside another node's step)")
+    t.set_defaults(func=_trace)
     args = ap.parse_args(argv)
     args.func(args)
 
@@ -83,6 +97,27 @@ def _measure(args) -> None:
     print(f"wrote {path}")
 
 
+def _trace(args) -> None:
+    import os
+    from bench.serving import record as rec
+    from bench.serving.compare import SweepSpec
+    from bench.serving.model import prepare_model, word_vocab
+    from bench.serving.servers import BENCH
+    from bench.simulate import trace
+    if args.analyze:
+        trace.analyze(args.analyze, args.profile)
+        return
+    model, vocab = prepare_model(os.path.join(BENCH, ".cache")), word_vocab()
+    for system in args.systems.split(","):
+        for rate in args.rates.split(","):
+            spec = SweepSpec(systems=(system,), workload=args.workload, num_requests=args.num_requests,
+                             rates=(float(rate),), output_cap=args.output_cap)
+            out = os.path.join(rec.RESULTS, f"trace_{args.workload}_{system}_{rate}_{trace.stamp()}")
+            trace.run(spec, model, vocab, system, out)
+            print(f"\n[{system} @ {rate} req/s] {out}, load average {os.getloadavg()}")
+            trace.analyze(out, args.profile)
+
+
 def _validate(args) -> None:
     from bench.simulate.validate import validate
     validate(args.measured, args.profile, args.contention)
@@ -102,7 +137,7 @@ def _pool(args) -> None:
 def _calibrate(args) -> None:
     from bench.simulate.calibrate import calibrate
     from pdplan.profile import Profile
-    profile = calibrate(args.measured, Profile.load(args.profile))
+    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from)
     profile.save(args.out)
     print(f"wrote {args.out}: {profile.overheads}")
 

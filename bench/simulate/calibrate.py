@@ -6,6 +6,9 @@ the engine-only profile also prices HTTP, tokenizing, control messages and strea
      disaggregated points' TTFT p50s, request_s included (a local prefill skips the hop, so the
      gap is not one constant per request)
   3. token_s: the per-token cost (from a short list) that best matches the TPOT p50s
+  0. first, not fitted but measured: router_token_s and client_token_s, the CPU seconds per output
+     token of the processes pinned nowhere (a disaggregated router, the load generator), from the
+     points' float_cpu (measure.py), or from `float_from` files when the runs predate it
 
 Calibrate on one workload and validate on the others (held out): validate.py reports both.
 """
@@ -22,15 +25,33 @@ TOKEN_S = (0.0, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3)
 HANDOFF_S = tuple(i * 5e-3 for i in range(21))
 
 
-def calibrate(paths: list[str], profile: Profile) -> Profile:
+def calibrate(paths: list[str], profile: Profile, float_from: list[str] = ()) -> Profile:
     measured = [json.load(open(p)) for p in paths]
-    p = replace(profile, overheads=Overheads())
+    router_s, client_s = floating_per_token([json.load(open(p)) for p in float_from] or measured)
+    p = replace(profile, overheads=Overheads(router_token_s=router_s, client_token_s=client_s))
     p = replace(p, overheads=replace(p.overheads, token_s=_best_token_s(measured, p)))
     rows = _rows(measured, p)
     colocated = [r["TTFT p50"]["measured"] - r["TTFT p50"]["simulated"] for r in rows if r["system"] == "colocated"]
     request_ms = max(0.0, statistics.median(colocated)) if colocated else 0.0
     p = replace(p, overheads=replace(p.overheads, request_s=request_ms / 1000))
     return replace(p, overheads=replace(p.overheads, handoff_s=_best_handoff_s(measured, p)))
+
+
+def floating_per_token(measured: list[dict]) -> tuple[float, float]:
+    """(router, client) CPU seconds per output token, the medians over the points that recorded
+    them (a disaggregated router's only: a colocated one is its engine's process); 0 without any."""
+    router, client = [], []
+    for m in measured:
+        systems = m["systems"] if "systems" in m else {m["system"]: m}     # a measure file, or a trace's
+        for system, out in systems.items():
+            for point in out["points"]:
+                cpu, tokens = point.get("float_cpu"), point["metrics"]["total_output_tokens"]
+                if not cpu or not tokens:
+                    continue
+                client.append(cpu["client"]["run_s"] / tokens)
+                if "router" in cpu:
+                    router.append(cpu["router"]["run_s"] / tokens)
+    return (statistics.median(router) if router else 0.0), (statistics.median(client) if client else 0.0)
 
 
 def _rows(measured: list[dict], profile: Profile) -> list[dict]:

@@ -30,11 +30,13 @@ def server(system: str, model: str, port: int, knobs: Knobs):
     return replace(spec, env=spec.env | {"OMP_NUM_THREADS": "1"})
 
 
-def measure(system: str, spec: SweepSpec, model: str, vocab: list[str]) -> dict:
+def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dict[str, str] | None = None) -> dict:
     """One system over the sweep's rates; the points are compare.py's, plus what was pinned and
-    each pinned node's time on and waiting for its core during the point (cpu_time.py)."""
+    each pinned node's time on and waiting for its core during the point (cpu_time.py).
+    env: added to the server's environment (trace.py: its tracing hook)."""
     port = free_port()
     srv = server(system, model, port, spec.knobs)
+    srv = replace(srv, env=srv.env | (env or {}))
     log = os.path.join(rec.RESULTS, "logs", f"validate_{system}_{int(time.time())}.log")
     out = {"system": system, "server": srv.record(), "points": []}
     with running(srv, log) as endpoint:
@@ -48,10 +50,15 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str]) -> dict:
         asyncio.run(run_load(endpoint, _warmup(spec), vocab, LoadSpec(float("inf"), deadline_s=120), "warm-up"))
         pids = {COLOCATED_ROOT if what.startswith("root") else what.split(" -> ")[0]: int(pid)
                 for pid, what in out["pinned"].items()}
+        floating = {"client": os.getpid()} | ({} if default is not None else {"router": root})
         for i, rate in enumerate(spec.rates):
             before, t0 = {node: sched_times(pid) for node, pid in pids.items()}, time.monotonic()
+            float_before = {what: sched_times(pid) for what, pid in floating.items()}
             point = _point(endpoint, spec, i, rate, vocab, system)
             point["cpu"] = deltas(before, {node: sched_times(pid) for node, pid in pids.items()})
+            # the unpinned processes' work (the load generator, a disaggregated router): it runs on
+            # whichever core is free, else beside a node (pdplan/sim_core.py: floating work)
+            point["float_cpu"] = deltas(float_before, {what: sched_times(pid) for what, pid in floating.items()})
             point["cpu_wall_s"] = round(time.monotonic() - t0, 3)
             point["loadavg_after"] = os.getloadavg()
             out["points"].append(point)

@@ -23,10 +23,11 @@ TOLERANCE = 0.2
 FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
 
 
-def topology(system: str, measured: dict) -> Topology:
-    """The system as it ran: its pools, pinned as the run recorded (or as PINS says)."""
+def topology(system: str, measured: dict, machine_cores: int = 0) -> Topology:
+    """The system as it ran: its pools, pinned as the run recorded (or as PINS says), on the
+    measuring machine's cores (the router and the load generator float there)."""
     cores = measured.get("cores") or PINS[system]
-    return TOPOLOGY[system].pinned({node: set(c) for node, c in cores.items()})
+    return TOPOLOGY[system].pinned({node: set(c) for node, c in cores.items()}, machine_cores)
 
 
 def predict(measured: dict, profile: Profile, contention: bool = False) -> list[dict]:
@@ -42,7 +43,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False) -> list[
                                 profile.block_size, sweep["knobs"]["max_model_len"],
                                 burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
             slo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"])
-            topo, cores = topology(system, out), out.get("cores") or PINS[system]
+            topo, cores = topology(system, out, measured.get("machine", {}).get("nproc", 0)), out.get("cores") or PINS[system]
             sim = simulate(profile, reqs, topo, slo)
             waits, background, loaded = {}, {}, None
             if contention:

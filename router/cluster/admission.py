@@ -84,7 +84,8 @@ class Admission:
         self._cost: RoutingCost | None = None
         if config.routing == "cost":
             self._cost = RoutingCost(index, self._decode_policy, config.decode_load_weight,
-                                     config.local_prefill_tokens, config.policy_seed)
+                                     config.local_prefill_tokens, config.policy_seed,
+                                     (config.decode_balance_abs, config.decode_balance_rel))
         self._prefill_policy = PrefillPolicy(index if self._cost else affinity, config.prefill_load_weight)
         self._rng = random.Random(config.policy_seed)
         self.busy = Counter("pdserve_router_busy_replies", "Busy replies from decode nodes.", registry=None)

@@ -7,6 +7,11 @@ prefix cache already holds and its load; then where the prompt's uncached tail i
     cost(D)      = uncached(D) + decode_load_weight * used(D)  used: blocks in use by D's last
                                                                heartbeat and the bookings since
     rank         = (has waiting requests, cost, coin)          admission takes the first with room
+    load guard   when the busiest node runs more than `balance` = (abs, rel) sequences above the
+                 idlest, and more than rel x as many (running + waiting + booked since its last
+                 heartbeat), the rank is by that load first: a popular prefix cannot pile every
+                 decode onto the nodes that hold it (sgl-router's balance_abs/rel_threshold, 32 and
+                 1.5; the simulated colocated balancer, pdplan/sim_affinity.py, has the same)
 
     prefill on D itself when   prompt tokens - overlap(D) * block_size <= local_prefill_tokens
     else on a prefill node P   (policy.PrefillPolicy over the same index: its queued blocks and
@@ -28,15 +33,20 @@ from router.backend import NoNodeAvailable
 from router.cluster.kv_index import KVIndex
 from router.cluster.policy import DecodePolicy
 from router.cluster.registry import Node
+from router.config import RouterConfig
+
+BALANCE = (RouterConfig.decode_balance_abs, RouterConfig.decode_balance_rel)
 
 
 class RoutingCost:
     def __init__(self, index: KVIndex, decode: DecodePolicy, decode_load_weight: float = 1.0,
-                 local_prefill_tokens: int = 0, seed: int = 0):
+                 local_prefill_tokens: int = 0, seed: int = 0,
+                 balance: tuple[int, float] | None = BALANCE):
         if decode_load_weight < 0 or local_prefill_tokens < 0:
             raise ValueError("decode_load_weight and local_prefill_tokens must be >= 0")
         self._index, self._decode = index, decode
         self._weight, self._local_tokens = decode_load_weight, local_prefill_tokens
+        self._balance = balance
         self._rng = random.Random(seed)
 
     def rank(self, nodes: Sequence[Node], hashes: Sequence[BlockHash], prompt_len: int,
@@ -45,7 +55,9 @@ class RoutingCost:
         if not nodes:
             raise NoNodeAvailable("no live decode node")
         usable = _usable(hashes, prompt_len, block_size)
-        keyed = [(self._key(n, usable, -(-prompt_len // block_size)), n) for n in nodes]
+        guard = imbalanced([sequences(n) for n in nodes], self._balance)
+        keyed = [((sequences(n) if guard else 0,) + self._key(n, usable, -(-prompt_len // block_size)), n)
+                 for n in nodes]
         return [n for _, n in sorted(keyed, key=lambda kn: kn[0])]
 
     def _key(self, node: Node, usable: Sequence[BlockHash], prompt_blocks: int) -> tuple:
@@ -59,6 +71,19 @@ class RoutingCost:
         """Whether the decode node computes the prompt's uncached tail itself."""
         matched = self._index.matched_blocks(node.node_id, _usable(hashes, prompt_len, block_size))
         return prompt_len - matched * block_size <= self._local_tokens
+
+
+def sequences(node: Node) -> int:
+    """The node's sequences now: running and waiting by its last heartbeat, and those booked since."""
+    return node.load.num_running + node.load.num_waiting + node.unreported_requests
+
+
+def imbalanced(loads: Sequence[int], balance: tuple[int, float] | None) -> bool:
+    """Whether the busiest load is more than abs above, and rel times, the idlest (sgl-router's test)."""
+    if balance is None or not loads:
+        return False
+    hi, lo = max(loads), min(loads)
+    return hi - lo > balance[0] and hi > balance[1] * lo
 
 
 def _usable(hashes: Sequence[BlockHash], prompt_len: int, block_size: int) -> Sequence[BlockHash]:

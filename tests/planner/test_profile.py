@@ -64,3 +64,19 @@ def test_profiler_measures_the_builtin_engine_and_a_socket():
     assert [s.shapes for s in p.samples if s.kind == "prefill"][1:3] == [[(64, 0)], [(32, 64)]]   # 96 in chunks of 64
     assert p.transfer.per_block_s > 0 and p.transfer.block_bytes == p.model["kv_bytes_per_token"] * 16
     assert p.step.fixed + p.step.per_token > 0 and "device" in p.machine and p.num_blocks == 256
+
+
+def test_the_decode_grid_skips_contexts_past_the_model_and_keeps_the_rest():
+    """The default grid reaches 4k tokens of context; a point longer than the engine's model (or
+    its pool) is skipped and said so, the others measured at their context."""
+    from engine.args import EngineArgs
+    from pdplan.profiler import ProfileGrid, Profiler
+    assert max(ProfileGrid().contexts) >= 4096
+    said = []
+    grid = ProfileGrid(batch_sizes=(1, 2), contexts=(24, 200), decode_steps=2, repeats=1)
+    profiler = Profiler(EngineArgs(dtype="float32", num_blocks=64, max_num_seqs=4, max_num_batched_tokens=128,
+                                   max_model_len=128), grid, log=said.append)
+    samples = profiler.decode()
+    assert {c for s in samples for _, c in s.shapes} <= set(range(24, 24 + 8))
+    assert {len(s.shapes) for s in samples} == {1, 2}
+    assert sum("context 200 skipped" in line for line in said) == 2

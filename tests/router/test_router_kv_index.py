@@ -150,3 +150,37 @@ def test_the_decode_node_prefills_when_few_uncached_tokens_remain():
     index.apply("d1", hashes[3:], [])
     assert here(6) and not here(5)                            # 70 - 64
     assert here(16, 64) and not here(15, 64)                  # 64 tokens: 3 usable blocks, 16 left
+
+
+def test_the_load_guard_sends_a_request_to_the_idlest_decode_node_when_loads_are_far_apart():
+    """d1 holds the whole prompt, d2 nothing: the cost prefers d1 until d1 runs more than 32
+    sequences above d2 and more than 1.5x as many (sgl-router's guard); then d2, the idlest, goes
+    first. Bookings since the last heartbeat count as sequences; balance=None turns it off."""
+    reg = NodeRegistry(heartbeat_timeout_s=5.0)
+    for node_id in ("d1", "d2"):
+        reg.register(node_id, NodeRole.DECODE, "tcp://x")
+    decode = DecodePolicy(lambda n: Pool(1000, 900))
+    index = KVIndex(100)
+    hashes = chain_hashes(list(range(64)), 16)
+    index.apply("d1", hashes, [])
+
+    def rank(d1_running: int, d2_running: int, balance=(32, 1.5)) -> list[str]:
+        reg.heartbeat("d1", NodeLoad(d1_running, 0))
+        reg.heartbeat("d2", NodeLoad(d2_running, 0))
+        return [n.node_id for n in RoutingCost(index, decode, 1.0, balance=balance).rank(reg.nodes(), hashes, 64, 16)]
+    assert rank(30, 5) == ["d1", "d2"]                       # 25 apart: the cache wins
+    assert rank(40, 5) == ["d2", "d1"]                       # 35 apart and 8x: the idlest
+    assert rank(40, 5, balance=None) == ["d1", "d2"]
+    assert rank(140, 100) == ["d1", "d2"]                    # 40 apart but under 1.5x
+    assert rank(36, 3) == ["d2", "d1"]
+    reg.book("d2", 4)
+    reg.book("d2", 4)                                        # d2 now 5: 31 apart
+    assert rank(36, 3) == ["d1", "d2"]
+
+
+def test_the_load_guard_flags_are_checked():
+    from router.config import RouterConfig
+    with pytest.raises(ValueError):
+        RouterConfig(decode_balance_rel=0.5)
+    with pytest.raises(ValueError):
+        RouterConfig(decode_balance_abs=-1)

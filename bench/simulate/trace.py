@@ -1,0 +1,207 @@
+"""One request's path through a real deployment, timed (the simulator's validation, issue #18):
+a measure.py run whose every process records timestamps (trace_points.py), then one row per
+request, from the client sending it to the client's first token:
+
+    python -m bench.simulate trace --workload sharegpt --rates 0.5 --systems 1p1d
+    python -m bench.simulate trace --analyze bench/results/trace_<stamp>/
+
+    arrive   client sent -> the router's backend has it (HTTP, tokenizing)
+    reserve  DecodeRequest out -> Reserved back; d_wait: of that, D was inside a step
+    prefill  PrefillRequest out -> P's FirstToken at the router (P's queue, chunk steps, the hop)
+    deliver  FirstToken at the router -> the client's first text; first_by: who sent that text
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import statistics
+import time
+
+HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracehook")
+
+
+def run(spec, model: str, vocab: list[str], system: str, out_dir: str) -> str:
+    from bench.serving.servers import REPO
+    from bench.simulate import trace_points
+    from bench.simulate.measure import measure
+    os.makedirs(out_dir, exist_ok=True)
+    os.environ["PDSERVE_TRACE_DIR"] = out_dir
+    trace_points.install_client()
+    result = measure(system, spec, model, vocab, env={"PYTHONPATH": f"{REPO}:{HOOK}"})
+    with open(os.path.join(out_dir, "measured.json"), "w") as f:
+        json.dump({"system": system, "points": [{k: p[k] for k in ("rate", "metrics", "loadavg_before", "loadavg_after",
+                                                                    "cpu", "float_cpu", "cpu_wall_s")} for p in result["points"]]}, f,
+                  default=str)
+    return out_dir
+
+
+def load(out_dir: str) -> list[dict]:
+    events = []
+    for path in glob.glob(os.path.join(out_dir, "*.jsonl")) + glob.glob(os.path.join(out_dir, "*.jsonl.gz")):
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+            events += [json.loads(line) for line in f if line.strip()]
+    return sorted(events, key=lambda e: e["t"])
+
+
+def requests(events: list[dict]) -> list[dict]:
+    """One row per client request, in ms, matched to the router's request by time."""
+    starts = [e for e in events if e["e"] == "gen_start"]
+    clients = sorted((e for e in events if e["e"] == "c_req" and e.get("ttft")), key=lambda e: e["t0"])
+    rows, used = [], set()
+    for c in clients:                       # each to the first router request after it not yet taken
+        g = next((s for s in starts if s["t"] >= c["t0"] and id(s) not in used), None)
+        if g is None:
+            continue
+        used.add(id(g))
+        rid = g["rid"]
+        mine = [e for e in events if str(e.get("rid") or "").split("#")[0].split("~")[0] == rid]
+        first = c["t0"] + c["ttft"]
+
+        def at(p, ev, m=None, cond=lambda e: True):
+            return next((e for e in mine if (p is None or e["p"].startswith(p)) and e["e"] == ev
+                         and (m is None or e.get("m") == m) and cond(e)), None)
+        dreq = at("router", "send", "DecodeRequest")
+        drecv = at("decode", "recv", "DecodeRequest")
+        rsv = at("router", "recv", "Reserved")
+        preq = at("router", "send", "PrefillRequest")
+        ftok = at("router", "recv", "FirstToken")
+        delta0 = at("router", "recv", "TokenDelta")
+        text_y = at("router", "yield", cond=lambda e: e["txt"] > 0)
+        row = {"rid": rid, "t": c["t0"], "ttft": c["ttft"] * 1e3, "local": preq is None,
+               "arrive": (g["t"] - c["t0"]) * 1e3}
+        if dreq and rsv:
+            row["reserve"] = (rsv["t"] - dreq["t"]) * 1e3
+            row["d_wait"] = (drecv["t"] - dreq["t"]) * 1e3 if drecv else None
+            row["before_reserve"] = (dreq["t"] - g["t"]) * 1e3
+        if preq and ftok:
+            row["prefill"] = (ftok["t"] - preq["t"]) * 1e3
+            row["ftok_txt"] = ftok.get("txt")
+            precv, psend = at("prefill", "recv", "PrefillRequest"), at("prefill", "send", "FirstToken")
+            steps = [e for e in events if e["e"] == "step" and e["p"].startswith("prefill")
+                     and any(c[0] == rid for c in e["chunks"]) or (e["e"] == "step" and e["p"].startswith("prefill")
+                                                                   and rid in e["out"])]
+            if precv and psend and steps:
+                row["p_recv"] = (precv["t"] - preq["t"]) * 1e3
+                row["p_wait"] = (steps[0]["t0"] - precv["t"]) * 1e3
+                row["p_steps"] = sum(s["t"] - s["t0"] for s in steps) * 1e3
+                row["p_span"] = (steps[-1]["t"] - steps[0]["t0"]) * 1e3
+                row["p_tokens"] = sum(c[1] for s in steps for c in s["chunks"] if c[0] == rid)
+                row["p_batch"] = max(len(s["chunks"]) for s in steps)
+                row["p_back"] = (ftok["t"] - psend["t"]) * 1e3
+        if text_y:
+            row["deliver"] = (first - text_y["t"]) * 1e3
+            row["first_by"] = "P" if ftok and text_y["t"] >= ftok["t"] and (not delta0 or delta0["t"] > text_y["t"]) \
+                else "D"
+        closed, sent = at("prefill", "ship_close"), at("prefill", "ship_sent")
+        if closed and sent:
+            row["p_drain"] = (sent["t"] - closed["t"]) * 1e3    # P's loop polls without sleeping meanwhile
+        if ftok and delta0:
+            row["p_to_d"] = (delta0["t"] - ftok["t"]) * 1e3
+        row["d_batch"] = _batch_at(events, "decode", dreq["t"] if dreq else g["t"])
+        row["scrape"] = sum(max(0.0, min(first, s["t"]) - max(c["t0"], s["t0"])) for s in events
+                            if s["e"] in ("scrape", "render")) * 1e3     # the load generator's /metrics beside it
+        row["client_gc"] = sum(max(0.0, min(first, s["t"]) - max(c["t0"], s["t0"])) for s in events
+                               if s["e"] == "gc") * 1e3        # the load generator's collector stopped it
+        rows.append(row)
+    return rows
+
+
+def _batch_at(events: list[dict], node: str, t: float) -> int:
+    """Sequences in the node's step running at t (0 if it was between steps)."""
+    for e in events:
+        if e["e"] == "step" and e["p"].startswith(node) and e["t0"] <= t <= e["t"]:
+            return e["seqs"]
+    return 0
+
+
+def table(rows: list[dict]) -> str:
+    keys = ("ttft", "local", "arrive", "before_reserve", "reserve", "d_wait", "prefill", "p_recv", "p_wait", "p_steps",
+            "p_span", "p_tokens", "p_batch", "p_back", "p_drain", "ftok_txt", "p_to_d", "deliver", "first_by", "d_batch", "scrape", "client_gc")
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(r.get(k)) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}"
+    return str(v)
+
+
+def analyze(out_dir: str, profile_path: str | None = None) -> str:
+    events = load(out_dir)
+    rows = requests(events)
+    text = table(rows)
+    if profile_path:
+        from pdplan.profile import Profile
+        profile = Profile.load(profile_path)
+        text += "\n\n" + overlap_table(step_ratios(events, profile)) + "\n\n" + prefill_step_table(events, profile)
+    measured = os.path.join(out_dir, "measured.json")
+    if os.path.exists(measured):
+        with open(measured) as f:
+            for p in json.load(f)["points"]:
+                tokens = p["metrics"]["total_output_tokens"] if "total_output_tokens" in p["metrics"] else None
+                text += f"\n\nrate {p['rate']}: load {p['loadavg_before']}, nodes {p['cpu']}, " \
+                        f"unpinned {p.get('float_cpu')}, output tokens {tokens}"
+    remote = [r for r in rows if not r["local"]]
+    if remote:
+        text += f"\n\nremote prefills: TTFT p50 {statistics.median(r['ttft'] for r in remote):.1f} ms"
+    print(text)
+    return text
+
+
+def stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def step_ratios(events: list[dict], profile) -> dict[str, list[tuple[float, float, float]]]:
+    """Per node: (overlap, measured / profile, measured ms) for each step, overlap being the share
+    of the step's wall time during which another node was inside a step of its own (on another
+    core: the two share the machine's memory bandwidth and caches, not a core)."""
+    steps: dict[str, list[dict]] = {}
+    for e in events:
+        if e["e"] == "step" and e.get("shapes"):
+            steps.setdefault(e["p"], []).append(e)
+    out = {}
+    for node, mine in steps.items():
+        others = [s for n, ss in steps.items() if n != node for s in ss]
+        rows = []
+        for s in mine:
+            dur = s["t"] - s["t0"]
+            busy = sum(max(0.0, min(s["t"], o["t"]) - max(s["t0"], o["t0"])) for o in others)
+            pred = profile.step.of([tuple(x) for x in s["shapes"]])
+            rows.append((min(1.0, busy / dur) if dur > 0 else 0.0, dur / pred, dur * 1e3))
+        out[node] = rows
+    return out
+
+
+def prefill_step_table(events: list[dict], profile) -> str:
+    """Each prefill-node step: wall and own CPU time (thread_time), the profile's price, and the share
+    of it during which the decode node was inside a step of its own."""
+    decode = [e for e in events if e["e"] == "step" and e["p"].startswith("decode")]
+    lines = ["| prefill step (new tokens, context) | wall ms | CPU ms | profile ms | decode node stepping |",
+             "|---|---|---|---|---|"]
+    for e in events:
+        if e["e"] == "step" and e["p"].startswith("prefill") and e.get("shapes") and "cpu" in e:
+            wall = e["t"] - e["t0"]
+            beside = sum(max(0.0, min(e["t"], o["t"]) - max(e["t0"], o["t0"])) for o in decode) / wall
+            lines.append(f"| {e['shapes']} | {wall * 1e3:.1f} | {e['cpu'] * 1e3:.1f} | "
+                         f"{profile.step.of([tuple(x) for x in e['shapes']]) * 1e3:.1f} | {beside:.0%} |")
+    return "\n".join(lines)
+
+
+def overlap_table(ratios: dict[str, list[tuple[float, float, float]]]) -> str:
+    """Median measured / profile by overlap: alone (< 10%), partly, mostly (> 90%) beside a step."""
+    lines = ["| node | alone: steps, measured / profile | partly | beside another step (> 90%) |", "|---|---|---|---|"]
+    for node, rows in sorted(ratios.items()):
+        cells = []
+        for lo, hi in ((0.0, 0.1), (0.1, 0.9), (0.9, 1.01)):
+            r = [x[1] for x in rows if lo <= x[0] < hi]
+            cells.append(f"{len(r)}, {statistics.median(r):.2f}" if r else "0")
+        lines.append(f"| {node} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

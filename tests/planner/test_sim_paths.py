@@ -1,0 +1,136 @@
+"""Two costs of the real request path that the traces found (bench/README.md, "What the trace
+found"), each on a small scripted case: a decode node answers its reservation only between steps,
+and the processes pinned nowhere (router, load generator) take a node's core when no core is idle."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pdplan.events import EventLoop
+from pdplan.profile import Overheads
+from pdplan.sim_core import FloatingWork, SimCore
+from pdplan.simulation import Topology, simulate
+from tests.planner.test_simulator import STEP, profile, request, tokens
+
+
+def test_a_reservation_waits_for_the_decode_nodes_running_step():
+    """A decodes alone on D; B (100 tokens: via the prefill node) arrives mid-step. B's prefill starts
+    only when that step ends, so TTFT = the rest of D's step + B's prefill; with D idle, the prefill."""
+    a = request(0, tokens(40), 200)                         # local: D prefills it and decodes
+    b = request(1, tokens(100, 500), 2, at=0.5)
+    simulate(profile(), [a, b], Topology.disaggregated(1, 1))
+    step_end = min(t for t in a.token_times if t >= 0.5)
+    assert step_end > 0.5
+    assert b.ttft == pytest.approx(step_end - 0.5 + STEP.of([(100, 0)]))
+    alone = request(1, tokens(100, 500), 2, at=0.5)
+    simulate(profile(), [alone], Topology.disaggregated(1, 1))
+    assert alone.ttft == pytest.approx(STEP.of([(100, 0)]))
+
+
+def _ends(loop: EventLoop, steps: list[tuple[SimCore, float]]) -> list[float]:
+    ends = [0.0] * len(steps)
+    for i, (core, work) in enumerate(steps):
+        core.run(work, lambda i=i: ends.__setitem__(i, loop.now))
+    return ends
+
+
+def test_floating_work_runs_on_an_idle_core_and_slows_no_step():
+    loop = EventLoop()
+    cores = [SimCore(loop), SimCore(loop)]
+    ends = _ends(loop, [(cores[1], 0.1)])
+    FloatingWork(cores).add(0.02)
+    loop.run()
+    assert ends == [pytest.approx(0.1)]
+
+
+def test_floating_work_with_no_idle_core_shares_the_core_it_last_ran_on():
+    """Both cores in a 100 ms step; 20 ms of floating work joins core 0 (where it ran before): both
+    advance at half speed until it is done at 40 ms, so core 0's step ends at 120 ms; core 1's at 100."""
+    loop = EventLoop()
+    cores = [SimCore(loop), SimCore(loop)]
+    ends = _ends(loop, [(cores[0], 0.1), (cores[1], 0.1)])
+    floating = FloatingWork(cores)
+    floating.add(0.02)
+    loop.run()
+    assert ends == [pytest.approx(0.12), pytest.approx(0.1)]
+    assert floating.cpu_s == pytest.approx(0.02)
+
+
+def test_floating_work_without_a_machine_costs_nothing():
+    floating = FloatingWork([])
+    floating.add(1.0)
+    assert floating.cpu_s == 0.0 and not floating.running
+
+
+def _pinned_1p1d() -> Topology:
+    return Topology.disaggregated(1, 1).pinned({"prefill-0": {0}, "decode-0": {1}}, machine_cores=2)
+
+
+def test_a_prompt_prefilled_while_another_streams_waits_for_its_core():
+    """1P+1D on a 2-core machine, the router's and client's work per streamed token floating: while
+    A streams (decode core busy) B's prefill shares the prefill core with that work, so B's TTFT
+    grows; B alone, or on separate hosts (no machine), it does not."""
+    p = replace(profile(), overheads=Overheads(router_token_s=0.004, client_token_s=0.002))
+
+    def ttft(topo: Topology, with_stream: bool) -> float:
+        b = request(1, tokens(300, 500), 2, at=0.5)
+        simulate(p, ([request(0, tokens(40), 400)] if with_stream else []) + [b], topo)
+        return b.ttft
+    hosts = ttft(Topology.disaggregated(1, 1), True)
+    assert ttft(_pinned_1p1d(), False) == pytest.approx(ttft(Topology.disaggregated(1, 1), False))
+    assert ttft(_pinned_1p1d(), True) > hosts + 0.005
+
+
+def test_the_load_generator_on_the_idle_core_costs_a_colocated_engine_nothing():
+    """Colocated on core 0 of two: the client's floating work runs on core 1, so every token time is
+    as without it."""
+    p = replace(profile(), overheads=Overheads(client_token_s=0.004))
+    times = []
+    for prof in (p, profile()):
+        r = request(0, tokens(100), 30)
+        simulate(prof, [r], Topology(colocated=1).pinned({"colocated-0": {0}}, machine_cores=2))
+        times.append(r.token_times)
+    assert times[0] == pytest.approx(times[1])
+
+
+def test_a_node_pinned_past_the_machine_is_refused():
+    with pytest.raises(ValueError):
+        Topology.disaggregated(1, 1).pinned({"prefill-0": {0}, "decode-0": {2}}, machine_cores=2)
+
+
+def test_the_simulated_decode_choice_has_the_routers_load_guard(monkeypatch):
+    """50 requests on one 3,200-token document (200 blocks) at once, after one that put it on a decode
+    node, 1P+2D: by cost alone the decode
+    node holding the document takes them all (its used blocks stay far below 200); with the guard
+    (as the real router's, routing_cost.py) the other takes requests once 33 sequences apart."""
+    import pdplan.decode_pool as decode_pool
+    doc, balance = tokens(3200), decode_pool.BALANCE
+
+    def busy(guard: bool) -> dict[str, float]:
+        monkeypatch.setattr(decode_pool, "BALANCE", balance if guard else None)
+        reqs = [request(0, doc + tokens(8, 9_000), 2)]          # puts the document on one decode node
+        reqs += [request(i, doc + tokens(8, 10_000 + 8 * i), 40, at=10 + 0.001 * i) for i in range(1, 51)]
+        s = simulate(profile(num_blocks=4096, max_seqs=64), reqs, Topology.disaggregated(1, 2))
+        return {n: b for n, (b, _) in s.node_times.items() if n.startswith("decode")}
+    alone, guarded = busy(False), busy(True)
+    assert min(alone.values()) < 0.05 * max(alone.values())
+    assert min(guarded.values()) > 0.2 * max(guarded.values())
+
+
+def test_calibrate_takes_the_unpinned_cpu_per_token_from_measured_points():
+    """router: the disaggregated points' router CPU / output tokens; client: every point's; medians."""
+    from bench.simulate.calibrate import floating_per_token
+
+    def point(tokens: int, client: float, router: float | None = None) -> dict:
+        cpu = {"client": {"run_s": client, "wait_s": 0.0}}
+        if router is not None:
+            cpu["router"] = {"run_s": router, "wait_s": 0.0}
+        return {"metrics": {"total_output_tokens": tokens}, "float_cpu": cpu}
+    measured = {"systems": {"colocated": {"points": [point(1000, 0.3)]},
+                            "1p1d": {"points": [point(1000, 0.4, 0.6), point(2000, 1.0, 1.0), {"metrics": {
+                                "total_output_tokens": 10}}]}}}
+    trace = {"system": "1p1d", "points": [point(1000, 0.5, 0.55)]}
+    assert floating_per_token([measured, trace]) == (pytest.approx(0.55e-3), pytest.approx(0.45e-3))
+    assert floating_per_token([{"systems": {"colocated": {"points": [{"metrics": {"total_output_tokens": 5}}]}}}]) \
+        == (0.0, 0.0)

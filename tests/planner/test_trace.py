@@ -1,0 +1,49 @@
+"""bench/simulate/trace.py reads a request's path off the processes' timestamps: a scripted run."""
+from __future__ import annotations
+
+import pytest
+
+from bench.simulate.trace import requests, step_ratios
+from tests.planner.test_simulator import STEP, profile
+
+
+def _ev(t: float, p: str, e: str, **fields) -> dict:
+    return {"t": t, "p": p, "e": e, **fields}
+
+
+def test_one_remote_request_is_split_into_the_hops_of_its_path():
+    """Client at 0, router at 3 ms, DecodeRequest 4 ms, read by D at 6 ms (D's step ran 2-6 ms),
+    Reserved back 7, PrefillRequest 7.5, P reads it 8, steps 9-40, FirstToken sent 41, at the
+    router 42, yielded with text 43, at the client 50 ms."""
+    rid = "cmpl-1"
+    events = [
+        _ev(0.060, "client", "c_req", t0=0.0, ttft=0.050, itl=[], out=4),
+        _ev(0.003, "router", "gen_start", rid=rid),
+        _ev(0.004, "router", "send", m="DecodeRequest", rid=rid, node="decode-0"),
+        _ev(0.006, "decode-0", "step", t0=0.002, cpu=0.004, seqs=1, tokens=1, shapes=[[1, 50]], chunks=[], out=[]),
+        _ev(0.006, "decode-0", "recv", m="DecodeRequest", rid=rid),
+        _ev(0.007, "router", "recv", m="Reserved", rid=rid, node="decode-0"),
+        _ev(0.0075, "router", "send", m="PrefillRequest", rid=rid, node="prefill-0"),
+        _ev(0.008, "prefill-0", "recv", m="PrefillRequest", rid=rid),
+        _ev(0.040, "prefill-0", "step", t0=0.009, cpu=0.031, seqs=1, tokens=78, shapes=[[78, 0]],
+            chunks=[[rid, 78]], out=[rid]),
+        _ev(0.041, "prefill-0", "send", m="FirstToken", rid=rid, txt=5),
+        _ev(0.042, "router", "recv", m="FirstToken", rid=rid, txt=5, node="prefill-0"),
+        _ev(0.043, "router", "yield", rid=rid, n=1, txt=5),
+        _ev(0.052, "router", "recv", m="TokenDelta", rid=rid, i=1, n=1, txt=3, node="decode-0"),
+    ]
+    (row,) = requests(sorted(events, key=lambda e: e["t"]))
+    expected = {"ttft": 50, "arrive": 3, "reserve": 3, "d_wait": 2, "prefill": 34.5, "p_recv": 0.5, "p_wait": 1,
+                "p_steps": 31, "p_tokens": 78, "p_back": 1, "deliver": 7, "p_to_d": 10}
+    assert {k: row[k] for k in expected} == pytest.approx(expected)
+    assert row["first_by"] == "P" and not row["local"] and row["d_batch"] == 1
+
+
+def test_a_step_beside_another_nodes_step_is_priced_and_its_overlap_measured():
+    """P's 40 ms step overlaps D's 10 ms one by a quarter; each is measured against the profile's price."""
+    p = profile()
+    events = [_ev(0.040, "prefill-0", "step", t0=0.0, cpu=0.04, shapes=[[100, 0]]),
+              _ev(0.035, "decode-0", "step", t0=0.025, cpu=0.01, shapes=[[1, 10]])]
+    ratios = step_ratios(events, p)
+    assert ratios["prefill-0"] == [(pytest.approx(0.25), pytest.approx(0.040 / STEP.of([(100, 0)])), pytest.approx(40))]
+    assert ratios["decode-0"][0][0] == pytest.approx(1.0)
