@@ -55,15 +55,24 @@ class InlineChannel(PayloadChannel):
     """The payload travels as the BlockFrame's second frame (zmq, fake)."""
     batches = True
 
+    def __init__(self) -> None:
+        self._pool: tuple[torch.Tensor, memoryview | None] | None = None   # (kv_cache, pool_bytes of it)
+
     def inline(self, kv_cache: torch.Tensor, src_block_id: int) -> memoryview:
         return block_bytes(kv_cache, src_block_id)
 
     def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int]) -> list[memoryview]:
-        pool = pool_bytes(kv_cache)       # slices of one view: no tensor per block
+        pool = self._pool_bytes(kv_cache)       # slices of one view: no tensor per block
         if pool is None:
             return [block_bytes(kv_cache, b) for b in src_block_ids]
         n = len(pool) // kv_cache.shape[0]
         return [pool[b * n:(b + 1) * n] for b in src_block_ids]
+
+    def _pool_bytes(self, kv_cache: torch.Tensor) -> memoryview | None:
+        """pool_bytes(kv_cache), made once per pool (a node ships from one)."""
+        if self._pool is None or self._pool[0] is not kv_cache:
+            self._pool = (kv_cache, pool_bytes(kv_cache))
+        return self._pool[1]
 
     def send(self, endpoint: str, kv_cache: torch.Tensor, src_block_id: int) -> Completion:
         raise NotImplementedError("an inline channel sends no payload out of band")

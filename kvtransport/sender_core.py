@@ -41,6 +41,7 @@ class _Link:
     remote: PeerIdentity
     last_seen: float
     next_heartbeat: float
+    batch_bytes: int            # payload bytes of one BlockBatch the receiver takes (its HelloAck)
 
 
 class SenderCore:
@@ -88,8 +89,12 @@ class SenderCore:
             raise TransportError(f"{endpoint} refused pairing: {msg.reason}")
         check_compatible(self.identity, msg.identity)
         now = self._clock()
-        self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval)
+        self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval, msg.max_batch_bytes)
         return msg.identity
+
+    def batch_bytes(self, endpoint: str) -> int:
+        """The payload bytes of one BlockBatch the connected receiver at endpoint takes."""
+        return self._links[endpoint].batch_bytes
 
     def pack(self, endpoint: str, msg: Message, *payloads: Buffer) -> list[Buffer]:
         """msg (and its payload frames) sealed for the connected receiver at endpoint."""
@@ -128,12 +133,12 @@ class SenderCore:
 
     def _wire_block(self, kv_cache: torch.Tensor) -> tuple[int, str, tuple[int, ...]]:
         """(nbytes, dtype, shape) of one block of kv_cache, checked to be a wire block."""
-        block, layout = kv_cache[0], self.identity.layout
-        shape, dtype = tuple(block.shape), dtype_name(kv_cache.dtype)
+        layout = self.identity.layout
+        shape, dtype = tuple(kv_cache.shape[1:]), dtype_name(kv_cache.dtype)
         if (shape, dtype) != (layout.block_shape, layout.kv_dtype):
             raise ValueError(f"blocks ship as {layout.block_shape} {layout.kv_dtype} (every kv head), "
                              f"got {shape} {dtype}")
-        return block.numel() * block.element_size(), dtype, shape
+        return layout.block_nbytes, dtype, shape
 
     def commit_frames(self, xfer_id: str, first_token: int, num_tokens: int) -> list[Buffer]:
         frames = self.pack(self._open.pop(xfer_id), Commit(xfer_id, first_token, num_tokens))
