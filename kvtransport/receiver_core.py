@@ -26,8 +26,8 @@ from typing import Callable, Sequence
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
 from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
-from pdwire.messages import (Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message,
-                             batch_blocks)
+from pdwire.messages import (MAX_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
+                             HelloAck, Message, batch_blocks)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from kvtransport.session import AuthError, AuthKind, Buffer, Responder, parse_auth_frame
@@ -82,11 +82,14 @@ class ReceiverCore:
 
     def __init__(self, num_blocks: int, identity: PeerIdentity, secret: bytes,
                  sink: PayloadSink, send: SendFn, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = MAX_BATCH_BYTES) -> None:
+        """max_batch_bytes: the payload bytes of one BlockBatch this receiver takes (at least one
+        block's), announced to each sender in the HelloAck."""
         self.identity = identity
         self.ledger = ReceiveLedger(identity.layout, num_blocks, ReceiverMetrics(), clock)
         nbytes = identity.layout.block_nbytes
-        self._framer = Framer(max_payload_bytes=nbytes * batch_blocks(nbytes))
+        self._framer = Framer(max_payload_bytes=nbytes * batch_blocks(nbytes, max_batch_bytes))
+        self._max_batch_bytes = max_batch_bytes
         self._auth = Responder(secret, clock=clock)
         self._sink, self._send = sink, send
         self._peer_timeout, self._clock = peer_timeout, clock
@@ -215,7 +218,7 @@ class ReceiverCore:
                 self._drop_peer(other, FailReason.PEER_RESTARTED, f"new epoch {remote.epoch}")
         self._sessions[peer] = _Session(remote, self._clock())
         self.ledger.pair(peer, remote.node_id)
-        self._reply(peer, HelloAck(self.identity, True))
+        self._reply(peer, HelloAck(self.identity, True, max_batch_bytes=self._max_batch_bytes))
         reply = lambda msg: self._reply(peer, msg)  # noqa: E731
         if not self._channel_ok(peer, lambda: self._sink.paired(peer, remote, reply) or True):
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload channel setup failed")

@@ -3,7 +3,8 @@
   connect   link.open -> auth hello / challenge / Hello / HelloAck (kvtransport.session) ->
             channel.paired (e.g. join the pair's process group) -> link.paired
   send      header sealed by the core; the payload inline (tracked, zero-copy) or out of band;
-            blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel
+            blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel,
+            within this sender's max_batch_bytes and the receiver's (its HelloAck)
   poll      broken channels lose their link; replies go to the core; due heartbeats leave;
             connections of lost links are closed
 
@@ -24,7 +25,7 @@ from kvtransport.link import Completion, SendLink
 from kvtransport.payload_channel import PayloadChannel
 from kvtransport.sender_core import SenderCore
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import BlockFrame, Message, batch_blocks
+from pdwire.messages import MAX_BATCH_BYTES, BlockFrame, Message, batch_blocks
 
 
 class Sender(KVSender):
@@ -32,8 +33,11 @@ class Sender(KVSender):
 
     def __init__(self, identity: PeerIdentity, secret: bytes, link: SendLink, channel: PayloadChannel,
                  heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = MAX_BATCH_BYTES) -> None:
+        """max_batch_bytes: the payload bytes this sender packs into one BlockBatch, at most what
+        each receiver announced in its HelloAck (one block at least)."""
         self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, clock)
+        self._max_batch_bytes = max_batch_bytes
         self._link, self._channel = link, channel
         self.metrics = self._core.metrics
         self._remotes: dict[str, PeerIdentity] = {}
@@ -76,7 +80,8 @@ class Sender(KVSender):
             return
         if not self._channel.batches:
             return super().send_blocks(xfer_id, indices, dst_block_ids, kv_cache, src_block_ids)
-        step = batch_blocks(self._core.identity.layout.block_nbytes)
+        step = batch_blocks(self._core.identity.layout.block_nbytes,
+                            min(self._max_batch_bytes, self._core.batch_bytes(endpoint)))
         for k in range(0, len(indices), step):
             start = time.perf_counter()
             header = self._core.batch_header(xfer_id, indices[k:k + step], dst_block_ids[k:k + step], kv_cache)

@@ -28,12 +28,14 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
 
 MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
-MAX_BATCH_BYTES = 4 << 20    # payload bytes of one BlockBatch (one block, if a block is larger)
+MAX_BATCH_BYTES = 4 << 20    # payload bytes of one BlockBatch a receiver takes unless its HelloAck says
+BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce (--kv-batch-mib)
 
 
-def batch_blocks(block_nbytes: int) -> int:
-    """Blocks per BlockBatch of blocks of block_nbytes bytes: what a sender packs, a receiver's cap."""
-    return max(1, min(MAX_BATCH_BLOCKS, MAX_BATCH_BYTES // block_nbytes))
+def batch_blocks(block_nbytes: int, max_bytes: int = MAX_BATCH_BYTES) -> int:
+    """Blocks per BlockBatch of blocks of block_nbytes bytes within max_bytes (one block at least):
+    what a sender packs, a receiver's cap."""
+    return max(1, min(MAX_BATCH_BLOCKS, max_bytes // block_nbytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +53,13 @@ class HelloAck:
     identity: PeerIdentity
     accepted: bool
     reason: str = ""
+    max_batch_bytes: int = MAX_BATCH_BYTES   # payload bytes of one BlockBatch D takes (one block at least)
 
     def __post_init__(self) -> None:
         _coerce_identity(self)
         check_bool(self.accepted, "accepted")
         check_str(self.reason, "reason")
+        check_int(self.max_batch_bytes, "max_batch_bytes", lo=1, hi=BATCH_BYTES_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)

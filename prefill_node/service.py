@@ -40,7 +40,8 @@ class PrefillService(NodeService):
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
         self.sender = make_sender(self.config.kv_transport, identity, secret,
-                                  device=str(self.engine.runner.kv_cache.device), p2p_host=self.config.p2p_host)
+                                  device=str(self.engine.runner.kv_cache.device), p2p_host=self.config.p2p_host,
+                                  max_batch_bytes=self.config.kv_batch_bytes)
         self.shipper.bind(self.engine, self.sender)
 
     @property
