@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
 from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
-from pdwire.messages import (MAX_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
+from pdwire.messages import (BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
                              HelloAck, Message, batch_blocks)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
@@ -82,7 +82,7 @@ class ReceiverCore:
 
     def __init__(self, num_blocks: int, identity: PeerIdentity, secret: bytes,
                  sink: PayloadSink, send: SendFn, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = MAX_BATCH_BYTES) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
         """max_batch_bytes: the payload bytes of one BlockBatch this receiver takes (at least one
         block's), announced to each sender in the HelloAck."""
         self.identity = identity

@@ -25,7 +25,7 @@ from kvtransport.link import Completion, SendLink
 from kvtransport.payload_channel import PayloadChannel
 from kvtransport.sender_core import SenderCore
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import MAX_BATCH_BYTES, BlockFrame, Message, batch_blocks
+from pdwire.messages import BATCH_BYTES, BlockFrame, Message, batch_blocks
 
 
 class Sender(KVSender):
@@ -33,7 +33,7 @@ class Sender(KVSender):
 
     def __init__(self, identity: PeerIdentity, secret: bytes, link: SendLink, channel: PayloadChannel,
                  heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = MAX_BATCH_BYTES) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
         """max_batch_bytes: the payload bytes this sender packs into one BlockBatch, at most what
         each receiver announced in its HelloAck (one block at least)."""
         self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, clock)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from engine.args import EngineArgs
 from engine.flags import add_dataclass_args, build_dataclass
-from pdwire.messages import BATCH_BYTES_LIMIT
+from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT
 
 
 KV_TRANSPORTS = ("zmq", "torch_dist")
@@ -55,7 +55,7 @@ class NodeConfig(EngineArgs):
     p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups bind and
                                          # announce to its peers (a concrete address, not a wildcard)
     cluster_secret_file: str | None = None  # the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET
-    kv_batch_mib: int = 16               # payload MiB of one KV message (BlockBatch): a decode node takes up
+    kv_batch_mib: int = BATCH_BYTES >> 20  # payload MiB of one KV message (BlockBatch): a decode node takes up
                                          # to it, a sender packs blocks ready together up to it and the
                                          # receiver's (one block at least; per frame the limit stays one block)
 

@@ -29,10 +29,11 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
 MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
 MAX_BATCH_BYTES = 4 << 20    # payload bytes of one BlockBatch a receiver takes unless its HelloAck says
-BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce (--kv-batch-mib)
+BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib)
+BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce
 
 
-def batch_blocks(block_nbytes: int, max_bytes: int = MAX_BATCH_BYTES) -> int:
+def batch_blocks(block_nbytes: int, max_bytes: int) -> int:
     """Blocks per BlockBatch of blocks of block_nbytes bytes within max_bytes (one block at least):
     what a sender packs, a receiver's cap."""
     return max(1, min(MAX_BATCH_BLOCKS, max_bytes // block_nbytes))

@@ -34,9 +34,9 @@ def _ship_batch(env, indices=(1, 2, 3), commit=True):
 
 def test_batch_size_follows_block_bytes():
     """A batch holds as many blocks as fit MAX_BATCH_BYTES, at least one, at most MAX_BATCH_BLOCKS."""
-    assert batch_blocks(NBYTES) == MAX_BATCH_BLOCKS
-    assert batch_blocks(512 << 10) == MAX_BATCH_BYTES // (512 << 10) == 8
-    assert batch_blocks(MAX_BATCH_BYTES * 2) == 1
+    assert batch_blocks(NBYTES, MAX_BATCH_BYTES) == MAX_BATCH_BLOCKS
+    assert batch_blocks(512 << 10, MAX_BATCH_BYTES) == MAX_BATCH_BYTES // (512 << 10) == 8
+    assert batch_blocks(MAX_BATCH_BYTES * 2, MAX_BATCH_BYTES) == 1
     assert batch_blocks(2 << 20, 16 << 20) == 8 and batch_blocks(2 << 20, 3 << 20) == 1
     assert batch_blocks(512 << 10, 256 << 20) == MAX_BATCH_BLOCKS
 
@@ -193,7 +193,7 @@ def test_batch_over_zmq_moves_bit_exactly_and_is_sent(dtype):
 
 @pytest.mark.parametrize("cap", [MAX_BATCH_BYTES, 16 << 20])
 def test_call_of_several_messages_lands_and_is_sent(cap):
-    """20 blocks of 0.5 MiB leave as 3 messages (8 + 8 + 4) under the default cap, or as one of
+    """20 blocks of 0.5 MiB leave as 3 messages (8 + 8 + 4) under a 4 MiB cap, or as one of
     20 under a 16 MiB one (each frame still within the receiver's one-block MAXMSGSIZE),
     zero-copy, the last one tracked: every block lands bit-exactly and is_sent turns true."""
     geom = dict(num_blocks=20, num_layers=8, block_size=16, num_kv_heads=8, head_dim=64)
