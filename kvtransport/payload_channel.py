@@ -30,6 +30,12 @@ class PayloadChannel(ABC):
         """inline() of each block, for a BlockBatch (batching channels only)."""
         raise NotImplementedError(f"{type(self).__name__} does not batch")
 
+    def inline_layers(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int,
+                      num_layers: int) -> list[memoryview]:
+        """The payload frames of layers [first_layer, first_layer + num_layers) of each block, for a
+        LayerBatch (batching channels only); zero-copy from a CPU pool, a host copy from a device."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch")
+
     def paired(self, endpoint: str, remote: PeerIdentity, read: ReadMessage, timeout: float) -> None:
         """endpoint accepted our Hello; set up its channel (read() gets its next message).
 
@@ -67,6 +73,17 @@ class InlineChannel(PayloadChannel):
             return [block_bytes(kv_cache, b) for b in src_block_ids]
         n = len(pool) // kv_cache.shape[0]
         return [pool[b * n:(b + 1) * n] for b in src_block_ids]
+
+    def inline_layers(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int,
+                      num_layers: int) -> list[memoryview]:
+        pool = self._pool_bytes(kv_cache)
+        if pool is None:
+            end = first_layer + num_layers
+            return [memoryview(kv_cache[b, first_layer:end].contiguous().view(torch.uint8).view(-1).cpu().numpy())
+                    for b in src_block_ids]
+        n = len(pool) // kv_cache.shape[0]
+        start, stop = n // kv_cache.shape[1] * first_layer, n // kv_cache.shape[1] * (first_layer + num_layers)
+        return [pool[b * n + start:b * n + stop] for b in src_block_ids]
 
     def _pool_bytes(self, kv_cache: torch.Tensor) -> memoryview | None:
         """pool_bytes(kv_cache), made once per pool (a node ships from one)."""
