@@ -31,6 +31,7 @@ from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT
 
 KV_TRANSPORTS = ("zmq", "torch_dist")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "*", "")
+MAX_LAYER_GROUPS = 64
 
 
 def _tcp_host(endpoint: str) -> str | None:
@@ -58,6 +59,9 @@ class NodeConfig(EngineArgs):
     kv_batch_mib: int = BATCH_BYTES >> 20  # payload MiB of one KV message (BlockBatch): a decode node takes up
                                          # to it, a sender packs blocks ready together up to it and the
                                          # receiver's (one block at least; per frame the limit stays one block)
+    kv_layer_groups: int = 1             # prefill nodes at tp = 1: > 1 ships the blocks a prompt's last chunk
+                                         # completes in this many layer groups during its forward (to decode
+                                         # nodes that take slices), leaving one group's bytes for after it
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):
@@ -70,6 +74,8 @@ class NodeConfig(EngineArgs):
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if not 1 <= self.kv_batch_mib <= BATCH_BYTES_LIMIT >> 20:
             raise ValueError(f"kv_batch_mib must be in [1, {BATCH_BYTES_LIMIT >> 20}], got {self.kv_batch_mib}")
+        if not 1 <= self.kv_layer_groups <= MAX_LAYER_GROUPS:
+            raise ValueError(f"kv_layer_groups must be in [1, {MAX_LAYER_GROUPS}], got {self.kv_layer_groups}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
         if self.kv_transport == "torch_dist" and self.p2p_host in WILDCARD_HOSTS:

@@ -34,7 +34,7 @@ class PrefillService(NodeService):
     role = "prefill"
 
     def __init__(self, config: NodeConfig):
-        self.shipper = BlockShipper()
+        self.shipper = BlockShipper(config.kv_layer_groups)
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
         super().__init__(config, observer=self.shipper)
 
