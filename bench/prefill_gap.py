@@ -1,6 +1,6 @@
 """From the prefill node's last forward to the decode node's first decode step, for a long prompt.
 
-    .venv/bin/python bench/prefill_gap.py [--tokens 4096,8192] [--repeats 3] [--chunk 2048]
+    .venv/bin/python bench/prefill_gap.py [--tokens 4096,8192] [--repeats 3] [--chunk 2048] [--layer-groups 8]
 
 Prefill side (this process): the prefill node's own pieces, an LLMEngine whose StepObserver is
 the node's BlockShipper over a ZmqSender, and the node's Commit after the first token. Decode
@@ -24,7 +24,9 @@ Both sides stamp time.perf_counter() (CLOCK_MONOTONIC, one clock for every proce
   overlap        share of the prompt's blocks already in the decode node's pool at last forward
 
 Modes, alternating within each repetition (repetition 0 warms up on a short prompt):
-  per_chunk      the prefill node as it is: each chunk's full blocks ship as soon as they are final
+  per_chunk      each chunk's full blocks ship as soon as they are final (--kv-layer-groups 1)
+  by_layer       the same, but the last chunk's blocks ship in --layer-groups layer groups during its
+                 forward (the prefill node's --kv-layer-groups)
   at_end         every block ships after the last forward (no overlap), for comparison
 
 Model: the peers' 58.5M random Llama (bench/random_model.py) with 16384 positions, float32, on
@@ -60,7 +62,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SECRET = b"prefill-gap-bench-secret-0123456"
 WARMUP_TOKENS = 512      # repetition 0 of each mode: a short prompt warms the engines up
 PEER_TIMEOUT = 300.0     # also the lease: one prefill step of 2048 tokens may take 30 s on a loaded machine
-MODES = ("per_chunk", "at_end")
+MODES = ("per_chunk", "by_layer", "at_end")
 LAYER_GROUPS = (1, 2, 4, 8)   # per-layer-group shipping, projected from this run's stamps (1: as today)
 
 
@@ -133,6 +135,9 @@ class Stamp:
         for i, layer in enumerate(model.layers):
             layer.register_forward_hook(lambda module, args, out, i=i: self._ends.__setitem__(i, time.perf_counter()))
 
+    def before_forward(self, scheduled) -> None:
+        self.shipper.before_forward(scheduled)
+
     def on_computed(self, group, seq) -> None:
         if seq.num_computed_tokens >= seq.num_prompt_tokens:
             self.last_forward = time.perf_counter()
@@ -196,13 +201,14 @@ def prefill_once(engine: LLMEngine, stamp: Stamp, sender: ZmqSender, endpoint: s
     return got
 
 
-def run(path: str, tokens: int, repeats: int, chunk: int) -> dict[str, list[dict]]:
+def run(path: str, tokens: int, repeats: int, chunk: int, layer_groups: int) -> dict[str, list[dict]]:
     conn, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(target=decode_process, args=(child, path, chunk))
     proc.start()
     endpoint = conn.recv()
     sides = {}
-    for mode, shipper in (("per_chunk", BlockShipper()), ("at_end", AtEndShipper())):
+    shippers = {"per_chunk": BlockShipper(), "by_layer": BlockShipper(layer_groups), "at_end": AtEndShipper()}
+    for mode, shipper in shippers.items():
         stamp = Stamp(shipper)
         engine = LLMEngine(engine_config(path, chunk), observer=stamp)
         stamp.watch(engine.runner.model)
@@ -240,12 +246,13 @@ def main() -> None:
     ap.add_argument("--tokens", default="4096,8192", help="prompt lengths, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=2048, help="max_num_batched_tokens (the prefill chunk)")
+    ap.add_argument("--layer-groups", type=int, default=8, help="by_layer mode's --kv-layer-groups")
     args = ap.parse_args()
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m-16k"), max_position_embeddings=16384)
     rows = []
     load = os.getloadavg()
     for tokens in map(int, args.tokens.split(",")):
-        got = run(path, tokens, args.repeats, args.chunk)
+        got = run(path, tokens, args.repeats, args.chunk, args.layer_groups)
         for mode, results in got.items():
             row = {"tokens": tokens, "mode": mode, "chunk": args.chunk,
                    **{k: statistics.median(r[k] for r in results) for k in results[0]},
