@@ -59,9 +59,10 @@ class NodeConfig(EngineArgs):
     kv_batch_mib: int = BATCH_BYTES >> 20  # payload MiB of one KV message (BlockBatch): a decode node takes up
                                          # to it, a sender packs blocks ready together up to it and the
                                          # receiver's (one block at least; per frame the limit stays one block)
-    kv_layer_groups: int = 1             # prefill nodes at tp = 1: > 1 ships the blocks a prompt's last chunk
-                                         # completes in this many layer groups during its forward (to decode
-                                         # nodes that take slices), leaving one group's bytes for after it
+    kv_layer_groups: int = 8             # prefill nodes (CPU pool, tp = 1): > 1 ships the blocks a prompt's last
+                                         # chunk completes in this many layer groups during its forward (to
+                                         # decode nodes that take slices), leaving one group's bytes for after
+                                         # it; 1: whole blocks after each chunk
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):
