@@ -52,6 +52,7 @@ class Run(NamedTuple):
     send_cpu: float     # CPU seconds of the sending process (all threads) meanwhile
     recv_cpu: float     # CPU seconds of the receiving process, from its reservation to the commit
     recv_faults: int    # minor page faults of the receiving process meanwhile (libzmq's fresh buffers)
+    recv_main_cpu: float   # CPU seconds of its Python thread alone (the rest: libzmq's I/O thread)
 
 
 def minor_faults() -> int:
@@ -101,10 +102,11 @@ def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret, ba
                 return
             recv.register(Reservation(cmd, tuple(range(num_blocks)), lease_s=PEER_TIMEOUT))
             conn.send("registered")
-            cpu, faults = time.process_time(), minor_faults()
+            cpu, faults, main = time.process_time(), minor_faults(), time.thread_time()
         for ev in recv.poll(0.01):
             ok = isinstance(ev, TransferCommitted)
-            conn.send((ev.xfer_id, time.process_time() - cpu, minor_faults() - faults) if ok else ("failed", ev))
+            conn.send((ev.xfer_id, time.process_time() - cpu, minor_faults() - faults, time.thread_time() - main)
+                      if ok else ("failed", ev))
 
 
 class Pdserve:
@@ -142,8 +144,8 @@ class Pdserve:
             for b in range(n):
                 self.send.send_block(xfer_id, b, b, self.src, b)
         self.send.commit(xfer_id, 1, self._tokens)
-        _, recv_cpu, recv_faults = _reply(self._conn, self._proc)
-        return Run(time.perf_counter() - start, time.process_time() - cpu, recv_cpu, recv_faults)
+        _, recv_cpu, recv_faults, recv_main = _reply(self._conn, self._proc)
+        return Run(time.perf_counter() - start, time.process_time() - cpu, recv_cpu, recv_faults, recv_main)
 
     def stop(self) -> None:
         self._conn.send(None)
@@ -210,7 +212,8 @@ def _summary(block_size: int, num_blocks: int, nbytes: int, got: dict[str, list[
                         "us_per_block": per_block(walls),
                         "send_cpu_us_per_block": per_block([r.send_cpu for r in runs]),
                         "recv_cpu_us_per_block": per_block([r.recv_cpu for r in runs]),
-                        "recv_faults_per_block": statistics.median(r.recv_faults for r in runs) / num_blocks}
+                        "recv_faults_per_block": statistics.median(r.recv_faults for r in runs) / num_blocks,
+                        "recv_main_cpu_us_per_block": per_block([r.recv_main_cpu for r in runs])}
     for variant in ("unbatched", "pdserve"):
         for peer in ("ceiling", "ceiling_mac"):      # each against the ceiling of its own repetition
             ratios = [c.wall / p.wall for p, c in zip(got[variant], got[peer])]
@@ -258,8 +261,9 @@ def _print_row(name: str, row: dict) -> None:
         v = row[variant]
         lo, hi = v["gbps_range"]
         print(f"  {variant:12s} {v['gbps']:5.2f} GB/s ({lo:.2f}-{hi:.2f}), {v['us_per_block']:6.1f} us/block; "
-              f"CPU us/block: sender {v['send_cpu_us_per_block']:5.1f}, receiver {v['recv_cpu_us_per_block']:5.1f}; "
-              f"receiver page faults/block {v['recv_faults_per_block']:.0f}")
+              f"CPU us/block: sender {v['send_cpu_us_per_block']:5.1f}, receiver {v['recv_cpu_us_per_block']:5.1f} "
+              f"(its Python thread {v['recv_main_cpu_us_per_block']:5.1f}); receiver page faults/block "
+              f"{v['recv_faults_per_block']:.0f}")
     for variant in ("pdserve", "unbatched"):
         r, m = row[f"{variant}/ceiling"], row[f"{variant}/ceiling_mac"]
         cpu = row[f"{variant}_cpu_overhead_us_per_block"]

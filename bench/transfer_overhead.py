@@ -139,6 +139,23 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
     return out
 
 
+def copy_us(nbytes: int = 2 << 20, frames: int = 48) -> tuple[float, float]:
+    """Median wall us of one nbytes copy into a pool from a source written just before (in cache,
+    as a frame copied as it lands) and from one written frames / 2 frames earlier (from DRAM, as a
+    frame that waited in the socket's queue)."""
+    pool, bufs = bytearray(64 * nbytes), [bytearray(nbytes) for _ in range(frames)]
+    pv = memoryview(pool)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(3):
+        for hot in (True, False):
+            for k in range(frames):
+                bufs[k if hot else (k + frames // 2) % frames][:] = bytes([k & 255]) * nbytes
+                start = time.perf_counter()
+                pv[(k % 64) * nbytes:(k % 64 + 1) * nbytes] = bufs[k]
+                times[hot].append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times[True]), statistics.median(times[False])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-sizes", default="16,32,64")
@@ -168,8 +185,12 @@ def main() -> None:
     sock.close(linger=0)
     sink.close(linger=0)
     ctx.term()
+    hot, cold = copy_us()
+    print(f"a 2 MiB copy into the pool: {hot:.0f} us from a source just written, {cold:.0f} us from one written "
+          f"48 MiB earlier")
     print("wrote", write_result("transfer_overhead", {"blocks": args.blocks, "batch_mib": args.batch_mib,
-                                                      "load_avg": os.getloadavg(), "rows": rows}))
+                                                      "load_avg": os.getloadavg(), "rows": rows,
+                                                      "copy_2mib_us": {"hot": hot, "cold": cold}}))
 
 
 if __name__ == "__main__":
