@@ -8,10 +8,11 @@ Called by the engine after every step that computed part of a tracked prompt (a 
       shipped:    never             when computed  after the last chunk, before the first token
 
 With layer_groups = G > 1 (a CPU pool at tp = 1, a receiver that takes layer slices; G above the
-number of layers means one group per layer), the blocks that the last
-chunk completes ship during its forward instead, in G layer groups: a hook at the end of each
-group's last decoder layer ships that group's slices (its K/V of those blocks is final then), so
-only the last group's slices are left to travel after the forward:
+number of layers means one group per layer), the blocks that the last chunk completes ship during
+its forward instead, in G layer groups: a hook at the end of each group's last decoder layer
+ships that group's slices (its K/V of those blocks is final then), so only the last group's
+slices are left to travel after the forward. A device pool keeps whole blocks: a host copy of
+each group's slices would stall the forward.
 
     last chunk's forward:  layers 0-1 | layers 2-3 | ... | layers 6-7 | logits, first token, Commit
     shipped:                          0-1 slices   2-3 slices   ...    6-7 slices
@@ -68,9 +69,9 @@ class BlockShipper:
         self.engine, self.sender = engine, sender
         for hook in self._hooks:
             hook.remove()
-        runner = engine.runner       # slices go zero-copy from a CPU pool holding every head (tp = 1); from a
+        self._hooks, runner = [], engine.runner
         if self.layer_groups > 1 and runner.block_writer() is None and runner.kv_cache.device.type == "cpu":
-            model = runner.model     # device pool, each group's host copy would stall the forward
+            model = runner.model     # in this process, its pool holding every head (tp = 1)
             n, start = len(model.layers), 0
             for end in sorted({-(-g * n // self.layer_groups) for g in range(1, self.layer_groups + 1)}):
                 self._hooks.append(model.layers[end - 1].register_forward_hook(partial(self._ship_layers, start, end)))
