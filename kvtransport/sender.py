@@ -4,7 +4,9 @@
             channel.paired (e.g. join the pair's process group) -> link.paired
   send      header sealed by the core; the payload inline (tracked, zero-copy) or out of band;
             blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel,
-            within this sender's max_batch_bytes and the receiver's (its HelloAck)
+            within this sender's max_batch_bytes and the receiver's (its HelloAck); a layer group's
+            slices of blocks (send_layers) go as LayerBatch messages the same way, to receivers
+            whose HelloAck says they take them
   poll      broken channels lose their link; replies go to the core; due heartbeats leave;
             connections of lost links are closed
 
