@@ -26,6 +26,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -42,6 +43,7 @@ from kvtransport.receiver_state import Reservation  # noqa: E402
 from kvtransport.testing import make_identity, make_pool  # noqa: E402
 from kvtransport.zmq_receiver import ZmqReceiver  # noqa: E402
 from kvtransport.zmq_sender import ZmqSender  # noqa: E402
+from pdwire.messages import BATCH_BYTES  # noqa: E402
 
 from bench.transfer_ceiling import Ceiling  # noqa: E402
 
@@ -49,6 +51,12 @@ class Run(NamedTuple):
     wall: float         # seconds from the first send to the receiver's report
     send_cpu: float     # CPU seconds of the sending process (all threads) meanwhile
     recv_cpu: float     # CPU seconds of the receiving process, from its reservation to the commit
+    recv_faults: int    # minor page faults of the receiving process meanwhile (libzmq's fresh buffers)
+    recv_main_cpu: float   # CPU seconds of its Python thread alone (the rest: libzmq's I/O thread)
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 LAYOUT = dict(num_layers=8, num_kv_heads=8, head_dim=64, dtype=torch.float32)
@@ -78,11 +86,12 @@ def memcpy_gbps(nbytes: int = 256 << 20) -> float:
     return 5 * nbytes / (time.perf_counter() - start) / 1e9
 
 
-def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret) -> None:
+def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret, batch_bytes: int) -> None:
     """Owns a pool and a ZmqReceiver: registers what it is told, reports committed transfers."""
     torch.set_num_threads(1)
     pool = make_pool(num_blocks=num_blocks, block_size=block_size, seed=None, **LAYOUT)
-    recv = ZmqReceiver(pool, make_identity(pool, "bench-d", "zmq"), secret, bind, hwm=16, peer_timeout=PEER_TIMEOUT)
+    recv = ZmqReceiver(pool, make_identity(pool, "bench-d", "zmq"), secret, bind, hwm=16, peer_timeout=PEER_TIMEOUT,
+                       max_batch_bytes=batch_bytes)
     conn.send(recv.endpoint)
     cpu = 0.0
     while True:
@@ -93,19 +102,20 @@ def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret) ->
                 return
             recv.register(Reservation(cmd, tuple(range(num_blocks)), lease_s=PEER_TIMEOUT))
             conn.send("registered")
-            cpu = time.process_time()
+            cpu, faults, main = time.process_time(), minor_faults(), time.thread_time()
         for ev in recv.poll(0.01):
             ok = isinstance(ev, TransferCommitted)
-            conn.send((ev.xfer_id, time.process_time() - cpu) if ok else ("failed", ev))
+            conn.send((ev.xfer_id, time.process_time() - cpu, minor_faults() - faults, time.thread_time() - main)
+                      if ok else ("failed", ev))
 
 
 class Pdserve:
     """pdserve's path: a ZmqSender here, a ZmqReceiver in a spawned decode process."""
 
-    def __init__(self, block_size: int, tokens: int, bind: str, secret: bytes) -> None:
+    def __init__(self, block_size: int, tokens: int, bind: str, secret: bytes, batch_bytes: int) -> None:
         self.num_blocks = -(-tokens // block_size)
         self.src = make_pool(num_blocks=self.num_blocks, block_size=block_size, seed=0, **LAYOUT)
-        self._args = (block_size, self.num_blocks, bind, secret)
+        self._args = (block_size, self.num_blocks, bind, secret, batch_bytes)
         self._tokens, self._runs = tokens, 0
 
     def start(self) -> None:
@@ -114,7 +124,7 @@ class Pdserve:
         self._proc.start()
         self._endpoint = self._conn.recv()
         self.send = ZmqSender(make_identity(self.src, "bench-p", "zmq"), self._args[3], hwm=16,
-                              peer_timeout=PEER_TIMEOUT)
+                              peer_timeout=PEER_TIMEOUT, max_batch_bytes=self._args[4])
         self.send.connect(self._endpoint)
 
     def run(self, chunk_blocks: int) -> Run:
@@ -134,8 +144,8 @@ class Pdserve:
             for b in range(n):
                 self.send.send_block(xfer_id, b, b, self.src, b)
         self.send.commit(xfer_id, 1, self._tokens)
-        _, recv_cpu = _reply(self._conn, self._proc)
-        return Run(time.perf_counter() - start, time.process_time() - cpu, recv_cpu)
+        _, recv_cpu, recv_faults, recv_main = _reply(self._conn, self._proc)
+        return Run(time.perf_counter() - start, time.process_time() - cpu, recv_cpu, recv_faults, recv_main)
 
     def stop(self) -> None:
         self._conn.send(None)
@@ -159,9 +169,9 @@ VARIANTS = ("pdserve", "unbatched", "ceiling", "ceiling_mac")
 
 
 def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind: str,
-             secret: bytes) -> dict:
+             secret: bytes, batch_bytes: int) -> dict:
     """Every variant on one block size, alternating within each repetition (0 warms up)."""
-    pd = Pdserve(block_size, tokens, bind, secret)
+    pd = Pdserve(block_size, tokens, bind, secret, batch_bytes)
     ceiling_bind = bind + "-ceiling" if bind.startswith("ipc://") else bind
     ceiling = Ceiling(pd.src, ceiling_bind, secret)
     for side in (pd, ceiling):
@@ -201,7 +211,9 @@ def _summary(block_size: int, num_blocks: int, nbytes: int, got: dict[str, list[
                         "gbps_range": [nbytes / max(walls) / 1e9, nbytes / min(walls) / 1e9],
                         "us_per_block": per_block(walls),
                         "send_cpu_us_per_block": per_block([r.send_cpu for r in runs]),
-                        "recv_cpu_us_per_block": per_block([r.recv_cpu for r in runs])}
+                        "recv_cpu_us_per_block": per_block([r.recv_cpu for r in runs]),
+                        "recv_faults_per_block": statistics.median(r.recv_faults for r in runs) / num_blocks,
+                        "recv_main_cpu_us_per_block": per_block([r.recv_main_cpu for r in runs])}
     for variant in ("unbatched", "pdserve"):
         for peer in ("ceiling", "ceiling_mac"):      # each against the ceiling of its own repetition
             ratios = [c.wall / p.wall for p, c in zip(got[variant], got[peer])]
@@ -222,6 +234,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1024 tokens, 2 repeats")
     ap.add_argument("--transports", default="tcp,ipc", help="rows to run, comma-separated")
     ap.add_argument("--block-sizes", default="16,32,64", help="tokens per block, comma-separated")
+    ap.add_argument("--batch-mib", type=int, default=BATCH_BYTES >> 20,
+                    help="payload MiB of one BlockBatch (the nodes' --kv-batch-mib)")
     args = ap.parse_args()
     tokens, repeats = (1024, 2) if args.quick else (args.tokens, args.repeats)
     info = {**machine_info(), "memcpy_gbps": round(memcpy_gbps(), 2), "load_avg": os.getloadavg()}
@@ -230,11 +244,13 @@ def main() -> None:
     for name in args.transports.split(","):
         for block_size in map(int, args.block_sizes.split(",")):
             bind = {"tcp": "tcp://127.0.0.1:*", "ipc": f"ipc:///tmp/kvt-bench-{os.getpid()}-{block_size}"}[name]
-            row = {"transport": name, **run_case(block_size, tokens, repeats, args.chunk, bind, SECRET)}
+            row = {"transport": name, **run_case(block_size, tokens, repeats, args.chunk, bind, SECRET,
+                                                 args.batch_mib << 20)}
             rows.append(row)
             _print_row(name, row)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"machine": info, "tokens": tokens, "repeats": repeats, "chunk": args.chunk,
+                                   "batch_mib": args.batch_mib, "load_avg_after": os.getloadavg(),
                                    "rows": rows}, indent=1))
     print(f"wrote {RESULTS}")
 
@@ -245,7 +261,9 @@ def _print_row(name: str, row: dict) -> None:
         v = row[variant]
         lo, hi = v["gbps_range"]
         print(f"  {variant:12s} {v['gbps']:5.2f} GB/s ({lo:.2f}-{hi:.2f}), {v['us_per_block']:6.1f} us/block; "
-              f"CPU us/block: sender {v['send_cpu_us_per_block']:5.1f}, receiver {v['recv_cpu_us_per_block']:5.1f}")
+              f"CPU us/block: sender {v['send_cpu_us_per_block']:5.1f}, receiver {v['recv_cpu_us_per_block']:5.1f} "
+              f"(its Python thread {v['recv_main_cpu_us_per_block']:5.1f}); receiver page faults/block "
+              f"{v['recv_faults_per_block']:.0f}")
     for variant in ("pdserve", "unbatched"):
         r, m = row[f"{variant}/ceiling"], row[f"{variant}/ceiling_mac"]
         cpu = row[f"{variant}_cpu_overhead_us_per_block"]

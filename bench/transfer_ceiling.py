@@ -10,6 +10,7 @@ authenticated transport must at least do.
 from __future__ import annotations
 
 import multiprocessing as mp
+import resource
 import time
 
 import torch
@@ -35,7 +36,7 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
         n, mac = cmd
         session = Session(secret, *_NONCES, initiator=False) if mac else None
         conn.send("ready")
-        cpu = time.process_time()
+        cpu, faults, main = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.thread_time()
         for k in range(n):
             if not sock.poll(30_000):
                 conn.send(("failed", f"block {k} of {n} did not arrive"))
@@ -47,7 +48,8 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
             slot = k % num_blocks
             pool[slot * nbytes:(slot + 1) * nbytes] = parts[-1]
         else:
-            conn.send(("done", time.process_time() - cpu))
+            conn.send(("done", time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
+                       time.thread_time() - main))
     sock.close()
     ctx.term()
 
@@ -70,8 +72,9 @@ class Ceiling:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self._conn.recv())
 
-    def run(self, mac: bool, timeout: float = 120.0) -> tuple[float, float, float]:
-        """(wall seconds, sender CPU seconds, receiver CPU seconds) of one transfer of every block."""
+    def run(self, mac: bool, timeout: float = 120.0) -> tuple[float, float, float, int, float]:
+        """(wall seconds, sender CPU seconds, receiver CPU seconds, receiver minor page faults, CPU
+        seconds of the receiver's Python thread) of one transfer of every block."""
         n = len(self._blocks)
         session = Session(self._secret, *_NONCES, initiator=True) if mac else None
         self._conn.send((n, mac))
@@ -89,7 +92,7 @@ class Ceiling:
         reply = self._conn.recv()
         if reply[0] == "failed":
             raise RuntimeError(f"ceiling transfer failed: {reply[1]}")
-        return time.perf_counter() - start, time.process_time() - cpu, reply[1]
+        return time.perf_counter() - start, time.process_time() - cpu, reply[1], reply[2], reply[3]
 
     def stop(self) -> None:
         self._conn.send(None)

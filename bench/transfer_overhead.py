@@ -1,6 +1,6 @@
 """pdserve's per-block software overhead on each side of a transfer, without the socket.
 
-    .venv/bin/python bench/transfer_overhead.py [--block-sizes 16,32,64] [--blocks 512]
+    .venv/bin/python bench/transfer_overhead.py [--block-sizes 16,32,64] [--blocks 256] [--batch-mib 16]
 
 CPU time (time.process_time, so load on the other core counts less than in wall time) per block:
 
@@ -9,7 +9,12 @@ CPU time (time.process_time, so load on the other core counts less than in wall 
          zero-copy zmq frame per block; messages go to a connected PUSH socket nobody reads
          (never blocking: SNDHWM 0), so libzmq's own copying is not in it
   recv   ReceiverCore.handle on pre-sealed messages (MAC, decode, checks, ledger, the copy into
-         the pool, the Commit), against the ceiling's one copy per block from the same buffers
+         the pool, the Commit), against the ceiling's one copy per block from the same buffers;
+         and the same handle with the sink's copy left out ("no copy": the software overhead on
+         its own, which memory bandwidth taken by other processes does not blur: a copy of
+         70-300 us a block swings by more than the overhead between two runs on a loaded machine)
+
+BlockBatch messages carry up to --batch-mib MiB (the nodes' --kv-batch-mib).
 
 Writes bench/results/transfer_overhead_<time>.json.
 """
@@ -35,7 +40,7 @@ from kvtransport.sender_core import SenderCore  # noqa: E402
 from kvtransport.payload_channel import InlineChannel  # noqa: E402
 from kvtransport.session import Session  # noqa: E402
 from kvtransport.testing import make_identity, make_pool  # noqa: E402
-from pdwire.messages import Commit, Hello, batch_blocks  # noqa: E402
+from pdwire.messages import BATCH_BYTES, Commit, Hello, batch_blocks  # noqa: E402
 
 LAYOUT = dict(num_layers=8, num_kv_heads=8, head_dim=64, dtype=torch.float32)
 SECRET = b"transfer-overhead-secret-0123456"
@@ -55,12 +60,12 @@ def cpu_us(makers: dict, n: int, repeats: int = 7) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket) -> dict[str, float]:
+def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket, batch_bytes: int) -> dict[str, float]:
     core = SenderCore(make_identity(src, "p"), SECRET)
     core._links["e"] = type("L", (), {"session": Session(SECRET, *NONCES, True)})()   # a paired link
     core.begin("x", "e")
     channel, ids = InlineChannel(), list(range(n))
-    step = batch_blocks(src[0].numel() * src.element_size())
+    step = batch_blocks(src[0].numel() * src.element_size(), batch_bytes)
 
     def batched():
         for k in range(0, n, step):
@@ -86,15 +91,23 @@ def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket) -> dict[str, float
     return cpu_us({"ceiling": lambda: ceiling, "batched": lambda: batched, "unbatched": lambda: unbatched}, n)
 
 
-def receiver_paths(src: torch.Tensor, n: int) -> dict[str, float]:
+class NoCopySink(InlineSink):
+    """InlineSink without its copy: what is left of the receive path is software overhead."""
+
+    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
+        pass
+
+
+def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, float]:
     dst = make_pool(num_blocks=n, block_size=src.shape[3], seed=None, **LAYOUT)
     ident = make_identity(dst, "d")
-    core = ReceiverCore(n, ident, SECRET, InlineSink(dst, ident.layout), lambda peer, frames: None)
+    sinks = {True: InlineSink(dst, ident.layout), False: NoCopySink(dst, ident.layout)}
+    core = ReceiverCore(n, ident, SECRET, sinks[True], lambda peer, frames: None, max_batch_bytes=batch_bytes)
     session, framer = Session(SECRET, *NONCES, True), Framer()
     core._auth._sessions["p"] = Session(SECRET, *NONCES, False)
     core._dispatch("p", Hello(make_identity(src, "p")), ())
     ids, pool = list(range(n)), pool_bytes(src)
-    nbytes, step = len(pool) // n, batch_blocks(len(pool) // n)
+    nbytes, step = len(pool) // n, batch_blocks(len(pool) // n, batch_bytes)
     sender = SenderCore(make_identity(src, "p"), SECRET)
     rounds = iter(range(1 << 20))
 
@@ -109,8 +122,9 @@ def receiver_paths(src: torch.Tensor, n: int) -> dict[str, float]:
             msgs = [framer.pack(session, sender.block_header(xfer, b, b, src), views[b]) for b in ids]
         return msgs + [framer.pack(session, Commit(xfer, 1, n * src.shape[3]))]
 
-    def handle(batch: bool):
+    def handle(batch: bool, copy: bool = True):
         msgs = sealed(batch)
+        core._sink = sinks[copy]
         return lambda: [core.handle("p", [memoryview(f) for f in frames]) for frames in msgs]
 
     flat = pool_bytes(dst)
@@ -118,15 +132,35 @@ def receiver_paths(src: torch.Tensor, n: int) -> dict[str, float]:
     def ceiling():
         for b in ids:
             flat[b * nbytes:(b + 1) * nbytes] = pool[b * nbytes:(b + 1) * nbytes]
-    out = cpu_us({"ceiling": lambda: ceiling, "batched": lambda: handle(True), "unbatched": lambda: handle(False)}, n)
-    assert core.metrics.frames_dropped == 0 and core.metrics.transfers_committed == 14, core.metrics
+    out = cpu_us({"ceiling": lambda: ceiling, "batched": lambda: handle(True), "unbatched": lambda: handle(False),
+                  "batched_no_copy": lambda: handle(True, copy=False),
+                  "unbatched_no_copy": lambda: handle(False, copy=False)}, n)
+    assert core.metrics.frames_dropped == 0 and core.metrics.transfers_committed == 28, core.metrics
     return out
+
+
+def copy_us(nbytes: int = 2 << 20, frames: int = 48) -> tuple[float, float]:
+    """Median wall us of one nbytes copy into a pool from a source written just before (in cache,
+    as a frame copied as it lands) and from one written frames / 2 frames earlier (from DRAM, as a
+    frame that waited in the socket's queue)."""
+    pool, bufs = bytearray(64 * nbytes), [bytearray(nbytes) for _ in range(frames)]
+    pv = memoryview(pool)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(3):
+        for hot in (True, False):
+            for k in range(frames):
+                bufs[k if hot else (k + frames // 2) % frames][:] = bytes([k & 255]) * nbytes
+                start = time.perf_counter()
+                pv[(k % 64) * nbytes:(k % 64 + 1) * nbytes] = bufs[k]
+                times[hot].append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times[True]), statistics.median(times[False])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-sizes", default="16,32,64")
     ap.add_argument("--blocks", type=int, default=256)
+    ap.add_argument("--batch-mib", type=int, default=BATCH_BYTES >> 20, help="payload MiB of one BlockBatch")
     args = ap.parse_args()
     ctx = zmq.Context()
     sink, sock = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
@@ -137,19 +171,26 @@ def main() -> None:
     for bs in map(int, args.block_sizes.split(",")):
         src = make_pool(num_blocks=args.blocks, block_size=bs, seed=0, **LAYOUT)
         row = {"block_size": bs, "block_mib": src[0].numel() * 4 / 2**20,
-               "send": sender_paths(src, args.blocks, sock), "recv": receiver_paths(src, args.blocks)}
+               "send": sender_paths(src, args.blocks, sock, args.batch_mib << 20),
+               "recv": receiver_paths(src, args.blocks, args.batch_mib << 20)}
         while sink.poll(0):
             sink.recv_multipart(copy=False)
         rows.append(row)
         for side in ("send", "recv"):
             c = row[side]["ceiling"]
             print(f"block {bs} tok ({row['block_mib']:.1f} MiB) {side}: ceiling {c:6.1f} us/block CPU; "
-                  f"overhead batched {row[side]['batched'] - c:+6.1f}, unbatched {row[side]['unbatched'] - c:+6.1f}")
+                  f"overhead batched {row[side]['batched'] - c:+6.1f}, unbatched {row[side]['unbatched'] - c:+6.1f}"
+                  + (f"; no copy: batched {row[side]['batched_no_copy']:5.1f}, unbatched "
+                     f"{row[side]['unbatched_no_copy']:5.1f}" if side == "recv" else ""))
     sock.close(linger=0)
     sink.close(linger=0)
     ctx.term()
-    print("wrote", write_result("transfer_overhead", {"blocks": args.blocks, "load_avg": os.getloadavg(),
-                                                      "rows": rows}))
+    hot, cold = copy_us()
+    print(f"a 2 MiB copy into the pool: {hot:.0f} us from a source just written, {cold:.0f} us from one written "
+          f"48 MiB earlier")
+    print("wrote", write_result("transfer_overhead", {"blocks": args.blocks, "batch_mib": args.batch_mib,
+                                                      "load_avg": os.getloadavg(), "rows": rows,
+                                                      "copy_2mib_us": {"hot": hot, "cold": cold}}))
 
 
 if __name__ == "__main__":

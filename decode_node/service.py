@@ -66,9 +66,11 @@ class DecodeService(NodeService):
         runner, config = self.engine.runner, self.config
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
         self.receiver = make_receiver(config.kv_transport, runner.kv_cache, identity, secret, bind=config.kv_bind,
-                                      p2p_host=config.p2p_host, write_blocks=runner.block_writer())
+                                      p2p_host=config.p2p_host, write_blocks=runner.block_writer(),
+                                      max_batch_bytes=config.kv_batch_bytes)
         sender = lambda: make_sender(config.kv_transport, identity, secret,  # noqa: E731 -- at the first move
-                                     device=str(runner.kv_cache.device), p2p_host=config.p2p_host)
+                                     device=str(runner.kv_cache.device), p2p_host=config.p2p_host,
+                                     max_batch_bytes=config.kv_batch_bytes)
         self.mover = KVMover(self.engine, sender, config.lease_s)
 
     @property

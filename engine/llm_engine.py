@@ -38,6 +38,10 @@ MAX_STEP_FAILURES = 3       # failed steps with no working one between them: the
 
 
 class StepObserver(Protocol):
+    def before_forward(self, scheduled: list[ScheduledSeq]) -> None:
+        """A step is about to compute `scheduled` (item.num_new_tokens of each item.seq, into its
+        block table as it is now); e.g. to ship K/V layer by layer as the forward writes it."""
+
     def on_computed(self, group: SequenceGroup, seq: Sequence) -> None:
         """A step just computed more of `seq`'s K/V (seq.num_computed_tokens moved on), before
         its next token is sampled and before it can finish: its block table is still valid."""
@@ -237,6 +241,8 @@ class LLMEngine:
         self.runner.swap_blocks(plan.swap_out, plan.swap_in)   # even if nothing runs this step
         if plan.scheduled:
             self.runner.copy_blocks(plan.copies)
+            if self.observer is not None:
+                self.observer.before_forward(plan.scheduled)
             logits = self.runner.execute(plan.scheduled)
             sampling = [s for s in plan.scheduled if s.samples]
             if logits.shape[0] > len(sampling):

@@ -71,6 +71,17 @@ class KVSender(ABC):
         for index, dst, src in zip(indices, dst_block_ids, src_block_ids):
             self.send_block(xfer_id, index, dst, kv_cache, src)
 
+    def takes_layers(self, xfer_id: str) -> bool:
+        """Whether send_layers works for xfer_id (its receiver takes layer slices)."""
+        return False
+
+    def send_layers(self, xfer_id: str, indices: list[int], dst_block_ids: list[int], kv_cache: torch.Tensor,
+                    src_block_ids: list[int], first_layer: int, num_layers: int) -> None:
+        """Ship layers [first_layer, first_layer + num_layers) of blocks ready together (a layer
+        group a forward has just finished; the receiver takes a block once all its layers came).
+        Only if takes_layers(xfer_id); otherwise the same contract as send_block."""
+        raise NotImplementedError(f"{type(self).__name__} does not ship layer slices")
+
     @abstractmethod
     def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
         """Send the Commit after the last block; the transfer is closed on this side."""

@@ -21,19 +21,19 @@ TRANSPORTS = ("zmq", "torch_dist", "fake")
 
 _SENDERS: dict[str, tuple[str, str, frozenset[str]]] = {    # transport -> (module, class, options)
     "zmq": ("kvtransport.zmq_sender", "ZmqSender",
-            frozenset({"hwm", "send_timeout", "heartbeat_interval", "peer_timeout"})),
+            frozenset({"hwm", "send_timeout", "heartbeat_interval", "peer_timeout", "max_batch_bytes"})),
     "torch_dist": ("kvtransport.torch_dist", "DistSender",
                    frozenset({"hwm", "send_timeout", "heartbeat_interval", "peer_timeout", "device", "p2p_host"})),
     "fake": ("kvtransport.fake", "FakeSender",
-             frozenset({"network", "faults", "heartbeat_interval", "peer_timeout"})),
+             frozenset({"network", "faults", "heartbeat_interval", "peer_timeout", "max_batch_bytes"})),
 }
 _RECEIVERS: dict[str, tuple[str, str, frozenset[str]]] = {
     "zmq": ("kvtransport.zmq_receiver", "ZmqReceiver",
-            frozenset({"bind", "peer_timeout", "hwm", "sink", "write_blocks"})),
+            frozenset({"bind", "peer_timeout", "hwm", "sink", "write_blocks", "max_batch_bytes"})),
     "torch_dist": ("kvtransport.torch_dist", "DistReceiver",
                    frozenset({"bind", "peer_timeout", "hwm", "p2p_host", "write_blocks"})),
     "fake": ("kvtransport.fake", "FakeReceiver",
-             frozenset({"network", "name", "peer_timeout", "sink", "write_blocks"})),
+             frozenset({"network", "name", "peer_timeout", "sink", "write_blocks", "max_batch_bytes"})),
 }
 
 

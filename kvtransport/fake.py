@@ -12,7 +12,7 @@ from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.sender import Sender
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import Message
+from pdwire.messages import BATCH_BYTES, Message
 
 __all__ = ["SCHEME", "FakeNetwork", "FakeReceiver", "FakeSender", "FaultPlan", "ManualClock"]
 
@@ -22,10 +22,10 @@ class FakeReceiver(Receiver):
 
     def __init__(self, network: FakeNetwork, name: str, kv_cache: torch.Tensor,
                  identity: PeerIdentity, secret: bytes, peer_timeout: float = 10.0,
-                 sink: PayloadSink | None = None) -> None:
+                 sink: PayloadSink | None = None, max_batch_bytes: int = BATCH_BYTES) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)
         super().__init__(kv_cache.shape[0], identity, secret, FakeReceiveLink(network, name), sink,
-                         peer_timeout, network.clock)
+                         peer_timeout, network.clock, max_batch_bytes)
 
     def deliver(self, peer: str, frames: list[Buffer], delay: float = 0.0) -> None:
         """Hand one message to the receiver now, or after delay clock seconds."""
@@ -37,11 +37,11 @@ class FakeSender(Sender):
 
     def __init__(self, network: FakeNetwork, identity: PeerIdentity, secret: bytes,
                  faults: FaultPlan = FaultPlan(), heartbeat_interval: float = 1.0,
-                 peer_timeout: float = 10.0) -> None:
+                 peer_timeout: float = 10.0, max_batch_bytes: int = BATCH_BYTES) -> None:
         self.name = f"{identity.node_id}/{identity.epoch}"
         link = FakeSendLink(network, self.name, faults)
         super().__init__(identity, secret, link, InlineChannel(), heartbeat_interval, peer_timeout,
-                         network.clock)
+                         network.clock, max_batch_bytes)
 
     def send_raw(self, endpoint: str, frames: list[Buffer]) -> None:
         """Deliver arbitrary frames as this sender (hostile-peer tests); no fault plan."""

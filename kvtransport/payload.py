@@ -85,7 +85,9 @@ class InlineSink(PayloadSink):
     def __init__(self, kv_cache: torch.Tensor, layout: KVLayout) -> None:
         check_whole_blocks(kv_cache, layout)
         self._kv_cache, self._nbytes = kv_cache, layout.block_nbytes
+        self._layer_nbytes = layout.block_nbytes // layout.num_layers
         self._pool = pool_bytes(kv_cache)     # a slice assignment is one memcpy, no tensor per block
+        self.takes_layers = self._pool is not None
 
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         self.write_many([dst], [payload])
@@ -97,6 +99,12 @@ class InlineSink(PayloadSink):
                 write_block(self._kv_cache, dst, block)
             else:
                 self._pool[dst * n:(dst + 1) * n] = block
+
+    def write_layers(self, dsts: list[int], first_layer: int, slices: list[memoryview]) -> None:
+        start = first_layer * self._layer_nbytes
+        for dst, piece in zip(dsts, slices):
+            at = dst * self._nbytes + start
+            self._pool[at:at + len(piece)] = piece
 
 
 class BlockWriterSink(PayloadSink):

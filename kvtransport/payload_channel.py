@@ -30,6 +30,12 @@ class PayloadChannel(ABC):
         """inline() of each block, for a BlockBatch (batching channels only)."""
         raise NotImplementedError(f"{type(self).__name__} does not batch")
 
+    def inline_layers(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int,
+                      num_layers: int) -> list[memoryview]:
+        """The payload frames of layers [first_layer, first_layer + num_layers) of each block, for a
+        LayerBatch (batching channels only); zero-copy from a CPU pool, a host copy from a device."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch")
+
     def paired(self, endpoint: str, remote: PeerIdentity, read: ReadMessage, timeout: float) -> None:
         """endpoint accepted our Hello; set up its channel (read() gets its next message).
 
@@ -55,15 +61,35 @@ class InlineChannel(PayloadChannel):
     """The payload travels as the BlockFrame's second frame (zmq, fake)."""
     batches = True
 
+    def __init__(self) -> None:
+        self._pool: tuple[torch.Tensor, memoryview | None] | None = None   # (kv_cache, pool_bytes of it)
+
     def inline(self, kv_cache: torch.Tensor, src_block_id: int) -> memoryview:
         return block_bytes(kv_cache, src_block_id)
 
     def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int]) -> list[memoryview]:
-        pool = pool_bytes(kv_cache)       # slices of one view: no tensor per block
+        pool = self._pool_bytes(kv_cache)       # slices of one view: no tensor per block
         if pool is None:
             return [block_bytes(kv_cache, b) for b in src_block_ids]
         n = len(pool) // kv_cache.shape[0]
         return [pool[b * n:(b + 1) * n] for b in src_block_ids]
+
+    def inline_layers(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int,
+                      num_layers: int) -> list[memoryview]:
+        pool = self._pool_bytes(kv_cache)
+        if pool is None:
+            end = first_layer + num_layers
+            return [memoryview(kv_cache[b, first_layer:end].contiguous().view(torch.uint8).view(-1).cpu().numpy())
+                    for b in src_block_ids]
+        n = len(pool) // kv_cache.shape[0]
+        start, stop = n // kv_cache.shape[1] * first_layer, n // kv_cache.shape[1] * (first_layer + num_layers)
+        return [pool[b * n + start:b * n + stop] for b in src_block_ids]
+
+    def _pool_bytes(self, kv_cache: torch.Tensor) -> memoryview | None:
+        """pool_bytes(kv_cache), made once per pool (a node ships from one)."""
+        if self._pool is None or self._pool[0] is not kv_cache:
+            self._pool = (kv_cache, pool_bytes(kv_cache))
+        return self._pool[1]
 
     def send(self, endpoint: str, kv_cache: torch.Tensor, src_block_id: int) -> Completion:
         raise NotImplementedError("an inline channel sends no payload out of band")

@@ -16,6 +16,7 @@ from kvtransport.link import ReceiveLink
 from kvtransport.receiver_core import PayloadSink, ReceiverCore
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from pdwire.handshake import PeerIdentity
+from pdwire.messages import BATCH_BYTES
 
 
 class Receiver(KVReceiver):
@@ -23,9 +24,10 @@ class Receiver(KVReceiver):
 
     def __init__(self, num_blocks: int, identity: PeerIdentity, secret: bytes, link: ReceiveLink,
                  sink: PayloadSink, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
         self._link = link
-        self._core = ReceiverCore(num_blocks, identity, secret, sink, link.send, peer_timeout, clock)
+        self._core = ReceiverCore(num_blocks, identity, secret, sink, link.send, peer_timeout, clock,
+                                  max_batch_bytes)
         link.bind(self._core.handle)
         self.endpoint = link.endpoint
         self.metrics = self._core.metrics

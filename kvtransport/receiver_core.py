@@ -12,6 +12,8 @@ multipart message from peer) and `tick()` (expire leases and dead peers), and su
   3. BlockFrame       -> ledger.check_block -> sink.write into the reserved block -> mark_written
      BlockBatch       -> ledger.check_batch (every block, or the batch is dropped whole) ->
                          sink.write_many (inline sinks only) -> mark_written
+     LayerBatch       -> ledger.check_layers (likewise) -> sink.write_layers (sinks that take
+                         slices: a pool of every head, announced in the HelloAck) -> mark_written
   4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
   5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
 """
@@ -26,8 +28,8 @@ from typing import Callable, Sequence
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
 from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
-from pdwire.messages import (Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message,
-                             batch_blocks)
+from pdwire.messages import (BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
+                             HelloAck, LayerBatch, Message, batch_blocks)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from kvtransport.session import AuthError, AuthKind, Buffer, Responder, parse_auth_frame
@@ -60,6 +62,12 @@ class PayloadSink(ABC):
         """Inline sinks: copy blocks[k] (one wire block's bytes, checked) into pool block dsts[k]."""
         raise NotImplementedError(f"{type(self).__name__} takes no BlockBatch")
 
+    takes_layers: bool = False    # write_layers works (announced to senders in the HelloAck)
+
+    def write_layers(self, dsts: list[int], first_layer: int, slices: list[memoryview]) -> None:
+        """Copy slices[k] (layers first_layer.. of one wire block, checked) into pool block dsts[k]."""
+        raise NotImplementedError(f"{type(self).__name__} takes no LayerBatch")
+
     def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
         """A checked-and-dropped block frame: consume its payload without writing the pool.
 
@@ -82,11 +90,14 @@ class ReceiverCore:
 
     def __init__(self, num_blocks: int, identity: PeerIdentity, secret: bytes,
                  sink: PayloadSink, send: SendFn, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
+        """max_batch_bytes: the payload bytes of one BlockBatch this receiver takes (at least one
+        block's), announced to each sender in the HelloAck."""
         self.identity = identity
         self.ledger = ReceiveLedger(identity.layout, num_blocks, ReceiverMetrics(), clock)
         nbytes = identity.layout.block_nbytes
-        self._framer = Framer(max_payload_bytes=nbytes * batch_blocks(nbytes))
+        self._framer = Framer(max_payload_bytes=nbytes * batch_blocks(nbytes, max_batch_bytes))
+        self._max_batch_bytes = max_batch_bytes
         self._auth = Responder(secret, clock=clock)
         self._sink, self._send = sink, send
         self._peer_timeout, self._clock = peer_timeout, clock
@@ -153,7 +164,7 @@ class ReceiverCore:
         return self._framer.decode(opened)
 
     def _dispatch(self, peer: str, msg: Message, payloads: tuple[memoryview, ...]) -> None:
-        if payloads and not (type(msg) in (BlockFrame, BlockBatch) and self._sink.inline):
+        if payloads and not (type(msg) in (BlockFrame, BlockBatch, LayerBatch) and self._sink.inline):
             raise FrameError(DropReason.MALFORMED, "unexpected payload frame")
         if type(msg) is Hello:
             return self._hello(peer, msg.identity)
@@ -167,6 +178,8 @@ class ReceiverCore:
             self._block(peer, msg, payloads)
         elif type(msg) is BlockBatch:
             self._batch(peer, msg, payloads)
+        elif type(msg) is LayerBatch:
+            self._layers(peer, msg, payloads)
         elif type(msg) is Commit:
             self.ledger.on_commit(peer, msg)
         elif type(msg) is Abort:
@@ -203,6 +216,17 @@ class ReceiverCore:
         else:
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
 
+    def _layers(self, peer: str, batch: LayerBatch, payloads: tuple[memoryview, ...]) -> None:
+        if not self._sink.takes_layers:
+            raise FrameError(DropReason.MALFORMED, "a layer batch on a sink that takes whole blocks only")
+        self.ledger.check_layers(peer, batch, [len(p) for p in payloads])
+        start = time.perf_counter()
+        write = lambda: self._sink.write_layers(list(batch.block_ids), batch.first_layer, list(payloads)) or True  # noqa: E731
+        if self._channel_ok(peer, write):
+            self.ledger.mark_written(batch, time.perf_counter() - start)
+        else:
+            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
+
     def _hello(self, peer: str, remote: PeerIdentity) -> None:
         try:
             check_compatible(self.identity, remote)
@@ -215,7 +239,8 @@ class ReceiverCore:
                 self._drop_peer(other, FailReason.PEER_RESTARTED, f"new epoch {remote.epoch}")
         self._sessions[peer] = _Session(remote, self._clock())
         self.ledger.pair(peer, remote.node_id)
-        self._reply(peer, HelloAck(self.identity, True))
+        self._reply(peer, HelloAck(self.identity, True, max_batch_bytes=self._max_batch_bytes,
+                                   layer_slices=self._sink.takes_layers))
         reply = lambda msg: self._reply(peer, msg)  # noqa: E731
         if not self._channel_ok(peer, lambda: self._sink.paired(peer, remote, reply) or True):
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload channel setup failed")

@@ -1,7 +1,9 @@
 """The receive side's bookkeeping: reservations, frame checks, leases, exactly-once outcomes.
 
-Backend-free: a backend decodes frames and calls `check_block` / `check_batch` -> (writes the
-payloads into the returned blocks) -> `mark_written`, `on_commit`, `on_abort`, `renew`, `fail_peer`, `expire`.
+Backend-free: a backend decodes frames and calls `check_block` / `check_batch` / `check_layers`
+-> (writes the payloads into the returned blocks) -> `mark_written`, `on_commit`, `on_abort`,
+`renew`, `fail_peer`, `expire`. A block shipped in layer groups (LayerBatch) arrives once every one
+of its layers has; until then it is still missing, and a whole-block frame for it is a duplicate.
 Every registered transfer ends in exactly one event from `take_events()`. Frames are checked
 against the layout this node announced at handshake (a block with every kv head), not against
 the pool tensor: on a tensor-parallel node the pool holds only rank 0's heads.
@@ -13,13 +15,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from kvtransport.events import FailReason, TransferCommitted, TransferEvent, TransferFailed
 from kvtransport.framing import FrameError
 from pdwire.handshake import KVLayout
-from pdwire.messages import Abort, BlockBatch, BlockFrame, Commit, Reserved
+from pdwire.messages import Abort, BlockBatch, BlockFrame, Commit, LayerBatch, Reserved
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from pdwire.schema import MAX_BLOCKS, check_id
 from kvtransport.state import TransferState
@@ -75,6 +77,7 @@ class _Inbound:
     commit: Commit | None = None
     first_frame_at: float | None = None
     nbytes: int = 0
+    layers: dict[int, int] = field(default_factory=dict)   # index -> bit l: layer l arrived (partial blocks)
 
 
 class ReceiveLedger:
@@ -87,6 +90,7 @@ class ReceiveLedger:
         self.metrics = metrics or ReceiverMetrics()
         self.clock = clock
         self.block_nbytes = layout.block_nbytes
+        self._all_layers = (1 << layout.num_layers) - 1
         self._live: dict[str, _Inbound] = {}
         self._reserved_blocks: set[int] = set()     # shipped blocks of live transfers
         self._finished: OrderedDict[str, TransferState] = OrderedDict()   # tombstones
@@ -145,17 +149,48 @@ class ReceiveLedger:
             raise FrameError(DropReason.BAD_NBYTES, f"{len(batch.indices)} x {batch.nbytes} / {payload_lens}")
         self._progress(t, peer)
 
-    def mark_written(self, frame: BlockFrame | BlockBatch, write_seconds: float = 0.0) -> None:
-        """frame's payloads are in the pool (after a successful check_block / check_batch)."""
+    def check_layers(self, peer: str, batch: LayerBatch, payload_lens: list[int]) -> None:
+        """Raises FrameError unless layers [first_layer, first_layer + shape[0]) of every block of
+        batch may be written, none of them arrived yet, from payload frames of payload_lens bytes;
+        the batch is then dropped whole."""
+        t = self._lookup(peer, batch.xfer_id)
+        layout, (first, count) = self.layout, (batch.first_layer, batch.shape[0] if batch.shape else 0)
+        if batch.dtype != layout.kv_dtype:
+            raise FrameError(DropReason.BAD_DTYPE, batch.dtype)
+        if batch.shape[1:] != layout.block_shape[1:] or not 0 < count <= layout.num_layers - first:
+            raise FrameError(DropReason.BAD_SHAPE, f"layers {first}+{batch.shape}")
+        if batch.nbytes != self.block_nbytes // layout.num_layers * count:
+            raise FrameError(DropReason.BAD_NBYTES, f"{batch.nbytes}")
+        want = ((1 << count) - 1) << first
+        for index, block_id in zip(batch.indices, batch.block_ids):
+            self._check_slot(t, index, block_id, want)
+        if payload_lens != [batch.nbytes] * len(batch.indices):
+            raise FrameError(DropReason.BAD_NBYTES, f"{len(batch.indices)} x {batch.nbytes} / {payload_lens}")
+        self._progress(t, peer)
+
+    def mark_written(self, frame: BlockFrame | BlockBatch | LayerBatch, write_seconds: float = 0.0) -> None:
+        """frame's payloads are in the pool (after a successful check_block / batch / layers)."""
         t = self._live[frame.xfer_id]
         indices = (frame.index,) if type(frame) is BlockFrame else frame.indices
+        if type(frame) is LayerBatch:
+            indices = self._add_layers(t, frame)
         t.missing.difference_update(indices)
-        nbytes = frame.nbytes * len(indices)
+        nbytes = frame.nbytes * (len(frame.indices) if type(frame) is LayerBatch else len(indices))
         t.nbytes += nbytes
         self.metrics.blocks_written += len(indices)
         self.metrics.bytes_written += nbytes
         self.metrics.write_seconds += write_seconds
         self._maybe_complete(t)
+
+    def _add_layers(self, t: _Inbound, batch: LayerBatch) -> list[int]:
+        """Note batch's layers of each of its blocks; returns the blocks it completed."""
+        want, done = ((1 << batch.shape[0]) - 1) << batch.first_layer, []
+        for index in batch.indices:
+            t.layers[index] = t.layers.get(index, 0) | want
+            if t.layers[index] == self._all_layers:
+                del t.layers[index]
+                done.append(index)
+        return done
 
     def on_commit(self, peer: str, msg: Commit) -> None:
         t = self._lookup(peer, msg.xfer_id)
@@ -217,12 +252,13 @@ class ReceiveLedger:
             raise FrameError(DropReason.WRONG_PEER, xfer_id)
         return t
 
-    def _check_slot(self, t: _Inbound, index: int, block_id: int) -> None:
-        """Block `index` of t goes to block_id, and has not arrived yet."""
+    def _check_slot(self, t: _Inbound, index: int, block_id: int, layers: int | None = None) -> None:
+        """Block `index` of t goes to block_id, and none of `layers` (a bit per layer; None: all of
+        them) has arrived yet."""
         res = t.res
         if index not in res.expected or res.dst_block_ids[index] != block_id:
             raise FrameError(DropReason.NOT_RESERVED, f"index {index} block {block_id}")
-        if index not in t.missing:
+        if index not in t.missing or t.layers.get(index, 0) & (self._all_layers if layers is None else layers):
             raise FrameError(DropReason.DUPLICATE, f"index {index}")
 
     def _check_layout(self, dtype: str, shape: tuple[int, ...], nbytes: int) -> None:

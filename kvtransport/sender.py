@@ -3,7 +3,10 @@
   connect   link.open -> auth hello / challenge / Hello / HelloAck (kvtransport.session) ->
             channel.paired (e.g. join the pair's process group) -> link.paired
   send      header sealed by the core; the payload inline (tracked, zero-copy) or out of band;
-            blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel
+            blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel,
+            within this sender's max_batch_bytes and the receiver's (its HelloAck); a layer group's
+            slices of blocks (send_layers) go as LayerBatch messages the same way, to receivers
+            whose HelloAck says they take them
   poll      broken channels lose their link; replies go to the core; due heartbeats leave;
             connections of lost links are closed
 
@@ -24,7 +27,7 @@ from kvtransport.link import Completion, SendLink
 from kvtransport.payload_channel import PayloadChannel
 from kvtransport.sender_core import SenderCore
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import BlockFrame, Message, batch_blocks
+from pdwire.messages import BATCH_BYTES, BlockBatch, BlockFrame, LayerBatch, Message, batch_blocks
 
 
 class Sender(KVSender):
@@ -32,8 +35,11 @@ class Sender(KVSender):
 
     def __init__(self, identity: PeerIdentity, secret: bytes, link: SendLink, channel: PayloadChannel,
                  heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
+        """max_batch_bytes: the payload bytes this sender packs into one BlockBatch, at most what
+        each receiver announced in its HelloAck (one block at least)."""
         self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, clock)
+        self._max_batch_bytes = max_batch_bytes
         self._link, self._channel = link, channel
         self.metrics = self._core.metrics
         self._remotes: dict[str, PeerIdentity] = {}
@@ -76,17 +82,42 @@ class Sender(KVSender):
             return
         if not self._channel.batches:
             return super().send_blocks(xfer_id, indices, dst_block_ids, kv_cache, src_block_ids)
-        step = batch_blocks(self._core.identity.layout.block_nbytes)
-        for k in range(0, len(indices), step):
+        self._send_batches(xfer_id, endpoint, self._core.identity.layout.block_nbytes, len(indices), lambda k, j: (
+            self._core.batch_header(xfer_id, indices[k:j], dst_block_ids[k:j], kv_cache),
+            self._channel.inline_many(kv_cache, src_block_ids[k:j])))
+
+    def takes_layers(self, xfer_id: str) -> bool:
+        endpoint = self._core.endpoint_of(xfer_id)
+        return endpoint is not None and self._channel.batches and self._core.takes_layers(endpoint)
+
+    def send_layers(self, xfer_id: str, indices: list[int], dst_block_ids: list[int], kv_cache: torch.Tensor,
+                    src_block_ids: list[int], first_layer: int, num_layers: int) -> None:
+        endpoint = self._core.endpoint_of(xfer_id)
+        if endpoint is None:
+            return
+        if not self.takes_layers(xfer_id):
+            raise TransportError(f"{endpoint} takes no layer slices")
+        layout = self._core.identity.layout
+        self._send_batches(xfer_id, endpoint, layout.block_nbytes // layout.num_layers * num_layers, len(indices),
+                           lambda k, j: (
+            self._core.layer_header(xfer_id, indices[k:j], dst_block_ids[k:j], kv_cache, first_layer, num_layers),
+            self._channel.inline_layers(kv_cache, src_block_ids[k:j], first_layer, num_layers)))
+
+    def _send_batches(self, xfer_id: str, endpoint: str, nbytes: int, n: int,
+                      make: Callable[[int, int], tuple[BlockBatch | LayerBatch, list[memoryview]]]) -> None:
+        """Items [0, n) of nbytes each as batches of up to both sides' batch bytes; make(k, j) is
+        the header and payload frames of items [k, j). Only the last message is tracked."""
+        step = batch_blocks(nbytes, min(self._max_batch_bytes, self._core.batch_bytes(endpoint)))
+        for k in range(0, n, step):
             start = time.perf_counter()
-            header = self._core.batch_header(xfer_id, indices[k:k + step], dst_block_ids[k:k + step], kv_cache)
-            payloads = self._channel.inline_many(kv_cache, src_block_ids[k:k + step])
+            header, payloads = make(k, min(n, k + step))
             frames = self._core.pack(endpoint, header, *payloads)
-            if k + step >= len(indices):    # a link releases its messages in order: one tracker covers all
+            if k + step >= n:    # a link releases its messages in order: one tracker covers all
                 self._pending[xfer_id].append(self._link.send_tracked(endpoint, frames))
             else:
                 self._link.send(endpoint, frames)
-            self.metrics.blocks_sent += len(header.indices)
+            if type(header) is BlockBatch or header.first_layer == 0:   # a sliced block counts once
+                self.metrics.blocks_sent += len(header.indices)
             self.metrics.bytes_sent += header.nbytes * len(header.indices)
             self.metrics.send_seconds += time.perf_counter() - start
 

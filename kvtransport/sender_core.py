@@ -26,7 +26,7 @@ from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Framer, FrameError
 from pdwire.handshake import PeerIdentity, check_compatible, dtype_name
-from pdwire.messages import Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck, Message
+from pdwire.messages import Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck, LayerBatch, Message
 from kvtransport.metrics import SenderMetrics
 from kvtransport.session import AuthKind, Buffer, Initiator, Session, check_secret, parse_auth_frame
 
@@ -41,6 +41,8 @@ class _Link:
     remote: PeerIdentity
     last_seen: float
     next_heartbeat: float
+    batch_bytes: int            # payload bytes of one BlockBatch the receiver takes (its HelloAck)
+    layer_slices: bool          # the receiver takes LayerBatch (its HelloAck)
 
 
 class SenderCore:
@@ -88,8 +90,17 @@ class SenderCore:
             raise TransportError(f"{endpoint} refused pairing: {msg.reason}")
         check_compatible(self.identity, msg.identity)
         now = self._clock()
-        self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval)
+        self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval, msg.max_batch_bytes,
+                                      msg.layer_slices)
         return msg.identity
+
+    def batch_bytes(self, endpoint: str) -> int:
+        """The payload bytes of one BlockBatch the connected receiver at endpoint takes."""
+        return self._links[endpoint].batch_bytes
+
+    def takes_layers(self, endpoint: str) -> bool:
+        """Whether the connected receiver at endpoint takes LayerBatch."""
+        return self._links[endpoint].layer_slices
 
     def pack(self, endpoint: str, msg: Message, *payloads: Buffer) -> list[Buffer]:
         """msg (and its payload frames) sealed for the connected receiver at endpoint."""
@@ -126,14 +137,22 @@ class SenderCore:
         """The header of blocks of kv_cache that travel in one message; ValueError as block_header."""
         return BlockBatch(xfer_id, tuple(indices), tuple(dst_block_ids), *self._wire_block(kv_cache))
 
+    def layer_header(self, xfer_id: str, indices: list[int], dst_block_ids: list[int], kv_cache: torch.Tensor,
+                     first_layer: int, num_layers: int) -> LayerBatch:
+        """The header of layers [first_layer, first_layer + num_layers) of blocks of kv_cache that
+        travel in one message; ValueError as block_header."""
+        nbytes, dtype, shape = self._wire_block(kv_cache)
+        return LayerBatch(xfer_id, tuple(indices), tuple(dst_block_ids), first_layer,
+                          nbytes // shape[0] * num_layers, dtype, (num_layers, *shape[1:]))
+
     def _wire_block(self, kv_cache: torch.Tensor) -> tuple[int, str, tuple[int, ...]]:
         """(nbytes, dtype, shape) of one block of kv_cache, checked to be a wire block."""
-        block, layout = kv_cache[0], self.identity.layout
-        shape, dtype = tuple(block.shape), dtype_name(kv_cache.dtype)
+        layout = self.identity.layout
+        shape, dtype = tuple(kv_cache.shape[1:]), dtype_name(kv_cache.dtype)
         if (shape, dtype) != (layout.block_shape, layout.kv_dtype):
             raise ValueError(f"blocks ship as {layout.block_shape} {layout.kv_dtype} (every kv head), "
                              f"got {shape} {dtype}")
-        return block.numel() * block.element_size(), dtype, shape
+        return layout.block_nbytes, dtype, shape
 
     def commit_frames(self, xfer_id: str, first_token: int, num_tokens: int) -> list[Buffer]:
         frames = self.pack(self._open.pop(xfer_id), Commit(xfer_id, first_token, num_tokens))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import struct
 import time
 from collections import OrderedDict
 from enum import Enum
@@ -123,10 +124,7 @@ class Session:
     @staticmethod
     def _tag(key: bytes, seq: bytes, header: Buffer, payloads: Sequence[Buffer]) -> bytes:
         sizes = [len(header), *(len(p) for p in payloads)] if payloads else [len(header), 0]
-        lengths = b"".join(n.to_bytes(8, "little") for n in sizes)
-        mac = hmac.new(key, seq + lengths, hashlib.sha256)
-        mac.update(header)
-        return mac.digest()
+        return hmac.digest(key, seq + struct.pack(f"<{len(sizes)}Q", *sizes) + header, "sha256")
 
 
 class Initiator:

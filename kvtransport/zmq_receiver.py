@@ -13,6 +13,7 @@ from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink
 from pdwire.handshake import PeerIdentity
+from pdwire.messages import BATCH_BYTES
 
 __all__ = ["DEFAULT_BIND", "ZmqReceiver"]
 
@@ -23,9 +24,10 @@ class ZmqReceiver(Receiver):
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
-                 sink: PayloadSink | None = None) -> None:
+                 sink: PayloadSink | None = None, max_batch_bytes: int = BATCH_BYTES) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
         # libzmq applies MAXMSGSIZE to each frame, and a BlockBatch carries one frame per block:
         # no frame larger than a block is buffered from anyone, authenticated or not
         link = ZmqReceiveLink(bind, hwm, identity.layout.block_nbytes)
-        super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout)
+        super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout,
+                         max_batch_bytes=max_batch_bytes)

@@ -11,6 +11,7 @@ from kvtransport.payload_channel import InlineChannel
 from kvtransport.sender import Sender
 from kvtransport.zmq_link import ZmqSendLink
 from pdwire.handshake import PeerIdentity
+from pdwire.messages import BATCH_BYTES
 
 
 class ZmqSender(Sender):
@@ -18,6 +19,7 @@ class ZmqSender(Sender):
 
     def __init__(self, identity: PeerIdentity, secret: bytes, hwm: int = 64,
                  send_timeout: float = 10.0, heartbeat_interval: float = 1.0,
-                 peer_timeout: float = 10.0) -> None:
+                 peer_timeout: float = 10.0, max_batch_bytes: int = BATCH_BYTES) -> None:
         link = ZmqSendLink(identity.node_id, hwm, send_timeout)
-        super().__init__(identity, secret, link, InlineChannel(), heartbeat_interval, peer_timeout)
+        super().__init__(identity, secret, link, InlineChannel(), heartbeat_interval, peer_timeout,
+                         max_batch_bytes=max_batch_bytes)

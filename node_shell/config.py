@@ -26,10 +26,12 @@ from dataclasses import dataclass
 
 from engine.args import EngineArgs
 from engine.flags import add_dataclass_args, build_dataclass
+from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT
 
 
 KV_TRANSPORTS = ("zmq", "torch_dist")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "*", "")
+MAX_LAYER_GROUPS = 64
 
 
 def _tcp_host(endpoint: str) -> str | None:
@@ -54,6 +56,13 @@ class NodeConfig(EngineArgs):
     p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups bind and
                                          # announce to its peers (a concrete address, not a wildcard)
     cluster_secret_file: str | None = None  # the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET
+    kv_batch_mib: int = BATCH_BYTES >> 20  # payload MiB of one KV message (BlockBatch): a decode node takes up
+                                         # to it, a sender packs blocks ready together up to it and the
+                                         # receiver's (one block at least; per frame the limit stays one block)
+    kv_layer_groups: int = 8             # prefill nodes (CPU pool, tp = 1): > 1 ships the blocks a prompt's last
+                                         # chunk completes in this many layer groups during its forward (to
+                                         # decode nodes that take slices), leaving one group's bytes for after
+                                         # it; 1: whole blocks after each chunk
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):
@@ -64,6 +73,10 @@ class NodeConfig(EngineArgs):
             raise ValueError("heartbeat_s, lease_s and router_timeout_s must be > 0")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if not 1 <= self.kv_batch_mib <= BATCH_BYTES_LIMIT >> 20:
+            raise ValueError(f"kv_batch_mib must be in [1, {BATCH_BYTES_LIMIT >> 20}], got {self.kv_batch_mib}")
+        if not 1 <= self.kv_layer_groups <= MAX_LAYER_GROUPS:
+            raise ValueError(f"kv_layer_groups must be in [1, {MAX_LAYER_GROUPS}], got {self.kv_layer_groups}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
         if self.kv_transport == "torch_dist" and self.p2p_host in WILDCARD_HOSTS:
@@ -73,6 +86,10 @@ class NodeConfig(EngineArgs):
         if host in WILDCARD_HOSTS:
             raise ValueError(f"a decode node bound to {self.kv_bind} must say where prefill nodes reach it: "
                              f"--kv-advertise-host HOST (not a wildcard address)")
+
+    @property
+    def kv_batch_bytes(self) -> int:
+        return self.kv_batch_mib << 20
 
     def kv_advertised(self, bound: str) -> str:
         """The endpoint prefill nodes connect to, for a receiver bound at `bound` (its real port)."""

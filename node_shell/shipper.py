@@ -7,6 +7,16 @@ Called by the engine after every step that computed part of a tracked prompt (a 
       block:      0 (cached at D)   1 (full)       2 (partial: 5 tokens)
       shipped:    never             when computed  after the last chunk, before the first token
 
+With layer_groups = G > 1 (a CPU pool at tp = 1, a receiver that takes layer slices; G above the
+number of layers means one group per layer), the blocks that the last chunk completes ship during
+its forward instead, in G layer groups: a hook at the end of each group's last decoder layer
+ships that group's slices (its K/V of those blocks is final then), so only the last group's
+slices are left to travel after the forward. A device pool keeps whole blocks: a host copy of
+each group's slices would stall the forward.
+
+    last chunk's forward:  layers 0-1 | layers 2-3 | ... | layers 6-7 | logits, first token, Commit
+    shipped:                          0-1 slices   2-3 slices   ...    6-7 slices
+
 A block ships with every kv head. At tp = 1 that is the pool's own block: sends are zero-copy,
 and every shipped block is pinned (an extra reference) until the transport says its bytes have
 left the process, so eviction cannot rewrite it mid-send. At tp > 1 each rank holds some heads:
@@ -15,11 +25,14 @@ the runner gathers them into a host copy (one collective per step and prompt), k
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
 
 import torch
 
 from engine.block_manager import PinHandle
 from engine.llm_engine import LLMEngine
+from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence, SequenceGroup
 from kvtransport.base import KVSender
 
@@ -36,22 +49,60 @@ class Shipment:
     closed: bool = False                # committed or aborted: only pins / staged copies remain
 
 
+class _Sliced(NamedTuple):
+    """A shipment whose remaining blocks this step's forward completes, shipped by layer group."""
+    shipment: Shipment
+    kv_cache: torch.Tensor      # the pool: [num_blocks, L, 2, bs, H, D]
+    sources: list[int]          # its blocks for shipment's indices [next_index, len(dst_block_ids))
+
+
 class BlockShipper:
-    def __init__(self) -> None:
+    def __init__(self, layer_groups: int = 1) -> None:
         self.engine: LLMEngine | None = None
         self.sender: KVSender | None = None
         self.shipments: dict[str, Shipment] = {}
+        self.layer_groups = layer_groups           # > 1: the last chunk's blocks ship by layer group
+        self._hooks: list = []                     # forward hooks at the groups' last layers (tp = 1)
+        self._sliced: list[_Sliced] = []           # this step's
 
     def bind(self, engine: LLMEngine, sender: KVSender) -> None:
         self.engine, self.sender = engine, sender
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, runner = [], engine.runner
+        if self.layer_groups > 1 and runner.block_writer() is None and runner.kv_cache.device.type == "cpu":
+            model = runner.model     # in this process, its pool holding every head (tp = 1)
+            n, start = len(model.layers), 0
+            for end in sorted({-(-g * n // self.layer_groups) for g in range(1, self.layer_groups + 1)}):
+                self._hooks.append(model.layers[end - 1].register_forward_hook(partial(self._ship_layers, start, end)))
+                start = end
 
     def track(self, shipment: Shipment) -> None:
         self.shipments[shipment.rid] = shipment
+
+    def before_forward(self, scheduled: list[ScheduledSeq]) -> None:
+        """Note the shipments whose remaining blocks this forward completes, if they go by layer group."""
+        self._sliced = []
+        for item in scheduled if self._hooks else ():
+            s = self.shipments.get(item.group.request_id)
+            last = s is not None and item.seq.num_computed_tokens + item.num_new_tokens >= s.prompt_len
+            if last and not s.closed and s.next_index < len(s.dst_block_ids) and self.sender.takes_layers(s.xfer_id):
+                kv_cache, sources = self._full_head_blocks(s, item.seq.block_table[s.next_index:len(s.dst_block_ids)])
+                self._sliced.append(_Sliced(s, kv_cache, sources))
+
+    def _ship_layers(self, start: int, end: int, module, args, output) -> None:
+        """A forward hook: layers [start, end) just returned; ship their slices of this step's blocks."""
+        for s, kv_cache, sources in self._sliced:
+            n = len(s.dst_block_ids)
+            self.sender.send_layers(s.xfer_id, list(range(s.next_index, n)), list(s.dst_block_ids[s.next_index:]),
+                                    kv_cache, sources, start, end - start)
 
     def on_computed(self, group: SequenceGroup, seq: Sequence) -> None:
         s = self.shipments.get(group.request_id)
         if s is None or s.closed:
             return
+        if any(x.shipment is s for x in self._sliced):      # every layer group went during the forward
+            s.next_index = len(s.dst_block_ids)
         bs = self.engine.block_manager.block_size
         done = seq.num_computed_tokens >= s.prompt_len
         end = len(s.dst_block_ids) if done else min(seq.num_computed_tokens // bs, len(s.dst_block_ids))

@@ -10,6 +10,7 @@ may be missing at the end of the list (a peer from before they were added): they
 
   handshake      Hello(P -> D), HelloAck(D -> P), P2PJoin(D -> P, torch.distributed only)
   transfer       BlockFrame (+ one raw payload frame), BlockBatch (+ one raw frame per block),
+                 LayerBatch (+ one raw frame per block: a layer group's slice of each),
                  Commit, Abort, Heartbeat (both ways)
   admission      Reserve(router -> D) -> Reserved | Busy
 """
@@ -28,12 +29,15 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
 
 MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
-MAX_BATCH_BYTES = 4 << 20    # payload bytes of one BlockBatch (one block, if a block is larger)
+MAX_BATCH_BYTES = 4 << 20    # payload bytes of one BlockBatch a receiver takes unless its HelloAck says
+BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib)
+BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce
 
 
-def batch_blocks(block_nbytes: int) -> int:
-    """Blocks per BlockBatch of blocks of block_nbytes bytes: what a sender packs, a receiver's cap."""
-    return max(1, min(MAX_BATCH_BLOCKS, MAX_BATCH_BYTES // block_nbytes))
+def batch_blocks(block_nbytes: int, max_bytes: int) -> int:
+    """Blocks per BlockBatch of blocks of block_nbytes bytes within max_bytes (one block at least):
+    what a sender packs, a receiver's cap."""
+    return max(1, min(MAX_BATCH_BLOCKS, max_bytes // block_nbytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +55,15 @@ class HelloAck:
     identity: PeerIdentity
     accepted: bool
     reason: str = ""
+    max_batch_bytes: int = MAX_BATCH_BYTES   # payload bytes of one BlockBatch D takes (one block at least)
+    layer_slices: bool = False  # D takes LayerBatch (its pool holds every kv head of a block)
 
     def __post_init__(self) -> None:
         _coerce_identity(self)
         check_bool(self.accepted, "accepted")
         check_str(self.reason, "reason")
+        check_int(self.max_batch_bytes, "max_batch_bytes", lo=1, hi=BATCH_BYTES_LIMIT)
+        check_bool(self.layer_slices, "layer_slices")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,17 +124,44 @@ class BlockBatch:
     shape: tuple[int, ...]      # of one block
 
     def __post_init__(self) -> None:
-        check_id(self.xfer_id, "xfer_id")
-        object.__setattr__(self, "indices", check_ints(self.indices, "indices", MAX_BATCH_BLOCKS,
-                                                       hi=MAX_BLOCKS - 1))
-        n = len(self.indices)
-        object.__setattr__(self, "block_ids", check_ints(self.block_ids, "block_ids", MAX_BATCH_BLOCKS,
-                                                         hi=(1 << 31) - 1))
-        if not 0 < n == len(self.block_ids):
-            raise ProtocolError("a batch needs as many block ids as indices, and one at least")
-        if len(set(self.indices)) != n or len(set(self.block_ids)) != n:
-            raise ProtocolError("a batch repeats an index or a block id")
+        _check_batch_blocks(self)
         _check_block_format(self)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerBatch:
+    """P -> D header of layers [first_layer, first_layer + shape[0]) of several blocks of one
+    transfer: a layer group that the prompt's last forward has just finished, shipped while later
+    layers compute. Raw frame k is block k's slice (nbytes raw bytes of a [layers, 2, block_size,
+    H, D] tensor). D counts a block as arrived once every one of its layers has.
+
+        block [L0 L1 L2 L3 ... L7]   LayerBatch(first_layer=0, shape=(4, ...)) then (4, (4, ...))
+    """
+    xfer_id: str
+    indices: tuple[int, ...]    # positions in the sequence's block table, distinct
+    block_ids: tuple[int, ...]  # destination blocks in D's pool, one per index, distinct
+    first_layer: int
+    nbytes: int                 # of one block's slice
+    dtype: str
+    shape: tuple[int, ...]      # of one block's slice: [layers, 2, block_size, H, D]
+
+    def __post_init__(self) -> None:
+        _check_batch_blocks(self)
+        check_int(self.first_layer, "first_layer", hi=1 << 16)
+        _check_block_format(self)
+
+
+def _check_batch_blocks(msg) -> None:
+    """A batch header's xfer_id, indices and block_ids (as BlockBatch and LayerBatch carry them)."""
+    check_id(msg.xfer_id, "xfer_id")
+    object.__setattr__(msg, "indices", check_ints(msg.indices, "indices", MAX_BATCH_BLOCKS, hi=MAX_BLOCKS - 1))
+    n = len(msg.indices)
+    object.__setattr__(msg, "block_ids", check_ints(msg.block_ids, "block_ids", MAX_BATCH_BLOCKS,
+                                                    hi=(1 << 31) - 1))
+    if not 0 < n == len(msg.block_ids):
+        raise ProtocolError("a batch needs as many block ids as indices, and one at least")
+    if len(set(msg.indices)) != n or len(set(msg.block_ids)) != n:
+        raise ProtocolError("a batch repeats an index or a block id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +243,11 @@ class Busy:
         check_int(self.retry_after_ms, "retry_after_ms", hi=1 << 31)
 
 
-Message = Union[Hello, HelloAck, P2PJoin, BlockFrame, BlockBatch, Commit, Abort, Heartbeat, Reserve,
-                Reserved, Busy]
+Message = Union[Hello, HelloAck, P2PJoin, BlockFrame, BlockBatch, LayerBatch, Commit, Abort, Heartbeat,
+                Reserve, Reserved, Busy]
 
 KINDS: dict[str, type] = {
-    "hello": Hello, "hello_ack": HelloAck, "p2p_join": P2PJoin, "block": BlockFrame, "blocks": BlockBatch,
+    "hello": Hello, "hello_ack": HelloAck, "p2p_join": P2PJoin, "block": BlockFrame, "blocks": BlockBatch, "layers": LayerBatch,
     "commit": Commit, "abort": Abort, "heartbeat": Heartbeat, "reserve": Reserve,
     "reserved": Reserved, "busy": Busy,
 }

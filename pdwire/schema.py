@@ -70,8 +70,10 @@ def check_seq(value: Any, name: str, max_len: int) -> tuple:
 
 def check_ints(value: Any, name: str, max_len: int, lo: int = 0, hi: int = MAX_INT) -> tuple[int, ...]:
     items = check_seq(value, name, max_len)
+    if all(type(item) is int and lo <= item <= hi for item in items):   # the usual case, at no name's cost
+        return items
     for i, item in enumerate(items):
-        check_int(item, f"{name}[{i}]", lo, hi)
+        check_int(item, f"{name}[{i}]", lo, hi)     # raises, naming the first bad item
     return items
 
 

@@ -34,13 +34,14 @@ class PrefillService(NodeService):
     role = "prefill"
 
     def __init__(self, config: NodeConfig):
-        self.shipper = BlockShipper()
+        self.shipper = BlockShipper(config.kv_layer_groups)
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
         super().__init__(config, observer=self.shipper)
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
         self.sender = make_sender(self.config.kv_transport, identity, secret,
-                                  device=str(self.engine.runner.kv_cache.device), p2p_host=self.config.p2p_host)
+                                  device=str(self.engine.runner.kv_cache.device), p2p_host=self.config.p2p_host,
+                                  max_batch_bytes=self.config.kv_batch_bytes)
         self.shipper.bind(self.engine, self.sender)
 
     @property

@@ -19,6 +19,9 @@ class _Snapshots:
     def __init__(self, read):
         self.read, self.taken = read, []
 
+    def before_forward(self, scheduled) -> None:
+        pass
+
     def on_computed(self, group, seq) -> None:
         self.taken.append(self.read(list(seq.block_table)))
 

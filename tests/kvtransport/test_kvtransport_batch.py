@@ -34,9 +34,51 @@ def _ship_batch(env, indices=(1, 2, 3), commit=True):
 
 def test_batch_size_follows_block_bytes():
     """A batch holds as many blocks as fit MAX_BATCH_BYTES, at least one, at most MAX_BATCH_BLOCKS."""
-    assert batch_blocks(NBYTES) == MAX_BATCH_BLOCKS
-    assert batch_blocks(512 << 10) == MAX_BATCH_BYTES // (512 << 10) == 8
-    assert batch_blocks(MAX_BATCH_BYTES * 2) == 1
+    assert batch_blocks(NBYTES, MAX_BATCH_BYTES) == MAX_BATCH_BLOCKS
+    assert batch_blocks(512 << 10, MAX_BATCH_BYTES) == MAX_BATCH_BYTES // (512 << 10) == 8
+    assert batch_blocks(MAX_BATCH_BYTES * 2, MAX_BATCH_BYTES) == 1
+    assert batch_blocks(2 << 20, 16 << 20) == 8 and batch_blocks(2 << 20, 3 << 20) == 1
+    assert batch_blocks(512 << 10, 256 << 20) == MAX_BATCH_BLOCKS
+
+
+def _capped_pair(send_cap, recv_cap, faults=FaultPlan()):
+    """A FakeSender packing up to send_cap bytes, paired with a FakeReceiver taking recv_cap; 10
+    blocks reserved as x1 (block i -> pool block 9 - i)."""
+    net = FakeNetwork(ManualClock())
+    src, dst = make_pool(num_blocks=10, seed=1), make_pool(num_blocks=10, seed=None)
+    recv = FakeReceiver(net, "d0", dst, make_identity(dst, "d0"), TEST_SECRET, max_batch_bytes=recv_cap)
+    send = FakeSender(net, make_identity(src, "p0"), TEST_SECRET, faults, max_batch_bytes=send_cap)
+    send.connect(recv.endpoint)
+    recv.register(Reservation("x1", tuple(range(9, -1, -1))))
+    send.begin("x1", recv.endpoint)
+    return src, dst, recv, send
+
+
+@pytest.mark.parametrize("send_cap, recv_cap", [(4 * NBYTES, 64 * NBYTES), (64 * NBYTES, 4 * NBYTES)])
+def test_batches_take_the_smaller_of_both_caps(send_cap, recv_cap):
+    """A sender packs up to its own cap and the one the receiver announced in its HelloAck,
+    whichever is smaller: 10 blocks at 4 a message, so losing message 1 loses exactly blocks 4-7."""
+    src, dst, recv, send = _capped_pair(send_cap, recv_cap, FaultPlan(drop=frozenset({1})))
+    ids = list(range(10))
+    send.send_blocks("x1", ids, ids[::-1], src, ids)
+    recv.poll()
+    assert recv.metrics.blocks_written == 6 and recv.metrics.drops == Counter()
+    assert all(same_bytes(dst[9 - i], src[i]) == (i not in (4, 5, 6, 7)) for i in ids)
+
+
+def test_batch_over_the_announced_cap_is_dropped_whole():
+    """A sender that ignores the receiver's announced cap (3 blocks) gets its 4-block batch
+    dropped whole as OVERSIZE, before the MAC is checked; batches within the cap still land."""
+    src, dst, recv, send = _capped_pair(64 * NBYTES, 3 * NBYTES)
+    big = BlockBatch("x1", (0, 1, 2, 3), (9, 8, 7, 6), NBYTES, "float32", SHAPE)
+    send.send_raw(recv.endpoint, send.seal(recv.endpoint, big, *[bytes(block_bytes(src, i)) for i in range(4)]))
+    recv.poll()
+    assert recv.metrics.drops == Counter({DropReason.OVERSIZE: 1}) and not dst.any()
+    ids = list(range(10))
+    send.send_blocks("x1", ids, ids[::-1], src, ids)
+    send.commit("x1", 1, 10 * 4)
+    assert [type(e) for e in recv.poll()] == [TransferCommitted]
+    assert all(same_bytes(dst[9 - i], src[i]) for i in ids)
 
 
 def test_blocks_ready_together_travel_in_one_message():
@@ -149,13 +191,16 @@ def test_batch_over_zmq_moves_bit_exactly_and_is_sent(dtype):
         recv.close()
 
 
-def test_call_of_several_messages_lands_and_is_sent():
-    """20 blocks of 0.5 MiB leave as 3 messages (8 + 8 + 4), zero-copy, the last one tracked:
-    every block lands bit-exactly and is_sent turns true."""
+@pytest.mark.parametrize("cap", [MAX_BATCH_BYTES, 16 << 20])
+def test_call_of_several_messages_lands_and_is_sent(cap):
+    """20 blocks of 0.5 MiB leave as 3 messages (8 + 8 + 4) under a 4 MiB cap, or as one of
+    20 under a 16 MiB one (each frame still within the receiver's one-block MAXMSGSIZE),
+    zero-copy, the last one tracked: every block lands bit-exactly and is_sent turns true."""
     geom = dict(num_blocks=20, num_layers=8, block_size=16, num_kv_heads=8, head_dim=64)
     src, dst = make_pool(seed=1, **geom), make_pool(seed=None, **geom)
-    recv = zmq_case.ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, "tcp://127.0.0.1:*")
-    send = zmq_case.ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET)
+    recv = zmq_case.ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, "tcp://127.0.0.1:*",
+                                max_batch_bytes=cap)
+    send = zmq_case.ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, max_batch_bytes=cap)
     try:
         zmq_case._connect(send, recv)
         ids = list(range(20))

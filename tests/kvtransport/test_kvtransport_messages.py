@@ -6,8 +6,8 @@ from hypothesis import given, settings, strategies as st
 from kvtransport.framing import Framer, FrameError
 from kvtransport.session import TRAILER_LEN, Session
 from pdwire.handshake import KVLayout, PeerIdentity
-from pdwire.messages import (KINDS, MAX_BATCH_BLOCKS, Abort, BlockBatch, BlockFrame, Busy, Commit,
-                             Heartbeat, Hello, HelloAck, P2PJoin, Reserve, Reserved, decode, encode)
+from pdwire.messages import (KINDS, MAX_BATCH_BLOCKS, MAX_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Busy, Commit,
+                             Heartbeat, Hello, HelloAck, LayerBatch, P2PJoin, Reserve, Reserved, decode, encode)
 from kvtransport.metrics import DropReason
 from pdwire.schema import PROTOCOL_VERSION, ProtocolError
 
@@ -18,9 +18,11 @@ EXAMPLES = [
     Hello(IDENT),
     HelloAck(IDENT, True),
     HelloAck(IDENT, False, "handshake refused: block_size differs"),
+    HelloAck(IDENT, True, "", 16 << 20, True),
     P2PJoin("prefill-0/a1b2", "127.0.0.1", 29500),
     BlockFrame("d0-1f-7", 3, 41, 1 << 20, "float32", (8, 2, 16, 8, 64)),
     BlockBatch("d0-1f-7", (4, 5, 6, 9), (40, 12, 13, 7), 1 << 20, "float32", (8, 2, 16, 8, 64)),
+    LayerBatch("d0-1f-7", (4, 5), (40, 12), 6, 256 << 10, "float32", (2, 2, 16, 8, 64)),
     Commit("d0-1f-7", 128000, 77),
     Abort("d0-1f-7", "lease expired"),
     Heartbeat("a1b2c3d4e5f60718", ("d0-1f-7", "d0-1f-8")),
@@ -84,6 +86,12 @@ def _batch_fields(**over):
     _envelope("reserved", ["r", "x", [1, 2], 3]),            # cached prefix > blocks
     _envelope("hello", [["n", "e", "zmq", ["m", "float32", 16, 1, 1]]]),  # short layout
     _envelope("hello", [[1, 2, 3, 4]]),                       # identity of wrong types
+    _envelope("layers", ["x1", [0, 1], [3, 3], 0, 64, "float32", [1, 2, 4]]),   # a block twice
+    _envelope("layers", ["x1", [0], [3], -1, 64, "float32", [1, 2, 4]]),         # negative first layer
+    _envelope("layers", ["x1", [0], [3], 0, 64, "float32", [0, 2, 4]]),          # no layer
+    _envelope("hello_ack", [IDENT.to_wire(), True, "", 4 << 20, 1]),   # layer_slices must be a bool
+    _envelope("hello_ack", [IDENT.to_wire(), True, "", 0]),         # a receiver taking no batch bytes
+    _envelope("hello_ack", [IDENT.to_wire(), True, "", (256 << 20) + 1]),   # over BATCH_BYTES_LIMIT
     _envelope("heartbeat", ["e", [1, 2]]),                   # ids must be strings
     msgpack.packb([1, "abort", ["x", msgpack.ExtType(5, b"z")]], use_bin_type=True),
 ])
@@ -91,6 +99,12 @@ def test_malformed_is_protocol_error(buf):
     """Malformed or out-of-range input raises ProtocolError, never anything else."""
     with pytest.raises(ProtocolError):
         decode(buf)
+
+
+def test_hello_ack_from_before_max_batch_bytes_takes_the_old_cap():
+    """A HelloAck without max_batch_bytes (a receiver from before it) means MAX_BATCH_BYTES."""
+    ack = decode(_envelope("hello_ack", [IDENT.to_wire(), True, ""]))
+    assert ack == HelloAck(IDENT, True) and ack.max_batch_bytes == MAX_BATCH_BYTES == 4 << 20
 
 
 def test_constructing_an_invalid_message_raises():

@@ -9,7 +9,8 @@ import prefill_node.service as prefill_service
 
 def _stub(transport):
     runner = SimpleNamespace(kv_cache=SimpleNamespace(device="cpu"), block_writer=lambda: None)
-    config = SimpleNamespace(kv_transport=transport, p2p_host="10.0.0.9", kv_bind="tcp://127.0.0.1:0", lease_s=30.0)
+    config = SimpleNamespace(kv_transport=transport, p2p_host="10.0.0.9", kv_bind="tcp://127.0.0.1:0", lease_s=30.0,
+                             kv_batch_bytes=8 << 20)
     return SimpleNamespace(engine=SimpleNamespace(runner=runner), config=config,
                            shipper=SimpleNamespace(bind=lambda engine, sender: None))
 
@@ -27,6 +28,7 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     decode_service.DecodeService.open_transport(d, "identity", b"secret")
     assert (p.sender, d.receiver, d.mover.sender) == ("S", "R", None)
     assert d.mover._make_sender() == "S"
-    sender = ((transport, "identity", b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9"})
+    sender = ((transport, "identity", b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9", "max_batch_bytes": 8 << 20})
     assert calls == [sender, ((transport, d.engine.runner.kv_cache, "identity", b"secret"),
-                              {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None}), sender]
+                              {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None,
+                               "max_batch_bytes": 8 << 20}), sender]

@@ -1,0 +1,36 @@
+"""A prefill node shipping the blocks of a prompt's last chunk by layer group during its forward
+(--kv-layer-groups), over real ZMQ: the decode node decodes token for token what transformers
+decodes, every block arrives once, and nothing leaks or stays pinned (serving's checks)."""
+from __future__ import annotations
+
+import pytest
+
+from engine import SamplingParams
+from tests.model_factory import hf_greedy
+from tests.node_harness import serving, tokens as _tokens
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.mark.parametrize("groups, expected", [
+    (2, [([4, 5], 0, 1), ([4, 5], 1, 1), ([0], 0, 1), ([0], 1, 1)]),
+    (8, [([4, 5], 0, 1), ([4, 5], 1, 1), ([0], 0, 1), ([0], 1, 1)]),     # more groups than layers: one a layer
+    (1, []),                                                            # whole blocks only
+])
+def test_last_chunk_by_layer_group_matches_transformers(model_dir, monkeypatch, groups, expected):
+    """Chunks of 16 tokens, blocks of 8, 2 layers in 2 groups: a 45-token prompt's first 4 blocks
+    go whole after their chunks, its last 2 as layer 0 then layer 1 slices during the last
+    forward; a 5-token prompt's one block by layer. Output equals transformers'."""
+    _, hf = model_dir
+    prompts = [[(i * 37) % 500 + 3 for i in range(45)], [1, 17, 99, 4, 250]]
+    with serving(model_dir[0], block_size=8, num_blocks=48, max_num_batched_tokens=16, kv_layer_groups=groups) as h:
+        sender, sliced = h.prefill.sender, []
+        real = sender.send_layers
+        monkeypatch.setattr(sender, "send_layers", lambda *a: sliced.append((a[1], a[5], a[6])) or real(*a))
+        for i, p in enumerate(prompts):
+            h.submit(f"r{i}", p, GREEDY)
+            (r,) = h.wait([f"r{i}"])
+            assert r.failed is None and _tokens(r) == hf_greedy(hf, p, 12)
+        assert sliced == expected
+        assert h.decode.receiver.metrics.blocks_written == 6 + 1
+        assert h.decode.receiver.metrics.drops == {}
