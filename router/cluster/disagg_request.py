@@ -190,7 +190,16 @@ def missing_logprob(token_id: int) -> dict[int, float]:
 
 def apply_event(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vocab: int) -> Failure | None:
     """Takes one message (or node loss) of the attempt into the choice (and the prompt's scores,
-    if it brings them, into `request`); a Failure ends the attempt."""
+    if it brings them, into `request`), and wakes the request's generator when the choice has
+    something new or finished; a Failure ends the attempt."""
+    before = (len(choice.token_ids), choice.out.length)
+    failure = _apply(choice, att, event, request, vocab)
+    if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
+        request.events.put_nowait(choice.index)
+    return failure
+
+
+def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vocab: int) -> Failure | None:
     if isinstance(event, Lost):
         if event.node_id == att.prefill_id and att.first_token:
             return None     # P's part is done; D goes on (if the transfer broke, D says so)

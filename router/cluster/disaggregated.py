@@ -365,7 +365,6 @@ class DisaggregatedBackend(Backend):
         """Merges P's first token and D's deltas into the choice until it finishes, fails or moves."""
         timer = TransferTimer(UNTIMED if att.writer else self._kv_transfer_time)    # a KV move: not a prefill's
         while choice.finish_reason is None:
-            before = (len(choice.token_ids), choice.out.length)
             had_first = att.first_token
             event = await att.inbox.get()
             if isinstance(event, MoveOut):
@@ -377,8 +376,6 @@ class DisaggregatedBackend(Backend):
                 self._registry.release(att.bookings.pop(att.prefill_id))    # P's part is done
             if failure is not None:
                 return failure
-            if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
-                request.events.put_nowait(choice.index)
         return None
 
 

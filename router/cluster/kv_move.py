@@ -140,12 +140,9 @@ class KVMoves:
                 continue
             if isinstance(event, tuple) and event[0] == att.decode_id and isinstance(event[1], Paused):
                 return event[1]
-            before = (len(choice.token_ids), choice.out.length)
             failure = apply_event(choice, att, event, request, self._vocab)
             if failure is not None:
                 return failure
-            if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
-                request.events.put_nowait(choice.index)
         return None
 
     def _endpoint(self, node_id: str) -> str:
