@@ -17,6 +17,7 @@ from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
 from router.cluster.membership import NODE_FAILURE, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
+from router.request_deltas import RequestDeltas
 from engine.detokenizer import find_stop
 from router.stop_hold import StopHold
 
@@ -99,7 +100,7 @@ class PendingRequest:
     num_cached_tokens: int | None = None    # prompt tokens D found cached, by choice 0's first reservation
     arrival: float = field(default_factory=time.monotonic)
     queue_time: float | None = None         # arrival until choice 0's first PrefillRequest went out
-    scored: bool = False                    # the prompt's scores went out, or the choices went without
+    sent: RequestDeltas = field(default_factory=RequestDeltas)  # scored: prompt scores went, or choices without
 
     def note_admitted(self, choice: Choice, att: Attempt, block_size: int) -> None:
         """At choice 0's first admission: the prompt tokens D held cached (whole blocks; at least
@@ -116,12 +117,10 @@ class PendingRequest:
         asked = self.choices[0].params.prompt_logprobs is not None
         if asked and self.prompt_logprobs is None and not self.choices[0].token_ids and not finished:
             return None
-        choices = [d for c in self.choices if (d := c.out.take()) is not None]
-        scores = None if self.scored else self.prompt_logprobs
-        self.scored = True
-        if not choices and scores is None and not finished:
+        delta = self.sent.take((c.out for c in self.choices), self.prompt_logprobs, finished)
+        if delta is None:
             return None
-        return RequestOutput(self.request_id, self.prompt_ids, choices, finished, scores,
+        return RequestOutput(self.request_id, self.prompt_ids, delta.outputs, finished, delta.prompt_logprobs,
                              self.num_cached_tokens or 0, self.queue_time)
 
 
