@@ -75,8 +75,7 @@ class Choice:
     rid: str
     params: SamplingParams          # n = 1, this choice's seed
     token_ids: list[int] = field(default_factory=list)  # every token merged, released or not
-    out: StopHold = field(init=False)   # its text, tokens and logprobs not yet sent; its text's length
-    finish_reason: str | None = None
+    out: StopHold = field(init=False)   # its text, tokens and logprobs not yet sent; its text's length; its end
     attempt: Attempt | None = None
     num_attempts: int = 0
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
@@ -84,8 +83,12 @@ class Choice:
     def __post_init__(self) -> None:
         self.out = StopHold(self.index, self.params)
 
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the choice ended (None while it runs): its stop hold's, the one record of it."""
+        return self.out.finish_reason
+
     def finish(self, reason: str) -> None:
-        self.finish_reason = reason
         self.out.finish(reason)
 
 
