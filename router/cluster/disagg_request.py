@@ -14,7 +14,7 @@ from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
 from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
-from router.cluster.membership import NODE_FAILURE, NodeLoss
+from router.cluster.membership import NODE_FAILURE, OPERATOR_CAUSES, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
 from router.request_deltas import RequestDeltas
@@ -40,6 +40,13 @@ class Failure(NamedTuple):
     reason: str
     retryable: bool
     cause: str = NODE_FAILURE   # a LossCause's value when a node was lost: the retry's metric label
+
+    @property
+    def uses_retry(self) -> bool:
+        """Whether the next attempt uses one of the request's max_retries: not when an operator's
+        remove or drain deadline moved it (router/cluster/node_operator.py), a KV move that failed
+        included; that is no failure of the request."""
+        return self.cause not in OPERATOR_CAUSES
 
 
 @dataclass(slots=True, eq=False)
@@ -78,6 +85,7 @@ class Choice:
     out: StopHold = field(init=False)   # its text, tokens and logprobs not yet sent; its text's length; its end
     attempt: Attempt | None = None
     num_attempts: int = 0
+    retries: int = 0                # attempts after a failure that uses a retry (Failure.uses_retry)
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
 
     def __post_init__(self) -> None:
