@@ -29,6 +29,7 @@ class Lost(NamedTuple):
     """In an attempt's inbox: one of its nodes died, restarted or left."""
     node_id: str
     loss: NodeLoss
+    overdue: bool = False   # put back kv_move_timeout_s after a KV move's writer was lost (KVMoves.note)
 
     def failure(self) -> Failure:
         return Failure(self.node_id, f"node {self.node_id} lost ({self.loss})", True, self.loss.cause.value)
@@ -211,8 +212,10 @@ def apply_event(choice: Choice, att: Attempt, event: Any, request: PendingReques
 
 def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vocab: int) -> Failure | None:
     if isinstance(event, Lost):
-        if event.node_id == att.prefill_id and att.first_token:
-            return None     # P's part is done; D goes on (if the transfer broke, D says so)
+        if event.node_id == att.writer:     # a KV move's writer: D reports a broken transfer itself;
+            return event.failure() if event.overdue else None       # overdue, D has said nothing in time
+        if event.overdue or (event.node_id == att.prefill_id and att.first_token):
+            return None     # D took the moved blocks in time; or P's part is done (D reports a broken transfer)
         return event.failure()
     node_id, msg = event
     if isinstance(msg, RequestFailed):
