@@ -26,6 +26,23 @@ async def paused_after_13(p, ds, c):
     return d1, live, out, await live.expect(DecodeRequest)
 
 
+async def shipping(c):
+    """paused_after_13, then the live node reserves the moved attempt r1~1 and D1 is told to ship
+    into it. Returns (P, D1, the live node, the stream)."""
+    p, ds = await cast(c)
+    d1, live, out, _ = await paused_after_13(p, ds, c)
+    live.send(Reserved("r1~1", "x2", (7, 8), 0))
+    await d1.expect(ShipRequest)
+    return p, d1, live, out
+
+
+async def prefill_request(p) -> PrefillRequest:
+    """The prefill node's next PrefillRequest, past the aborts of earlier attempts."""
+    while not isinstance(msg := await p.expect(object), PrefillRequest):
+        assert isinstance(msg, AbortRequest)
+    return msg
+
+
 async def finish(out, expected: tuple) -> None:
     while (final := await out.next()) is not END and not final.finished:
         pass
@@ -105,18 +122,14 @@ def test_a_writer_failing_after_its_ship_request_falls_back_to_the_re_prefill_mo
     cause) are counted."""
     async def test():
         async with Cluster() as c:
-            p, ds = await cast(c)
-            d1, live, out, _ = await paused_after_13(p, ds, c)
-            live.send(Reserved("r1~1", "x2", (7, 8), 0))
-            await d1.expect(ShipRequest)
+            p, d1, live, out = await shipping(c)
             fail(d1, live)
             assert (await live.expect(AbortRequest)).rid == "r1~1"
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == \
                 ("r1~2", PROMPT + [11, 12, 13], p.node_id)
             live.send(Reserved("r1~2", "x3", (7, 8, 9), 0))
-            while (msg := await p.expect(object)) and not isinstance(msg, PrefillRequest):
-                assert isinstance(msg, AbortRequest)
+            await prefill_request(p)
             p.send(FirstToken("r1~2", 14, "d", None, "length"))
             await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
             got = membership(c.backend)
@@ -131,10 +144,7 @@ def test_a_writer_lost_after_its_ship_request_leaves_the_move_to_the_live_node()
     kv move is counted and no re-prefill."""
     async def test():
         async with Cluster() as c:
-            p, ds = await cast(c)
-            d1, live, out, _ = await paused_after_13(p, ds, c)
-            live.send(Reserved("r1~1", "x2", (7, 8), 0))
-            await d1.expect(ShipRequest)
+            p, d1, live, out = await shipping(c)
             _leaves(d1)
             await until(lambda: c.backend.server.info(d1.node_id) is None)
             live.send(TokenDelta("r1~1", 0, (13, 14), 0, "cd", None, "length"))
@@ -152,10 +162,7 @@ def test_a_writer_lost_and_a_silent_live_node_fall_back_at_the_move_timeout():
     D1's loss (goodbye)."""
     async def test():
         async with Cluster(dataclasses.replace(CONFIG, kv_move_timeout_s=0.5)) as c:
-            p, ds = await cast(c)
-            d1, live, out, _ = await paused_after_13(p, ds, c)
-            live.send(Reserved("r1~1", "x2", (7, 8), 0))
-            await d1.expect(ShipRequest)
+            p, d1, live, out = await shipping(c)
             _leaves(d1)
             await live.assert_silent(0.25)
             assert (await live.expect(AbortRequest)).rid == "r1~1"

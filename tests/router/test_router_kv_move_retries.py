@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, Paused, PauseRequest, PrefillRequest,
+from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, Paused, PauseRequest,
                             RequestFailed, ShipRequest, TokenDelta)
 from pdwire.messages import Busy, Reserved
 from tests.disagg_harness import CONFIG, PROMPT, Cluster, first_of, run, view
-from tests.router.test_router_kv_move import finish, paused_after_13
+from tests.router.test_router_kv_move import finish, paused_after_13, prefill_request, shipping
 from tests.router.test_router_operator import cast, first_tokens, membership
-
-
-async def _prefill_request(p) -> PrefillRequest:
-    """The prefill node's next PrefillRequest, past the aborts of earlier attempts."""
-    while not isinstance(msg := await p.expect(object), PrefillRequest):
-        assert isinstance(msg, AbortRequest)
-    return msg
 
 
 async def _moved(c, d_from, rest, rid: str, xfer: str):
@@ -55,7 +48,7 @@ def test_a_request_moved_more_often_than_max_retries_still_completes_exactly():
             assert (again.rid, list(again.prompt_ids), again.params.max_tokens) == \
                 ("r1~3", PROMPT + [11, 12, 13, 14], 2)
             d_c.send(Reserved("r1~3", "x4", (7, 8, 9), 0))
-            assert (await _prefill_request(p)).rid == "r1~3"
+            assert (await prefill_request(p)).rid == "r1~3"
             p.send(FirstToken("r1~3", 15, "e", None, ""))
             d_c.send(TokenDelta("r1~3", 0, (15, 16), 0, "ef", None, "length"))
             await finish(out, ([([11, 12, 13, 14, 15, 16], "abcdef", "length")], True))
@@ -76,7 +69,7 @@ def test_a_failed_kv_moves_fallback_uses_no_retry():
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids)) == ("r1~2", PROMPT + [11, 12, 13])
             live.send(Reserved("r1~2", "x3", (7, 8, 9), 0))
-            assert (await _prefill_request(p)).rid == "r1~2"
+            assert (await prefill_request(p)).rid == "r1~2"
             p.send(FirstToken("r1~2", 14, "d", None, "length"))
             await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
     run(test)
@@ -94,7 +87,7 @@ def test_a_removed_nodes_re_prefill_move_uses_no_retry():
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids)) == ("r1~1", PROMPT + [11, 12])
             live.send(Reserved("r1~1", "x2", (7, 8, 9), 0))
-            assert (await _prefill_request(p)).rid == "r1~1"
+            assert (await prefill_request(p)).rid == "r1~1"
             p.send(FirstToken("r1~1", 13, "c", None, "length"))
             await finish(out, ([([11, 12, 13], "abc", "length")], True))
             assert membership(c.backend)['pdserve_router_migrations_total{cause="removed",how="reprefill"}'] == 1
@@ -106,16 +99,13 @@ def test_a_failed_kv_move_after_a_real_failure_uses_one_retry():
     re-prefill uses the one retry (not two), so it runs; when that attempt fails too, r1 fails."""
     async def test():
         async with Cluster(dataclasses.replace(CONFIG, max_retries=1)) as c:
-            p, ds = await cast(c)
-            d1, live, out, _ = await paused_after_13(p, ds, c)
-            live.send(Reserved("r1~1", "x2", (7, 8), 0))
-            await d1.expect(ShipRequest)
+            p, d1, live, out = await shipping(c)
             d1.send(RequestFailed("r1~1", "cannot reach the decode node", True))
             assert (await live.expect(AbortRequest)).rid == "r1~1"
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids)) == ("r1~2", PROMPT + [11, 12, 13])
             live.send(Reserved("r1~2", "x3", (7, 8, 9), 0))
-            assert (await _prefill_request(p)).rid == "r1~2"
+            assert (await prefill_request(p)).rid == "r1~2"
             p.send(RequestFailed("r1~2", "out of memory", True))
             err = await out.next()
             assert isinstance(err, RuntimeError) and "after 3 attempts: prefill-0: out of memory" in str(err), err
