@@ -11,6 +11,7 @@
                     control plane), node_operator.py (drain / remove), node_collector.py
     backend.py      Backend: the interface between the halves (it yields deltas), and NoNodeAvailable (a 503)
     stop_hold.py    StopHold: one choice's unsent output; holds back text a stop string may still claim
+    request_deltas.py  RequestDeltas: a request's next delta (its choices' and the prompt's scores, once)
     colocated.py    ColocatedBackend: one engine on its own thread (prefill + decode on one node)
     config.py       RouterConfig, the frozen, validated settings (flags generated from it)
     cli.py          `python -m router`: the colocated server

@@ -29,6 +29,7 @@ from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from router.backend import Backend, NodeMetrics
 from router.backend import NoNodeAvailable
+from router.request_deltas import RequestDeltas
 from router.stop_hold import StopHold
 
 _END = object()     # sentinel: the request was aborted, its stream ends
@@ -43,25 +44,23 @@ class _Sink:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.params = params
         self.holds: dict[int, StopHold] = {}
-        self.scored = params.prompt_logprobs is None    # the prompt's scores were sent, or none are due
+        self.sent = RequestDeltas(scored=params.prompt_logprobs is None)     # no scores due: none go
         self.prompt: list[int] | None = None            # the first output's prompt, shared by the rest
 
     def delta(self, output: RequestOutput) -> RequestOutput | None:
         """What `output` (cumulative) adds, or None if nothing. The prompt's scores, when asked for,
         come once, with or before the first choice delta."""
-        if not self.scored and output.prompt_logprobs is None and not output.finished:
+        if not self.sent.scored and output.prompt_logprobs is None and not output.finished:
             return None
         for whole in output.outputs:
             if whole.index not in self.holds:
                 self.holds[whole.index] = StopHold(whole.index, self.params)
             self.holds[whole.index].advance_to(whole)
-        choices = [d for hold in self.holds.values() if (d := hold.take()) is not None]
-        scores = None if self.scored else output.prompt_logprobs
-        self.scored = True
-        if not choices and scores is None and not output.finished:
+        delta = self.sent.take(self.holds.values(), output.prompt_logprobs, output.finished)
+        if delta is None:
             return None
         self.prompt = output.prompt_token_ids if self.prompt is None else self.prompt
-        return RequestOutput(output.request_id, self.prompt, choices, output.finished, scores,
+        return RequestOutput(output.request_id, self.prompt, delta.outputs, output.finished, delta.prompt_logprobs,
                              output.num_cached_tokens, output.queue_time)
 
     def push(self, item: Any) -> None:

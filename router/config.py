@@ -29,7 +29,7 @@ class RouterConfig:
     kv_index_max_blocks: int = 1 << 18      # routing cost: (node, block hash) entries the router's KV index keeps, least recent dropped first
     control_endpoint: str = "tcp://127.0.0.1:0"  # disaggregated: where nodes connect; port 0 = any free
     admission_timeout_s: float = 30.0       # disaggregated: longest wait for a decode reservation
-    max_retries: int = 3                    # disaggregated: new attempts of a request after failures
+    max_retries: int = 3                    # disaggregated: new attempts of a request after failures (an operator's remove or drain moves use none)
     kv_move_timeout_s: float = 5.0          # disaggregated: a decode node removed or past its drain deadline moves each running request with its KV blocks, waiting this long for its pause and another node's reservation, else re-prefills it (0: always re-prefill)
     cluster_secret_file: str | None = None  # disaggregated: the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET, else `pdserve up` makes one
     max_body_bytes: int = 8 << 20           # HTTP: largest request body (a 400 beyond it)

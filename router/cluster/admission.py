@@ -113,6 +113,7 @@ class Admission:
             if not isinstance(reply, Busy):
                 return reply
             self._on_busy(att, decode, reply, rounds)
+            self._rearm(rounds)
 
     async def reserve_move(self, choice: Choice, att: Attempt) -> Reserved | Busy | Failure | None:
         """A KV move's reservation, written by att.writer: one ask of the first ranked decode node
@@ -126,8 +127,7 @@ class Admission:
         self._book(att, decode, None)
         reply = await self._reserve(att, decode, rounds.deadline)
         if isinstance(reply, Busy):
-            self.busy.inc()
-            self._release_all(att)
+            self._on_busy(att, decode, reply, rounds)
         return reply
 
     async def _wait_for_nodes(self, choice: Choice, deadline: float) -> None:
@@ -189,12 +189,17 @@ class Admission:
                 f"within the admission timeout of {timeout} s")
 
     def _on_busy(self, att: Attempt, decode: Node, reply: Busy, rounds: _Rounds) -> None:
+        """D said Busy: counted, the attempt's bookings released, and D noted in `rounds` as
+        refusing until it reports more free blocks."""
         self.busy.inc()
         self._release_all(att)
         rounds.refused[decode.node_id] = self._pool(decode).free_blocks
         rounds.busy_replies += 1
         rounds.last_busy = f"{decode.node_id}: {reply.reason or 'busy'}"
         rounds.wait_s = max(rounds.wait_s, reply.retry_after_ms / 1000)
+
+    def _rearm(self, rounds: _Rounds) -> None:
+        """After a Busy, the timer starts again from now (and no node is asked anyway until it fires)."""
         rounds.probe_at = asyncio.get_running_loop().time() + self._jittered(rounds.wait_s)
         rounds.probe = False
 

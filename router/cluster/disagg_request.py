@@ -14,9 +14,10 @@ from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
 from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
-from router.cluster.membership import NODE_FAILURE, NodeLoss
+from router.cluster.membership import NODE_FAILURE, OPERATOR_CAUSES, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
+from router.request_deltas import RequestDeltas
 from engine.detokenizer import find_stop
 from router.stop_hold import StopHold
 
@@ -28,6 +29,7 @@ class Lost(NamedTuple):
     """In an attempt's inbox: one of its nodes died, restarted or left."""
     node_id: str
     loss: NodeLoss
+    overdue: bool = False   # put back kv_move_timeout_s after a KV move's writer was lost (KVMoves.note)
 
     def failure(self) -> Failure:
         return Failure(self.node_id, f"node {self.node_id} lost ({self.loss})", True, self.loss.cause.value)
@@ -39,6 +41,13 @@ class Failure(NamedTuple):
     reason: str
     retryable: bool
     cause: str = NODE_FAILURE   # a LossCause's value when a node was lost: the retry's metric label
+
+    @property
+    def uses_retry(self) -> bool:
+        """Whether the next attempt uses one of the request's max_retries: not when an operator's
+        remove or drain deadline moved it (router/cluster/node_operator.py), a KV move that failed
+        included; that is no failure of the request."""
+        return self.cause not in OPERATOR_CAUSES
 
 
 @dataclass(slots=True, eq=False)
@@ -74,17 +83,21 @@ class Choice:
     rid: str
     params: SamplingParams          # n = 1, this choice's seed
     token_ids: list[int] = field(default_factory=list)  # every token merged, released or not
-    out: StopHold = field(init=False)   # its text, tokens and logprobs not yet sent; its text's length
-    finish_reason: str | None = None
+    out: StopHold = field(init=False)   # its text, tokens and logprobs not yet sent; its text's length; its end
     attempt: Attempt | None = None
     num_attempts: int = 0
+    retries: int = 0                # attempts after a failure that uses a retry (Failure.uses_retry)
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
 
     def __post_init__(self) -> None:
         self.out = StopHold(self.index, self.params)
 
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the choice ended (None while it runs): its stop hold's, the one record of it."""
+        return self.out.finish_reason
+
     def finish(self, reason: str) -> None:
-        self.finish_reason = reason
         self.out.finish(reason)
 
 
@@ -99,7 +112,7 @@ class PendingRequest:
     num_cached_tokens: int | None = None    # prompt tokens D found cached, by choice 0's first reservation
     arrival: float = field(default_factory=time.monotonic)
     queue_time: float | None = None         # arrival until choice 0's first PrefillRequest went out
-    scored: bool = False                    # the prompt's scores went out, or the choices went without
+    sent: RequestDeltas = field(default_factory=RequestDeltas)  # scored: prompt scores went, or choices without
 
     def note_admitted(self, choice: Choice, att: Attempt, block_size: int) -> None:
         """At choice 0's first admission: the prompt tokens D held cached (whole blocks; at least
@@ -116,12 +129,10 @@ class PendingRequest:
         asked = self.choices[0].params.prompt_logprobs is not None
         if asked and self.prompt_logprobs is None and not self.choices[0].token_ids and not finished:
             return None
-        choices = [d for c in self.choices if (d := c.out.take()) is not None]
-        scores = None if self.scored else self.prompt_logprobs
-        self.scored = True
-        if not choices and scores is None and not finished:
+        delta = self.sent.take((c.out for c in self.choices), self.prompt_logprobs, finished)
+        if delta is None:
             return None
-        return RequestOutput(self.request_id, self.prompt_ids, choices, finished, scores,
+        return RequestOutput(self.request_id, self.prompt_ids, delta.outputs, finished, delta.prompt_logprobs,
                              self.num_cached_tokens or 0, self.queue_time)
 
 
@@ -190,10 +201,21 @@ def missing_logprob(token_id: int) -> dict[int, float]:
 
 def apply_event(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vocab: int) -> Failure | None:
     """Takes one message (or node loss) of the attempt into the choice (and the prompt's scores,
-    if it brings them, into `request`); a Failure ends the attempt."""
+    if it brings them, into `request`), and wakes the request's generator when the choice has
+    something new or finished; a Failure ends the attempt."""
+    before = (len(choice.token_ids), choice.out.length)
+    failure = _apply(choice, att, event, request, vocab)
+    if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
+        request.events.put_nowait(choice.index)
+    return failure
+
+
+def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vocab: int) -> Failure | None:
     if isinstance(event, Lost):
-        if event.node_id == att.prefill_id and att.first_token:
-            return None     # P's part is done; D goes on (if the transfer broke, D says so)
+        if event.node_id == att.writer:     # a KV move's writer: D reports a broken transfer itself;
+            return event.failure() if event.overdue else None       # overdue, D has said nothing in time
+        if event.overdue or (event.node_id == att.prefill_id and att.first_token):
+            return None     # D took the moved blocks in time; or P's part is done (D reports a broken transfer)
         return event.failure()
     node_id, msg = event
     if isinstance(msg, RequestFailed):

@@ -17,7 +17,8 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
        then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
        and min_tokens less those tokens: a retry before the first token, a migration after it
        (an operator's remove or drain deadline first moves D's requests with their KV blocks:
-       router/cluster/kv_move.py; this re-prefill is the fallback)
+       router/cluster/kv_move.py; this re-prefill is the fallback); at most max_retries times
+       after failures of the request's own: a move an operator causes uses none
     6. client gone / generator closed / abort(): AbortRequest to the nodes of the attempt
 
 An attempt is one try on one (P, D) pair. Its wire rid is the choice's rid, then `rid~k` for try k,
@@ -353,7 +354,9 @@ class DisaggregatedBackend(Backend):
         """Raises if the choice may not run again; else notes the node to avoid."""
         if not failure.retryable:
             raise (RuntimeError if choice.token_ids else ValueError)(failure.reason)
-        if choice.num_attempts > self._config.max_retries:
+        if failure.uses_retry:
+            choice.retries += 1
+        if choice.retries > self._config.max_retries:
             raise RuntimeError(f"request failed after {choice.num_attempts} attempts: {failure.reason}")
         choice.avoid.add(failure.node_id)
         log.warning("%s: %s; %s after %d tokens", choice.rid, failure.reason,
@@ -365,7 +368,6 @@ class DisaggregatedBackend(Backend):
         """Merges P's first token and D's deltas into the choice until it finishes, fails or moves."""
         timer = TransferTimer(UNTIMED if att.writer else self._kv_transfer_time)    # a KV move: not a prefill's
         while choice.finish_reason is None:
-            before = (len(choice.token_ids), choice.out.length)
             had_first = att.first_token
             event = await att.inbox.get()
             if isinstance(event, MoveOut):
@@ -377,8 +379,6 @@ class DisaggregatedBackend(Backend):
                 self._registry.release(att.bookings.pop(att.prefill_id))    # P's part is done
             if failure is not None:
                 return failure
-            if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
-                request.events.put_nowait(choice.index)
         return None
 
 

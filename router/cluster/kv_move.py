@@ -9,7 +9,8 @@ another decode node with its KV blocks, so its continuation is exact in every dt
     4. ShipRequest(A', A) ─▶ D1: D1 ships its blocks into D2's reservation and commits o_n;
        D2 adopts them and streams A' from o_n on (merge skips what the client has)
     5. D2's first TokenDelta: A' no longer needs D1 (writer cleared); once no move off D1 is
-       pending, the operator removes D1 as before
+       pending, the operator removes D1 as before. D1 lost before that: D2 reports a transfer
+       that broke (RequestFailed), so A' waits kv_move_timeout_s for D2's first delta or failure
   Any step failing or past kv_move_timeout_s (D1 not pausing, D2 Busy or full, D1 dead, the
   transfer failing) falls back to today's move: A, or A', ends and the next attempt re-prefills
   prompt + every emitted token. pdserve_router_migrations{cause, how} counts both kinds.
@@ -25,7 +26,7 @@ from pdwire.messages import Reserved
 from router.backend import NoNodeAvailable
 from router.cluster.admission import Admission
 from router.cluster.control_server import ControlServer
-from router.cluster.disagg_request import Attempt, Choice, Failure, PendingRequest, apply_event
+from router.cluster.disagg_request import Attempt, Choice, Failure, Lost, PendingRequest, apply_event
 from router.cluster.membership import NodeLoss
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,12 @@ class KVMoves:
         return bool(live)
 
     def note(self, att: Attempt, event: Any) -> None:
-        """Step 5, for each event of a streaming attempt: D2 took the blocks, D1 is done with."""
-        if att.writer and isinstance(event, tuple) and event[0] == att.decode_id and isinstance(event[1], TokenDelta):
+        """Step 5, for each event of a streaming attempt: D2 took the blocks, D1 is done with. D1
+        lost first: D2 reports a transfer that broke itself, so the attempt waits kv_move_timeout_s
+        for D2's first delta or failure; then the loss, again and overdue, fails it."""
+        if isinstance(event, Lost) and event.node_id == att.writer and not event.overdue:
+            asyncio.get_running_loop().call_later(self._timeout_s, att.inbox.put_nowait, event._replace(overdue=True))
+        elif att.writer and isinstance(event, tuple) and event[0] == att.decode_id and isinstance(event[1], TokenDelta):
             booking = att.bookings.pop(att.writer, None)
             if booking is not None:
                 self._server.registry.release(booking)
@@ -140,12 +145,9 @@ class KVMoves:
                 continue
             if isinstance(event, tuple) and event[0] == att.decode_id and isinstance(event[1], Paused):
                 return event[1]
-            before = (len(choice.token_ids), choice.out.length)
             failure = apply_event(choice, att, event, request, self._vocab)
             if failure is not None:
                 return failure
-            if (len(choice.token_ids), choice.out.length) != before or choice.finish_reason is not None:
-                request.events.put_nowait(choice.index)
         return None
 
     def _endpoint(self, node_id: str) -> str:

@@ -130,3 +130,17 @@ def test_disaggregated_long_choice_keeps_and_yields_only_its_deltas():
             assert max(len(o.token_ids) for delta in out.deltas for o in delta.outputs) <= 2
             assert "".join(o.text for delta in out.deltas for o in delta.outputs) == "word " * 400
     run(test)
+
+
+def test_colocated_prompt_logprobs_come_once_with_the_first_choice_delta(real_engine):
+    """prompt_logprobs with n = 2: the engine's prompt scores go exactly once, in the first output,
+    beside choice deltas; no later output carries any."""
+    engine = real_engine
+    prompt = engine.tokenizer.encode("hello world, the quick brown fox")
+    params = SamplingParams(n=2, seed=5, temperature=0.8, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
+    reference = _engine_whole(engine, prompt, params)
+    deltas = _deltas(engine, prompt, params)
+    assert reference.prompt_logprobs is not None and len(reference.prompt_logprobs) == len(prompt)
+    assert deltas[0].prompt_logprobs == reference.prompt_logprobs and deltas[0].outputs
+    assert [o.prompt_logprobs for o in deltas[1:]] == [None] * (len(deltas) - 1)
+    engine.check_integrity()

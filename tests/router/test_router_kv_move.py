@@ -26,6 +26,23 @@ async def paused_after_13(p, ds, c):
     return d1, live, out, await live.expect(DecodeRequest)
 
 
+async def shipping(c):
+    """paused_after_13, then the live node reserves the moved attempt r1~1 and D1 is told to ship
+    into it. Returns (P, D1, the live node, the stream)."""
+    p, ds = await cast(c)
+    d1, live, out, _ = await paused_after_13(p, ds, c)
+    live.send(Reserved("r1~1", "x2", (7, 8), 0))
+    await d1.expect(ShipRequest)
+    return p, d1, live, out
+
+
+async def prefill_request(p) -> PrefillRequest:
+    """The prefill node's next PrefillRequest, past the aborts of earlier attempts."""
+    while not isinstance(msg := await p.expect(object), PrefillRequest):
+        assert isinstance(msg, AbortRequest)
+    return msg
+
+
 async def finish(out, expected: tuple) -> None:
     while (final := await out.next()) is not END and not final.finished:
         pass
@@ -82,39 +99,77 @@ def test_a_busy_receiver_falls_back_to_the_re_prefill_move():
     run(test)
 
 
-def _fails_to_ship(d1) -> None:
+def _fails_to_ship(d1, live) -> None:
     d1.send(RequestFailed("r1~1", "cannot reach the decode node", True))
 
 
-def _leaves_mid_ship(d1) -> None:
+def _leaves_then_the_transfer_breaks(d1, live) -> None:
+    _leaves(d1)
+    live.send(RequestFailed("r1~1", "transfer failed: peer_dead silent for 10s", True))
+
+
+def _leaves(d1) -> None:
     d1.stop_heartbeat()
     d1.send(NodeGoodbye(d1.node_id, d1.epoch, "SIGTERM"))
 
 
-@pytest.mark.parametrize("fail, cause", [(_fails_to_ship, "node_failure"), (_leaves_mid_ship, "goodbye")])
+@pytest.mark.parametrize("fail, cause", [(_fails_to_ship, "node_failure"),
+                                         (_leaves_then_the_transfer_breaks, "node_failure")])
 def test_a_writer_failing_after_its_ship_request_falls_back_to_the_re_prefill_move(fail, cause):
-    """D1 cannot ship (RequestFailed for the moved attempt), or says goodbye before the live node
-    took the blocks: the moved attempt fails at once (not at the transfer's lease) and is aborted on
-    the live node; r1 continues re-prefilled; the kv move and the re-prefill (by its cause) are counted."""
+    """D1 cannot ship (RequestFailed for the moved attempt), or says goodbye and the live node
+    reports the broken transfer: the moved attempt fails at once (not at the move's timeout) and
+    is aborted on the live node; r1 continues re-prefilled; the kv move and the re-prefill (by its
+    cause) are counted."""
     async def test():
         async with Cluster() as c:
-            p, ds = await cast(c)
-            d1, live, out, _ = await paused_after_13(p, ds, c)
-            live.send(Reserved("r1~1", "x2", (7, 8), 0))
-            await d1.expect(ShipRequest)
-            fail(d1)
+            p, d1, live, out = await shipping(c)
+            fail(d1, live)
             assert (await live.expect(AbortRequest)).rid == "r1~1"
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids), again.prefill_node_id) == \
                 ("r1~2", PROMPT + [11, 12, 13], p.node_id)
             live.send(Reserved("r1~2", "x3", (7, 8, 9), 0))
-            while (msg := await p.expect(object)) and not isinstance(msg, PrefillRequest):
-                assert isinstance(msg, AbortRequest)
+            await prefill_request(p)
             p.send(FirstToken("r1~2", 14, "d", None, "length"))
             await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
             got = membership(c.backend)
             assert got['pdserve_router_migrations_total{cause="removed",how="kv_move"}'] == 1
             assert got[f'pdserve_router_migrations_total{{cause="{cause}",how="reprefill"}}'] == 1
+    run(test)
+
+
+def test_a_writer_lost_after_its_ship_request_leaves_the_move_to_the_live_node():
+    """D1 says goodbye after its ShipRequest, its blocks already sent: the moved attempt waits for
+    the live node, whose deltas from 13 on complete r1; nothing is aborted or re-prefilled, one
+    kv move is counted and no re-prefill."""
+    async def test():
+        async with Cluster() as c:
+            p, d1, live, out = await shipping(c)
+            _leaves(d1)
+            await until(lambda: c.backend.server.info(d1.node_id) is None)
+            live.send(TokenDelta("r1~1", 0, (13, 14), 0, "cd", None, "length"))
+            await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
+            await live.assert_silent(0.1)
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="removed",how="kv_move"}'] == 1
+            assert [k for k in got if "reprefill" in k] == []
+    run(test)
+
+
+def test_a_writer_lost_and_a_silent_live_node_fall_back_at_the_move_timeout():
+    """D1 says goodbye after its ShipRequest and the live node says nothing: kv_move_timeout_s
+    later (not at once) the moved attempt is aborted there and r1 re-prefills, counted under
+    D1's loss (goodbye)."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, kv_move_timeout_s=0.5)) as c:
+            p, d1, live, out = await shipping(c)
+            _leaves(d1)
+            await live.assert_silent(0.25)
+            assert (await live.expect(AbortRequest)).rid == "r1~1"
+            again = await live.expect(DecodeRequest)
+            assert (again.rid, list(again.prompt_ids)) == ("r1~2", PROMPT + [11, 12, 13])
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="goodbye",how="reprefill"}'] == 1
     run(test)
 
 
