@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
 from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
-from pdwire.messages import (BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
-                             HelloAck, LayerBatch, Message, batch_blocks)
+from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
+                             HelloAck, LayerBatch, Message)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from kvtransport.session import AuthError, AuthKind, Buffer, Responder, parse_auth_frame
@@ -95,8 +95,12 @@ class ReceiverCore:
         block's), announced to each sender in the HelloAck."""
         self.identity = identity
         self.ledger = ReceiveLedger(identity.layout, num_blocks, ReceiverMetrics(), clock)
+        if not 1 <= max_batch_bytes <= BATCH_BYTES_LIMIT:
+            raise ValueError(f"max_batch_bytes must be in [1, {BATCH_BYTES_LIMIT}], got {max_batch_bytes}")
         nbytes = identity.layout.block_nbytes
-        self._framer = Framer(max_payload_bytes=nbytes * batch_blocks(nbytes, max_batch_bytes))
+        # The announced bytes are the cap: a sender packs whole blocks or layer slices up to them,
+        # and slices need not add up to a whole number of blocks (one block, at least, always fits).
+        self._framer = Framer(max_payload_bytes=max(nbytes, min(max_batch_bytes, MAX_BATCH_BLOCKS * nbytes)))
         self._max_batch_bytes = max_batch_bytes
         self._auth = Responder(secret, clock=clock)
         self._sink, self._send = sink, send

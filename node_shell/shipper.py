@@ -34,7 +34,7 @@ from engine.block_manager import PinHandle
 from engine.llm_engine import LLMEngine
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence, SequenceGroup
-from kvtransport.base import KVSender
+from kvtransport.base import KVSender, TransportError
 
 
 @dataclass(slots=True)
@@ -64,6 +64,7 @@ class BlockShipper:
         self.layer_groups = layer_groups           # > 1: the last chunk's blocks ship by layer group
         self._hooks: list = []                     # forward hooks at the groups' last layers (tp = 1)
         self._sliced: list[_Sliced] = []           # this step's
+        self.failed: dict[str, str] = {}           # rid -> why a send failed inside a step (take_failed)
 
     def bind(self, engine: LLMEngine, sender: KVSender) -> None:
         self.engine, self.sender = engine, sender
@@ -93,20 +94,33 @@ class BlockShipper:
     def _ship_layers(self, start: int, end: int, module, args, output) -> None:
         """A forward hook: layers [start, end) just returned; ship their slices of this step's blocks."""
         for s, kv_cache, sources in self._sliced:
+            if s.rid in self.failed:
+                continue
             n = len(s.dst_block_ids)
-            self.sender.send_layers(s.xfer_id, list(range(s.next_index, n)), list(s.dst_block_ids[s.next_index:]),
-                                    kv_cache, sources, start, end - start)
+            try:
+                self.sender.send_layers(s.xfer_id, list(range(s.next_index, n)), list(s.dst_block_ids[s.next_index:]),
+                                        kv_cache, sources, start, end - start)
+            except TransportError as err:       # this transfer only: the forward and the others go on
+                self.failed[s.rid] = f"transfer failed: {err}"
 
     def on_computed(self, group: SequenceGroup, seq: Sequence) -> None:
         s = self.shipments.get(group.request_id)
-        if s is None or s.closed:
+        if s is None or s.closed or s.rid in self.failed:
             return
         if any(x.shipment is s for x in self._sliced):      # every layer group went during the forward
             s.next_index = len(s.dst_block_ids)
         bs = self.engine.block_manager.block_size
         done = seq.num_computed_tokens >= s.prompt_len
         end = len(s.dst_block_ids) if done else min(seq.num_computed_tokens // bs, len(s.dst_block_ids))
-        self._send(s, seq.block_table, end)
+        try:
+            self._send(s, seq.block_table, end)
+        except TransportError as err:           # inside the engine's step: fail this request, not the step
+            self.failed[s.rid] = f"transfer failed: {err}"
+
+    def take_failed(self) -> dict[str, str]:
+        """The requests whose sends failed during the last step, with why; the caller fails them."""
+        failed, self.failed = self.failed, {}
+        return failed
 
     def ship(self, s: Shipment, blocks: list[int]) -> None:
         """Ship every block of s not sent yet now, from `blocks` (the source's table for s)."""

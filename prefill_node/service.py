@@ -62,6 +62,8 @@ class PrefillService(NodeService):
         self.shipper.release_sent()
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        for rid, why in self.shipper.take_failed().items():     # a send failed inside the step
+            self._abort(rid, why, notify=True)
         for out in outputs:
             shipment = self.shipper.shipments.get(out.request_id)
             if not out.finished or shipment is None or shipment.closed:

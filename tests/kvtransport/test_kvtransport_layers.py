@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from kvtransport.events import TransferCommitted
-from kvtransport.fake import FakeReceiver, FakeSender
+from kvtransport.fake import FakeNetwork, FakeReceiver, FakeSender, ManualClock
 from kvtransport.metrics import DropReason
 from kvtransport.payload import BlockWriterSink
 from kvtransport.receiver_state import Reservation
 from kvtransport.state import TransferState
-from kvtransport.testing import TEST_SECRET, make_identity
+from kvtransport.testing import TEST_SECRET, make_identity, make_pool
 from pdwire.messages import LayerBatch
 from tests.kvtransport.test_kvtransport_fake import DST_IDS, SHIPPED, SRC_IDS, Env
 from tests.kvtransport import test_kvtransport_zmq as zmq_case
@@ -153,3 +153,34 @@ def test_layer_slices_over_zmq_land_bit_exactly():
     finally:
         send.close()
         recv.close()
+
+
+@pytest.mark.parametrize("limit", [16 << 10, 5000])
+def test_layer_batches_fit_a_limit_that_is_no_whole_number_of_blocks(limit):
+    """12-layer blocks of 6 KiB, 3 layers a group: under a 16 KiB limit a sender packs ten 1.5 KiB
+    slices (15 KiB), more than the two whole blocks (12 KiB) the limit holds; under 5000 bytes (less
+    than a block) three slices. The receiver's cap is the announced bytes (a block at least), so
+    every batch lands and the transfer commits with the sender's bytes."""
+    n = 12
+    net = FakeNetwork(ManualClock())
+    src = make_pool(n, 12, 4, 2, 8, torch.float32, seed=1)
+    dst = make_pool(n, 12, 4, 2, 8, torch.float32, seed=None)
+    recv = FakeReceiver(net, "d0", dst, make_identity(dst, "d0"), TEST_SECRET, max_batch_bytes=limit)
+    send = FakeSender(net, make_identity(src, "p0"), TEST_SECRET, max_batch_bytes=limit)
+    send.connect(recv.endpoint)
+    ids = list(range(n))
+    recv.register(Reservation("x1", tuple(ids), 0, 30.0))
+    send.begin("x1", recv.endpoint)
+    for first in range(0, 12, 3):
+        send.send_layers("x1", ids, ids, src, ids, first, 3)
+    send.commit("x1", 1, n * 4)
+    (ev,) = recv.poll()
+    assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter()
+    assert torch.equal(dst, src)
+
+
+def test_a_receiver_refuses_a_batch_limit_out_of_range():
+    dst = make_pool(4)
+    for bad in (0, (256 << 20) + 1):
+        with pytest.raises(ValueError, match="max_batch_bytes"):
+            FakeReceiver(FakeNetwork(ManualClock()), "d0", dst, make_identity(dst, "d0"), TEST_SECRET, max_batch_bytes=bad)

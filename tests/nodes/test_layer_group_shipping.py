@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
+from kvtransport.base import TransportError
 from tests.model_factory import hf_greedy
 from tests.node_harness import serving, tokens as _tokens
 
@@ -34,3 +35,30 @@ def test_last_chunk_by_layer_group_matches_transformers(model_dir, monkeypatch, 
         assert sliced == expected
         assert h.decode.receiver.metrics.blocks_written == 6 + 1
         assert h.decode.receiver.metrics.drops == {}
+
+
+def test_a_failed_layer_send_fails_only_its_request(model_dir, monkeypatch):
+    """A send inside the forward fails for one transfer (its decode node stopped draining): that
+    request fails (retryable), the prompt computed beside it in the same steps is shipped and
+    decoded exactly, and the node serves the next request. Before, the error left the forward and
+    the engine failed every request of the step."""
+    _, hf = model_dir
+    prompts = {"r1": [(i * 37) % 500 + 3 for i in range(40)], "r0": [1, 17, 99, 4, 250]}
+    with serving(model_dir[0], block_size=8, num_blocks=48, max_num_batched_tokens=64, kv_layer_groups=2) as h:
+        sender, begun = h.prefill.sender, {}
+        real_begin, real_layers = sender.begin, sender.send_layers
+        monkeypatch.setattr(sender, "begin", lambda x, ep: begun.setdefault(len(begun), x) and real_begin(x, ep))
+
+        def flaky(xfer_id, *rest):
+            if xfer_id == begun.get(1) and rest[4] == 1:         # r0's transfer, its second layer group
+                raise TransportError("the decode node stopped draining")
+            return real_layers(xfer_id, *rest)
+        monkeypatch.setattr(sender, "send_layers", flaky)
+        h.submit("r1", prompts["r1"], GREEDY)
+        h.submit("r0", prompts["r0"], GREEDY)
+        r1, r0 = h.wait(["r1", "r0"])
+        assert r0.failed is not None and r0.failed.retryable and "stopped draining" in r0.failed.reason
+        assert r1.failed is None and _tokens(r1) == hf_greedy(hf, prompts["r1"], 12)
+        h.submit("r2", [3, 4, 5], GREEDY)
+        (r2,) = h.wait(["r2"])
+        assert r2.failed is None and _tokens(r2) == hf_greedy(hf, [3, 4, 5], 12)
