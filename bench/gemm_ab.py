@@ -1,6 +1,7 @@
 """pdserve's own GEMM against oneDNN's packed linears inside the engine: whole runs of
 engine_throughput.py's workload (32 requests, 128 prompt / 128 output tokens, greedy), the two
-engines taking turns run by run in one process, each run's prefill and decode steps timed apart.
+engines taking turns run by run in one process (which goes first alternating: the first of a pair
+measured slower here, either way), each run's prefill and decode steps timed apart.
 
     python bench/gemm_ab.py [--dtype float32] [--repeats 5]
 
@@ -66,7 +67,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in engines}
     load = [os.getloadavg()[0]]
     for repeat in range(args.repeats):
-        for side, eng in engines.items():
+        order = list(engines.items())
+        for side, eng in order if repeat % 2 == 0 else order[::-1]:    # who goes first takes turns too
             runs[side].append(timed_run(eng, repeat))
             r = runs[side][-1]
             print(f"  {side:12s} {r['tok_s']:6.0f} tok/s  prefill {r['prefill_s'] * 1e3:5.0f} ms  "
@@ -76,7 +78,7 @@ def main() -> None:
     for side, m in medians.items():
         print(f"{side:12s} median {m['tok_s']:6.0f} tok/s  prefill {m['prefill_s'] * 1e3:5.0f} ms  "
               f"decode {m['decode_ms_per_step']:5.2f} ms/step")
-    ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(*runs.values())]
+    ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(*runs.values())]      # per repeat, whatever the order
     print(f"GEMM / oneDNN tok/s, run by run: {', '.join(f'{r:.2f}' for r in ratios)} "
           f"(median {statistics.median(ratios):.2f}); load average {load[0]:.1f} -> {load[1]:.1f}")
     print("wrote", write_result("gemm_ab", {"dtype": args.dtype, "runs": runs, "medians": medians, "load_avg": load}))
