@@ -1,12 +1,13 @@
 """Where a decode step's time goes, bfloat16 beside float32, module by module.
 
-    .venv/bin/python bench/decode_step_profile.py [--num-seqs 32] [--steps 20] [--bf16-onednn]
+    .venv/bin/python bench/decode_step_profile.py [--num-seqs 32] [--steps 20] [--bf16-onednn] [--f32-onednn]
 
 The peers' 58.5M random Llama (bench/random_model.py), `--num-seqs` sequences of 128 random
 prompt tokens prefilled, then `--steps` decode steps timed with forward hooks on the model's
 modules (summed over layers), alternating dtypes step block by step block; then one torch
 profiler pass per dtype lists the top operators by self CPU time. --bf16-onednn adds a third
-side: bfloat16 with its linears on oneDNN (PDSERVE_BF16_GEMM=0) instead of pdserve's GEMM. Shares matter more than
+side: bfloat16 with its linears on oneDNN (PDSERVE_BF16_GEMM=0) instead of pdserve's GEMM;
+--f32-onednn the same for float32 (PDSERVE_F32_GEMM=0). Shares matter more than
 milliseconds on a shared machine. Writes bench/results/decode_step_profile_<time>.json.
 """
 from __future__ import annotations
@@ -55,10 +56,11 @@ class ModuleClock:
             self.seconds[part] += time.perf_counter() - module._clock_start
 
 
-def decoding_engine(path: str, dtype: str, num_seqs: int, bf16_gemm: bool = True) -> LLMEngine:
-    """An engine with num_seqs sequences past their prefill, decoding (bf16_gemm False: its
-    bf16 linears packed for oneDNN, as PDSERVE_BF16_GEMM=0 does)."""
-    os.environ["PDSERVE_BF16_GEMM"] = "1" if bf16_gemm else "0"     # read once, when the linears are packed
+def decoding_engine(path: str, dtype: str, num_seqs: int, gemm: bool = True) -> LLMEngine:
+    """An engine with num_seqs sequences past their prefill, decoding (gemm False: its linears
+    packed for oneDNN, as PDSERVE_BF16_GEMM=0 / PDSERVE_F32_GEMM=0 do)."""
+    for flag in ("PDSERVE_BF16_GEMM", "PDSERVE_F32_GEMM"):    # read once, when the linears are packed
+        os.environ[flag] = "1" if gemm else "0"
     engine = LLMEngine(EngineConfig(model=path, dtype=dtype, cache=CacheConfig(kv_cache_gib=0.5),
                                     scheduler=SchedulerConfig(max_num_seqs=num_seqs)))
     rng = random.Random(0)
@@ -105,11 +107,14 @@ def main() -> None:
     ap.add_argument("--num-seqs", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20, help="decode steps per block; 3 blocks per dtype")
     ap.add_argument("--bf16-onednn", action="store_true", help="also bf16 with oneDNN's linears")
+    ap.add_argument("--f32-onednn", action="store_true", help="also float32 with oneDNN's linears")
     args = ap.parse_args()
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
     sides = {}
-    for label, dtype, gemm in (("float32", "float32", True), ("bfloat16", "bfloat16", True),
-                               ("bf16-onednn", "bfloat16", False))[:3 if args.bf16_onednn else 2]:
+    choices = (("float32", "float32", True), ("bfloat16", "bfloat16", True),
+               ("bf16-onednn", "bfloat16", False) if args.bf16_onednn else None,
+               ("f32-onednn", "float32", False) if args.f32_onednn else None)
+    for label, dtype, gemm in filter(None, choices):
         engine = decoding_engine(path, dtype, args.num_seqs, gemm)
         sides[label] = (engine, ModuleClock(engine.runner.model))
     blocks: dict[str, list[dict[str, float]]] = {d: [] for d in sides}

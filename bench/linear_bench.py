@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.machine import write_result  # noqa: E402
-from kernels import gemm_bf16  # noqa: E402
+from kernels import gemm_bf16, gemm_f32  # noqa: E402
 
 SHAPES = {"qkv_proj": (512, 1536), "gate_up_proj": (512, 2816), "down_proj": (1408, 512), "lm_head": (512, 32000)}
 
@@ -64,9 +64,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
-    ours = gemm_bf16.supported()
+    ours = {torch.bfloat16: gemm_bf16 if gemm_bf16.supported() else None,
+            torch.float32: gemm_f32 if gemm_f32.supported() else None}
     print(f"ms per call, {args.rows} rows, {torch.get_num_threads()} threads, {'cold' if args.cold else 'warm'} "
-          f"weights, pdserve bf16 GEMM {'available' if ours else 'unavailable (no AVX512-BF16)'}")
+          f"weights, pdserve GEMMs: bf16 {'available' if ours[torch.bfloat16] else 'unavailable (no AVX512-BF16)'}, "
+          f"fp32 {'available' if ours[torch.float32] else 'unavailable (no AVX-512)'}")
     for name, (k, n) in SHAPES.items():
         for dtype in (torch.float32, torch.bfloat16):
             copies = max(1, COLD_BYTES // (n * k * dtype.itemsize)) if args.cold else 1
@@ -77,9 +79,10 @@ def main() -> None:
                                         packed),
                    "f_linear_ms": _cycling(lambda w: torch.nn.functional.linear(x, w), ws),
                    "matmul_ms": _cycling(lambda wt: x @ wt, wts)}
-            if ours and dtype == torch.bfloat16:
-                mine = [gemm_bf16.pack_weight(w) for w in ws]
-                fns["pdserve_gemm_ms"] = _cycling(lambda p: gemm_bf16.linear(x, p, n), mine)
+            gemm = ours[dtype]
+            if gemm is not None:
+                mine = [gemm.pack_weight(w) for w in ws]
+                fns["pdserve_gemm_ms"] = _cycling(lambda p: gemm.linear(x, p, n), mine)
             row = {"linear": name, "dtype": str(dtype).split(".")[1], "weight_mib": n * k * dtype.itemsize / 2**20,
                    **_interleaved(fns, args.iters)}
             del packed, wts, fns

@@ -1,12 +1,13 @@
-"""engine.packed_linear and engine.bf16_linear: packed CPU linears (oneDNN, pdserve's bf16 GEMM) equal
-nn.Linear; pack_linears swaps them in."""
+"""engine.packed_linear, engine.bf16_linear and engine.f32_linear: packed CPU linears (oneDNN,
+pdserve's bf16 and float32 GEMMs) equal nn.Linear; pack_linears swaps them in."""
 import pytest
 import torch
 from torch import nn
 
-from engine import SamplingParams, bf16_linear
+from engine import SamplingParams, bf16_linear, f32_linear
 from engine.packed_linear import PackedLinear, can_pack, pack_linears
 from engine.parallel.sharding import RowParallelLinear
+from tests.model_factory import hf_greedy
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
@@ -124,3 +125,50 @@ def test_without_the_c_kernels_bf16_linears_stay_on_onednn(monkeypatch):
         gemm_bf16_lib.cache_clear()
         gemm_bf16.supported.cache_clear()
     assert gemm_bf16.supported() == _bf16_gemm_here()
+
+
+def _f32_gemm_here() -> bool:
+    """Whether float32 linears use pdserve's GEMM here: where the CPU has AVX-512F they must."""
+    with open("/proc/cpuinfo") as f:
+        has = any(line.startswith("flags") and " avx512f" in line for line in f)
+    assert f32_linear.can_use(torch.float32, torch.device("cpu")) == has
+    return has
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 32, 300])
+def test_f32_linear_equals_linear(bias, rows):
+    """F32Linear (pdserve's float32 GEMM) equals nn.Linear in float32, keeping leading dims."""
+    if not _f32_gemm_here():
+        return
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias)
+    x = torch.randn(rows, 3, 96)[:, 1]     # rows strided in memory
+    got = f32_linear.F32Linear(linear)(x)
+    assert got.dtype == torch.float32 and got.shape == (rows, 200)
+    torch.testing.assert_close(got, linear(x), atol=1e-5, rtol=1e-5)
+
+
+def test_pack_linears_uses_the_f32_gemm_unless_switched_off(monkeypatch):
+    """float32 on an AVX-512 CPU: F32Linear; PDSERVE_F32_GEMM=0 (or no AVX-512): oneDNN."""
+    model = nn.Sequential(nn.Linear(16, 32))
+    assert pack_linears(model) == 1
+    assert type(model[0]) is (f32_linear.F32Linear if _f32_gemm_here() else PackedLinear)
+    monkeypatch.setenv("PDSERVE_F32_GEMM", "0")
+    model = nn.Sequential(nn.Linear(16, 32))
+    assert pack_linears(model) == 1 and type(model[0]) is PackedLinear
+
+
+def test_f32_engine_equals_transformers_on_either_linear(make_llm, model_dir, monkeypatch):
+    """A float32 engine decodes transformers' greedy tokens on pdserve's GEMM and on oneDNN."""
+    prompts = [[1, 5, 9, 200, 31], [7, 7, 7], [(i * 37) % 500 + 3 for i in range(53)]]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    path, hf = model_dir
+    expected = [hf_greedy(hf, p, 16) for p in prompts]
+    llm = make_llm(path)
+    assert type(llm.engine.runner.model.lm_head) is (f32_linear.F32Linear if _f32_gemm_here() else PackedLinear)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
+    monkeypatch.setenv("PDSERVE_F32_GEMM", "0")
+    onednn = make_llm(path)
+    assert type(onednn.engine.runner.model.lm_head) is PackedLinear
+    assert [o.outputs[0].token_ids for o in onednn.generate(prompts, params)] == expected

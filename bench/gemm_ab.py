@@ -1,0 +1,88 @@
+"""pdserve's own GEMM against oneDNN's packed linears inside the engine: whole runs of
+engine_throughput.py's workload (32 requests, 128 prompt / 128 output tokens, greedy), the two
+engines taking turns run by run in one process (which goes first alternating: the first of a pair
+measured slower here, either way), each run's prefill and decode steps timed apart.
+
+    python bench/gemm_ab.py [--dtype float32] [--repeats 5]
+
+The same engine either way but for its linears (PDSERVE_F32_GEMM / PDSERVE_BF16_GEMM set to 0
+for the oneDNN side when it is built). Writes bench/results/gemm_ab_<time>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout first
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # as engine/__init__.py, but before anything loads torch
+
+import torch  # noqa: E402
+
+from bench.machine import write_result  # noqa: E402
+from bench.random_model import make_random_llama  # noqa: E402
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from pdwire.sampling_params import SamplingParams  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REQUESTS, PROMPT, OUTPUT = 32, 128, 128
+
+
+def engine(path: str, dtype: str, gemm: bool) -> LLMEngine:
+    for flag in ("PDSERVE_BF16_GEMM", "PDSERVE_F32_GEMM"):    # read once, when the linears are packed
+        os.environ[flag] = "1" if gemm else "0"
+    return LLMEngine(EngineConfig(model=path, dtype=dtype, cache=CacheConfig(kv_cache_gib=2.0),
+                                  scheduler=SchedulerConfig(max_num_seqs=REQUESTS, max_num_batched_tokens=2048)))
+
+
+def timed_run(eng: LLMEngine, repeat: int) -> dict[str, float]:
+    """One run on fresh prompts: seconds in all, in prefill steps (any step with a prompt
+    chunk: the first two here) and in the decode steps after them; output tokens/s."""
+    g = torch.Generator().manual_seed(repeat)
+    params = SamplingParams(max_tokens=OUTPUT, temperature=0.0, ignore_eos=True)
+    for i in range(REQUESTS):
+        eng.add_request(f"r{repeat}-{i}", torch.randint(10, 30000, (PROMPT,), generator=g).tolist(), params)
+    steps = []
+    while eng.has_unfinished_requests():
+        start = time.perf_counter()
+        eng.step()
+        steps.append(time.perf_counter() - start)
+    prefill_steps = -(-REQUESTS * PROMPT // 2048)
+    total = sum(steps)
+    return {"tok_s": REQUESTS * OUTPUT / total, "total_s": total, "prefill_s": sum(steps[:prefill_steps]),
+            "decode_ms_per_step": sum(steps[prefill_steps:]) / len(steps[prefill_steps:]) * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
+    engines = {"pdserve GEMM": engine(path, args.dtype, True), "oneDNN": engine(path, args.dtype, False)}
+    print({side: type(e.runner.model.lm_head).__name__ for side, e in engines.items()})
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in engines}
+    load = [os.getloadavg()[0]]
+    for repeat in range(args.repeats):
+        order = list(engines.items())
+        for side, eng in order if repeat % 2 == 0 else order[::-1]:    # who goes first takes turns too
+            runs[side].append(timed_run(eng, repeat))
+            r = runs[side][-1]
+            print(f"  {side:12s} {r['tok_s']:6.0f} tok/s  prefill {r['prefill_s'] * 1e3:5.0f} ms  "
+                  f"decode {r['decode_ms_per_step']:5.2f} ms/step", flush=True)
+    load.append(os.getloadavg()[0])
+    medians = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
+    for side, m in medians.items():
+        print(f"{side:12s} median {m['tok_s']:6.0f} tok/s  prefill {m['prefill_s'] * 1e3:5.0f} ms  "
+              f"decode {m['decode_ms_per_step']:5.2f} ms/step")
+    ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(*runs.values())]      # per repeat, whatever the order
+    print(f"GEMM / oneDNN tok/s, run by run: {', '.join(f'{r:.2f}' for r in ratios)} "
+          f"(median {statistics.median(ratios):.2f}); load average {load[0]:.1f} -> {load[1]:.1f}")
+    print("wrote", write_result("gemm_ab", {"dtype": args.dtype, "runs": runs, "medians": medians, "load_avg": load}))
+
+
+if __name__ == "__main__":
+    main()
