@@ -7,6 +7,9 @@
  *   2. softmax per query head (max-subtracted, float32)
  *   3. out[g] = sum_t p[g][t] * V[t]   (segments: partial sums, merged per sequence after)
  * K and V are each read once per task; 16-bit elements are widened to float32 as they are read.
+ * bf16 with head_dim 64 or 128 on AVX512-BF16 CPUs takes k_block_bf16 / v_block_bf16 instead:
+ * K dots by vdpbf16ps, 16 tokens of a query head at a time, reduced together (the generic loop's
+ * one horizontal sum per dot cost 2x at a decode step's sizes).
  * Built by kernels/cpu_kernels.py with the host compiler; called through ctypes.
  */
 #include <stdlib.h>
