@@ -264,7 +264,7 @@ class LLMEngine:
     def _record_prompt_logprobs(self, logits: torch.Tensor, scheduled: list[ScheduledSeq]) -> None:
         """logits [P, vocab]: one row per prompt_logprob_positions entry, in order. The row of
         position p scores prompt token p + 1: its logprob and the top-n of the distribution."""
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
         row = 0
         for item in scheduled:
             positions = item.prompt_logprob_positions

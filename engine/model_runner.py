@@ -55,8 +55,8 @@ class ModelRunner(RunnerBase):
             kernels.copy_blocks(self.kv_cache, src, dst)
 
     def execute(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits (float32) for the scheduled sequences that sample, in order, then for every
-        item's prompt_logprob_positions, in order: [R + P, vocab]."""
+        """Logits (the model's dtype) for the scheduled sequences that sample, in order, then for
+        every item's prompt_logprob_positions, in order: [R + P, vocab]."""
         batch = self.build_batch(scheduled)
         hidden = self.model(batch, self.kv_cache)
         return self.model.compute_logits(hidden)

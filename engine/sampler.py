@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.logit_filter import filter_logits
+from kernels.argmax import argmax
 from pdwire.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -44,7 +45,11 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
-        # logits: [R, vocab] float32, one row per entry of `rows`
+        # logits: [R, vocab], one row per entry of `rows`: float32, or the model's dtype (rows that
+        # only take the argmax read it as it is; everything else works on a float32 copy)
+        if all(_argmax_only(r) for r in rows):
+            return [SampledToken(t, None) for t in argmax(logits).tolist()]
+        logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None
                                                                 for r in rows) else None
         adjusted = self._adjust(logits, rows)
@@ -57,7 +62,7 @@ class Sampler:
         if len(random_rows) == len(rows):
             chosen = self._sample(rows, logits)                         # [R]
         else:
-            chosen = logits.argmax(dim=-1)
+            chosen = argmax(logits)
             if random_rows:
                 chosen[random_rows] = self._sample([rows[i] for i in random_rows], logits[random_rows])
         chosen_list = chosen.tolist()
@@ -113,6 +118,13 @@ def draw_seed(seed: int, draw: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+def _argmax_only(r: SamplingRow) -> bool:
+    """Whether the row's token is its logits' argmax as they are: greedy, nothing that edits
+    the logits first (penalties, banned ids, a grammar), no logprobs asked for."""
+    return (r.params.greedy and r.params.logprobs is None and r.grammar is None and not r.banned_ids
+            and not r.params.needs_penalties)
 
 
 def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:

@@ -5,6 +5,7 @@
     kernels/csrc/layer_ops.c    --cc ... -ffp-contract=off -------------> <cache>/layer_ops-<key>.so
     kernels/csrc/gemm_bf16.c -------------------------------------------> <cache>/gemm_bf16-<key>.so
     kernels/csrc/gemm_f32.c --------------------------------------------> <cache>/gemm_f32-<key>.so
+    kernels/csrc/argmax.c ----------------------------------------------> <cache>/argmax-<key>.so
 
 The key hashes the source, the shared header (csrc/common.h), the flags, the compiler's version
 and this CPU's feature flags, so an edited kernel, another compiler or another machine sharing
@@ -14,7 +15,8 @@ The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 Builds go to a temporary file that is renamed into place, so nodes starting together race
 harmlessly; a new build deletes all but the KEEP_BUILDS most recently used builds of its
 kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`,
-`layer_ops_lib()`, `gemm_bf16_lib()` and `gemm_f32_lib()` returning None (the reason in `build_error(name)`) and callers use their
+`layer_ops_lib()`, `gemm_bf16_lib()`, `gemm_f32_lib()` and `argmax_lib()` returning None (the reason in
+`build_error(name)`) and callers use their
 PyTorch path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
 ctypes releases the GIL for the call; the kernels parallelize themselves with OpenMP, using as
@@ -69,6 +71,9 @@ _SIGNATURES = {    # library -> {function: (argtypes, restype)}
         "gemm_f32_tile_n": ([], c_int),
         "gemm_f32": ([c_void_p, c_i64, c_void_p, c_void_p, c_void_p, c_i64, c_i64, c_i64, c_i64, c_int], None),
     },
+    "argmax": {
+        "argmax_rows": ([c_void_p, c_i64, c_void_p, c_i64, c_i64, c_int, c_int], None),
+    },
 }
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}    # dtype -> csrc/common.h's DT_* code
 _EXTRA_FLAGS = {"layer_ops": ["-ffp-contract=off"]}    # a*b + c*d rounded as PyTorch's separate ops round it
@@ -110,6 +115,12 @@ def gemm_f32_lib() -> ctypes.CDLL | None:
     """The loaded gemm_f32 library, or None if unavailable. Built on every CPU; its
     `gemm_f32_supported()` says whether the compiler targeted AVX-512F (else no kernel)."""
     return _load("gemm_f32")
+
+
+@functools.cache
+def argmax_lib() -> ctypes.CDLL | None:
+    """The loaded argmax library (its `argmax_rows` typed), or None if unavailable."""
+    return _load("argmax")
 
 
 def _load(name: str) -> ctypes.CDLL | None:

@@ -157,8 +157,8 @@ class TPModelRunner(RunnerBase):
         return self._local.build_batch(scheduled)
 
     def execute(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits (float32) for the scheduled sequences that sample, then for the prompt-logprob
-        positions: [R + P, vocab], as ModelRunner.execute."""
+        """Logits (the model's dtype) for the scheduled sequences that sample, then for the
+        prompt-logprob positions: [R + P, vocab], as ModelRunner.execute."""
         self._check_workers()
         batch = self.build_batch(scheduled)
         ops, written = self._log.take()

@@ -65,3 +65,23 @@ def test_candidate_filter_drops_what_the_full_sort_drops(scale):
     full = _sorted_filter(logits, top_k, top_p, min_p)
     assert torch.equal(torch.isinf(fast), torch.isinf(full))
     assert torch.equal(fast[torch.isfinite(fast)], logits[torch.isfinite(fast)])
+
+
+def test_greedy_over_bf16_logits_picks_the_float32_argmax():
+    """A bf16 model's logits, uncast: greedy rows get float32's argmax (first of equal maxima),
+    alone (the argmax-only path), beside a sampled row, with logprobs (the float32 path), and a
+    banned maximum is still skipped."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randint(-4, 4, (6, 3000), generator=g).to(torch.bfloat16)     # many ties
+    expected = logits.float().argmax(dim=-1).tolist()
+    greedy = [_row(temperature=0.0)] * 6
+    assert [t.token_id for t in Sampler()(logits, greedy)] == expected
+    mixed = Sampler()(logits, greedy[:5] + [_row(temperature=1.0)])
+    assert [t.token_id for t in mixed[:5]] == expected[:5]
+    with_logprobs = Sampler()(logits, [_row(temperature=0.0, logprobs=2)] * 6)
+    assert [t.token_id for t in with_logprobs] == expected
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    assert with_logprobs[0].logprobs[expected[0]] == pytest.approx(float(lp[0, expected[0]]))
+    banned = SamplingRow(SamplingParams(temperature=0.0), [], [], None, banned_ids=(expected[0],))
+    assert Sampler()(logits[:1], [banned])[0].token_id == logits[0].float().index_fill(
+        0, torch.tensor([expected[0]]), float("-inf")).argmax().item()
