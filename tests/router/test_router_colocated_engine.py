@@ -148,7 +148,7 @@ def test_chat_and_abort_over_real_engine(real_engine):
     assert not engine.has_unfinished_requests()
 
 
-def test_uvicorn_client_disconnect_aborts(real_engine):
+def test_uvicorn_client_disconnect_aborts(real_engine, monkeypatch):
     """Over a real socket (uvicorn), a client that drops a stream or a plain request mid-generation
     gets its request aborted in the engine, counted as such, with every block returned."""
     import socket
@@ -159,6 +159,12 @@ def test_uvicorn_client_disconnect_aborts(real_engine):
     from router.http.app import create_app
 
     engine = real_engine
+    real_step = engine.step
+
+    def model_sized_step():     # the tiny model runs 240 tokens in under the client's 0.2 s: make
+        time.sleep(0.005)       # each step last as a real model's, so the client leaves mid-generation
+        return real_step()
+    monkeypatch.setattr(engine, "step", model_sized_step)
     backend = ColocatedBackend(engine)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
