@@ -84,7 +84,7 @@ class PackedGemm:
                 f"x: expected a 2-d CPU tensor with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
         k = x.shape[1]
         require(k > 0 and packed.shape[1] == -(-k // self.k_group),
-                f"x has k = {k}, packed holds {packed.shape[1]} groups of {self.k_group} k")
+                f"x has k = {k}, packed holds {packed.shape[1]} k{'' if self.k_group == 1 else ' pairs'}")
 
     def product(self, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
         """The kernel call, unchecked: inputs that check_weight (bias contiguous) and check_rows
