@@ -69,7 +69,7 @@ class PackedGemm:
         require_dtype("packed", packed, self.dtype)
         tile, trailing = self.tile_n(), self.tile_shape()
         require(packed.dim() == 2 + len(trailing) and packed.shape[2:] == trailing and packed.is_contiguous()
-                and packed.device.type == "cpu", f"packed: expected a contiguous [tiles, k / {self.k_group}, "
+                and packed.device.type == "cpu", f"packed: expected a contiguous [tiles, {'k' if self.k_group == 1 else 'pairs'}, "
                 f"{', '.join(map(str, trailing))}] CPU tensor from pack_weight, got {tuple(packed.shape)}")
         require(0 < n and -(-n // tile) == packed.shape[0], f"n = {n} does not fit {packed.shape[0]} tiles of {tile}")
         if bias is not None:
