@@ -59,35 +59,49 @@ def test_engine_packs_its_cpu_linears(make_llm, model_dir):
     assert all(isinstance(layer.mlp.down_proj, PackedLinear) for layer in model.layers)
 
 
-def _bf16_gemm_here() -> bool:
-    """Whether bf16 linears use pdserve's GEMM here: where the CPU has AVX512-BF16 they must."""
+GEMMS = {   # pdserve's GEMM linears: class, dtype, the /proc/cpuinfo flag it needs, its off switch, tolerance
+    "bf16": (bf16_linear.Bf16Linear, torch.bfloat16, "avx512_bf16", "PDSERVE_BF16_GEMM", 3e-2),
+    "f32": (f32_linear.F32Linear, torch.float32, "avx512f", "PDSERVE_F32_GEMM", 1e-5),
+}
+
+
+def _gemm_here(kind: str) -> bool:
+    """Whether linears of that kind's dtype use pdserve's GEMM here: where the CPU has the flag
+    they must."""
+    cls, dtype, flag = GEMMS[kind][:3]
     with open("/proc/cpuinfo") as f:
-        has = any(line.startswith("flags") and " avx512_bf16" in line for line in f)
-    assert bf16_linear.can_use(torch.bfloat16, torch.device("cpu")) == has
+        has = any(line.startswith("flags") and f" {flag}" in line for line in f)
+    assert cls.can_use(dtype, torch.device("cpu")) == has
     return has
 
 
+@pytest.mark.parametrize("kind", GEMMS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 32, 300])
-def test_bf16_linear_equals_linear(bias, rows):
-    """Bf16Linear (pdserve's bf16 GEMM) equals nn.Linear in bf16, keeping leading dims."""
-    if not _bf16_gemm_here():
+def test_gemm_linear_equals_linear(kind, bias, rows):
+    """Bf16Linear and F32Linear (pdserve's GEMMs) equal nn.Linear in their dtype, keeping leading
+    dims."""
+    if not _gemm_here(kind):
         return
+    cls, dtype, _, _, tol = GEMMS[kind]
     torch.manual_seed(rows)
-    linear = nn.Linear(96, 200, bias=bias, dtype=torch.bfloat16)
-    x = torch.randn(rows, 3, 96, dtype=torch.bfloat16)[:, 1]     # rows strided in memory
-    got = bf16_linear.Bf16Linear(linear)(x)
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, 200)
-    torch.testing.assert_close(got.float(), linear(x).float(), atol=3e-2, rtol=3e-2)
+    linear = nn.Linear(96, 200, bias=bias, dtype=dtype)
+    x = torch.randn(rows, 3, 96, dtype=dtype)[:, 1]     # rows strided in memory
+    got = cls(linear)(x)
+    assert got.dtype == dtype and got.shape == (rows, 200)
+    torch.testing.assert_close(got.float(), linear(x).float(), atol=tol, rtol=tol)
 
 
-def test_pack_linears_uses_the_bf16_gemm_unless_switched_off(monkeypatch):
-    """bf16 on an AVX512-BF16 CPU: Bf16Linear; PDSERVE_BF16_GEMM=0 (or no AVX512-BF16): oneDNN."""
-    model = nn.Sequential(nn.Linear(16, 32, dtype=torch.bfloat16))
+@pytest.mark.parametrize("kind", GEMMS)
+def test_pack_linears_uses_the_gemm_unless_switched_off(kind, monkeypatch):
+    """bf16 on an AVX512-BF16 CPU: Bf16Linear, float32 on an AVX-512 CPU: F32Linear; their switch
+    set to 0 (or no such CPU): oneDNN."""
+    cls, dtype, _, switch, _ = GEMMS[kind]
+    model = nn.Sequential(nn.Linear(16, 32, dtype=dtype))
     assert pack_linears(model) == 1
-    assert type(model[0]) is (bf16_linear.Bf16Linear if _bf16_gemm_here() else PackedLinear)
-    monkeypatch.setenv("PDSERVE_BF16_GEMM", "0")
-    model = nn.Sequential(nn.Linear(16, 32, dtype=torch.bfloat16))
+    assert type(model[0]) is (cls if _gemm_here(kind) else PackedLinear)
+    monkeypatch.setenv(switch, "0")
+    model = nn.Sequential(nn.Linear(16, 32, dtype=dtype))
     assert pack_linears(model) == 1 and type(model[0]) is PackedLinear
 
 
@@ -96,7 +110,7 @@ def test_bf16_engine_generates_alike_on_either_linear(make_llm, model_dir, monke
     prompts = [[1, 5, 9, 200, 31], [7, 7, 7]]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm = make_llm(model_dir[0], dtype="bfloat16")
-    expected_type = bf16_linear.Bf16Linear if _bf16_gemm_here() else PackedLinear
+    expected_type = bf16_linear.Bf16Linear if _gemm_here("bf16") else PackedLinear
     assert isinstance(llm.engine.runner.model.lm_head, expected_type)
     ours = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     monkeypatch.setenv("PDSERVE_BF16_GEMM", "0")
@@ -124,39 +138,7 @@ def test_without_the_c_kernels_bf16_linears_stay_on_onednn(monkeypatch):
         monkeypatch.undo()
         gemm_bf16_lib.cache_clear()
         gemm_bf16.supported.cache_clear()
-    assert gemm_bf16.supported() == _bf16_gemm_here()
-
-
-def _f32_gemm_here() -> bool:
-    """Whether float32 linears use pdserve's GEMM here: where the CPU has AVX-512F they must."""
-    with open("/proc/cpuinfo") as f:
-        has = any(line.startswith("flags") and " avx512f" in line for line in f)
-    assert f32_linear.can_use(torch.float32, torch.device("cpu")) == has
-    return has
-
-
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 7, 32, 300])
-def test_f32_linear_equals_linear(bias, rows):
-    """F32Linear (pdserve's float32 GEMM) equals nn.Linear in float32, keeping leading dims."""
-    if not _f32_gemm_here():
-        return
-    torch.manual_seed(rows)
-    linear = nn.Linear(96, 200, bias=bias)
-    x = torch.randn(rows, 3, 96)[:, 1]     # rows strided in memory
-    got = f32_linear.F32Linear(linear)(x)
-    assert got.dtype == torch.float32 and got.shape == (rows, 200)
-    torch.testing.assert_close(got, linear(x), atol=1e-5, rtol=1e-5)
-
-
-def test_pack_linears_uses_the_f32_gemm_unless_switched_off(monkeypatch):
-    """float32 on an AVX-512 CPU: F32Linear; PDSERVE_F32_GEMM=0 (or no AVX-512): oneDNN."""
-    model = nn.Sequential(nn.Linear(16, 32))
-    assert pack_linears(model) == 1
-    assert type(model[0]) is (f32_linear.F32Linear if _f32_gemm_here() else PackedLinear)
-    monkeypatch.setenv("PDSERVE_F32_GEMM", "0")
-    model = nn.Sequential(nn.Linear(16, 32))
-    assert pack_linears(model) == 1 and type(model[0]) is PackedLinear
+    assert gemm_bf16.supported() == _gemm_here("bf16")
 
 
 def test_f32_engine_equals_transformers_on_either_linear(make_llm, model_dir, monkeypatch):
@@ -166,7 +148,7 @@ def test_f32_engine_equals_transformers_on_either_linear(make_llm, model_dir, mo
     path, hf = model_dir
     expected = [hf_greedy(hf, p, 16) for p in prompts]
     llm = make_llm(path)
-    assert type(llm.engine.runner.model.lm_head) is (f32_linear.F32Linear if _f32_gemm_here() else PackedLinear)
+    assert type(llm.engine.runner.model.lm_head) is (f32_linear.F32Linear if _gemm_here("f32") else PackedLinear)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
     monkeypatch.setenv("PDSERVE_F32_GEMM", "0")
     onednn = make_llm(path)

@@ -1,6 +1,8 @@
 """kernels.gemm_bf16: the AVX512-BF16 GEMM equals the float32-accumulated product rounded to bf16
 (within one bf16 rounding) for every shape; bad inputs raise ValueError. On a CPU without
-AVX512-BF16 each kernel test instead asserts that the kernel says so (callers keep oneDNN)."""
+AVX512-BF16 each kernel test instead asserts that the kernel says so (callers keep oneDNN).
+Strided rows, empty input and thread count: tests/kernels/test_gemm_f32.py, parametrized over
+both GEMMs."""
 import pytest
 import torch
 
@@ -46,28 +48,6 @@ def test_gemm_equals_the_float32_reference_rounded_once(m, k, n, bias):
     b = torch.randn(n).bfloat16() if bias else None
     got = gemm_bf16.linear(x, gemm_bf16.pack_weight(w), n, b)
     assert_within_one_rounding(got, gemm_bf16.reference(x, w, b), k)
-
-
-def test_strided_rows_empty_input_and_thread_count_do_not_change_the_result():
-    """x may be a column slice of a wider tensor (row stride > k); 0 rows give [0, n]; one
-    thread and two give the same bits (each output element is one task's fixed-order sum)."""
-    if not kernel_here():
-        return
-    torch.manual_seed(1)
-    wide, w = torch.randn(40, 300).bfloat16(), torch.randn(150, 257).bfloat16()
-    packed = gemm_bf16.pack_weight(w)
-    x = wide[:, 10:267]
-    assert x.stride(0) == 300
-    got = gemm_bf16.linear(x, packed, 150)
-    assert torch.equal(got, gemm_bf16.linear(x.contiguous(), packed, 150))
-    assert_within_one_rounding(got, gemm_bf16.reference(x, w), 257)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(gemm_bf16.linear(x, packed, 150), got)
-    finally:
-        torch.set_num_threads(threads)
-    assert gemm_bf16.linear(x[:0], packed, 150).shape == (0, 150)
 
 
 def test_pack_weight_layout():

@@ -1,10 +1,12 @@
 """kernels.gemm_f32: the AVX-512 float32 GEMM equals the float64 product within float32's
 accumulation bound for every shape; bad inputs raise ValueError. On a CPU without AVX-512F each
-kernel test instead asserts that the kernel says so (callers keep oneDNN)."""
+kernel test instead asserts that the kernel says so (callers keep oneDNN). The test of strided
+rows, empty input and thread count runs here for both GEMMs (gemm_bf16's checks from its test file)."""
 import pytest
 import torch
 
-from kernels import gemm_f32
+from kernels import gemm_bf16, gemm_f32
+from tests.kernels import test_gemm_bf16 as bf16_tests
 
 
 def kernel_here() -> bool:
@@ -45,26 +47,35 @@ def test_gemm_equals_the_float64_reference(m, k, n, bias):
     assert_within_accumulation_bound(gemm_f32.linear(x, gemm_f32.pack_weight(w), n, b), x, w, b)
 
 
-def test_strided_rows_empty_input_and_thread_count_do_not_change_the_result():
+KERNELS = {     # both GEMMs: the module, its dtype, whether it runs here, its accuracy check (got, x, w)
+    "f32": (gemm_f32, torch.float32, kernel_here, lambda got, x, w: assert_within_accumulation_bound(got, x, w, None)),
+    "bf16": (gemm_bf16, torch.bfloat16, bf16_tests.kernel_here,
+             lambda got, x, w: bf16_tests.assert_within_one_rounding(got, gemm_bf16.reference(x, w), x.shape[1])),
+}
+
+
+@pytest.mark.parametrize("kind", KERNELS)
+def test_strided_rows_empty_input_and_thread_count_do_not_change_the_result(kind):
     """x may be a column slice of a wider tensor (row stride > k); 0 rows give [0, n]; one
     thread and two give the same bits (each output element is one task's fixed-order sum)."""
-    if not kernel_here():
+    gemm, dtype, here, check = KERNELS[kind]
+    if not here():
         return
     torch.manual_seed(1)
-    wide, w = torch.randn(40, 300), torch.randn(150, 257)
-    packed = gemm_f32.pack_weight(w)
+    wide, w = torch.randn(40, 300).to(dtype), torch.randn(150, 257).to(dtype)
+    packed = gemm.pack_weight(w)
     x = wide[:, 10:267]
     assert x.stride(0) == 300
-    got = gemm_f32.linear(x, packed, 150)
-    assert torch.equal(got, gemm_f32.linear(x.contiguous(), packed, 150))
-    assert_within_accumulation_bound(got, x, w, None)
+    got = gemm.linear(x, packed, 150)
+    assert torch.equal(got, gemm.linear(x.contiguous(), packed, 150))
+    check(got, x, w)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(gemm_f32.linear(x, packed, 150), got)
+        assert torch.equal(gemm.linear(x, packed, 150), got)
     finally:
         torch.set_num_threads(threads)
-    assert gemm_f32.linear(x[:0], packed, 150).shape == (0, 150)
+    assert gemm.linear(x[:0], packed, 150).shape == (0, 150)
 
 
 def test_pack_weight_layout():
