@@ -16,6 +16,7 @@ class AutoscaleConfig:
     autoscale_slo_itl_ms: float = 100.0     # autoscale: the inter-token latency target (p90 over the window)
     autoscale_interval_s: float = 2.0       # autoscale: time between two decisions
     autoscale_window_s: float = 10.0        # autoscale: the figures cover this much of the recent past
+    autoscale_min_samples: int = 8          # autoscale: a TTFT or ITL p90 over fewer requests or tokens in the window is not acted on
     autoscale_up_at: float = 0.8            # autoscale: a pool grows when its latency passes this share of its SLO
     autoscale_down_at: float = 0.3          # autoscale: ... and may shrink below this share (hysteresis)
     autoscale_queued_tokens_up: int = 4096  # autoscale: prefill grows when a node has more prompt tokens booked
@@ -30,6 +31,8 @@ class AutoscaleConfig:
             lo, hi = getattr(self, f"autoscale_min_{role}"), getattr(self, f"autoscale_max_{role}")
             if not 1 <= lo <= hi:
                 raise ValueError(f"autoscale: need 1 <= min <= max {role} nodes, got {lo} and {hi}")
+        if self.autoscale_min_samples < 1:
+            raise ValueError(f"autoscale: min_samples must be >= 1, got {self.autoscale_min_samples}")
         if not 0 <= self.autoscale_down_at < self.autoscale_up_at:
             raise ValueError("autoscale: need 0 <= down_at < up_at")
         if not 0 <= self.autoscale_kv_down < self.autoscale_kv_up <= 1:

@@ -109,7 +109,7 @@ class Autoscaler:
                  clock: Callable[[], float] = time.monotonic):
         from prometheus_client import Counter, Gauge
         self.c, self.operator, self.nodes, self.block_size, self.clock = config, operator, node_registry, block_size, clock
-        self.window = MetricsWindow(metrics_registry, config.autoscale_window_s, clock)
+        self.window = MetricsWindow(metrics_registry, config.autoscale_window_s, clock, config.autoscale_min_samples)
         self.policy = ScalePolicy(config)
         self.decisions: list[tuple[float, Decision, Signals]] = []
         self.counter = Counter("pdserve_autoscaler_decisions", "Pool size changes the autoscaler made.",

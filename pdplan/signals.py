@@ -17,7 +17,7 @@ BUSY = "pdserve_router_busy_replies_total"
 
 @dataclass(frozen=True, slots=True)
 class Signals:
-    ttft_p90_ms: float | None       # None: no first token in the window
+    ttft_p90_ms: float | None       # None: fewer first tokens in the window than min_samples
     itl_p90_ms: float | None
     busy_replies: float             # in the window
     queued_prefill_tokens: float    # per active prefill node
@@ -36,8 +36,9 @@ class _Snapshot:
 class MetricsWindow:
     """Snapshots of the router's registry, kept for `window_s`; figures over the window."""
 
-    def __init__(self, registry, window_s: float, clock: Callable[[], float]):
+    def __init__(self, registry, window_s: float, clock: Callable[[], float], min_samples: int = 1):
         self.registry, self.window_s, self.clock = registry, window_s, clock
+        self.min_samples = min_samples      # a p90 over fewer observations is None: one slow request
         self.snapshots: deque[_Snapshot] = deque()
 
     def sample(self) -> None:
@@ -50,6 +51,8 @@ class MetricsWindow:
     def p90_ms(self, name: str) -> float | None:
         first, last = self.snapshots[0], self.snapshots[-1]
         delta = [(le, b - a) for (le, b), (_, a) in zip(last.buckets[name], first.buckets[name])]
+        if not delta or delta[-1][1] < self.min_samples:     # is not a p90 (and reads near the top of
+            return None                                     # its bucket, as histogram_quantile does)
         return quantile(0.9, delta)
 
     def busy(self) -> float:

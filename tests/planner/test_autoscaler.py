@@ -107,3 +107,32 @@ def test_a_failed_scale_leaves_the_other_pool_scaled_and_is_tried_again_at_once(
     operator.fail = set()
     assert [(d.role, d.target) for d in asyncio.run(scaler.tick())] == [("prefill", 2)]
     assert operator.calls == [("prefill", 2), ("decode", 2), ("prefill", 2)]
+
+
+def test_a_p90_over_fewer_requests_than_min_samples_is_not_acted_on():
+    """Three first tokens of 120 ms in the window: their 'p90' reads 235 ms (near the top of the
+    (0.1, 0.25] bucket, as histogram_quantile interpolates), past 80% of a 250 ms SLO; with
+    min_samples 8 it is None and prefill stays. Eight of them are a p90, and prefill grows."""
+    from prometheus_client import Histogram
+
+    registry, now = CollectorRegistry(), [0.0]
+    ttft = Histogram("pdserve_time_to_first_token_seconds", "TTFT", buckets=(0.1, 0.25, 1.0), registry=registry)
+    config = AutoscaleConfig(autoscale=True, autoscale_slo_ttft_ms=250.0, autoscale_window_s=10.0)
+    assert config.autoscale_min_samples == 8
+    scaler = Autoscaler(config, None, None, registry, 16, clock=lambda: now[0])
+    scaler.window.sample()
+    for _ in range(3):
+        ttft.observe(0.12)
+    now[0] = 1.0
+    scaler.window.sample()
+    assert scaler.window.p90_ms("pdserve_time_to_first_token_seconds") is None
+    assert moves(ScalePolicy(config), signals(ttft=scaler.window.p90_ms("pdserve_time_to_first_token_seconds")), 10) == []
+    for _ in range(5):
+        ttft.observe(0.12)
+    now[0] = 2.0
+    scaler.window.sample()
+    p90 = scaler.window.p90_ms("pdserve_time_to_first_token_seconds")
+    assert p90 == pytest.approx(235.0)
+    assert moves(ScalePolicy(config), signals(ttft=p90), 10) == [("prefill", 2, "ttft")]
+    with pytest.raises(ValueError, match="min_samples"):
+        AutoscaleConfig(autoscale_min_samples=0)
