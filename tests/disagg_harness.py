@@ -12,6 +12,7 @@ from pdwire.sampling_params import SamplingParams
 from pdwire.control import DecodeRequest, NodeCommand, NodeHello, NodeStatus, PrefillRequest
 from pdwire.messages import Reserved
 from kvtransport.testing import TEST_SECRET
+from kvtransport.zmtp_auth import plain_client
 from router.config import RouterConfig
 from router.cluster.disaggregated import DisaggregatedBackend
 from tests.control_peer import NodeEnd
@@ -134,6 +135,7 @@ class Cluster:
     def __init__(self, config: RouterConfig = CONFIG):
         self.backend = DisaggregatedBackend(None, "test-model", 256, TEST_SECRET, config, vocab_size=512)
         self.ctx = zmq.asyncio.Context()
+        plain_client(self.ctx, TEST_SECRET)     # every peer passes ZMTP PLAIN: the tests aim past it
         self.nodes: dict[str, ScriptedNode] = {}
 
     async def __aenter__(self) -> Cluster:
