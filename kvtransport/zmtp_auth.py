@@ -80,7 +80,9 @@ class _PlainCheck:
 
     def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes,
                         user_id: str = "anonymous") -> None:
-        super()._send_zap_reply(request_id, status_code, status_text, user_id)
+        # no user id: libzmq would queue it as a credential message ahead of the peer's first,
+        # taking a slot of the receive high-water mark (with RCVHWM 1, all of it)
+        super()._send_zap_reply(request_id, status_code, status_text, "")
         if status_code != b"200":
             self._on_refused(self._address)
 

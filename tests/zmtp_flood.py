@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -30,11 +31,22 @@ def main(endpoint: str, password: str, rounds: int, frames: int, frame_bytes: in
         if password != "-":
             sock.plain_username, sock.plain_password = USERNAME.encode(), password.encode()
         sock.connect(endpoint)
-        sock.send_multipart([payload] * frames, copy=False)
+        _send(sock, [payload] * frames)
         socks.append(sock)
     print("sent", flush=True)
     sys.stdin.read()
     ctx.destroy(linger=0)
+
+
+def _send(sock: zmq.Socket, frames: list[bytes], patience_s: float = 2.0) -> None:
+    """Queue frames if the socket takes them within patience_s (a refused connection may leave
+    it with no pipe to queue on for a while: then the attempt was the point)."""
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        try:
+            return sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            time.sleep(0.01)
 
 
 @contextmanager

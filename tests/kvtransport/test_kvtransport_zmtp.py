@@ -10,10 +10,12 @@ from zmq.auth.thread import AuthenticationThread
 from kvtransport.events import TransferCommitted
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
+from kvtransport.state import TransferState
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
 from kvtransport.zmtp_auth import plain_password
+from tests.kvtransport.test_kvtransport_zmq import _until
 from tests.zmtp_flood import MIB, flood, rss
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,14 +30,6 @@ BOUND = 24 * MIB                # what the receiver may grow by while a flood is
 def _receiver():
     dst = make_pool(seed=2, **GEOM)
     return dst, ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET)
-
-
-def _poll_until(recv, cond, timeout=20.0):
-    deadline, events = time.monotonic() + timeout, []
-    while not cond() and time.monotonic() < deadline:
-        events += recv.poll(0.02)
-    assert cond()
-    return events
 
 
 def _ship_one(recv, dst):
@@ -53,8 +47,7 @@ def _ship_one(recv, dst):
         send.begin("x1", recv.endpoint)
         send.send_block("x1", 0, 2, src, 1)
         send.commit("x1", 7, 16)
-        events = []
-        _poll_until(recv, lambda: events.extend(recv.poll(0.02)) or events)
+        events = _until(recv, lambda: recv.ledger.state("x1") is TransferState.COMMITTED)
         assert [type(e) for e in events] == [TransferCommitted] and events[0].xfer_id == "x1"
         assert same_bytes(dst[2], src[1])
     finally:
@@ -69,7 +62,7 @@ def test_a_flood_without_the_password_is_refused_before_it_is_buffered():
     try:
         before = rss()
         with flood(recv.endpoint, "0" * 64, ROUNDS), flood(recv.endpoint, None, ROUNDS // 2):
-            _poll_until(recv, lambda: recv.metrics.drops[DropReason.ZMTP_REFUSED] >= ROUNDS)
+            _until(recv, lambda: recv.metrics.drops[DropReason.ZMTP_REFUSED] >= ROUNDS, 20.0)
             time.sleep(0.5)                               # what libzmq would read, it has read now
             recv.poll(0.1)
             grown = rss() - before

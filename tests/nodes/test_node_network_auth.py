@@ -23,7 +23,7 @@ from kvtransport.testing import TEST_SECRET
 from kvtransport.zmtp_auth import ThreadGuard, plain_client
 from router.cluster.registry import NodeRole
 from tests.control_peer import NodeEnd, RouterEnd
-from tests.disagg_harness import Cluster, admit, counter, run, until, view
+from tests.disagg_harness import Cluster, admit, counter, run, serve_two_tokens, until, view
 
 
 def _hostile(c: Cluster) -> zmq.asyncio.Socket:
@@ -85,12 +85,7 @@ def test_a_forged_hello_cannot_take_over_a_live_node():
                 thief.send_multipart(frames)
             await asyncio.sleep(0.2)
             assert c.backend.server.info("decode-0").hello.epoch == d.epoch
-            out = c.generate(max_tokens=2)
-            await admit(d, p)
-            p.send(control.FirstToken("r1", 11, "a", None, ""))
-            assert view(await out.next()) == ([([11], "a", None)], False)
-            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
-            assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
+            await serve_two_tokens(c, p, d)
             thief.close(0)
     run(test)
 

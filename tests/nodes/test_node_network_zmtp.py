@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pdwire import control
-from pdwire.control import TokenDelta
-from tests.disagg_harness import Cluster, admit, counter, run, until, view
+from tests.disagg_harness import Cluster, counter, run, serve_two_tokens, until
 from tests.zmtp_flood import MIB, flood, rss
 
 ROUNDS = 4            # messages of 64 frames of 1 MiB (the control plane's MAXMSGSIZE is 16 MiB)
@@ -28,12 +26,7 @@ def test_a_flood_without_the_password_never_reaches_the_router():
                 await until(lambda: counter(dropped, {"reason": "zmtp_refused"}) >= ROUNDS, 15)
                 await asyncio.sleep(0.5)
                 grown = rss() - before
-                out = c.generate(max_tokens=2)
-                await admit(d, p)
-                p.send(control.FirstToken("r1", 11, "a", None, ""))
-                assert view(await out.next()) == ([([11], "a", None)], False)
-                d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
-                assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
+                await serve_two_tokens(c, p, d)
             assert grown < BOUND, f"the router grew {grown / MIB:.0f} MiB"
             reasons = {s.labels["reason"] for m in dropped.collect() for s in m.samples
                        if s.name.endswith("_total") and s.value}
