@@ -61,7 +61,11 @@ def flood(endpoint: str, password: str | None, rounds: int = 4, frames: int = 64
         yield
     finally:
         child.stdin.close()
-        child.wait(timeout=30)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def rss() -> int:
