@@ -4,6 +4,10 @@
     vocabulary that imports neither torch nor this package)
     session.py         authenticated sessions: nonces, per-direction keys, sealed trailers, replay window
     secret.py          the cluster secret from a 0600 file or PDSERVE_CLUSTER_SECRET
+    zmtp_auth.py       ZMTP PLAIN (zmq.auth ZAP handler) on the bound sockets: a peer without the
+                       secret's password is refused before libzmq buffers any of its messages;
+                       PLAIN's password travels in clear, so this gate stops only peers that
+                       cannot see the traffic, and the session's MAC stays the real check
     framing.py         a message as sealed frames [header, payload?, trailer]; control_framer()
     state.py           TransferState: RESERVED -> TRANSFERRING -> COMMITTED | FAILED
     events.py          TransferCommitted / TransferFailed, FailReason

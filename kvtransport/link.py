@@ -87,6 +87,11 @@ class ReceiveLink(ABC):
     def receive(self, timeout: float) -> None:
         """Hand waiting messages to the handler; wait at most timeout for the first."""
 
+    def take_refused(self) -> list[str]:
+        """The addresses of the connections refused at the transport's own handshake since the
+        last call (to be counted); none for a link without one."""
+        return []
+
     @abstractmethod
     def send(self, peer: str, frames: list[Buffer]) -> None:
         """Reply to peer; never blocks (a reply that cannot leave now is dropped)."""

@@ -19,6 +19,7 @@ class DropReason(Enum):
     MALFORMED = "malformed"             # not a valid message / wrong frame count
     BAD_MAC = "bad_mac"                 # the session's MAC is missing or wrong
     NOT_AUTHENTICATED = "not_authenticated"   # from a connection that never completed a handshake
+    ZMTP_REFUSED = "zmtp_refused"       # a connection refused at ZeroMQ's handshake: none of its frames read
     REPLAY = "replay"                   # a sequence number already seen on the session
     OVERSIZE = "oversize"               # a frame above the size cap
     NOT_PAIRED = "not_paired"           # from a peer that has not completed the handshake

@@ -13,6 +13,7 @@ from typing import Callable
 from kvtransport.base import KVReceiver
 from kvtransport.events import TransferEvent
 from kvtransport.link import ReceiveLink
+from kvtransport.metrics import DropReason
 from kvtransport.receiver_core import PayloadSink, ReceiverCore
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from pdwire.handshake import PeerIdentity
@@ -45,6 +46,8 @@ class Receiver(KVReceiver):
         events: list[TransferEvent] = []
         while True:
             self._link.receive(max(0.0, deadline - time.monotonic()))
+            for address in self._link.take_refused():
+                self.metrics.count_drop(DropReason.ZMTP_REFUSED, address, "ZMTP handshake refused")
             self._core.tick()
             events += self._core.take_events()
             if events or time.monotonic() >= deadline:

@@ -206,7 +206,7 @@ class DistReceiver(Receiver):
         if write_blocks is None:
             check_whole_blocks(kv_cache, identity.layout)
         sink = _DistSink(kv_cache, identity.layout, p2p_host, peer_timeout, write_blocks)
-        link = ZmqReceiveLink(bind, hwm, identity.layout.block_nbytes)
+        link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes)
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout)
 
 
@@ -219,6 +219,6 @@ class DistSender(Sender):
                  p2p_host: str = "127.0.0.1") -> None:
         if identity.transport != "torch_dist":
             raise ValueError("a DistSender's identity must have transport='torch_dist'")
-        link = ZmqSendLink(identity.node_id, hwm, send_timeout)
+        link = ZmqSendLink(identity.node_id, secret, hwm, send_timeout)
         channel = DistChannel(device, p2p_host, peer_timeout)
         super().__init__(identity, secret, link, channel, heartbeat_interval, peer_timeout)

@@ -14,29 +14,37 @@ Receive side: peers are told apart by their routing id; frames arrive as [routin
 payload?, mac?] and are received with copy=False, so a payload is copied once, from the socket
 buffer straight into its pool block. libzmq disconnects a peer that sends a frame above the
 maximum message size; the receive high-water mark bounds what one peer can queue.
+
+Both ends speak ZMTP PLAIN (kvtransport.zmtp_auth): the ROUTER reads nothing from a connection
+whose password does not prove the cluster secret; its refusals are handed to the Receiver by
+take_refused(), to be counted with the dropped frames.
 """
 from __future__ import annotations
 
 import logging
 import secrets
 import time
+from collections import deque
 
 import zmq
 
 from kvtransport.base import TransportError
 from kvtransport.link import Completion, Handler, ReceiveLink, SendLink
 from kvtransport.session import Buffer
+from kvtransport.zmtp_auth import ThreadGuard, plain_client
 from pdwire.messages import MAX_HEADER_BYTES
 
 log = logging.getLogger("kvtransport")
 
 DEFAULT_BIND = "tcp://127.0.0.1:*"
 _DRAIN_BATCH = 256      # messages handled per wake-up before leases and peers are checked
+_MAX_REFUSALS = 1024    # refused handshakes held until the receive loop counts them
 
 
 class ZmqSendLink(SendLink):
-    def __init__(self, node_id: str, hwm: int = 64, send_timeout: float = 10.0) -> None:
+    def __init__(self, node_id: str, secret: bytes, hwm: int = 64, send_timeout: float = 10.0) -> None:
         self._node_id, self._hwm, self._send_timeout = node_id, hwm, send_timeout
+        self._secret = secret
         self._ctx = zmq.Context(io_threads=1)
         self._socks: dict[str, zmq.Socket] = {}     # every open connection
         self._live: set[str] = set()                # those paired
@@ -48,6 +56,7 @@ class ZmqSendLink(SendLink):
         sock.setsockopt(zmq.RCVHWM, self._hwm)
         sock.setsockopt(zmq.SNDTIMEO, int(self._send_timeout * 1000))
         sock.setsockopt(zmq.LINGER, 1000)
+        plain_client(sock, self._secret)
         sock.connect(endpoint)
 
     def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
@@ -109,15 +118,24 @@ class ZmqSendLink(SendLink):
 
 
 class ZmqReceiveLink(ReceiveLink):
-    def __init__(self, bind: str = DEFAULT_BIND, hwm: int = 64, max_payload_bytes: int = 0) -> None:
+    def __init__(self, secret: bytes, bind: str = DEFAULT_BIND, hwm: int = 64,
+                 max_payload_bytes: int = 0) -> None:
         self._ctx = zmq.Context(io_threads=1)
+        self._refused: deque[str] = deque(maxlen=_MAX_REFUSALS)   # appended on the guard's thread
+        self._guard = ThreadGuard(self._ctx, secret, self._refused.append)
+        self._guard.start()
         self._sock = self._ctx.socket(zmq.ROUTER)
+        self._guard.protect(self._sock)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, MAX_HEADER_BYTES) + 64)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.bind(bind)
+        try:
+            self._sock.bind(bind)
+        except zmq.ZMQError:
+            self.close()
+            raise
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._handle: Handler = lambda peer, frames: None
 
@@ -134,6 +152,12 @@ class ZmqReceiveLink(ReceiveLink):
                 return
             self._handle(frames[0].bytes.hex(), [f.buffer for f in frames[1:]])
 
+    def take_refused(self) -> list[str]:
+        taken = []
+        while self._refused:
+            taken.append(self._refused.popleft())
+        return taken
+
     def send(self, peer: str, frames: list[Buffer]) -> None:
         try:
             self._sock.send_multipart([bytes.fromhex(peer), *frames], zmq.NOBLOCK)
@@ -142,4 +166,5 @@ class ZmqReceiveLink(ReceiveLink):
 
     def close(self) -> None:
         self._sock.close(linger=0)
+        self._guard.stop()
         self._ctx.term()

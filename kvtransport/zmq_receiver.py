@@ -28,6 +28,6 @@ class ZmqReceiver(Receiver):
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
         # libzmq applies MAXMSGSIZE to each frame, and a BlockBatch carries one frame per block:
         # no frame larger than a block is buffered from anyone, authenticated or not
-        link = ZmqReceiveLink(bind, hwm, identity.layout.block_nbytes)
+        link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes)
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout,
                          max_batch_bytes=max_batch_bytes)

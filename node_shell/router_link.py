@@ -24,6 +24,7 @@ from kvtransport.framing import FrameError, control_framer
 from pdwire.handshake import new_epoch
 from pdwire.schema import MAX_TEXT_LEN
 from kvtransport.session import AuthKind, Initiator, Session, parse_auth_frame
+from kvtransport.zmtp_auth import plain_client
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class RouterLink:
         self.heartbeat_s, self._timeout_s, self._on_reset = heartbeat_s, timeout_s, on_reset
         self._send_hwm = send_hwm
         self._initiator = Initiator(secret)
+        self._secret = secret
         self._framer = control_framer()
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket | None = None
@@ -103,6 +105,7 @@ class RouterLink:
         self._sock.setsockopt(zmq.LINGER, 500)
         self._sock.setsockopt(zmq.SNDHWM, self._send_hwm)
         self._sock.setsockopt(zmq.MAXMSGSIZE, control.MAX_CONTROL_BYTES)
+        plain_client(self._sock, self._secret)      # ZMTP PLAIN: the router reads nothing else
         self._sock.connect(self._endpoint)
         self._session, self.epoch = None, new_epoch()
         self._sock.send(self._initiator.hello(), zmq.NOBLOCK)

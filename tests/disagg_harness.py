@@ -9,9 +9,11 @@ import zmq
 import zmq.asyncio
 
 from pdwire.sampling_params import SamplingParams
-from pdwire.control import DecodeRequest, NodeCommand, NodeHello, NodeStatus, PrefillRequest
+from pdwire.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
+                            PrefillRequest, TokenDelta)
 from pdwire.messages import Reserved
 from kvtransport.testing import TEST_SECRET
+from kvtransport.zmtp_auth import plain_client
 from router.config import RouterConfig
 from router.cluster.disaggregated import DisaggregatedBackend
 from tests.control_peer import NodeEnd
@@ -134,6 +136,7 @@ class Cluster:
     def __init__(self, config: RouterConfig = CONFIG):
         self.backend = DisaggregatedBackend(None, "test-model", 256, TEST_SECRET, config, vocab_size=512)
         self.ctx = zmq.asyncio.Context()
+        plain_client(self.ctx, TEST_SECRET)     # every peer passes ZMTP PLAIN: the tests aim past it
         self.nodes: dict[str, ScriptedNode] = {}
 
     async def __aenter__(self) -> Cluster:
@@ -207,3 +210,13 @@ async def admit(d: ScriptedNode, p: ScriptedNode, rid: str = "r1", xfer: str = "
     await d.expect(DecodeRequest)
     d.send(Reserved(rid, xfer, (3, 4), 0))
     return await p.expect(PrefillRequest)
+
+
+async def serve_two_tokens(c: Cluster, p: ScriptedNode, d: ScriptedNode) -> None:
+    """Request r1 through p and d: P's first token 11, then D's 12; the client sees both, in order."""
+    out = c.generate(max_tokens=2)
+    await admit(d, p)
+    p.send(FirstToken("r1", 11, "a", None, ""))
+    assert view(await out.next()) == ([([11], "a", None)], False)
+    d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+    assert view(await out.next()) == ([([11, 12], "ab", "length")], True)

@@ -20,6 +20,7 @@ from pdwire.control import (DecodeRequest, FirstToken, KVEvents, NodeCommand, No
 from pdwire.messages import Busy, Reserved
 from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET
+from kvtransport.zmtp_auth import ThreadGuard
 from prefill_node.service import PrefillService
 from tests.control_peer import RouterEnd
 
@@ -48,7 +49,11 @@ class Result:
 class NodeHarness:
     def __init__(self, model_path: str, prefill_tp: int = 1, decode_tp: int = 1, **node_kwargs):
         self.ctx = zmq.Context()
+        self.refused: list[str] = []              # addresses refused at the ZMTP handshake
+        self.guard = ThreadGuard(self.ctx, TEST_SECRET, self.refused.append)
+        self.guard.start()
         self.sock = self.ctx.socket(zmq.ROUTER)
+        self.guard.protect(self.sock)
         self.sock.bind("tcp://127.0.0.1:0")
         endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         cfg = dict(router=endpoint, model=model_path, cluster_secret_file=secret_file(), **node_kwargs)
@@ -140,6 +145,7 @@ class NodeHarness:
         for t in self.threads:
             t.join(timeout=10)
         self.sock.close(linger=0)
+        self.guard.stop()
         self.ctx.term()
         assert len(self.intact) == len(self.threads) and all(self.intact.values()), f"nodes closed with {self.intact}"
 

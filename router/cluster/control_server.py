@@ -3,8 +3,10 @@
     node DEALER ──[routing id, header, trailer]──▶ ROUTER socket (here)
                 ◀──[routing id, header, trailer]──
 
-0. a connection first proves that it holds the cluster secret (kvtransport.session); until it
-   does, its frames are dropped unread (answered RESET if they look sealed) and counted
+0. a connection first passes ZMTP PLAIN (kvtransport.zmtp_auth: a password derived from the
+   cluster secret), else none of its frames is read (counted as "zmtp_refused"); then it proves
+   that it holds the secret (kvtransport.session); until it does, its frames are dropped unread
+   (answered RESET if they look sealed) and counted
 1. every sealed frame is authenticated, then decoded with pdwire.control; a malformed
    frame, a router-to-node kind, or a message from a connection that has not said hello is
    dropped and counted, never raised
@@ -41,6 +43,7 @@ from pdwire.figures import PrefixCounters
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
 from kvtransport.session import AuthError, AuthKind, Responder, parse_auth_frame
+from kvtransport.zmtp_auth import AsyncioGuard
 from router.backend import NodeMetrics
 from router.cluster.membership import LossCause, MembershipMetrics, NodeLoss
 from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
@@ -77,6 +80,7 @@ class ControlServer:
                  bind: str = "tcp://127.0.0.1:0", expire_interval_s: float = 0.25):
         self.registry = registry
         self._auth = Responder(secret)
+        self._secret = secret
         self._framer = control_framer()
         self._node_of: dict[bytes, str] = {}     # routing id -> the node id its session said hello as
         self._listener = listener
@@ -86,6 +90,7 @@ class ControlServer:
         self._leaving: dict[str, NodeInfo] = {}  # told to leave, no goodbye yet: by node id
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
+        self._guard: AsyncioGuard | None = None  # ZAP handler of the socket's ZMTP PLAIN
         self._tasks: list[asyncio.Task] = []
         self._drops: dict[str, int] = {}      # per reason, to keep a flood of garbage out of the log
         self.endpoint: str | None = None      # the bound address, once started
@@ -97,7 +102,10 @@ class ControlServer:
         """Binds the socket and starts serving on the running loop; returns the endpoint. Idempotent."""
         if self._sock is None:
             self._ctx = zmq.asyncio.Context()
+            self._guard = AsyncioGuard(self._ctx, self._secret, self._refused)
+            self._guard.start()
             self._sock = self._ctx.socket(zmq.ROUTER)
+            self._guard.protect(self._sock)
             self._sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
             self._sock.setsockopt(zmq.RCVHWM, _RECV_HWM)
             self._sock.setsockopt(zmq.MAXMSGSIZE, control.MAX_CONTROL_BYTES)   # bigger: disconnected
@@ -116,8 +124,9 @@ class ControlServer:
         self._tasks = []
         if self._sock is not None:
             self._sock.close(linger=_CLOSE_LINGER_MS)    # lets the last AbortRequests go out
+            self._guard.stop()
             self._ctx.term()
-            self._sock = self._ctx = None
+            self._sock = self._ctx = self._guard = None
 
     def send(self, node_id: str, msg: Any) -> None:
         """Queues msg for the node; a node that is gone never gets it. Raises ProtocolError for a
@@ -343,6 +352,9 @@ class ControlServer:
         if info is not None and self._node_of.get(info.peer) == node_id:
             del self._node_of[info.peer]
         return info
+
+    def _refused(self, address: str) -> None:
+        self._drop("zmtp_refused", f"ZMTP handshake from {address} refused")
 
     def _drop(self, reason: str, detail: str) -> None:
         n = self._drops[reason] = self._drops.get(reason, 0) + 1

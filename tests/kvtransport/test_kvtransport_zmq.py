@@ -20,6 +20,7 @@ from kvtransport.session import AuthKind, Initiator, auth_frame, parse_auth_fram
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
+from kvtransport.zmtp_auth import plain_client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,6 +125,7 @@ class RawPeer:
     def __init__(self, endpoint, secret=TEST_SECRET):
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        plain_client(self.sock, TEST_SECRET)      # past ZMTP PLAIN: these tests aim at the session
         self.sock.connect(endpoint)
         self.initiator, self.framer, self.session = Initiator(secret), Framer(), None
 

@@ -20,9 +20,10 @@ from pdwire.control import DecodeRequest, NodeHello, NodeStatus, TokenDelta
 from kvtransport.secret import ENV_VAR, SecretError, load_secret, write_secret
 from kvtransport.session import AuthKind, auth_frame, parse_auth_frame
 from kvtransport.testing import TEST_SECRET
+from kvtransport.zmtp_auth import ThreadGuard, plain_client
 from router.cluster.registry import NodeRole
 from tests.control_peer import NodeEnd, RouterEnd
-from tests.disagg_harness import Cluster, admit, counter, run, until, view
+from tests.disagg_harness import Cluster, admit, counter, run, serve_two_tokens, until, view
 
 
 def _hostile(c: Cluster) -> zmq.asyncio.Socket:
@@ -84,12 +85,7 @@ def test_a_forged_hello_cannot_take_over_a_live_node():
                 thief.send_multipart(frames)
             await asyncio.sleep(0.2)
             assert c.backend.server.info("decode-0").hello.epoch == d.epoch
-            out = c.generate(max_tokens=2)
-            await admit(d, p)
-            p.send(control.FirstToken("r1", 11, "a", None, ""))
-            assert view(await out.next()) == ([([11], "a", None)], False)
-            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
-            assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
+            await serve_two_tokens(c, p, d)
             thief.close(0)
     run(test)
 
@@ -122,6 +118,7 @@ def test_a_flood_of_hellos_and_garbage_without_the_secret_neither_stalls_the_rou
                     last = loop.time()
             ticker = asyncio.create_task(tick())
             ctx = zmq.Context()
+            plain_client(ctx, TEST_SECRET)     # past ZMTP PLAIN: the flood aims at the session layer
             socks = [ctx.socket(zmq.DEALER) for _ in range(2)]
             for sock in socks:
                 sock.setsockopt(zmq.LINGER, 0)
@@ -192,7 +189,10 @@ def test_a_node_never_blocks_on_a_router_that_stopped_reading():
     when the queue is full the link starts a new session instead of blocking (the finding: the
     node hung in send forever, deaf to SIGTERM)."""
     ctx = zmq.Context()
+    guard = ThreadGuard(ctx, TEST_SECRET, lambda address: None)
+    guard.start()
     router = ctx.socket(zmq.ROUTER)
+    guard.protect(router)
     router.setsockopt(zmq.RCVHWM, 1)
     router.setsockopt(zmq.RCVBUF, 4096)
     port = router.bind_to_random_port("tcp://127.0.0.1")
@@ -213,6 +213,7 @@ def test_a_node_never_blocks_on_a_router_that_stopped_reading():
     finally:
         link.close()
         router.close(0)
+        guard.stop()
         ctx.term()
 
 

@@ -1,0 +1,97 @@
+"""ZeroMQ's own handshake as the first gate of the node network: a peer that cannot prove it holds
+the cluster secret is refused before libzmq reads a single message of its connection.
+
+Why a second gate before the session's MAC (kvtransport.session): libzmq buffers a multipart
+message whole before the application sees any frame, its high-water mark counts messages and
+MAXMSGSIZE bounds each frame, so one message of many large frames from any local process would be
+held in memory before the MAC check could run. With ZMTP PLAIN, a connection's messages are read
+only once the ZAP handler has accepted its handshake; until then libzmq holds one handshake
+command (at most MAXMSGSIZE bytes) per connection.
+
+    connecting socket (DEALER)                       bound socket (ROUTER)
+    plain_username  USERNAME                         plain_server, zap_domain ZAP_DOMAIN
+    plain_password  plain_password(secret) ──ZMTP──▶ ZAP handler (zmq.auth, a Guard here):
+                                                     the password compared in constant time;
+                                                     refused: the connection is closed, and
+                                                     on_refused(address) counts and logs it
+
+The password is HMAC-SHA256(secret, PLAIN_LABEL) in hex, never the secret itself. PLAIN sends it
+in clear: it keeps out the processes that cannot see the node network's traffic (other users of a
+host, anyone off the path); one that sniffs a connection learns it and passes this gate, and
+then still faces the session's handshake and MAC, which this does not replace.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from typing import Callable
+
+import zmq
+from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.auth.thread import ThreadAuthenticator
+
+from kvtransport.session import check_secret
+
+log = logging.getLogger("kvtransport")
+
+ZAP_DOMAIN = "pdserve"
+USERNAME = "pdserve"
+PLAIN_LABEL = b"pdserve zmtp plain v1"
+
+OnRefused = Callable[[str], None]     # the refused peer's address; called on the guard's thread
+
+
+def plain_password(secret: bytes) -> str:
+    """The ZMTP PLAIN password of the cluster secret (hex): proves the secret, does not reveal it."""
+    return hmac.new(check_secret(secret), PLAIN_LABEL, hashlib.sha256).hexdigest()
+
+
+def plain_client(sock: zmq.Socket | zmq.Context, secret: bytes) -> None:
+    """Makes sock (before connect) present the cluster's PLAIN credentials; given a context, every
+    socket it makes from now on."""
+    sock.plain_username = USERNAME.encode()
+    sock.plain_password = plain_password(secret).encode()
+
+
+class _PlainCheck:
+    """zmq.auth's ZAP handler with our PLAIN check: one username, the password derived from the
+    secret compared in constant time, and every refusal reported to on_refused."""
+
+    def __init__(self, context: zmq.Context, secret: bytes, on_refused: OnRefused) -> None:
+        super().__init__(context=context, log=log)
+        self._password = plain_password(secret).encode()
+        self._on_refused = on_refused
+        self._address = ""
+
+    def protect(self, sock: zmq.Socket) -> None:
+        """Makes sock (before bind, on this guard's context) accept only PLAIN peers this guard admits."""
+        sock.plain_server = True
+        sock.zap_domain = ZAP_DOMAIN.encode()
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        self._address = msg[3].decode(errors="replace") if len(msg) > 3 else "?"
+        await super().handle_zap_message(msg)
+
+    def _authenticate_plain(self, domain: str, username: str, password: str) -> tuple[bool, bytes]:
+        ok = hmac.compare_digest(password.encode(), self._password)
+        ok &= domain == ZAP_DOMAIN and username == USERNAME
+        return (True, b"OK") if ok else (False, b"refused")
+
+    def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes,
+                        user_id: str = "anonymous") -> None:
+        # no user id: libzmq would queue it as a credential message ahead of the peer's first,
+        # taking a slot of the receive high-water mark (with RCVHWM 1, all of it)
+        super()._send_zap_reply(request_id, status_code, status_text, "")
+        if status_code != b"200":
+            self._on_refused(self._address)
+
+
+class ThreadGuard(_PlainCheck, ThreadAuthenticator):
+    """The ZAP handler on a thread of its own (a node's blocking loop): start() before the
+    protected socket binds; stop() (joins the thread) after it closes, before the context's term()."""
+
+
+class AsyncioGuard(_PlainCheck, AsyncioAuthenticator):
+    """The ZAP handler as a task of the running asyncio loop (the router's control server):
+    start() on that loop; on_refused runs on it too."""
