@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
-
 import torch
 
 import kernels
@@ -30,6 +28,7 @@ from engine.sampler import Sampler, SampledToken, SamplingRow
 from pdwire.sampling_params import SamplingParams, choice_seed
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
+from engine.step_observer import StepObserver
 from engine.swap import PreemptionMode, SwapPool
 
 
@@ -37,18 +36,8 @@ log = logging.getLogger(__name__)
 MAX_STEP_FAILURES = 3       # failed steps with no working one between them: the engine is broken
 
 
-class StepObserver(Protocol):
-    def before_forward(self, scheduled: list[ScheduledSeq]) -> None:
-        """A step is about to compute `scheduled` (item.num_new_tokens of each item.seq, into its
-        block table as it is now); e.g. to ship K/V layer by layer as the forward writes it."""
-
-    def on_computed(self, group: SequenceGroup, seq: Sequence) -> None:
-        """A step just computed more of `seq`'s K/V (seq.num_computed_tokens moved on), before
-        its next token is sampled and before it can finish: its block table is still valid."""
-
-
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, observer: "StepObserver | None" = None):
+    def __init__(self, config: EngineConfig | None = None, observer: StepObserver | None = None):
         self.config = config = config or EngineConfig()
         self.observer = observer
         path = config.model_path

@@ -15,7 +15,8 @@ import logging
 from abc import ABC, abstractmethod
 from typing import Any
 
-from engine.llm_engine import LLMEngine, StepObserver
+from engine.llm_engine import LLMEngine
+from engine.step_observer import StepObserver
 from pdwire.outputs import RequestOutput
 from pdwire.control import NodeHello, NodeStatus
 from pdwire.handshake import new_epoch
