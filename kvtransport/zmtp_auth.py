@@ -28,7 +28,6 @@ import logging
 from typing import Callable
 
 import zmq
-from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.auth.thread import ThreadAuthenticator
 
 from kvtransport.session import check_secret
@@ -90,8 +89,3 @@ class _PlainCheck:
 class ThreadGuard(_PlainCheck, ThreadAuthenticator):
     """The ZAP handler on a thread of its own (a node's blocking loop): start() before the
     protected socket binds; stop() (joins the thread) after it closes, before the context's term()."""
-
-
-class AsyncioGuard(_PlainCheck, AsyncioAuthenticator):
-    """The ZAP handler as a task of the running asyncio loop (the router's control server):
-    start() on that loop; on_refused runs on it too."""

@@ -43,7 +43,7 @@ from pdwire.figures import PrefixCounters
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
 from kvtransport.session import AuthError, AuthKind, Responder, parse_auth_frame
-from kvtransport.zmtp_auth import AsyncioGuard
+from kvtransport.zmtp_auth import ThreadGuard
 from router.backend import NodeMetrics
 from router.cluster.membership import LossCause, MembershipMetrics, NodeLoss
 from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
@@ -90,7 +90,7 @@ class ControlServer:
         self._leaving: dict[str, NodeInfo] = {}  # told to leave, no goodbye yet: by node id
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
-        self._guard: AsyncioGuard | None = None  # ZAP handler of the socket's ZMTP PLAIN
+        self._guard: ThreadGuard | None = None   # ZAP handler of the socket's ZMTP PLAIN
         self._tasks: list[asyncio.Task] = []
         self._drops: dict[str, int] = {}      # per reason, to keep a flood of garbage out of the log
         self.endpoint: str | None = None      # the bound address, once started
@@ -102,7 +102,11 @@ class ControlServer:
         """Binds the socket and starts serving on the running loop; returns the endpoint. Idempotent."""
         if self._sock is None:
             self._ctx = zmq.asyncio.Context()
-            self._guard = AsyncioGuard(self._ctx, self._secret, self._refused)
+            loop = asyncio.get_running_loop()
+            # The ZAP handler runs on a thread of its own (pyzmq's asyncio one stops answering once
+            # a second one has run on a loop); a refusal is counted on this loop.
+            self._guard = ThreadGuard(self._ctx, self._secret,
+                                      lambda address: _call_soon(loop, self._refused, address))
             self._guard.start()
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._guard.protect(self._sock)
@@ -366,3 +370,11 @@ class ControlServer:
 def _log_send_failure(sent: asyncio.Future) -> None:
     if not sent.cancelled() and sent.exception() is not None:
         log.warning("control send failed: %r", sent.exception())
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    """fn(*args) on loop, from another thread; nothing once the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
