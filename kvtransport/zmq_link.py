@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections import deque
 
 import zmq
 
@@ -38,7 +37,6 @@ log = logging.getLogger("kvtransport")
 
 DEFAULT_BIND = "tcp://127.0.0.1:*"
 _DRAIN_BATCH = 256      # messages handled per wake-up before leases and peers are checked
-_MAX_REFUSALS = 1024    # refused handshakes held until the receive loop counts them
 
 
 class ZmqSendLink(SendLink):
@@ -121,8 +119,7 @@ class ZmqReceiveLink(ReceiveLink):
     def __init__(self, secret: bytes, bind: str = DEFAULT_BIND, hwm: int = 64,
                  max_payload_bytes: int = 0) -> None:
         self._ctx = zmq.Context(io_threads=1)
-        self._refused: deque[str] = deque(maxlen=_MAX_REFUSALS)   # appended on the guard's thread
-        self._guard = ThreadGuard(self._ctx, secret, self._refused.append)
+        self._guard = ThreadGuard(self._ctx, secret)
         self._guard.start()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._guard.protect(self._sock)
@@ -153,10 +150,7 @@ class ZmqReceiveLink(ReceiveLink):
             self._handle(frames[0].bytes.hex(), [f.buffer for f in frames[1:]])
 
     def take_refused(self) -> list[str]:
-        taken = []
-        while self._refused:
-            taken.append(self._refused.popleft())
-        return taken
+        return self._guard.take_refused()
 
     def send(self, peer: str, frames: list[Buffer]) -> None:
         try:

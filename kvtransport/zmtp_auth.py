@@ -10,10 +10,10 @@ command (at most MAXMSGSIZE bytes) per connection.
 
     connecting socket (DEALER)                       bound socket (ROUTER)
     plain_username  USERNAME                         plain_server, zap_domain ZAP_DOMAIN
-    plain_password  plain_password(secret) ──ZMTP──▶ ZAP handler (zmq.auth, a Guard here):
+    plain_password  plain_password(secret) ──ZMTP──▶ ZAP handler (zmq.auth, ThreadGuard):
                                                      the password compared in constant time;
                                                      refused: the connection is closed, and
-                                                     on_refused(address) counts and logs it
+                                                     its owner counts and logs it
 
 The password is HMAC-SHA256(secret, PLAIN_LABEL) in hex, never the secret itself. PLAIN sends it
 in clear: it keeps out the processes that cannot see the node network's traffic (other users of a
@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from typing import Callable
+from collections import deque
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -38,7 +38,7 @@ ZAP_DOMAIN = "pdserve"
 USERNAME = "pdserve"
 PLAIN_LABEL = b"pdserve zmtp plain v1"
 
-OnRefused = Callable[[str], None]     # the refused peer's address; called on the guard's thread
+MAX_REFUSALS = 1024     # refused handshakes held until their owner's loop counts them (take_refused)
 
 
 def plain_password(secret: bytes) -> str:
@@ -53,15 +53,25 @@ def plain_client(sock: zmq.Socket | zmq.Context, secret: bytes) -> None:
     sock.plain_password = plain_password(secret).encode()
 
 
-class _PlainCheck:
-    """zmq.auth's ZAP handler with our PLAIN check: one username, the password derived from the
-    secret compared in constant time, and every refusal reported to on_refused."""
+class ThreadGuard(ThreadAuthenticator):
+    """zmq.auth's ZAP handler, on a thread of its own, with our PLAIN check: one username, the
+    password derived from the secret compared in constant time, and every refusal's address kept
+    (at most MAX_REFUSALS) until the owner's loop takes them to count. start() before the protected
+    socket binds; stop() (joins the thread) after it closes, before the context's term(). Used by
+    the KV receiver (a node's blocking loop) and the router's control server (its asyncio loop)."""
 
-    def __init__(self, context: zmq.Context, secret: bytes, on_refused: OnRefused) -> None:
+    def __init__(self, context: zmq.Context, secret: bytes) -> None:
         super().__init__(context=context, log=log)
         self._password = plain_password(secret).encode()
-        self._on_refused = on_refused
+        self._refused: deque[str] = deque(maxlen=MAX_REFUSALS)     # appended on the guard's thread
         self._address = ""
+
+    def take_refused(self) -> list[str]:
+        """The addresses refused since the last call (on any thread)."""
+        taken = []
+        while self._refused:
+            taken.append(self._refused.popleft())
+        return taken
 
     def protect(self, sock: zmq.Socket) -> None:
         """Makes sock (before bind, on this guard's context) accept only PLAIN peers this guard admits."""
@@ -83,9 +93,5 @@ class _PlainCheck:
         # taking a slot of the receive high-water mark (with RCVHWM 1, all of it)
         super()._send_zap_reply(request_id, status_code, status_text, "")
         if status_code != b"200":
-            self._on_refused(self._address)
+            self._refused.append(self._address)
 
-
-class ThreadGuard(_PlainCheck, ThreadAuthenticator):
-    """The ZAP handler on a thread of its own (a node's blocking loop): start() before the
-    protected socket binds; stop() (joins the thread) after it closes, before the context's term()."""

@@ -49,8 +49,7 @@ class Result:
 class NodeHarness:
     def __init__(self, model_path: str, prefill_tp: int = 1, decode_tp: int = 1, **node_kwargs):
         self.ctx = zmq.Context()
-        self.refused: list[str] = []              # addresses refused at the ZMTP handshake
-        self.guard = ThreadGuard(self.ctx, TEST_SECRET, self.refused.append)
+        self.guard = ThreadGuard(self.ctx, TEST_SECRET)
         self.guard.start()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.guard.protect(self.sock)

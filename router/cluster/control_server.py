@@ -102,11 +102,9 @@ class ControlServer:
         """Binds the socket and starts serving on the running loop; returns the endpoint. Idempotent."""
         if self._sock is None:
             self._ctx = zmq.asyncio.Context()
-            loop = asyncio.get_running_loop()
             # The ZAP handler runs on a thread of its own (pyzmq's asyncio one stops answering once
-            # a second one has run on a loop); a refusal is counted on this loop.
-            self._guard = ThreadGuard(self._ctx, self._secret,
-                                      lambda address: _call_soon(loop, self._refused, address))
+            # a second one has run on a loop); its refusals are counted here, by _expire_loop.
+            self._guard = ThreadGuard(self._ctx, self._secret)
             self._guard.start()
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._guard.protect(self._sock)
@@ -209,6 +207,8 @@ class ControlServer:
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(self._expire_interval_s)
+            for address in self._guard.take_refused():
+                self._drop("zmtp_refused", f"ZMTP handshake from {address} refused")
             for node_id in self.registry.expire():
                 self._lose(node_id, NodeLoss(LossCause.HEARTBEAT))
 
@@ -357,9 +357,6 @@ class ControlServer:
             del self._node_of[info.peer]
         return info
 
-    def _refused(self, address: str) -> None:
-        self._drop("zmtp_refused", f"ZMTP handshake from {address} refused")
-
     def _drop(self, reason: str, detail: str) -> None:
         n = self._drops[reason] = self._drops.get(reason, 0) + 1
         if n & (n - 1) == 0:    # the 1st, 2nd, 4th, 8th ... of a kind
@@ -371,10 +368,3 @@ def _log_send_failure(sent: asyncio.Future) -> None:
     if not sent.cancelled() and sent.exception() is not None:
         log.warning("control send failed: %r", sent.exception())
 
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
-    """fn(*args) on loop, from another thread; nothing once the loop is closed."""
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:
-        pass

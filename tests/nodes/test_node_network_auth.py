@@ -189,7 +189,7 @@ def test_a_node_never_blocks_on_a_router_that_stopped_reading():
     when the queue is full the link starts a new session instead of blocking (the finding: the
     node hung in send forever, deaf to SIGTERM)."""
     ctx = zmq.Context()
-    guard = ThreadGuard(ctx, TEST_SECRET, lambda address: None)
+    guard = ThreadGuard(ctx, TEST_SECRET)
     guard.start()
     router = ctx.socket(zmq.ROUTER)
     guard.protect(router)
