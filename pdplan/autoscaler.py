@@ -60,25 +60,32 @@ class ScalePolicy:
 
     def _prefill(self, s: Signals) -> tuple[str | None, str | None]:
         c = self.c
-        if s.ttft_p90_ms is not None and s.ttft_p90_ms > c.autoscale_up_at * c.autoscale_slo_ttft_ms:
+        ttft = self._p90(s.ttft_p90_ms, s.ttft_samples)
+        if ttft is not None and ttft > c.autoscale_up_at * c.autoscale_slo_ttft_ms:
             return "ttft", None
         if s.queued_prefill_tokens > c.autoscale_queued_tokens_up:
             return "queued_tokens", None
-        low = (s.ttft_p90_ms is None or s.ttft_p90_ms < c.autoscale_down_at * c.autoscale_slo_ttft_ms) \
+        low = (s.ttft_samples == 0 or (ttft is not None and ttft < c.autoscale_down_at * c.autoscale_slo_ttft_ms)) \
             and s.queued_prefill_tokens == 0
-        return None, ("idle" if s.ttft_p90_ms is None else "ttft_low") if low else None
+        return None, ("idle" if s.ttft_samples == 0 else "ttft_low") if low else None
 
     def _decode(self, s: Signals) -> tuple[str | None, str | None]:
         c = self.c
-        if s.itl_p90_ms is not None and s.itl_p90_ms > c.autoscale_up_at * c.autoscale_slo_itl_ms:
+        itl = self._p90(s.itl_p90_ms, s.itl_samples)
+        if itl is not None and itl > c.autoscale_up_at * c.autoscale_slo_itl_ms:
             return "itl", None
         if s.decode_kv_usage > c.autoscale_kv_up:
             return "kv", None
         if s.busy_replies > 0:
             return "busy", None
-        low = (s.itl_p90_ms is None or s.itl_p90_ms < c.autoscale_down_at * c.autoscale_slo_itl_ms) \
+        low = (s.itl_samples == 0 or (itl is not None and itl < c.autoscale_down_at * c.autoscale_slo_itl_ms)) \
             and s.decode_kv_usage < c.autoscale_kv_down
-        return None, ("idle" if s.itl_p90_ms is None else "itl_low") if low else None
+        return None, ("idle" if s.itl_samples == 0 else "itl_low") if low else None
+
+    def _p90(self, p90: float | None, samples: int) -> float | None:
+        """A p90 to act on: over at least min_samples observations. Fewer is not a trend (one slow
+        request reads near the top of its bucket), and neither grows nor shrinks the pool."""
+        return p90 if samples >= self.c.autoscale_min_samples else None
 
     def _step(self, role: str, current: int, up: str | None, down: str | None, now: float) -> Decision | None:
         lo, hi = self.c.bounds(role)
@@ -109,7 +116,7 @@ class Autoscaler:
                  clock: Callable[[], float] = time.monotonic):
         from prometheus_client import Counter, Gauge
         self.c, self.operator, self.nodes, self.block_size, self.clock = config, operator, node_registry, block_size, clock
-        self.window = MetricsWindow(metrics_registry, config.autoscale_window_s, clock, config.autoscale_min_samples)
+        self.window = MetricsWindow(metrics_registry, config.autoscale_window_s, clock)
         self.policy = ScalePolicy(config)
         self.decisions: list[tuple[float, Decision, Signals]] = []
         self.counter = Counter("pdserve_autoscaler_decisions", "Pool size changes the autoscaler made.",
@@ -121,8 +128,9 @@ class Autoscaler:
         self.window.sample()
         queued, kv, prefill, decode = pool_figures(self.nodes, self.block_size)
         starting = self.operator.scaler.starting if self.operator.scaler is not None else (lambda role: 0)
-        return Signals(self.window.p90_ms(TTFT), self.window.p90_ms(ITL), self.window.busy(), queued, kv,
-                       prefill + starting("prefill"), decode + starting("decode"))
+        w = self.window
+        return Signals(w.p90_ms(TTFT), w.p90_ms(ITL), w.busy(), queued, kv, prefill + starting("prefill"),
+                       decode + starting("decode"), w.count(TTFT), w.count(ITL))
 
     async def tick(self) -> list[Decision]:
         s = self.signals()

@@ -17,13 +17,15 @@ BUSY = "pdserve_router_busy_replies_total"
 
 @dataclass(frozen=True, slots=True)
 class Signals:
-    ttft_p90_ms: float | None       # None: fewer first tokens in the window than min_samples
+    ttft_p90_ms: float | None       # None: no first token in the window
     itl_p90_ms: float | None
     busy_replies: float             # in the window
     queued_prefill_tokens: float    # per active prefill node
     decode_kv_usage: float          # mean over active decode nodes, 0..1
     prefill_nodes: int              # active
     decode_nodes: int
+    ttft_samples: int = 0           # first tokens in the window (the TTFT p90's observations)
+    itl_samples: int = 0            # inter-token gaps in the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +38,8 @@ class _Snapshot:
 class MetricsWindow:
     """Snapshots of the router's registry, kept for `window_s`; figures over the window."""
 
-    def __init__(self, registry, window_s: float, clock: Callable[[], float], min_samples: int = 1):
+    def __init__(self, registry, window_s: float, clock: Callable[[], float]):
         self.registry, self.window_s, self.clock = registry, window_s, clock
-        self.min_samples = min_samples      # a p90 over fewer observations is None: one slow request
         self.snapshots: deque[_Snapshot] = deque()
 
     def sample(self) -> None:
@@ -49,11 +50,16 @@ class MetricsWindow:
             self.snapshots.popleft()
 
     def p90_ms(self, name: str) -> float | None:
+        return quantile(0.9, self._delta(name))
+
+    def count(self, name: str) -> int:
+        """Observations of histogram `name` in the window."""
+        delta = self._delta(name)
+        return int(delta[-1][1]) if delta else 0
+
+    def _delta(self, name: str) -> list[tuple[float, float]]:
         first, last = self.snapshots[0], self.snapshots[-1]
-        delta = [(le, b - a) for (le, b), (_, a) in zip(last.buckets[name], first.buckets[name])]
-        if not delta or delta[-1][1] < self.min_samples:     # is not a p90 (and reads near the top of
-            return None                                     # its bucket, as histogram_quantile does)
-        return quantile(0.9, delta)
+        return [(le, b - a) for (le, b), (_, a) in zip(last.buckets[name], first.buckets[name])]
 
     def busy(self) -> float:
         return self.snapshots[-1].busy - self.snapshots[0].busy

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
@@ -9,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from pdplan.autoscale_config import AutoscaleConfig
 from pdplan.autoscaler import Autoscaler, ScalePolicy
-from pdplan.signals import Signals, quantile
+from pdplan.signals import TTFT, Signals, quantile
 
 CONFIG = AutoscaleConfig(autoscale=True, autoscale_slo_ttft_ms=100.0, autoscale_slo_itl_ms=20.0,
                          autoscale_down_after_s=10.0, autoscale_cooldown_s=5.0, autoscale_max_prefill=3,
@@ -17,7 +18,7 @@ CONFIG = AutoscaleConfig(autoscale=True, autoscale_slo_ttft_ms=100.0, autoscale_
 
 
 def signals(ttft=None, itl=None, busy=0, queued=0.0, kv=0.0, p=1, d=1) -> Signals:
-    return Signals(ttft, itl, busy, queued, kv, p, d)
+    return Signals(ttft, itl, busy, queued, kv, p, d, 0 if ttft is None else 100, 0 if itl is None else 100)
 
 
 def moves(policy: ScalePolicy, s: Signals, now: float) -> list[tuple[str, int, str]]:
@@ -111,28 +112,32 @@ def test_a_failed_scale_leaves_the_other_pool_scaled_and_is_tried_again_at_once(
 
 def test_a_p90_over_fewer_requests_than_min_samples_is_not_acted_on():
     """Three first tokens of 120 ms in the window: their 'p90' reads 235 ms (near the top of the
-    (0.1, 0.25] bucket, as histogram_quantile interpolates), past 80% of a 250 ms SLO; with
-    min_samples 8 it is None and prefill stays. Eight of them are a p90, and prefill grows."""
+    (0.1, 0.25] bucket, as histogram_quantile interpolates), past 80% of a 250 ms SLO. Under
+    min_samples (8) it is not a trend: prefill neither grows nor (at 2 nodes) shrinks, as it would
+    with no request at all. Eight of them are a p90, and prefill grows."""
     from prometheus_client import Histogram
 
     registry, now = CollectorRegistry(), [0.0]
     ttft = Histogram("pdserve_time_to_first_token_seconds", "TTFT", buckets=(0.1, 0.25, 1.0), registry=registry)
-    config = AutoscaleConfig(autoscale=True, autoscale_slo_ttft_ms=250.0, autoscale_window_s=10.0)
+    config = AutoscaleConfig(autoscale=True, autoscale_slo_ttft_ms=250.0, autoscale_window_s=10.0,
+                             autoscale_down_after_s=0.0, autoscale_cooldown_s=0.0)
     assert config.autoscale_min_samples == 8
     scaler = Autoscaler(config, None, None, registry, 16, clock=lambda: now[0])
     scaler.window.sample()
-    for _ in range(3):
-        ttft.observe(0.12)
-    now[0] = 1.0
-    scaler.window.sample()
-    assert scaler.window.p90_ms("pdserve_time_to_first_token_seconds") is None
-    assert moves(ScalePolicy(config), signals(ttft=scaler.window.p90_ms("pdserve_time_to_first_token_seconds")), 10) == []
-    for _ in range(5):
-        ttft.observe(0.12)
-    now[0] = 2.0
-    scaler.window.sample()
-    p90 = scaler.window.p90_ms("pdserve_time_to_first_token_seconds")
-    assert p90 == pytest.approx(235.0)
-    assert moves(ScalePolicy(config), signals(ttft=p90), 10) == [("prefill", 2, "ttft")]
+
+    def observe(k: int, t: float):
+        for _ in range(k):
+            ttft.observe(0.12)
+        now[0] = t
+        scaler.window.sample()
+        w = scaler.window
+        return Signals(w.p90_ms(TTFT), None, 0, 0.0, 0.0, 2, 1, w.count(TTFT), 0)
+    few = observe(3, 1.0)
+    assert few.ttft_samples == 3 and few.ttft_p90_ms == pytest.approx(235.0)
+    assert moves(ScalePolicy(config), few, 10) == []
+    assert moves(ScalePolicy(config), signals(p=2), 10) == [("prefill", 1, "idle")]     # no request: idle
+    enough = observe(5, 2.0)
+    assert enough.ttft_samples == 8 and enough.ttft_p90_ms == pytest.approx(235.0)
+    assert moves(ScalePolicy(config), dataclasses.replace(enough, prefill_nodes=1), 10) == [("prefill", 2, "ttft")]
     with pytest.raises(ValueError, match="min_samples"):
         AutoscaleConfig(autoscale_min_samples=0)
