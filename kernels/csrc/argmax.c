@@ -5,7 +5,7 @@
  * torch.argmax over [32, 32000] float32 took 0.6 ms here (a scalar reduction), over bfloat16
  * 2-3.5 ms; this pass is two vector sweeps of each row: its maximum (and whether it holds a
  * NaN), then the first index that equals it. A row with a NaN, and every row where the compiler
- * does not target AVX-512, takes the scalar loop, which is the definition above.
+ * does not target AVX-512 F, BW and VL, takes the scalar loop, which is the definition above.
  *
  * x: [rows, n] float32 or bfloat16 (DT_F32 / DT_BF16), rows of stride x_stride elements.
  * Rows split over num_threads only above PARALLEL_MIN elements: a decode step's 32 rows take
@@ -14,7 +14,7 @@
  */
 #include "common.h"
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)   /* load16: masked 16-bit loads */
 #include <immintrin.h>
 #endif
 
@@ -32,7 +32,7 @@ static int64_t argmax_scalar(const void *row, int64_t n, int dtype) {
     return at;
 }
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)   /* load16: masked 16-bit loads */
 /* 16 elements from i on (fewer at the row's end: the rest of the vector is -inf). */
 static inline __attribute__((always_inline)) __m512 load16(const void *row, int64_t i, int64_t n, int dtype) {
     const __mmask16 mask = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
