@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
+from router.cluster.routing_cost import BALANCE, imbalanced
 from router.config import RouterConfig
 
 AFFINITY_BLOCKS = RouterConfig.affinity_blocks_per_node     # the real router's default
-BALANCE_ABS, BALANCE_REL = 32, 1.5  # sgl-router's defaults
 
 
 class PrefixAffinity:
@@ -47,7 +47,7 @@ class PrefixAffinity:
     def choose(self, hashes: tuple[int, ...], num_blocks: int) -> tuple[int, int]:
         """The cheapest node and the blocks it must compute; books them and records the hashes."""
         loads = [self.load(i) for i in range(len(self.sent))]
-        if self.balance and max(loads) - min(loads) > BALANCE_ABS and max(loads) > BALANCE_REL * min(loads):
+        if self.balance and imbalanced(loads, BALANCE):
             node = loads.index(min(loads))
         else:
             node = min((self.booked_blocks[i] + num_blocks - self.matched(i, hashes), self.booked_requests[i], loads[i], i)
