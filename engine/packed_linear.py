@@ -25,7 +25,7 @@ from torch import nn
 
 class PackedLinear(nn.Module):
     """y = x @ W^T + b with W held packed by oneDNN (opaque: no `.weight`). A subclass packs
-    for another kernel by overriding `pack` and `product` (engine/bf16_linear.py)."""
+    for another kernel by overriding `pack` and `product` (engine/gemm_linear.py)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -77,7 +77,7 @@ def pack_linears(model: nn.Module) -> int:
     dtype, device = linears[0][2].weight.dtype, linears[0][2].weight.device
     if not can_pack(dtype, device):
         return 0
-    from engine import bf16_linear, f32_linear   # subclasses of PackedLinear: imported once this module is
+    from engine import bf16_linear, f32_linear   # subclasses of PackedLinear: imported here, as they import this module
     packed = (bf16_linear.Bf16Linear if bf16_linear.can_use(dtype, device)
               else f32_linear.F32Linear if f32_linear.can_use(dtype, device) else PackedLinear)
     for parent, name, child in linears:

@@ -3,7 +3,7 @@
 (bench/simulate/tracehook/sitecustomize.py) and appends one JSON line per event to
 $PDSERVE_TRACE_DIR/<pid>.jsonl; nothing in pdserve itself changes.
 
-    router   gen_start (request id), yield (tokens, text so far), send / recv (message, rid, node)
+    router   gen_start (request id), yield (tokens, the delta's text length), send / recv (message, rid, node)
     nodes    recv / send (message, rid), step (start, end, sequences, tokens, prompt chunks)
     client   c_req (send time, TTFT, first gaps), the load generator's own record
 
