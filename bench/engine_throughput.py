@@ -101,6 +101,9 @@ def _vllm_cmd(path: str, args) -> tuple[list[str], dict]:
     install_vllm()
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                VLLM_CPU_KVCACHE_SPACE="2")
+    if args.vllm_own_omp:       # vLLM's own OpenMP waiting (its OpenMP runtime's default), not this script's
+        for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+            env.pop(key, None)
     cmd = [os.path.join(VLLM_VENV, "bin", "python"), os.path.join(HERE, "vllm_offline.py"), path, args.dtype,
            str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed), str(args.repeats),
            str(args.temperature)]
@@ -159,6 +162,9 @@ def main() -> None:
     ap.add_argument("--vllm-interleaved", action="store_true",
                     help="with --vllm: vLLM's repeats alternate with the others' (its process stays up, idle, "
                          "between them) instead of running after them")
+    ap.add_argument("--vllm-own-omp", action="store_true",
+                    help="with --vllm: vLLM's process waits as its OpenMP runtime does by default (spinning), "
+                         "not as this script sets for every system")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per system (median reported)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--omp-spin", type=int, default=None,
@@ -185,7 +191,8 @@ def report(runs: dict, args) -> None:
     print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end (other "
           f"processes slow every system here alike)")
     print(f"OpenMP: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
-          f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}, {torch.get_num_threads()} threads")
+          f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}, {torch.get_num_threads()} threads"
+          + ("; vLLM: its OpenMP runtime's own default" if args.vllm_own_omp else ""))
     print(f"workload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
           f"tokens, {f'temperature {args.temperature}' if args.temperature else 'greedy'}, {args.dtype}; "
           f"model: random Llama {PEER_SHAPE}")
