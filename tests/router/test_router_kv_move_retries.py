@@ -16,7 +16,7 @@ from tests.router.test_router_operator import cast, first_tokens, membership
 async def _moved(c, d_from, rest, rid: str, xfer: str):
     """The operator removes d_from, which pauses `rid`; the request's next attempt is reserved on
     one of `rest` and d_from told to ship into it. Returns (that node, the moved attempt's rid)."""
-    c.backend.operator.remove(d_from.node_id)
+    c.remove(d_from.node_id)                # answers once rid has moved
     assert (await d_from.expect(PauseRequest)).rid == rid
     d_from.send(Paused(rid, 2, 1))          # 2 tokens held here, 1 character before the last
     d_to, req = await first_of(rest, DecodeRequest)
@@ -83,7 +83,7 @@ def test_a_removed_nodes_re_prefill_move_uses_no_retry():
             p, ds = await cast(c)
             out = c.generate(max_tokens=3)
             d1, live = await first_tokens(p, ds, out)
-            c.backend.operator.remove(d1.node_id)
+            assert (await c.backend.operator.remove(d1.node_id)).state == "removed"     # nothing to move: at once
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids)) == ("r1~1", PROMPT + [11, 12])
             live.send(Reserved("r1~1", "x2", (7, 8, 9), 0))
