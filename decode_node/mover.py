@@ -13,6 +13,13 @@ blocks, shipped over the transport prefill nodes use (node_shell/shipper.py, kvt
      them as a prefill's and decodes on from o_n, exactly where this node stopped
   4. the pins go once the transport says the bytes left (exactly once: shipped, aborted, expired
      after lease_s unshipped, or the router's session lost)
+
+Step 3 runs on the node's loop (at tp > 1 its blocks are gathered by a collective, which must not
+race the engine's steps), so each of its calls is bounded: pairing by CONNECT_TIMEOUT_S, a send
+into a peer that stopped draining by SEND_TIMEOUT_S (the sender's), and the Abort after a failed
+send by that again; over ZeroMQ a ship holds the loop at most MAX_LOOP_STALL_S, under the router's
+heartbeat timeout (torch_dist's pairing also builds a process group, bounded by the transport's
+peer timeout), and a failure fails the move (the router re-prefills it), never the node.
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ from pdwire.handshake import HandshakeError
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0     # pairing with the receiving decode node, on this node's loop
+SEND_TIMEOUT_S = 2.0        # a send into a receiving node whose queue is full (its high-water mark)
+MAX_LOOP_STALL_S = CONNECT_TIMEOUT_S + 2 * SEND_TIMEOUT_S     # the pairing, a failed send, its Abort
 
 
 @dataclass(slots=True)
@@ -93,7 +102,7 @@ class KVMover:
             self.shipper.ship(shipment, list(held.blocks))
             sender.commit(req.xfer_id, held.last_token, held.num_tokens)
         except (TransportError, ValueError) as err:
-            sender.abort(req.xfer_id, "send failed")
+            _abort(sender, req.xfer_id)
             return RequestFailed(req.rid, f"KV move failed: {err}"[:500], True)
         finally:
             self.shipper.close(req.rid)
@@ -131,3 +140,12 @@ class KVMover:
             self.sender = self._make_sender()
             self.shipper.bind(self.engine, self.sender)
         return self.sender
+
+
+def _abort(sender: KVSender, xfer_id: str) -> None:
+    """Tells the receiving node the transfer is off; one that stopped draining may not take even
+    that (the send times out): it fails the transfer itself, at its lease or the sender's silence."""
+    try:
+        sender.abort(xfer_id, "send failed")
+    except TransportError as err:
+        log.warning("KV move %s: the Abort could not be sent either: %s", xfer_id, err)

@@ -38,7 +38,7 @@ import secrets
 from decode_node.streamer import Streamer
 from pdwire.outputs import RequestOutput
 from pdwire.control import AbortRequest, DecodeRequest, Paused, PauseRequest, RequestFailed, ShipRequest
-from decode_node.mover import KVMover
+from decode_node.mover import SEND_TIMEOUT_S, KVMover
 from kvtransport.events import TransferCommitted, TransferFailed
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import Busy, Reserved
@@ -70,7 +70,7 @@ class DecodeService(NodeService):
                                       max_batch_bytes=config.kv_batch_bytes)
         sender = lambda: make_sender(config.kv_transport, identity, secret,  # noqa: E731 -- at the first move
                                      device=str(runner.kv_cache.device), p2p_host=config.p2p_host,
-                                     max_batch_bytes=config.kv_batch_bytes)
+                                     max_batch_bytes=config.kv_batch_bytes, send_timeout=SEND_TIMEOUT_S)
         self.mover = KVMover(self.engine, sender, config.lease_s)
 
     @property

@@ -30,6 +30,19 @@ class SamplingRow:
     banned_ids: tuple[int, ...] = ()      # EOS / stop ids while min_tokens is not reached
     grammar: "GrammarMatcher | None" = None   # structured output: only tokens it allows
 
+    @property
+    def edits_logits(self) -> bool:
+        """Whether something changes the row's logits before its token is chosen: penalties,
+        banned ids, a grammar."""
+        return self.params.needs_penalties or bool(self.banned_ids) or self.grammar is not None
+
+    @property
+    def argmax_only(self) -> bool:
+        """Whether the row's token is its logits' argmax as they are: greedy, nothing edits the
+        logits, no logprobs asked for. The one statement of the rule: such rows are read in the
+        model's dtype, uncast."""
+        return self.params.greedy and self.params.logprobs is None and not self.edits_logits
+
 
 @dataclass(slots=True)
 class SampledToken:
@@ -47,17 +60,14 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         # logits: [R, vocab], one row per entry of `rows`: float32, or the model's dtype (rows that
         # only take the argmax read it as it is; everything else works on a float32 copy)
-        if all(_argmax_only(r) for r in rows):
+        if all(r.argmax_only for r in rows):
             return [SampledToken(t, None) for t in argmax(logits).tolist()]
-        logits = logits.float()
+        edits = any(r.edits_logits for r in rows)
+        logits = logits.to(torch.float32, copy=edits)     # one float32 copy, edited in place; the caller's stays
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None
                                                                 for r in rows) else None
-        adjusted = self._adjust(logits, rows)
-        if self.grammars is not None and any(r.grammar is not None for r in rows):
-            logits = adjusted.clone() if adjusted is logits else adjusted      # the caller's stays as it was
-            self.grammars.mask(logits, [r.grammar for r in rows])     # one bitmask for the batch
-        else:
-            logits = adjusted
+        if edits:
+            self._edit(logits, rows)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if len(random_rows) == len(rows):
             chosen = self._sample(rows, logits)                         # [R]
@@ -69,16 +79,15 @@ class Sampler:
         return [SampledToken(t, _top_logprobs(raw_logprobs, i, t, rows[i].params.logprobs))
                 for i, t in enumerate(chosen_list)]
 
-    def _adjust(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        if not any(r.params.needs_penalties or r.banned_ids for r in rows):
-            return logits
-        logits = logits.clone()
+    def _edit(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+        """Penalties, banned ids, then the grammars' mask, in place (logits: [R, vocab] float32)."""
         for i, r in enumerate(rows):
             if r.params.needs_penalties:
                 _apply_penalties(logits[i], r)
             if r.banned_ids:
                 logits[i, list(r.banned_ids)] = float("-inf")
-        return logits
+        if self.grammars is not None and any(r.grammar is not None for r in rows):
+            self.grammars.mask(logits, [r.grammar for r in rows])     # one bitmask for the batch
 
     def _sample(self, rows: list[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
         """One draw per row by inverting its CDF with a single uniform number: exact, and one
@@ -118,13 +127,6 @@ def draw_seed(seed: int, draw: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
-
-
-def _argmax_only(r: SamplingRow) -> bool:
-    """Whether the row's token is its logits' argmax as they are: greedy, nothing that edits
-    the logits first (penalties, banned ids, a grammar), no logprobs asked for."""
-    return (r.params.greedy and r.params.logprobs is None and r.grammar is None and not r.banned_ids
-            and not r.params.needs_penalties)
 
 
 def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:

@@ -25,6 +25,7 @@ ENV_VAR = "PDSERVE_ADMIN_KEY"
 DEFAULT_URL = "http://127.0.0.1:8000"
 COMMANDS = ("nodes", "drain", "remove", "pools", "scale")
 _TIMEOUT_S = 10.0
+_REMOVE_TIMEOUT_S = 120.0   # a remove answers once the node is out: after its KV moves (2 x --kv-move-timeout-s)
 _COLUMNS = (("NODE", "id"), ("ROLE", "role"), ("STATE", "state"), ("RUN", "num_running"),
             ("WAIT", "num_waiting"), ("KV%", "kv_usage"), ("FREE", "num_free_blocks"),
             ("EPOCH", "epoch"), ("BEAT_AGE_S", "last_heartbeat_age_s"), ("ADDRESS", "address"))
@@ -45,7 +46,8 @@ def main(argv: Sequence[str]) -> int:
         return 2
     for method, path, body in requests:
         try:
-            reply = httpx.request(method, args.url.rstrip("/") + path, json=body, timeout=_TIMEOUT_S,
+            reply = httpx.request(method, args.url.rstrip("/") + path, json=body,
+                                  timeout=_REMOVE_TIMEOUT_S if args.command == "remove" else _TIMEOUT_S,
                                   headers={"Authorization": f"Bearer {key}"})
         except httpx.HTTPError as err:
             print(f"pdserve {args.command}: {args.url}: {err}", file=sys.stderr)

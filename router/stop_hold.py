@@ -13,7 +13,8 @@ prefix of the final text, and a stop string is never shown, even in part:
 Only text is held: token ids and logprobs go at once (a stop string's tokens are part of the
 output; only its text is cut), so a client's token counts and timings never wait on the hold.
 Released text is forgotten: a choice keeps only its unreleased text and a window of the
-released (the longest stop string less one), never its whole text.
+released (the longest stop string less one), never its whole text. Its token ids are all kept
+(the one record of them: a disaggregated choice's next attempt starts from them).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class StopHold:
     The window (the longest stop string less one) keeps enough released text for a stop string
     to be found across it (router/cluster/disagg_request.stop_across) when none was held.
     """
-    __slots__ = ("index", "window", "hold", "base", "sent", "tail", "num_tokens", "token_ids", "logprobs",
+    __slots__ = ("index", "window", "hold", "base", "sent", "tail", "token_ids", "tokens_sent", "logprobs",
                  "finish_reason", "done")
 
     def __init__(self, index: int, params: SamplingParams):
@@ -42,8 +43,8 @@ class StopHold:
         self.base = 0                       # offset of tail's first character
         self.sent = 0                       # characters of text released
         self.tail = ""                      # text from base on
-        self.num_tokens = 0                 # tokens produced, released or not
-        self.token_ids: list[int] = []      # tokens not released yet
+        self.token_ids: list[int] = []      # every token produced, released or not
+        self.tokens_sent = 0                # of them, released
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None   # theirs
         self.finish_reason: str | None = None
         self.done = False                   # the last delta (with finish_reason) was taken
@@ -56,7 +57,6 @@ class StopHold:
     def add(self, token_ids: list[int], logprobs: list[dict[int, float]] | None, text: str) -> None:
         """New tokens (with their logprob entries, when asked for) and the text they completed."""
         self.token_ids += token_ids
-        self.num_tokens += len(token_ids)
         if self.logprobs is not None and logprobs is not None:
             self.logprobs += logprobs
         self.tail += text
@@ -74,8 +74,9 @@ class StopHold:
     def advance_to(self, whole: CompletionOutput) -> None:
         """Takes an engine's cumulative output of this choice: what it adds, or where a stop
         string cut it (the engine's text only ever shrinks by that cut, at its end)."""
-        self.add(whole.token_ids[self.num_tokens:],
-                 None if whole.logprobs is None else whole.logprobs[self.num_tokens:],
+        produced = len(self.token_ids)
+        self.add(whole.token_ids[produced:],
+                 None if whole.logprobs is None else whole.logprobs[produced:],
                  whole.text[self.length:])
         if len(whole.text) < self.length:
             self.cut(len(whole.text))
@@ -86,14 +87,14 @@ class StopHold:
         """The delta to send now, or None when there is nothing to send yet (or any more)."""
         finished = self.finish_reason is not None
         end = self.length if finished else max(self.sent, self.length - self.hold)
-        if self.done or (end == self.sent and not self.token_ids and not finished):
+        if self.done or (end == self.sent and self.tokens_sent == len(self.token_ids) and not finished):
             return None
-        delta = CompletionOutput(self.index, self.tail[self.sent - self.base:end - self.base], self.token_ids,
-                                 self.logprobs, self.finish_reason)
+        delta = CompletionOutput(self.index, self.tail[self.sent - self.base:end - self.base],
+                                 self.token_ids[self.tokens_sent:], self.logprobs, self.finish_reason)
         self.sent = end
         forget = max(self.base, min(self.sent, self.length - self.window))
         self.tail, self.base = self.tail[forget - self.base:], forget
-        self.token_ids = []
+        self.tokens_sent = len(self.token_ids)
         self.logprobs = None if self.logprobs is None else []
         self.done = finished
         return delta

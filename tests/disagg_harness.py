@@ -138,6 +138,13 @@ class Cluster:
         self.ctx = zmq.asyncio.Context()
         plain_client(self.ctx, TEST_SECRET)     # every peer passes ZMTP PLAIN: the tests aim past it
         self.nodes: dict[str, ScriptedNode] = {}
+        self.removals: list[asyncio.Task] = []      # operator removes under way (kept: a task is weakly held)
+
+    def remove(self, node_id: str) -> asyncio.Task:
+        """Starts the operator's remove of the node; it answers once the node is out."""
+        task = asyncio.create_task(self.backend.operator.remove(node_id))
+        self.removals.append(task)
+        return task
 
     async def __aenter__(self) -> Cluster:
         await self.backend.start()

@@ -82,8 +82,7 @@ class Choice:
     index: int
     rid: str
     params: SamplingParams          # n = 1, this choice's seed
-    token_ids: list[int] = field(default_factory=list)  # every token merged, released or not
-    out: StopHold = field(init=False)   # its text, tokens and logprobs not yet sent; its text's length; its end
+    out: StopHold = field(init=False)   # its tokens, text and logprobs; what is not sent yet; its end
     attempt: Attempt | None = None
     num_attempts: int = 0
     retries: int = 0                # attempts after a failure that uses a retry (Failure.uses_retry)
@@ -96,6 +95,11 @@ class Choice:
     def finish_reason(self) -> str | None:
         """Why the choice ended (None while it runs): its stop hold's, the one record of it."""
         return self.out.finish_reason
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every token merged, released or not: its stop hold's, the one record of them."""
+        return self.out.token_ids
 
     def finish(self, reason: str) -> None:
         self.out.finish(reason)
@@ -156,7 +160,6 @@ def merge(choice: Choice, att: Attempt, index: int, token_ids: tuple[int, ...], 
     if out.logprobs is not None:
         entries = [top_logprobs(logprobs[k - unlogged]) if k >= unlogged and logprobs[k - unlogged]
                    else missing_logprob(token_ids[k]) for k in range(len(token_ids) - len(new), len(token_ids))]
-    choice.token_ids += new
     before = out.length
     out.add(new, entries, text[before - text_start:])
     if finish_reason == "stop" and choice.params.stop:

@@ -343,6 +343,7 @@ class DisaggregatedBackend(Backend):
             return
         att.ended = True
         self._attempts.pop(att.wire_rid, None)
+        self._moves.ended(att)
         for booking in att.bookings.values():
             self._registry.release(booking)
         att.bookings.clear()

@@ -61,6 +61,7 @@ class KVMoves:
         self._attempts, self._new_attempt, self._end_attempt = attempts, new_attempt, end_attempt
         self._migrations, self._vocab = migrations, vocab
         self._moving: dict[str, set[Attempt]] = {}     # node -> attempts moving off it
+        self._wakeups: dict[str, asyncio.Event] = {}    # node -> set when one of its moves ends or lands
 
     def start(self, node_id: str, loss: NodeLoss) -> bool:
         """Step 1; False if nothing decodes on the node (or KV moves are off)."""
@@ -73,14 +74,29 @@ class KVMoves:
         self._moving[node_id] = atts
         return bool(atts)
 
-    def pending(self, node_id: str) -> bool:
-        """Whether a move off the node is under way (pausing there, or its blocks not adopted yet)."""
+    async def settled(self, node_id: str) -> None:
+        """Returns once no move off the node is under way (pausing there, or its blocks not
+        adopted yet): woken by each of its attempts ending or landing (ended(), note()), no poll."""
+        while self._pending(node_id):
+            wakeup = self._wakeups[node_id] = asyncio.Event()
+            await wakeup.wait()
+
+    def ended(self, att: Attempt) -> None:
+        """The attempt ended (the backend's end of an attempt): a move it was part of may be over."""
+        self._wake(att)
+
+    def _pending(self, node_id: str) -> bool:
         live = {a for a in self._moving.get(node_id, ()) if not a.ended and node_id in (a.decode_id, a.writer)}
         if live:
             self._moving[node_id] = live
         else:
             self._moving.pop(node_id, None)
         return bool(live)
+
+    def _wake(self, att: Attempt) -> None:
+        for node_id in [n for n, atts in self._moving.items() if att in atts]:
+            if (wakeup := self._wakeups.pop(node_id, None)) is not None:
+                wakeup.set()
 
     def note(self, att: Attempt, event: Any) -> None:
         """Step 5, for each event of a streaming attempt: D2 took the blocks, D1 is done with. D1
@@ -93,6 +109,7 @@ class KVMoves:
             if booking is not None:
                 self._server.registry.release(booking)
             att.writer = ""
+            self._wake(att)
 
     async def move(self, request: PendingRequest, choice: Choice, att: Attempt,
                    out: MoveOut) -> tuple[Attempt | None, Failure | None]:

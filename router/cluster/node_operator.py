@@ -3,11 +3,12 @@
     drain(node, deadline_s) ──▶ DRAINING: no new work; its running requests go on
         ├─ idle at a heartbeat ─────────▶ told "leave" (registry), lost as DRAINED ("idle")
         └─ deadline_s passes, still busy ─▶ take out, lost as DRAINED
-    remove(node) ──▶ take out at once, lost as REMOVED
+    remove(node) ──▶ take out at once, lost as REMOVED; answered once the node is out
     take out: a decode node's decoding requests first move to other decode nodes with their KV
               blocks (router/cluster/kv_move.py; the node is DRAINING meanwhile), for at most
-              2 x kv_move_timeout_s; then the node is told "leave" and lost: whatever is still
-              there moves re-prefilled from prompt + emitted tokens, as a prefill node's requests do
+              2 x kv_move_timeout_s (each move's end wakes the take-out: no poll); then the node
+              is told "leave" and lost: whatever is still there moves re-prefilled from prompt +
+              emitted tokens, as a prefill node's requests do
     a node told to leave says goodbye and exits; adding a node is starting one
     scale(role, count) ──▶ the deployment's PoolScaler starts nodes, or drains the surplus
                            (router/cluster/pool_scaler.py); no scaler: the nodes are started by hand
@@ -26,17 +27,14 @@ from router.cluster.pool_scaler import NoScaler, PoolScaler, PoolView, pool_view
 from router.cluster.registry import Node, NodeRole, NodeState
 
 
-_EVACUATION_POLL_S = 0.02
-
-
 class Evacuation(Protocol):
     """Moves a node's running requests off it before it is told to leave (router/cluster/kv_move.py)."""
 
     def start(self, node_id: str, loss: NodeLoss) -> bool:
         """Starts moving them; False if there is nothing to move."""
 
-    def pending(self, node_id: str) -> bool:
-        """Whether a move off the node is still under way."""
+    async def settled(self, node_id: str) -> None:
+        """Returns once no move off the node is under way (the caller bounds the wait)."""
 
 
 class NodeOperator:
@@ -68,13 +66,16 @@ class NodeOperator:
         self._server.membership.drains.inc()
         return self.node(node_id)
 
-    def remove(self, node_id: str) -> NodeView:
-        """Moves the node's requests now (a decode node's with their KV blocks first) and tells it
-        to leave; KeyError if unknown."""
+    async def remove(self, node_id: str) -> NodeView:
+        """Moves the node's requests now (a decode node's with their KV blocks first), tells it to
+        leave, and returns once it is out (state "removed"): at once, or after its KV moves (at
+        most 2 x kv_move_timeout_s); KeyError if unknown."""
         view = self.node(node_id)
         self._cancel(node_id)
         self._take_out(node_id, NodeLoss(LossCause.REMOVED))
         self._server.membership.removals.inc()
+        if (task := self._evacuating.get(node_id)) is not None:
+            await asyncio.shield(task)      # a caller that gives up does not stop the take-out
         return replace(view, state="removed", drain_deadline_s=None)
 
     def pools(self) -> list[PoolView]:
@@ -122,10 +123,10 @@ class NodeOperator:
         self._evacuating[node_id] = task
 
     async def _remove_when_moved(self, node_id: str, epoch: str, loss: NodeLoss) -> None:
-        deadline = asyncio.get_running_loop().time() + self._wait_s
         try:
-            while self._evacuation.pending(node_id) and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(_EVACUATION_POLL_S)
+            await asyncio.wait_for(self._evacuation.settled(node_id), self._wait_s)
+        except TimeoutError:
+            pass            # what is still there moves re-prefilled once the node is lost
         finally:
             self._evacuating.pop(node_id, None)
         info = self._server.info(node_id)

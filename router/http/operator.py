@@ -2,7 +2,9 @@
 
     GET  /admin/nodes                  {"object": "list", "data": [NodeView, ...]}
     POST /admin/nodes/{id}/drain       body {"deadline_s": 60} (optional): the node's NodeView
-    POST /admin/nodes/{id}/remove      the node's NodeView, state "removed"
+    POST /admin/nodes/{id}/remove      the node's NodeView, state "removed", once it is out: a
+                                       decode node's KV moves are over first (at most
+                                       2 x --kv-move-timeout-s)
     GET  /admin/pools                  {"object": "list", "data": [PoolView, ...]}: per role, the
                                        target and the active, draining and starting nodes
     POST /admin/pools/{role}           body {"count": N, "drain_deadline_s": 60}: the role's pool
@@ -68,7 +70,10 @@ def operator_routes() -> APIRouter:
 
     @routes.post("/nodes/{node_id}/remove")
     async def remove(node_id: str, request: Request) -> NodeView:
-        return _known(node_id, lambda: _operator(request).remove(node_id))
+        try:
+            return await _operator(request).remove(node_id)
+        except KeyError:
+            raise _not_found(node_id) from None
 
     @routes.get("/pools")
     async def pools(request: Request) -> PoolList:
@@ -107,5 +112,9 @@ def _known(node_id: str, act: Callable[[], NodeView]) -> NodeView:
     try:
         return act()
     except KeyError:
-        raise OpenAIError(404, f"no node {node_id[:64]!r} is registered", type="not_found_error",
-                          param="node_id", code="node_not_found") from None
+        raise _not_found(node_id) from None
+
+
+def _not_found(node_id: str) -> OpenAIError:
+    return OpenAIError(404, f"no node {node_id[:64]!r} is registered", type="not_found_error",
+                       param="node_id", code="node_not_found")

@@ -85,3 +85,33 @@ def test_greedy_over_bf16_logits_picks_the_float32_argmax():
     banned = SamplingRow(SamplingParams(temperature=0.0), [], [], None, banned_ids=(expected[0],))
     assert Sampler()(logits[:1], [banned])[0].token_id == logits[0].float().index_fill(
         0, torch.tensor([expected[0]]), float("-inf")).argmax().item()
+
+
+def test_argmax_only_is_greedy_with_nothing_that_edits_or_scores_the_logits():
+    """SamplingRow.argmax_only, the one statement of the rule: greedy, no penalties, no banned
+    ids, no grammar, no logprobs; each of them alone takes it away."""
+    assert _row(temperature=0.0).argmax_only
+    edited = [_row(temperature=0.0, repetition_penalty=1.2), _row(temperature=0.0, presence_penalty=0.5),
+              SamplingRow(SamplingParams(temperature=0.0), [], [], None, banned_ids=(3,)),
+              SamplingRow(SamplingParams(temperature=0.0), [], [], None, grammar=object())]
+    assert [(r.edits_logits, r.argmax_only) for r in edited] == [(True, False)] * 4
+    others = [_row(temperature=0.0, logprobs=0), _row(temperature=1.0)]
+    assert [(r.edits_logits, r.argmax_only) for r in others] == [(False, False)] * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_penalties_and_banned_ids_leave_the_callers_logits_as_they_were(dtype):
+    """The penalty / banned-id path edits its own float32 copy in place: the logits passed in are
+    unchanged (float32 ones are not cast, so only the copy keeps them safe), and the token is the
+    argmax of the edited row."""
+    logits = torch.randn(2, 500, generator=torch.Generator().manual_seed(9)).to(dtype)
+    before = logits.clone()
+    best = int(logits[0].float().argmax())
+    rows = [SamplingRow(SamplingParams(temperature=0.0), [], [], None, banned_ids=(best,)),
+            SamplingRow(SamplingParams(temperature=0.0, repetition_penalty=2.0), [best], [], None)]
+    got = [t.token_id for t in Sampler()(logits, rows)]
+    assert torch.equal(logits, before)
+    edited = logits.float().clone()
+    edited[0, best] = float("-inf")
+    edited[1, best] = torch.where(edited[1, best] > 0, edited[1, best] / 2.0, edited[1, best] * 2.0)
+    assert got == edited.argmax(dim=-1).tolist()

@@ -10,10 +10,13 @@ import threading
 import pytest
 import zmq
 
+from decode_node.mover import CONNECT_TIMEOUT_S, MAX_LOOP_STALL_S
 from decode_node.service import DecodeService
 from engine import SamplingParams
+from kvtransport.base import TransportError
 from kvtransport.metrics import DropReason
 from node_shell.config import NodeConfig
+from router.config import RouterConfig
 from pdwire.control import (AbortRequest, DecodeRequest, NodeCommand, Paused, PauseRequest, PrefillRequest,
                             ShipRequest)
 from pdwire.messages import Reserved
@@ -164,3 +167,63 @@ def test_only_the_named_writer_may_write_a_moved_reservation(harness):
     assert harness.decode1.receiver.metrics.drops[DropReason.WRONG_PEER] > 0
     assert not harness.decode1.engine.has_unfinished_requests()
     harness.send("decode-0", AbortRequest("r"))
+
+
+class _Stalled:
+    """A sender whose receiving node stopped draining: pairing works, every send (the Abort too)
+    times out with a TransportError, as a full queue's does after the send timeout."""
+
+    def __init__(self):
+        self.connects: list[float] = []     # the timeout of each pairing
+        self.aborts: list[str] = []
+
+    def connect(self, endpoint: str, timeout: float = 10.0):
+        self.connects.append(timeout)
+
+    def begin(self, xfer_id: str, endpoint: str) -> None:
+        pass
+
+    def takes_layers(self, xfer_id: str) -> bool:
+        return False
+
+    def send_blocks(self, *args) -> None:
+        raise TransportError("not draining")
+
+    def abort(self, xfer_id: str, reason: str = "") -> None:
+        self.aborts.append(xfer_id)
+        raise TransportError("not draining")
+
+    def poll(self, timeout: float = 0.0) -> list:
+        return []
+
+    def is_sent(self, xfer_id: str) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_move_into_a_node_that_stopped_draining_fails_the_move_not_the_node(harness):
+    """The ship's sends and then its Abort time out (TransportError): the move fails retryably,
+    its pins go, and decode-0 serves on (a later request finishes exactly); the pairing had its
+    bound, and a ship's longest hold of the loop is under the router's heartbeat timeout."""
+    stalled = _Stalled()
+    harness.decode.mover._make_sender = lambda: stalled      # made at the first move, on the node's thread
+    _running(harness, "r")
+    paused = harness.pause("r")
+    blocks = -(-(len(PROMPT) + paused.num_tokens - 1) // 8)
+    harness.results["r~1"] = Result()
+    harness.send("decode-0", ShipRequest("r~1", "r", "tcp://127.0.0.1:9", "a" * 32, tuple(range(1, blocks + 1)), 0))
+    harness.pump(lambda: harness.results["r~1"].failed is not None)
+    failed = harness.results["r~1"].failed
+    assert failed.retryable and "KV move failed" in failed.reason and "not draining" in failed.reason
+    assert (stalled.connects, stalled.aborts) == ([CONNECT_TIMEOUT_S], ["a" * 32])
+    harness.pump(lambda: harness.decode.engine.block_manager.num_pins == 0)
+    (later,) = harness.wait([_submitted(harness, "later")])
+    assert later.failed is None and later.finish == "length"
+    assert MAX_LOOP_STALL_S < RouterConfig().heartbeat_timeout_s
+
+
+def _submitted(harness, rid: str) -> str:
+    harness.submit(rid, PROMPT, GREEDY)
+    return rid

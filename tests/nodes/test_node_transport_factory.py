@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 import decode_node.service as decode_service
+from decode_node.mover import SEND_TIMEOUT_S
 import prefill_node.service as prefill_service
 
 
@@ -29,6 +30,7 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     assert (p.sender, d.receiver, d.mover.sender) == ("S", "R", None)
     assert d.mover._make_sender() == "S"
     sender = ((transport, "identity", b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9", "max_batch_bytes": 8 << 20})
+    mover = (sender[0], {**sender[1], "send_timeout": SEND_TIMEOUT_S})     # bounded: it sends on the loop
     assert calls == [sender, ((transport, d.engine.runner.kv_cache, "identity", b"secret"),
                               {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None,
-                               "max_batch_bytes": 8 << 20}), sender]
+                               "max_batch_bytes": 8 << 20}), mover]

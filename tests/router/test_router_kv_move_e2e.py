@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Callable
 
 import pytest
 
@@ -13,7 +14,7 @@ from router.config import RouterConfig
 from router.node_processes import ClusterConfig
 from tests.model_factory import hf_greedy
 from tests.router.test_router_disagg_e2e import PROMPTS, _collect, _prefills, _with_cluster
-from tests.router.test_router_operator import membership
+from tests.router.test_router_operator import admin_client, membership
 from tests.router.test_router_operator_e2e import _until
 
 # every prompt through the prefill node, so a re-prefill would show in its count
@@ -28,10 +29,12 @@ TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach
 
 class DrainMidStream:
     """Once every stream has at_tokens tokens (all decoding), drains (deadline ~0) the decode node
-    serving the most of them, from that output's callback: its streams are then mid-generation."""
+    serving the most of them, from that output's callback: its streams are then mid-generation.
+    take_out(node), when given, acts on the node instead of the drain."""
 
-    def __init__(self, backend, rids: list[str], at_tokens: int):
+    def __init__(self, backend, rids: list[str], at_tokens: int, take_out: Callable[[str], None] | None = None):
         self.backend, self.at_tokens = backend, at_tokens
+        self.take_out = take_out or (lambda node: backend.operator.drain(node, deadline_s=0.001))
         self.counts = dict.fromkeys(rids, 0)
         self.node: str | None = None
         self.moved: set[str] = set()         # the streams on that node then
@@ -43,7 +46,7 @@ class DrainMidStream:
                 where = {r: self.backend.placement(r)[0][1] for r in self.counts}
                 self.node = max(sorted(set(where.values())), key=list(where.values()).count)
                 self.moved = {r for r, node in where.items() if node == self.node}
-                self.backend.operator.drain(self.node, deadline_s=0.001)
+                self.take_out(self.node)
             assert self.node is not None or not out.finished, "a stream ended before the drain"
         return on_output
 
@@ -93,6 +96,42 @@ def test_drain_deadline_moves_running_streams_with_their_kv_blocks(model_dir, tr
         assert node.process.returncode == 0
         await _all_blocks_free(backend)
     _with_cluster(path, CONFIG, ClusterConfig(1, 2), test, ["--kv-transport", transport, *ROOM])
+
+
+def test_a_remove_is_answered_once_the_node_is_out_after_its_streams_moved_with_their_kv_blocks(model_dir):
+    """POST /admin/nodes/{id}/remove mid-stream on the decode node serving the most streams: the
+    answer ("removed") comes only once the node is out: no longer listed, lost as removed, its
+    streams moved with their KV blocks (none re-prefilled); every stream equals transformers'
+    greedy (float32) and the removed node process exits 0."""
+    path, hf_model = model_dir
+
+    async def test(backend, nodes):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        await _warm(backend)
+        rids = [f"s{i}" for i in range(STREAMS)]
+        answer: dict = {}
+
+        async def remove(node: str) -> None:
+            async with admin_client(backend) as http:
+                reply = await http.post(f"/admin/nodes/{node}/remove")
+            answer.update(reply=reply, listed=[v.id for v in backend.operator.nodes()], seen=membership(backend))
+        posted: list[asyncio.Task] = []
+        drain = DrainMidStream(backend, rids, 4, lambda node: posted.append(asyncio.create_task(remove(node))))
+        outs = await asyncio.gather(*(_collect(backend, rid, PROMPTS[0], params, drain.watch(rid)) for rid in rids))
+        await posted[0]
+        assert (answer["reply"].status_code, answer["reply"].json()["state"]) == (200, "removed")
+        assert drain.node not in answer["listed"]
+        seen = answer["seen"]
+        assert seen['pdserve_router_node_losses_total{cause="removed"}'] == 1
+        assert 1 <= seen['pdserve_router_migrations_total{cause="removed",how="kv_move"}'] <= len(drain.moved)
+        assert _migrations(backend) == {k: v for k, v in seen.items() if k.startswith("pdserve_router_migrations")}
+        expected = hf_greedy(hf_model, PROMPTS[0], MAX_TOKENS)
+        assert all(list(out.outputs[0].token_ids) == expected for out in outs)
+        node = next(n for n in nodes if n.node_id == drain.node)
+        await _until(lambda: node.process.poll() is not None)
+        assert node.process.returncode == 0
+        await _all_blocks_free(backend)
+    _with_cluster(path, CONFIG, ClusterConfig(1, 2), test, ROOM)
 
 
 def test_a_failed_kv_move_falls_back_to_re_prefilling(model_dir):

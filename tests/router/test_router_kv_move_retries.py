@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, Paused, PauseRequest,
                             RequestFailed, ShipRequest, TokenDelta)
 from pdwire.messages import Busy, Reserved
-from tests.disagg_harness import CONFIG, PROMPT, Cluster, first_of, run, view
-from tests.router.test_router_kv_move import finish, paused_after_13, prefill_request, shipping
+from tests.disagg_harness import CONFIG, PROMPT, Cluster, first_of, run, until, view
+from tests.router.test_router_kv_move import _leaves, finish, paused_after_13, prefill_request, shipping
 from tests.router.test_router_operator import cast, first_tokens, membership
 
 
 async def _moved(c, d_from, rest, rid: str, xfer: str):
     """The operator removes d_from, which pauses `rid`; the request's next attempt is reserved on
     one of `rest` and d_from told to ship into it. Returns (that node, the moved attempt's rid)."""
-    c.backend.operator.remove(d_from.node_id)
+    c.remove(d_from.node_id)                # answers once rid has moved
     assert (await d_from.expect(PauseRequest)).rid == rid
     d_from.send(Paused(rid, 2, 1))          # 2 tokens held here, 1 character before the last
     d_to, req = await first_of(rest, DecodeRequest)
@@ -83,7 +85,7 @@ def test_a_removed_nodes_re_prefill_move_uses_no_retry():
             p, ds = await cast(c)
             out = c.generate(max_tokens=3)
             d1, live = await first_tokens(p, ds, out)
-            c.backend.operator.remove(d1.node_id)
+            assert (await c.backend.operator.remove(d1.node_id)).state == "removed"     # nothing to move: at once
             again = await live.expect(DecodeRequest)
             assert (again.rid, list(again.prompt_ids)) == ("r1~1", PROMPT + [11, 12])
             live.send(Reserved("r1~1", "x2", (7, 8, 9), 0))
@@ -109,4 +111,29 @@ def test_a_failed_kv_move_after_a_real_failure_uses_one_retry():
             p.send(RequestFailed("r1~2", "out of memory", True))
             err = await out.next()
             assert isinstance(err, RuntimeError) and "after 3 attempts: prefill-0: out of memory" in str(err), err
+    run(test)
+
+
+@pytest.mark.parametrize("lost_by", ["goodbye", "removed"])
+def test_a_lost_writers_overdue_failure_costs_a_retry_unless_an_operator_took_the_writer_out(lost_by):
+    """max_retries = 0, the live node silent after D1's ShipRequest: D1 lost by a goodbye, the
+    overdue loss is a failure of the request's own and r1 fails; D1 taken out by the operator
+    (its evacuation wait ran out, so it is lost as removed while still the writer), the overdue
+    loss is the operator's move and r1 re-prefills. Either way it happens once: no loop."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, max_retries=0, kv_move_timeout_s=0.3)) as c:
+            p, d1, live, out = await shipping(c)
+            if lost_by == "goodbye":
+                _leaves(d1)
+            await until(lambda: c.backend.server.info(d1.node_id) is None, timeout=5.0)
+            assert (await live.expect(AbortRequest)).rid == "r1~1"
+            if lost_by == "goodbye":
+                err = await out.next()
+                assert isinstance(err, RuntimeError) and "node decode" in str(err) and "said goodbye" in str(err), err
+            else:
+                again = await live.expect(DecodeRequest)
+                assert (again.rid, list(again.prompt_ids)) == ("r1~2", PROMPT + [11, 12, 13])
+            got = membership(c.backend)
+            assert got.get(f'pdserve_router_migrations_total{{cause="{lost_by}",how="reprefill"}}', 0) == \
+                (0 if lost_by == "goodbye" else 1)
     run(test)

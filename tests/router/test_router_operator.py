@@ -69,9 +69,7 @@ async def removed_mid_stream(c: Cluster, p: ScriptedNode, ds: list[ScriptedNode]
     """first_tokens, then the operator removes r1's decode node, which is asked to pause r1.
     Returns (that node, the other)."""
     d1, live = await first_tokens(p, ds, out)
-    async with admin_client(c.backend) as http:
-        reply = await http.post(f"/admin/nodes/{d1.node_id}/remove")
-    assert (reply.status_code, reply.json()["state"]) == (200, "removed")
+    c.remove(d1.node_id)                    # answers once r1 has moved
     assert (await d1.expect(PauseRequest)).rid == "r1"
     return d1, live
 
@@ -222,18 +220,21 @@ def test_drain_deadline_moves_the_running_request_with_an_exact_continuation():
 
 def test_remove_moves_the_running_request_at_once_and_the_node_cannot_rejoin_in_its_epoch():
     """POST remove: the node is told "leave" and lost (cause removed) once its request is not held
-    (Paused with 0 tokens): it continues exactly on the other decode node, re-prefilled; a hello or
-    heartbeat in the same epoch is answered "leave"."""
+    (Paused with 0 tokens), and only then answered "removed"; the request continues exactly on the
+    other decode node, re-prefilled; a hello or heartbeat in the same epoch is answered "leave"."""
     async def test():
         async with Cluster() as c:
             p, ds = await cast(c)
             out = c.generate(max_tokens=4)
             removed, live = await first_tokens(p, ds, out)
             async with admin_client(c.backend) as http:
-                reply = await http.post(f"/admin/nodes/{removed.node_id}/remove")
-                assert (reply.status_code, reply.json()["state"]) == (200, "removed")
+                posted = asyncio.create_task(http.post(f"/admin/nodes/{removed.node_id}/remove"))
                 assert (await removed.expect(PauseRequest)).rid == "r1"
+                assert not posted.done()                    # the node is still there: no answer yet
                 removed.send(Paused("r1", 0, 0))
+                reply = await posted
+                assert (reply.status_code, reply.json()["state"]) == (200, "removed")
+                assert c.backend.server.info(removed.node_id) is None      # out when answered; "leave" on its way
                 req = await live.expect(DecodeRequest, timeout=5.0)
                 await continue_on(live, p, req, out)
                 await until(lambda: "leave" in removed.commands)
