@@ -54,7 +54,7 @@ def node(model: str, repeats: int, flags: list[str], out_dir: str) -> list[dict]
     from bench.serving.servers import REPO, running
     from bench.simulate import trace
     from bench.simulate.measure import _root, server
-    from bench.simulate.pinning import PINS, pin_nodes
+    from bench.simulate.pinning import PINS, pin_nodes, prioritize
     from bench.serving.compare import free_port
     os.makedirs(out_dir, exist_ok=True)
     port = free_port()
@@ -64,7 +64,7 @@ def node(model: str, repeats: int, flags: list[str], out_dir: str) -> list[dict]
     rng = np.random.default_rng(1)
     with running(srv, os.path.join(out_dir, "server.log")) as endpoint:
         time.sleep(1.0)
-        print("pinned", pin_nodes(_root(port), PINS["1p1d"]), flush=True)
+        print("pinned", pin_nodes(_root(port), PINS["1p1d"]), "autogroup nice", prioritize(_root(port)), flush=True)
         for n in (100, 30, 100, 30):                                 # warm-up, not kept
             _complete(endpoint, [int(t) for t in rng.integers(3, 30000, n)])
         time.sleep(1.0)
