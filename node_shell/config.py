@@ -32,6 +32,7 @@ from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT
 KV_TRANSPORTS = ("zmq", "torch_dist")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "*", "")
 MAX_LAYER_GROUPS = 64
+MAX_LAYER_GROUP_MIN_BLOCKS = 1 << 20
 
 
 def _tcp_host(endpoint: str) -> str | None:
@@ -63,6 +64,10 @@ class NodeConfig(EngineArgs):
                                          # chunk completes in this many layer groups during its forward (to
                                          # decode nodes that take slices), leaving one group's bytes for after
                                          # it; 1: whole blocks after each chunk
+    kv_layer_group_min_blocks: int = 32  # ... only when the last chunk completes at least this many blocks: each
+                                         # group's send costs the forward ~0.3 ms of the node's CPU (before the
+                                         # first token), which the few blocks of a short prompt do not repay
+                                         # (bench/README.md, issue #18: what a node adds to a prefill step)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):
@@ -77,6 +82,9 @@ class NodeConfig(EngineArgs):
             raise ValueError(f"kv_batch_mib must be in [1, {BATCH_BYTES_LIMIT >> 20}], got {self.kv_batch_mib}")
         if not 1 <= self.kv_layer_groups <= MAX_LAYER_GROUPS:
             raise ValueError(f"kv_layer_groups must be in [1, {MAX_LAYER_GROUPS}], got {self.kv_layer_groups}")
+        if not 1 <= self.kv_layer_group_min_blocks <= MAX_LAYER_GROUP_MIN_BLOCKS:
+            raise ValueError(f"kv_layer_group_min_blocks must be in [1, {MAX_LAYER_GROUP_MIN_BLOCKS}], "
+                             f"got {self.kv_layer_group_min_blocks}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
         if self.kv_transport == "torch_dist" and self.p2p_host in WILDCARD_HOSTS:

@@ -8,8 +8,8 @@ Called by the engine after every step that computed part of a tracked prompt (a 
       shipped:    never             when computed  after the last chunk, before the first token
 
 With layer_groups = G > 1 (a CPU pool at tp = 1, a receiver that takes layer slices; G above the
-number of layers means one group per layer), the blocks that the last chunk completes ship during
-its forward instead, in G layer groups: a hook at the end of each group's last decoder layer
+number of layers means one group per layer), the blocks that the last chunk completes, if at least
+min_blocks, ship during its forward instead, in G layer groups: a hook at the end of each group's last decoder layer
 ships that group's slices (its K/V of those blocks is final then), so only the last group's
 slices are left to travel after the forward. A device pool keeps whole blocks: a host copy of
 each group's slices would stall the forward.
@@ -57,11 +57,12 @@ class _Sliced(NamedTuple):
 
 
 class BlockShipper:
-    def __init__(self, layer_groups: int = 1) -> None:
+    def __init__(self, layer_groups: int = 1, min_blocks: int = 1) -> None:
         self.engine: LLMEngine | None = None
         self.sender: KVSender | None = None
         self.shipments: dict[str, Shipment] = {}
         self.layer_groups = layer_groups           # > 1: the last chunk's blocks ship by layer group
+        self.min_blocks = min_blocks               # ... if it completes at least this many (else whole after it)
         self._hooks: list = []                     # forward hooks at the groups' last layers (tp = 1)
         self._sliced: list[_Sliced] = []           # this step's
         self.failed: dict[str, str] = {}           # rid -> why a send failed inside a step (take_failed)
@@ -87,7 +88,8 @@ class BlockShipper:
         for item in scheduled if self._hooks else ():
             s = self.shipments.get(item.group.request_id)
             last = s is not None and item.seq.num_computed_tokens + item.num_new_tokens >= s.prompt_len
-            if last and not s.closed and s.next_index < len(s.dst_block_ids) and self.sender.takes_layers(s.xfer_id):
+            if last and not s.closed and len(s.dst_block_ids) - s.next_index >= self.min_blocks \
+                    and self.sender.takes_layers(s.xfer_id):
                 kv_cache, sources = self._full_head_blocks(s, item.seq.block_table[s.next_index:len(s.dst_block_ids)])
                 self._sliced.append(_Sliced(s, kv_cache, sources))
 

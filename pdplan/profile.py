@@ -110,6 +110,8 @@ class Overheads:
     """What the engine step does not include: the serving path around it. `pdserve profile`
     measures engines only (these stay 0); bench/simulate/calibrate.py fits them to real runs."""
     request_s: float = 0.0          # HTTP, tokenizing, routing: arrival to the first engine admission
+    prompt_token_s: float = 0.0     # ... and per prompt token on top (the body, the tokenizer): a 3k-token
+                                    # RAG prompt reached the router 6-18 ms after it was sent, a short one 2-4
     handoff_s: float = 0.0          # a prompt sent to a prefill node, on top: PrefillRequest, FirstToken messages
     token_s: float = 0.0            # per token a streaming step samples: node -> router -> client (added to the step)
     # CPU seconds per streamed token of the processes pinned nowhere in the validation runs, measured
@@ -117,6 +119,10 @@ class Overheads:
     # idle (pdplan/sim_core.py FloatingWork); in a plan (separate hosts) they cost nothing
     router_token_s: float = 0.0     # a disaggregated router (a colocated one is its engine's process)
     client_token_s: float = 0.0     # the load generator
+
+    def front_s(self, prompt_len: int) -> float:
+        """Arrival to the first engine admission, for a prompt of prompt_len tokens."""
+        return self.request_s + self.prompt_token_s * prompt_len
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """The simulated router of a disaggregated deployment (router/cluster/admission.py):
 
-  1. a request arrives; after the serving path's own cost (overheads.request_s) it is admitted:
+  1. a request arrives; after the serving path's own cost (overheads.request_s, and
+     overheads.prompt_token_s per prompt token) it is admitted:
      the least loaded decode node with room reserves its blocks
   2. no decode node has room: it waits, in arrival order, until a decode request ends somewhere
      (the real router wakes on a heartbeat reporting more free blocks) or its timer fires (50 ms
@@ -28,8 +29,10 @@ FIRST_WAIT_S, MAX_WAIT_S = ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S     # th
 
 class SimRouter:
     def __init__(self, loop: EventLoop, prefill: PrefillPool, decode: DecodePool, request_s: float,
-                 handoff_s: float = 0.0, local_prefill_tokens: int = LOCAL_PREFILL_TOKENS):
+                 handoff_s: float = 0.0, local_prefill_tokens: int = LOCAL_PREFILL_TOKENS,
+                 prompt_token_s: float = 0.0):
         self.loop, self.prefill, self.decode, self.request_s = loop, prefill, decode, request_s
+        self.prompt_token_s = prompt_token_s
         self.handoff_s = handoff_s
         self.local_prefill_tokens = local_prefill_tokens
         self.local_prefills = 0
@@ -37,7 +40,7 @@ class SimRouter:
         self.waits = 0
 
     def arrive(self, req: SimRequest) -> None:
-        self.loop.after(self.request_s, lambda: self._admit(req, FIRST_WAIT_S))
+        self.loop.after(self.request_s + self.prompt_token_s * req.prompt_len, lambda: self._admit(req, FIRST_WAIT_S))
 
     def room(self) -> None:
         """A decode node freed blocks: the waiting requests try again, oldest first."""

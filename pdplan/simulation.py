@@ -77,7 +77,7 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
     if topology.colocated:
         pool = ColocatedPool(topology.colocated, profile, loop, cores)
         for r in requests:
-            loop.at(r.arrival + profile.overheads.request_s, lambda r=r: pool.submit(r))
+            loop.at(r.arrival + profile.overheads.front_s(r.prompt_len), lambda r=r: pool.submit(r))
         busy = {"colocated": (pool.busy_s, topology.colocated)}
         nodes = pool.nodes
         waits = lambda: 0                                     # noqa: E731
@@ -86,7 +86,8 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
         router: SimRouter
         decode = DecodePool(topology.decode, profile, loop, lambda: router.room(), cores)
         prefill = PrefillPool(topology.prefill, profile, loop, cores)
-        router = SimRouter(loop, prefill, decode, profile.overheads.request_s, profile.overheads.handoff_s)
+        router = SimRouter(loop, prefill, decode, profile.overheads.request_s, profile.overheads.handoff_s,
+                           prompt_token_s=profile.overheads.prompt_token_s)
         for r in requests:
             loop.at(r.arrival, lambda r=r: router.arrive(r))
         busy = {"prefill": (prefill.busy_s, topology.prefill), "decode": (decode.busy_s, topology.decode)}

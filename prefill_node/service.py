@@ -34,7 +34,7 @@ class PrefillService(NodeService):
     role = "prefill"
 
     def __init__(self, config: NodeConfig):
-        self.shipper = BlockShipper(config.kv_layer_groups)
+        self.shipper = BlockShipper(config.kv_layer_groups, config.kv_layer_group_min_blocks)
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
         super().__init__(config, observer=self.shipper)
 

@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--float-from", nargs="*", default=[],
                    help="measured files (or a trace's measured.json) whose float_cpu gives the router's and the "
                         "client's CPU per token, when the calibrated runs did not record it")
+    c.add_argument("--front-from", nargs="*", default=[],
+                   help="trace folders (python -m bench.simulate trace) whose requests' arrival at the router "
+                        "give the front end's cost per prompt token (trace.py front_end); default: none")
     c.set_defaults(func=_calibrate)
     s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
     s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
@@ -137,7 +140,9 @@ def _pool(args) -> None:
 def _calibrate(args) -> None:
     from bench.simulate.calibrate import calibrate
     from pdplan.profile import Profile
-    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from)
+    from bench.simulate.trace import front_end
+    per_token = front_end(args.front_from)[1] if args.front_from else 0.0
+    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, per_token)
     profile.save(args.out)
     print(f"wrote {args.out}: {profile.overheads}")
 

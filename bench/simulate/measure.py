@@ -18,7 +18,7 @@ from bench.serving.compare import SweepSpec, _point, _warmup, free_port
 from bench.serving.loadgen import LoadSpec, run_load
 from bench.serving.servers import Knobs, pdserve_colocated, pdserve_disaggregated, running
 from bench.simulate.cpu_time import deltas, sched_times
-from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes
+from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes, prioritize
 
 
 def server(system: str, model: str, port: int, knobs: Knobs):
@@ -46,6 +46,8 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
         time.sleep(1.0)                     # the node processes are up: the router waited for them
         out["pinned"] = {str(k): v for k, v in pin_nodes(root, nodes, default).items()}
         out["cores"] = {node: sorted(cores) for node, cores in PINS[system].items()}   # what validate simulates
+        out["autogroup_nice"] = {str(k): v for k, v in prioritize(root).items()}     # and the load generator's own
+        out["autogroup_nice"]["client"] = prioritize(os.getpid()).get(os.getpid())
         print(f"[{system}] pinned {out['pinned']}", flush=True)
         asyncio.run(run_load(endpoint, _warmup(spec), vocab, LoadSpec(float("inf"), deadline_s=120), "warm-up"))
         pids = {COLOCATED_ROOT if what.startswith("root") else what.split(" -> ")[0]: int(pid)

@@ -155,6 +155,26 @@ def analyze(out_dir: str, profile_path: str | None = None) -> str:
     return text
 
 
+def front_end(out_dirs: list[str]) -> tuple[float, float]:
+    """(seconds, seconds per prompt token): the client's send -> the router's backend has the request
+    (HTTP, the body, tokenizing), over the traced requests of `out_dirs` (trace_<workload>_<system>_<rate>_<stamp>,
+    whose prompts are regenerated from the workload, seeds as `trace` ran them). Robust to a few
+    requests the busy router took late: the line through the medians of the shortest and the longest
+    third of the prompts."""
+    from pdplan.workload import sim_requests
+    pts = []
+    for d in out_dirs:
+        workload, _, rate = os.path.basename(os.path.normpath(d)).split("_")[1:4]
+        rows = requests(load(d))
+        reqs = sorted(sim_requests(workload, len(rows), float(rate), 0, 16, 4096, output_cap=256), key=lambda r: r.arrival)
+        pts += [(q.prompt_len, r["arrive"] / 1e3) for r, q in zip(rows, reqs)]
+    pts.sort()
+    short, long = pts[:len(pts) // 3], pts[-(len(pts) // 3):]
+    (x0, y0), (x1, y1) = [(statistics.median(p[0] for p in h), statistics.median(p[1] for p in h)) for h in (short, long)]
+    slope = max(0.0, (y1 - y0) / (x1 - x0)) if x1 > x0 else 0.0
+    return y0 - slope * x0, slope
+
+
 def stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
 

@@ -78,8 +78,11 @@ def _engine(mod) -> None:
     def fields(engine, outputs) -> dict:
         shapes, chunks = getattr(engine.scheduler, "_traced_plan", ([], []))
         engine.scheduler._traced_plan = ([], [])
+        ship = getattr(engine.observer, "_traced_cpu", None)    # a prefill node's shipper inside the step
+        if ship is not None:
+            engine.observer._traced_cpu = {}
         return {"seqs": len(shapes), "tokens": sum(n for n, _ in shapes), "shapes": shapes, "chunks": chunks,
-                "out": [o.request_id for o in outputs]}
+                "out": [o.request_id for o in outputs], "ship_cpu": ship}
     _timed(mod.LLMEngine, "step", "step", fields)
 
 
@@ -160,6 +163,23 @@ def _shipper(mod) -> None:
             emit("ship_sent", rid=rid, cpu=time.process_time())
         return out
     cls.close, cls.release_sent = traced_close, traced_release
+    for name in ("before_forward", "on_computed", "_ship_layers"):     # inside the engine's step: its CPU
+        _cpu_into(cls, name)
+
+
+def _cpu_into(cls, name: str) -> None:
+    """Adds each call's thread CPU time to self._traced_cpu[name] (the step event takes and resets it)."""
+    method = getattr(cls, name)
+
+    @functools.wraps(method)
+    def timed(self, *args):
+        c0 = time.thread_time()
+        try:
+            return method(self, *args)
+        finally:
+            cpu = self.__dict__.setdefault("_traced_cpu", {})
+            cpu[name] = cpu.get(name, 0.0) + time.thread_time() - c0
+    setattr(cls, name, timed)
 
 
 def _metrics(mod) -> None:

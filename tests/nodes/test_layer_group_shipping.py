@@ -13,18 +13,23 @@ from tests.node_harness import serving, tokens as _tokens
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
-@pytest.mark.parametrize("groups, expected", [
-    (2, [([4, 5], 0, 1), ([4, 5], 1, 1), ([0], 0, 1), ([0], 1, 1)]),
-    (8, [([4, 5], 0, 1), ([4, 5], 1, 1), ([0], 0, 1), ([0], 1, 1)]),     # more groups than layers: one a layer
-    (1, []),                                                            # whole blocks only
+@pytest.mark.parametrize("groups, min_blocks, expected", [
+    (2, 1, [([4, 5], 0, 1), ([4, 5], 1, 1), ([0], 0, 1), ([0], 1, 1)]),
+    (8, 1, [([4, 5], 0, 1), ([4, 5], 1, 1), ([0], 0, 1), ([0], 1, 1)]),     # more groups than layers: one a layer
+    (2, 2, [([4, 5], 0, 1), ([4, 5], 1, 1)]),           # the 5-token prompt's one block: whole after the forward
+    (2, 3, []),                                         # the last chunk completes 2 blocks: whole
+    (1, 1, []),                                         # whole blocks only
 ])
-def test_last_chunk_by_layer_group_matches_transformers(model_dir, monkeypatch, groups, expected):
+def test_last_chunk_by_layer_group_matches_transformers(model_dir, monkeypatch, groups, min_blocks, expected):
     """Chunks of 16 tokens, blocks of 8, 2 layers in 2 groups: a 45-token prompt's first 4 blocks
     go whole after their chunks, its last 2 as layer 0 then layer 1 slices during the last
-    forward; a 5-token prompt's one block by layer. Output equals transformers'."""
+    forward; a 5-token prompt's one block by layer. A last chunk completing fewer than
+    --kv-layer-group-min-blocks blocks ships them whole after its forward. Output equals
+    transformers', every block arrives once."""
     _, hf = model_dir
     prompts = [[(i * 37) % 500 + 3 for i in range(45)], [1, 17, 99, 4, 250]]
-    with serving(model_dir[0], block_size=8, num_blocks=48, max_num_batched_tokens=16, kv_layer_groups=groups) as h:
+    with serving(model_dir[0], block_size=8, num_blocks=48, max_num_batched_tokens=16, kv_layer_groups=groups,
+                 kv_layer_group_min_blocks=min_blocks) as h:
         sender, sliced = h.prefill.sender, []
         real = sender.send_layers
         monkeypatch.setattr(sender, "send_layers", lambda *a: sliced.append((a[1], a[5], a[6])) or real(*a))
@@ -44,7 +49,8 @@ def test_a_failed_layer_send_fails_only_its_request(model_dir, monkeypatch):
     the engine failed every request of the step."""
     _, hf = model_dir
     prompts = {"r1": [(i * 37) % 500 + 3 for i in range(40)], "r0": [1, 17, 99, 4, 250]}
-    with serving(model_dir[0], block_size=8, num_blocks=48, max_num_batched_tokens=64, kv_layer_groups=2) as h:
+    with serving(model_dir[0], block_size=8, num_blocks=48, max_num_batched_tokens=64, kv_layer_groups=2,
+                 kv_layer_group_min_blocks=1) as h:
         sender, begun = h.prefill.sender, {}
         real_begin, real_layers = sender.begin, sender.send_layers
         monkeypatch.setattr(sender, "begin", lambda x, ep: begun.setdefault(len(begun), x) and real_begin(x, ep))
@@ -62,3 +68,10 @@ def test_a_failed_layer_send_fails_only_its_request(model_dir, monkeypatch):
         h.submit("r2", [3, 4, 5], GREEDY)
         (r2,) = h.wait(["r2"])
         assert r2.failed is None and _tokens(r2) == hf_greedy(hf, [3, 4, 5], 12)
+
+
+@pytest.mark.parametrize("value", [0, 1 << 21])
+def test_layer_group_min_blocks_has_limits(value):
+    from node_shell.config import NodeConfig
+    with pytest.raises(ValueError, match="kv_layer_group_min_blocks"):
+        NodeConfig(router="tcp://127.0.0.1:1", node_id="p", kv_layer_group_min_blocks=value)

@@ -47,3 +47,23 @@ def test_a_step_beside_another_nodes_step_is_priced_and_its_overlap_measured():
     ratios = step_ratios(events, p)
     assert ratios["prefill-0"] == [(pytest.approx(0.25), pytest.approx(0.040 / STEP.of([(100, 0)])), pytest.approx(40))]
     assert ratios["decode-0"][0][0] == pytest.approx(1.0)
+
+
+def test_front_end_per_prompt_token_from_a_trace_folder(tmp_path):
+    """Each request reaches the router 3 ms + 2 us per prompt token after the client sent it (one
+    the busy router took 30 ms late: it moves a third's median by one neighbour, not by 30 ms):
+    front_end gives about 3 ms and 2 us per token back."""
+    import json
+    from bench.simulate.trace import front_end
+    from pdplan.workload import sim_requests
+    folder = tmp_path / "trace_rag_1p1d_0.3_20261202-000000"
+    folder.mkdir()
+    reqs = sorted(sim_requests("rag", 15, 0.3, 0, 16, 4096, output_cap=256), key=lambda r: r.arrival)
+    events = []
+    for i, r in enumerate(reqs):
+        arrive = 0.003 + 2e-6 * r.prompt_len + (0.030 if i == 4 else 0.0)
+        events += [_ev(r.arrival + 0.5, "client", "c_req", t0=r.arrival, ttft=0.4, itl=[], out=2),
+                   _ev(r.arrival + arrive, "router", "gen_start", rid=f"cmpl-{i}")]
+    (folder / "1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    fixed, per_token = front_end([str(folder)])
+    assert fixed == pytest.approx(0.003, abs=2e-4) and per_token == pytest.approx(2e-6, rel=0.05)
