@@ -94,7 +94,7 @@ def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket, batch_bytes: int) 
 class NoCopySink(InlineSink):
     """InlineSink without its copy: what is left of the receive path is software overhead."""
 
-    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
+    def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
         pass
 
 

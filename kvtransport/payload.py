@@ -92,17 +92,13 @@ class InlineSink(PayloadSink):
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         self.write_many([dst], [payload])
 
-    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
-        n = self._nbytes
-        for dst, block in zip(dsts, blocks):
-            if self._pool is None:
+    def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
+        if self._pool is None:                  # a device or strided pool: whole blocks only
+            for dst, block in zip(dsts, payloads):
                 write_block(self._kv_cache, dst, block)
-            else:
-                self._pool[dst * n:(dst + 1) * n] = block
-
-    def write_layers(self, dsts: list[int], first_layer: int, slices: list[memoryview]) -> None:
+            return
         start = first_layer * self._layer_nbytes
-        for dst, piece in zip(dsts, slices):
+        for dst, piece in zip(dsts, payloads):
             at = dst * self._nbytes + start
             self._pool[at:at + len(piece)] = piece
 
@@ -119,6 +115,6 @@ class BlockWriterSink(PayloadSink):
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         self.write_many([dst], [payload])
 
-    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
-        for dst, block in zip(dsts, blocks):
+    def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
+        for dst, block in zip(dsts, payloads):      # whole blocks (first_layer 0): takes_layers is False
             self._write_blocks([dst], block_tensor(block, self._layout)[None])

@@ -12,8 +12,8 @@ multipart message from peer) and `tick()` (expire leases and dead peers), and su
   3. BlockFrame       -> ledger.check_block -> sink.write into the reserved block -> mark_written
      BlockBatch       -> ledger.check_batch (every block, or the batch is dropped whole) ->
                          sink.write_many (inline sinks only) -> mark_written
-     LayerBatch       -> ledger.check_layers (likewise) -> sink.write_layers (sinks that take
-                         slices: a pool of every head, announced in the HelloAck) -> mark_written
+     LayerBatch       -> likewise, to sinks that take slices (a pool of every head, announced
+                         in the HelloAck): write_many from the batch's first layer
   4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
   5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
 """
@@ -58,15 +58,12 @@ class PayloadSink(ABC):
 
         Raises if the payload channel failed; the core then drops the peer."""
 
-    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
-        """Inline sinks: copy blocks[k] (one wire block's bytes, checked) into pool block dsts[k]."""
-        raise NotImplementedError(f"{type(self).__name__} takes no BlockBatch")
+    takes_layers: bool = False    # write_many takes layer slices (announced to senders in the HelloAck)
 
-    takes_layers: bool = False    # write_layers works (announced to senders in the HelloAck)
-
-    def write_layers(self, dsts: list[int], first_layer: int, slices: list[memoryview]) -> None:
-        """Copy slices[k] (layers first_layer.. of one wire block, checked) into pool block dsts[k]."""
-        raise NotImplementedError(f"{type(self).__name__} takes no LayerBatch")
+    def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
+        """Inline sinks: copy payloads[k] (checked: one wire block's bytes, or on a sink that takes
+        layers its layers first_layer.. ) into pool block dsts[k]."""
+        raise NotImplementedError(f"{type(self).__name__} takes no batch")
 
     def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
         """A checked-and-dropped block frame: consume its payload without writing the pool.
@@ -180,10 +177,8 @@ class ReceiverCore:
         session.last_seen = self._clock()
         if type(msg) is BlockFrame:
             self._block(peer, msg, payloads)
-        elif type(msg) is BlockBatch:
+        elif type(msg) in (BlockBatch, LayerBatch):
             self._batch(peer, msg, payloads)
-        elif type(msg) is LayerBatch:
-            self._layers(peer, msg, payloads)
         elif type(msg) is Commit:
             self.ledger.on_commit(peer, msg)
         elif type(msg) is Abort:
@@ -210,23 +205,14 @@ class ReceiverCore:
         else:
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload receive failed")
 
-    def _batch(self, peer: str, batch: BlockBatch, payloads: tuple[memoryview, ...]) -> None:
-        if not self._sink.inline:
-            raise FrameError(DropReason.MALFORMED, "a block batch on an out-of-band payload channel")
+    def _batch(self, peer: str, batch: BlockBatch | LayerBatch, payloads: tuple[memoryview, ...]) -> None:
+        sliced = type(batch) is LayerBatch
+        if not (self._sink.takes_layers if sliced else self._sink.inline):
+            raise FrameError(DropReason.MALFORMED, f"a {type(batch).__name__} on a sink that does not take it")
         self.ledger.check_batch(peer, batch, [len(p) for p in payloads])
+        first = batch.first_layer if sliced else 0
         start = time.perf_counter()
-        if self._channel_ok(peer, lambda: self._sink.write_many(list(batch.block_ids), list(payloads)) or True):
-            self.ledger.mark_written(batch, time.perf_counter() - start)
-        else:
-            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
-
-    def _layers(self, peer: str, batch: LayerBatch, payloads: tuple[memoryview, ...]) -> None:
-        if not self._sink.takes_layers:
-            raise FrameError(DropReason.MALFORMED, "a layer batch on a sink that takes whole blocks only")
-        self.ledger.check_layers(peer, batch, [len(p) for p in payloads])
-        start = time.perf_counter()
-        write = lambda: self._sink.write_layers(list(batch.block_ids), batch.first_layer, list(payloads)) or True  # noqa: E731
-        if self._channel_ok(peer, write):
+        if self._channel_ok(peer, lambda: self._sink.write_many(list(batch.block_ids), list(payloads), first) or True):
             self.ledger.mark_written(batch, time.perf_counter() - start)
         else:
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
