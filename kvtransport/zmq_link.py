@@ -117,14 +117,15 @@ class ZmqSendLink(SendLink):
 
 class ZmqReceiveLink(ReceiveLink):
     def __init__(self, secret: bytes, bind: str = DEFAULT_BIND, hwm: int = 64,
-                 max_payload_bytes: int = 0) -> None:
+                 max_payload_bytes: int = 0, recv_hwm: int | None = None) -> None:
+        """hwm: messages queued per peer either way; recv_hwm, if given, the incoming ones."""
         self._ctx = zmq.Context(io_threads=1)
         self._guard = ThreadGuard(self._ctx, secret)
         self._guard.start()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._guard.protect(self._sock)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVHWM, hwm)
+        self._sock.setsockopt(zmq.RCVHWM, hwm if recv_hwm is None else recv_hwm)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, MAX_HEADER_BYTES) + 64)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
