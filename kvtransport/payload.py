@@ -97,10 +97,14 @@ class InlineSink(PayloadSink):
             for dst, block in zip(dsts, payloads):
                 write_block(self._kv_cache, dst, block)
             return
+        for slot, piece in zip(self.slots(dsts, first_layer, len(payloads[0]) if payloads else 0), payloads):
+            slot[:] = piece
+
+    def slots(self, dsts: list[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
+        if self._pool is None:
+            return None
         start = first_layer * self._layer_nbytes
-        for dst, piece in zip(dsts, payloads):
-            at = dst * self._nbytes + start
-            self._pool[at:at + len(piece)] = piece
+        return [self._pool[d * self._nbytes + start:d * self._nbytes + start + nbytes] for d in dsts]
 
 
 class BlockWriterSink(PayloadSink):

@@ -127,6 +127,7 @@ class ReceiveLedger:
 
     def check_block(self, peer: str, frame: BlockFrame, payload_len: int | None) -> int:
         """The pool block to write frame's payload into; raises FrameError if it must be dropped.
+        Changes nothing (mark_written records the write).
 
         payload_len is the received payload's length (None when the payload arrives out of band).
         """
@@ -135,7 +136,6 @@ class ReceiveLedger:
         self._check_layout(frame.dtype, frame.shape, frame.nbytes)
         if payload_len not in (None, frame.nbytes):
             raise FrameError(DropReason.BAD_NBYTES, f"{frame.nbytes} / {payload_len}")
-        self._progress(t, peer)
         return frame.block_id
 
     def check_batch(self, peer: str, batch: BlockBatch | LayerBatch, payload_lens: list[int]) -> None:
@@ -152,11 +152,12 @@ class ReceiveLedger:
             self._check_slot(t, index, block_id, want)
         if payload_lens != [batch.nbytes] * len(batch.indices):
             raise FrameError(DropReason.BAD_NBYTES, f"{len(batch.indices)} x {batch.nbytes} / {payload_lens}")
-        self._progress(t, peer)
 
-    def mark_written(self, frame: BlockFrame | BlockBatch | LayerBatch, write_seconds: float = 0.0) -> None:
-        """frame's payloads are in the pool (after a successful check_block / batch / layers)."""
+    def mark_written(self, peer: str, frame: BlockFrame | BlockBatch | LayerBatch, write_seconds: float = 0.0) -> None:
+        """frame's payloads from peer are in the pool (after a successful check_block / check_batch,
+        which change nothing): peer claims the transfer, its lease is renewed."""
         t = self._live[frame.xfer_id]
+        self._progress(t, peer)
         indices = (frame.index,) if type(frame) is BlockFrame else frame.indices
         if type(frame) is LayerBatch:
             indices = self._add_layers(t, frame)
