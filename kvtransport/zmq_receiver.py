@@ -13,11 +13,9 @@ from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import BATCH_BYTES
+from pdwire.messages import BATCH_BYTES, RECV_QUEUE_BYTES
 
 __all__ = ["DEFAULT_BIND", "RECV_QUEUE_BYTES", "ZmqReceiver"]
-
-RECV_QUEUE_BYTES = 256 << 20    # payload bytes one peer may have queued here, in messages of max_batch_bytes
 
 
 class ZmqReceiver(Receiver):

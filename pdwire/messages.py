@@ -32,6 +32,8 @@ MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
 OLD_ACK_BATCH_BYTES = 4 << 20   # what a HelloAck without max_batch_bytes (a receiver from before it) takes
 BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib)
 BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce
+RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
+                                # announced batch bytes, by default (--kv-recv-queue-mib)
 
 
 def batch_blocks(block_nbytes: int, max_bytes: int) -> int:
