@@ -2,9 +2,11 @@
 
 A spawned process owns a preallocated pool and a ROUTER socket; this process sends `n` blocks
 from its own pool through a DEALER, each zero-copy (copy=False, no tracker), and the receiver
-copies each into its pool slot (one memcpy, as a decode node must). No headers, no checks, no
-bookkeeping: what pdserve's transfer path is measured against. With `mac=True` each block also
-carries a small header sealed and opened by kvtransport.session.Session, one MAC per block, as an
+receives each straight into its pool slot with recv_into (one memcpy, from libzmq's buffer, as a
+decode node must; pdserve's receiver does the same since the tenth session, and recv_into is the
+cheaper raw pattern: bench/transfer_recv_patterns.py). No headers, no checks, no bookkeeping:
+what pdserve's transfer path is measured against. With `mac=True` each block also carries a
+small header sealed and opened by kvtransport.session.Session, one MAC per block, as an
 authenticated transport must at least do.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import torch
 import zmq
 
-from kvtransport.session import Session
+from kvtransport.session import Length, Session
 
 HWM = 16
 _NONCES = (b"i" * 16, b"r" * 16)
@@ -41,12 +43,12 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
             if not sock.poll(30_000):
                 conn.send(("failed", f"block {k} of {n} did not arrive"))
                 break
-            frames = sock.recv_multipart(copy=False)
-            parts = [f.buffer for f in frames[1:]]
-            if session is not None:
-                parts = session.open(parts)
+            sock.recv()                                     # routing id
+            header = sock.recv() if session is not None else None
             slot = k % num_blocks
-            pool[slot * nbytes:(slot + 1) * nbytes] = parts[-1]
+            size = sock.recv_into(pool[slot * nbytes:(slot + 1) * nbytes])
+            if session is not None:
+                session.open([header, Length(size), sock.recv()])
         else:
             conn.send(("done", time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
                        time.thread_time() - main))

@@ -10,6 +10,8 @@ CPU time (time.process_time, so load on the other core counts less than in wall 
          (never blocking: SNDHWM 0), so libzmq's own copying is not in it
   recv   ReceiverCore.handle on pre-sealed messages (MAC, decode, checks, ledger, the copy into
          the pool, the Commit), against the ceiling's one copy per block from the same buffers;
+         "landed": the path the ZMQ link takes for batches since the tenth session (landing()
+         from the header, each payload copied into its slot as recv_into would, landed());
          and the same handle with the sink's copy left out ("no copy": the software overhead on
          its own, which memory bandwidth taken by other processes does not blur: a copy of
          70-300 us a block swings by more than the overhead between two runs on a loaded machine)
@@ -94,7 +96,7 @@ def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket, batch_bytes: int) 
 class NoCopySink(InlineSink):
     """InlineSink without its copy: what is left of the receive path is software overhead."""
 
-    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
+    def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
         pass
 
 
@@ -127,6 +129,24 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
         core._sink = sinks[copy]
         return lambda: [core.handle("p", [memoryview(f) for f in frames]) for frames in msgs]
 
+    def land(copy: bool = True):
+        """As ZmqReceiveLink does with a Lander: landing() from the header, each payload into its
+        slot (recv_into's one copy, here a slice assignment from the same buffers), landed()."""
+        msgs = sealed(True)
+        core._sink = sinks[True]
+
+        def run():
+            for header, *payloads, trailer in msgs:
+                landing = core.landing("p", memoryview(header)) if payloads else None
+                if landing is None:
+                    core.handle("p", [memoryview(header), *payloads, memoryview(trailer)])
+                    continue
+                if copy:
+                    for slot, payload in zip(landing.slots, payloads):
+                        slot[:] = payload
+                core.landed("p", landing, [len(p) for p in payloads], trailer, 0.0)
+        return run
+
     flat = pool_bytes(dst)
 
     def ceiling():
@@ -134,8 +154,9 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
             flat[b * nbytes:(b + 1) * nbytes] = pool[b * nbytes:(b + 1) * nbytes]
     out = cpu_us({"ceiling": lambda: ceiling, "batched": lambda: handle(True), "unbatched": lambda: handle(False),
                   "batched_no_copy": lambda: handle(True, copy=False),
-                  "unbatched_no_copy": lambda: handle(False, copy=False)}, n)
-    assert core.metrics.frames_dropped == 0 and core.metrics.transfers_committed == 28, core.metrics
+                  "unbatched_no_copy": lambda: handle(False, copy=False),
+                  "landed": lambda: land(), "landed_no_copy": lambda: land(copy=False)}, n)
+    assert core.metrics.frames_dropped == 0 and core.metrics.transfers_committed == 7 * 6, core.metrics
     return out
 
 
@@ -180,8 +201,9 @@ def main() -> None:
             c = row[side]["ceiling"]
             print(f"block {bs} tok ({row['block_mib']:.1f} MiB) {side}: ceiling {c:6.1f} us/block CPU; "
                   f"overhead batched {row[side]['batched'] - c:+6.1f}, unbatched {row[side]['unbatched'] - c:+6.1f}"
-                  + (f"; no copy: batched {row[side]['batched_no_copy']:5.1f}, unbatched "
-                     f"{row[side]['unbatched_no_copy']:5.1f}" if side == "recv" else ""))
+                  + (f", landed {row[side]['landed'] - c:+6.1f}; no copy: batched {row[side]['batched_no_copy']:5.1f}, "
+                     f"unbatched {row[side]['unbatched_no_copy']:5.1f}, landed {row[side]['landed_no_copy']:5.1f}"
+                     if side == "recv" else ""))
     sock.close(linger=0)
     sink.close(linger=0)
     ctx.term()

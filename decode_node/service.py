@@ -67,7 +67,8 @@ class DecodeService(NodeService):
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
         self.receiver = make_receiver(config.kv_transport, runner.kv_cache, identity, secret, bind=config.kv_bind,
                                       p2p_host=config.p2p_host, write_blocks=runner.block_writer(),
-                                      max_batch_bytes=config.kv_batch_bytes)
+                                      max_batch_bytes=config.kv_batch_bytes,
+                                      max_queue_bytes=config.kv_recv_queue_bytes)
         sender = lambda: make_sender(config.kv_transport, identity, secret,  # noqa: E731 -- at the first move
                                      device=str(runner.kv_cache.device), p2p_host=config.p2p_host,
                                      max_batch_bytes=config.kv_batch_bytes, send_timeout=SEND_TIMEOUT_S)

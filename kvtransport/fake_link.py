@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvtransport.base import TransportError
-from kvtransport.link import Completion, Handler, ReceiveLink, SendLink, Sent
+from kvtransport.link import Completion, Handler, Lander, ReceiveLink, SendLink, Sent
 from kvtransport.session import Buffer
 
 SCHEME = "fake://"
@@ -61,7 +61,7 @@ class FakeReceiveLink(ReceiveLink):
         self._delayed: list[tuple[float, str, list[bytes]]] = []
         network.receivers[name] = self
 
-    def bind(self, handle: Handler) -> None:
+    def bind(self, handle: Handler, lander: Lander | None = None) -> None:
         self._handle = handle
 
     def deliver(self, peer: str, frames: list[Buffer], delay: float = 0.0) -> None:

@@ -6,7 +6,11 @@ header = the message's msgpack bytes; payload = the raw bytes of one block (Bloc
 payload; BlockBatch: up to MAX_BATCH_BLOCKS), zmq and fake backends only; trailer = the
 session's sequence number and MAC (kvtransport.session). The sizes are checked first, then the
 MAC, and only then is the header parsed: a peer without the session's keys cannot get a single
-byte interpreted.
+byte interpreted. One exception, for a peer that holds a session and is paired: the ZMQ link
+decodes a block message's header before its trailer arrives, to receive the payload frames
+straight into the pool blocks it names (ReceiverCore.landing); those must be blocks the ledger
+still misses, reserved for a transfer that peer may touch, and none counts as written before
+the MAC over the header and every frame's length has been checked (ReceiverCore.landed).
 """
 from __future__ import annotations
 

@@ -17,6 +17,22 @@ from kvtransport.session import Buffer
 Handler = Callable[[str, list[Buffer]], None]     # (endpoint or peer, frames of one message)
 
 
+class Landing(Protocol):
+    """Where a message's payload frames go, chosen from its header (kvtransport.receiver_core)."""
+    slots: list[memoryview]          # frame k into slots[k]: writable, of the size it must have
+
+
+class Lander(Protocol):
+    """A receive side that takes payload frames straight into their destination (ReceiverCore):
+    a link that can receive frame by frame asks landing(peer, header) before the payloads; if
+    it gets one, it receives payload frame k into slots[k] and calls landed() with every
+    payload frame's size and the trailer, else it hands the whole message to the Handler."""
+
+    def landing(self, peer: str, header: Buffer) -> Landing | None: ...
+
+    def landed(self, peer: str, landing: Landing, sizes: list[int], trailer: Buffer, seconds: float) -> None: ...
+
+
 class Completion(Protocol):
     """One payload in flight: `done` turns True once it has left the process (a zmq tracker)."""
     done: bool
@@ -80,8 +96,9 @@ class ReceiveLink(ABC):
     endpoint: str                 # where senders connect
 
     @abstractmethod
-    def bind(self, handle: Handler) -> None:
-        """Every message received from now on goes to handle(peer, frames)."""
+    def bind(self, handle: Handler, lander: Lander | None = None) -> None:
+        """Every message received from now on goes to handle(peer, frames), or, on a link that
+        receives frame by frame, its payloads straight into lander's slots."""
 
     @abstractmethod
     def receive(self, timeout: float) -> None:

@@ -92,19 +92,19 @@ class InlineSink(PayloadSink):
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         self.write_many([dst], [payload])
 
-    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
-        n = self._nbytes
-        for dst, block in zip(dsts, blocks):
-            if self._pool is None:
+    def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
+        if self._pool is None:                  # a device or strided pool: whole blocks only
+            for dst, block in zip(dsts, payloads):
                 write_block(self._kv_cache, dst, block)
-            else:
-                self._pool[dst * n:(dst + 1) * n] = block
+            return
+        for slot, piece in zip(self.slots(dsts, first_layer, len(payloads[0]) if payloads else 0), payloads):
+            slot[:] = piece
 
-    def write_layers(self, dsts: list[int], first_layer: int, slices: list[memoryview]) -> None:
+    def slots(self, dsts: list[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
+        if self._pool is None:
+            return None
         start = first_layer * self._layer_nbytes
-        for dst, piece in zip(dsts, slices):
-            at = dst * self._nbytes + start
-            self._pool[at:at + len(piece)] = piece
+        return [self._pool[d * self._nbytes + start:d * self._nbytes + start + nbytes] for d in dsts]
 
 
 class BlockWriterSink(PayloadSink):
@@ -119,6 +119,6 @@ class BlockWriterSink(PayloadSink):
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         self.write_many([dst], [payload])
 
-    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
-        for dst, block in zip(dsts, blocks):
+    def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
+        for dst, block in zip(dsts, payloads):      # whole blocks (first_layer 0): takes_layers is False
             self._write_blocks([dst], block_tensor(block, self._layout)[None])

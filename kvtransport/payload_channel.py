@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from kvtransport.base import TransportError
 from kvtransport.link import Completion
 from kvtransport.payload import block_bytes, pool_bytes
 from pdwire.handshake import PeerIdentity
@@ -26,14 +27,10 @@ class PayloadChannel(ABC):
     """Moves block payloads to paired receivers. Not thread-safe."""
     batches: bool = False      # inline payloads: blocks may travel several to a message (BlockBatch)
 
-    def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int]) -> list[memoryview]:
-        """inline() of each block, for a BlockBatch (batching channels only)."""
-        raise NotImplementedError(f"{type(self).__name__} does not batch")
-
-    def inline_layers(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int,
-                      num_layers: int) -> list[memoryview]:
-        """The payload frames of layers [first_layer, first_layer + num_layers) of each block, for a
-        LayerBatch (batching channels only); zero-copy from a CPU pool, a host copy from a device."""
+    def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int = 0,
+                    num_layers: int | None = None) -> list[memoryview]:
+        """inline() of each block, for a BlockBatch (batching channels only); with num_layers, the
+        payload frames of layers [first_layer, first_layer + num_layers) of each, for a LayerBatch."""
         raise NotImplementedError(f"{type(self).__name__} does not batch")
 
     def paired(self, endpoint: str, remote: PeerIdentity, read: ReadMessage, timeout: float) -> None:
@@ -67,22 +64,17 @@ class InlineChannel(PayloadChannel):
     def inline(self, kv_cache: torch.Tensor, src_block_id: int) -> memoryview:
         return block_bytes(kv_cache, src_block_id)
 
-    def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int]) -> list[memoryview]:
+    def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int = 0,
+                    num_layers: int | None = None) -> list[memoryview]:
         pool = self._pool_bytes(kv_cache)       # slices of one view: no tensor per block
-        if pool is None:
+        if pool is None:        # a device or strided pool (whole blocks: only CPU pools ship layers)
+            if num_layers is not None:
+                raise TransportError("layer slices ship from a contiguous CPU pool only")
             return [block_bytes(kv_cache, b) for b in src_block_ids]
         n = len(pool) // kv_cache.shape[0]
-        return [pool[b * n:(b + 1) * n] for b in src_block_ids]
-
-    def inline_layers(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int,
-                      num_layers: int) -> list[memoryview]:
-        pool = self._pool_bytes(kv_cache)
-        if pool is None:
-            end = first_layer + num_layers
-            return [memoryview(kv_cache[b, first_layer:end].contiguous().view(torch.uint8).view(-1).cpu().numpy())
-                    for b in src_block_ids]
-        n = len(pool) // kv_cache.shape[0]
-        start, stop = n // kv_cache.shape[1] * first_layer, n // kv_cache.shape[1] * (first_layer + num_layers)
+        layer = n // kv_cache.shape[1]
+        start = layer * first_layer
+        stop = n if num_layers is None else start + layer * num_layers
         return [pool[b * n + start:b * n + stop] for b in src_block_ids]
 
     def _pool_bytes(self, kv_cache: torch.Tensor) -> memoryview | None:

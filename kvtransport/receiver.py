@@ -29,7 +29,7 @@ class Receiver(KVReceiver):
         self._link = link
         self._core = ReceiverCore(num_blocks, identity, secret, sink, link.send, peer_timeout, clock,
                                   max_batch_bytes)
-        link.bind(self._core.handle)
+        link.bind(self._core.handle, self._core)
         self.endpoint = link.endpoint
         self.metrics = self._core.metrics
 

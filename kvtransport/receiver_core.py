@@ -12,8 +12,11 @@ multipart message from peer) and `tick()` (expire leases and dead peers), and su
   3. BlockFrame       -> ledger.check_block -> sink.write into the reserved block -> mark_written
      BlockBatch       -> ledger.check_batch (every block, or the batch is dropped whole) ->
                          sink.write_many (inline sinks only) -> mark_written
-     LayerBatch       -> ledger.check_layers (likewise) -> sink.write_layers (sinks that take
-                         slices: a pool of every head, announced in the HelloAck) -> mark_written
+     LayerBatch       -> likewise, to sinks that take slices (a pool of every head, announced
+                         in the HelloAck): write_many from the batch's first layer
+     over a link that receives frame by frame (ZMQ), a paired peer's block messages take
+     landing() -> the link receives each payload into its pool slot -> landed(): authenticate,
+     check the sizes, mark_written; any check that fails before the payloads makes it handle()
   4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
   5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
 """
@@ -32,7 +35,7 @@ from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, A
                              HelloAck, LayerBatch, Message)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
-from kvtransport.session import AuthError, AuthKind, Buffer, Responder, parse_auth_frame
+from kvtransport.session import AuthError, AuthKind, Buffer, Length, Responder, parse_auth_frame
 
 log = logging.getLogger("kvtransport")
 
@@ -58,15 +61,17 @@ class PayloadSink(ABC):
 
         Raises if the payload channel failed; the core then drops the peer."""
 
-    def write_many(self, dsts: list[int], blocks: list[memoryview]) -> None:
-        """Inline sinks: copy blocks[k] (one wire block's bytes, checked) into pool block dsts[k]."""
-        raise NotImplementedError(f"{type(self).__name__} takes no BlockBatch")
+    def slots(self, dsts: list[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
+        """Writable views of nbytes of each pool block dsts[k] from layer first_layer on (checked),
+        where a link may receive payloads straight into; None if the pool has no such bytes."""
+        return None
 
-    takes_layers: bool = False    # write_layers works (announced to senders in the HelloAck)
+    takes_layers: bool = False    # write_many takes layer slices (announced to senders in the HelloAck)
 
-    def write_layers(self, dsts: list[int], first_layer: int, slices: list[memoryview]) -> None:
-        """Copy slices[k] (layers first_layer.. of one wire block, checked) into pool block dsts[k]."""
-        raise NotImplementedError(f"{type(self).__name__} takes no LayerBatch")
+    def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
+        """Inline sinks: copy payloads[k] (checked: one wire block's bytes, or on a sink that takes
+        layers its layers first_layer.. ) into pool block dsts[k]."""
+        raise NotImplementedError(f"{type(self).__name__} takes no batch")
 
     def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
         """A checked-and-dropped block frame: consume its payload without writing the pool.
@@ -77,6 +82,14 @@ class PayloadSink(ABC):
     def unreadable(self, peer: str) -> bool:
         """A message from peer could not be read; True if that breaks peer's payload channel."""
         return False
+
+
+@dataclass(slots=True)
+class Landing:
+    """A message whose payload frames go straight into pool slots (ReceiverCore.landing)."""
+    header: Buffer
+    msg: BlockFrame | BlockBatch | LayerBatch       # header, decoded and checked; not yet authenticated
+    slots: list[memoryview]                         # where payload frame k goes: writable, its exact size
 
 
 @dataclass(slots=True)
@@ -121,9 +134,57 @@ class ReceiverCore:
             if msg is not None:
                 self._dispatch(peer, msg, payloads)
         except FrameError as e:
-            self.metrics.count_drop(e.reason, peer, e.detail)
-            if e.reason in (DropReason.BAD_MAC, DropReason.REPLAY, DropReason.MALFORMED, DropReason.OVERSIZE):
-                self._maybe_poison(peer)
+            self._dropped(peer, e)
+
+    def landing(self, peer: str, header: Buffer) -> Landing | None:
+        """Where the payload frames after this header may be received straight into (a link's
+        recv_into), before the message's trailer has arrived: the pool slots of its blocks, if
+        peer holds a session and is paired, header (not yet authenticated: the MAC is in the
+        trailer) decodes to a block frame or batch, every block passes the ledger's checks, and
+        the sink has the slots (a CPU pool of every head). Else None: the message is received
+        whole and handled as any other. Slots are blocks the ledger still misses, reserved for
+        that transfer, which peer may touch: bytes a bad message leaves there are overwritten by
+        the good one, and none is marked written before landed() has checked the MAC."""
+        if len(header) > self._framer.max_header_bytes or peer not in self._sessions or \
+                self._auth.session(peer) is None:
+            return None
+        try:
+            msg = self._framer.decode([header]).msg
+            first = msg.first_layer if type(msg) is LayerBatch else 0
+            if type(msg) is BlockFrame:
+                dsts = [self.ledger.check_block(peer, msg, msg.nbytes)]
+            elif type(msg) is BlockBatch or (type(msg) is LayerBatch and self._sink.takes_layers):
+                self.ledger.check_batch(peer, msg, [msg.nbytes] * len(msg.indices))
+                dsts = list(msg.block_ids)
+            else:
+                return None
+        except FrameError:
+            return None             # received whole, then counted with the reason it earns
+        slots = self._sink.slots(dsts, first, msg.nbytes) if self._sink.inline else None
+        return None if slots is None else Landing(header, msg, slots)
+
+    def landed(self, peer: str, landing: Landing, sizes: list[int], trailer: Buffer, seconds: float) -> None:
+        """The payload frames after landing's header went into its slots (frame k: sizes[k] bytes,
+        its first len(slot) of them in slot k; frames past the slots: sizes only), in seconds:
+        authenticate the message as handle() would, check the sizes, mark the blocks written."""
+        msg = landing.msg
+        try:
+            self._authenticate(peer, [landing.header, *map(Length, sizes), trailer])
+            self._sessions[peer].last_seen = self._clock()      # paired: landing() saw it
+            if type(msg) is BlockFrame:
+                if len(sizes) != 1:
+                    raise FrameError(DropReason.MALFORMED, f"block frame with {len(sizes)} payloads")
+                self.ledger.check_block(peer, msg, sizes[0])
+            else:
+                self.ledger.check_batch(peer, msg, sizes)
+            self.ledger.mark_written(peer, msg, seconds)
+        except FrameError as e:
+            self._dropped(peer, e)
+
+    def _dropped(self, peer: str, e: FrameError) -> None:
+        self.metrics.count_drop(e.reason, peer, e.detail)
+        if e.reason in (DropReason.BAD_MAC, DropReason.REPLAY, DropReason.MALFORMED, DropReason.OVERSIZE):
+            self._maybe_poison(peer)
 
     def tick(self) -> None:
         """Fail the transfers of peers silent for peer_timeout, and those whose lease ran out."""
@@ -158,14 +219,17 @@ class ReceiverCore:
             if challenge is not None:
                 self._send(peer, [challenge])
             return Unpacked(None, ())
+        return self._framer.decode(self._authenticate(peer, frames))
+
+    def _authenticate(self, peer: str, frames: Sequence[Buffer]) -> list[Buffer]:
+        """[header, *payloads] of the sealed message in frames, its sizes and MAC checked."""
         self._framer.check_sizes(frames)
         try:
-            _, opened = self._auth.open(peer, frames)
+            return self._auth.open(peer, frames)[1]
         except AuthError as e:
             if e.reason is DropReason.NOT_AUTHENTICATED and (reset := self._auth.refuse(peer)):
                 self._send(peer, [reset])                   # e.g. this node restarted: start again
             raise FrameError(e.reason, e.detail) from None
-        return self._framer.decode(opened)
 
     def _dispatch(self, peer: str, msg: Message, payloads: tuple[memoryview, ...]) -> None:
         if payloads and not (type(msg) in (BlockFrame, BlockBatch, LayerBatch) and self._sink.inline):
@@ -180,10 +244,8 @@ class ReceiverCore:
         session.last_seen = self._clock()
         if type(msg) is BlockFrame:
             self._block(peer, msg, payloads)
-        elif type(msg) is BlockBatch:
+        elif type(msg) in (BlockBatch, LayerBatch):
             self._batch(peer, msg, payloads)
-        elif type(msg) is LayerBatch:
-            self._layers(peer, msg, payloads)
         elif type(msg) is Commit:
             self.ledger.on_commit(peer, msg)
         elif type(msg) is Abort:
@@ -206,28 +268,19 @@ class ReceiverCore:
             raise
         start = time.perf_counter()
         if self._channel_ok(peer, lambda: self._sink.write(peer, frame, payload, dst) or True):
-            self.ledger.mark_written(frame, time.perf_counter() - start)
+            self.ledger.mark_written(peer, frame, time.perf_counter() - start)
         else:
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload receive failed")
 
-    def _batch(self, peer: str, batch: BlockBatch, payloads: tuple[memoryview, ...]) -> None:
-        if not self._sink.inline:
-            raise FrameError(DropReason.MALFORMED, "a block batch on an out-of-band payload channel")
+    def _batch(self, peer: str, batch: BlockBatch | LayerBatch, payloads: tuple[memoryview, ...]) -> None:
+        sliced = type(batch) is LayerBatch
+        if not (self._sink.takes_layers if sliced else self._sink.inline):
+            raise FrameError(DropReason.MALFORMED, f"a {type(batch).__name__} on a sink that does not take it")
         self.ledger.check_batch(peer, batch, [len(p) for p in payloads])
+        first = batch.first_layer if sliced else 0
         start = time.perf_counter()
-        if self._channel_ok(peer, lambda: self._sink.write_many(list(batch.block_ids), list(payloads)) or True):
-            self.ledger.mark_written(batch, time.perf_counter() - start)
-        else:
-            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
-
-    def _layers(self, peer: str, batch: LayerBatch, payloads: tuple[memoryview, ...]) -> None:
-        if not self._sink.takes_layers:
-            raise FrameError(DropReason.MALFORMED, "a layer batch on a sink that takes whole blocks only")
-        self.ledger.check_layers(peer, batch, [len(p) for p in payloads])
-        start = time.perf_counter()
-        write = lambda: self._sink.write_layers(list(batch.block_ids), batch.first_layer, list(payloads)) or True  # noqa: E731
-        if self._channel_ok(peer, write):
-            self.ledger.mark_written(batch, time.perf_counter() - start)
+        if self._channel_ok(peer, lambda: self._sink.write_many(list(batch.block_ids), list(payloads), first) or True):
+            self.ledger.mark_written(peer, batch, time.perf_counter() - start)
         else:
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
 

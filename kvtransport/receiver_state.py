@@ -1,8 +1,8 @@
 """The receive side's bookkeeping: reservations, frame checks, leases, exactly-once outcomes.
 
-Backend-free: a backend decodes frames and calls `check_block` / `check_batch` / `check_layers`
--> (writes the payloads into the returned blocks) -> `mark_written`, `on_commit`, `on_abort`,
-`renew`, `fail_peer`, `expire`. A block shipped in layer groups (LayerBatch) arrives once every one
+Backend-free: a backend decodes frames and calls `check_block` / `check_batch` (a BlockBatch or
+a LayerBatch) -> (writes the payloads into the returned blocks) -> `mark_written`, `on_commit`,
+`on_abort`, `renew`, `fail_peer`, `expire`. A block shipped in layer groups (LayerBatch) arrives once every one
 of its layers has; until then it is still missing, and a whole-block frame for it is a duplicate.
 Every registered transfer ends in exactly one event from `take_events()`. Frames are checked
 against the layout this node announced at handshake (a block with every kv head), not against
@@ -127,6 +127,7 @@ class ReceiveLedger:
 
     def check_block(self, peer: str, frame: BlockFrame, payload_len: int | None) -> int:
         """The pool block to write frame's payload into; raises FrameError if it must be dropped.
+        Changes nothing (mark_written records the write).
 
         payload_len is the received payload's length (None when the payload arrives out of band).
         """
@@ -135,42 +136,28 @@ class ReceiveLedger:
         self._check_layout(frame.dtype, frame.shape, frame.nbytes)
         if payload_len not in (None, frame.nbytes):
             raise FrameError(DropReason.BAD_NBYTES, f"{frame.nbytes} / {payload_len}")
-        self._progress(t, peer)
         return frame.block_id
 
-    def check_batch(self, peer: str, batch: BlockBatch, payload_lens: list[int]) -> None:
-        """Raises FrameError unless every block of batch may be written into its block_ids, from
-        payload frames of payload_lens bytes; the batch is then dropped whole."""
+    def check_batch(self, peer: str, batch: BlockBatch | LayerBatch, payload_lens: list[int]) -> None:
+        """Raises FrameError unless every block of batch may be written into its block_ids (a
+        LayerBatch: layers [first_layer, first_layer + shape[0]) of each, none of them arrived
+        yet), from payload frames of payload_lens bytes; the batch is then dropped whole."""
         t = self._lookup(peer, batch.xfer_id)
-        for index, block_id in zip(batch.indices, batch.block_ids):
-            self._check_slot(t, index, block_id)
-        self._check_layout(batch.dtype, batch.shape, batch.nbytes)
-        if payload_lens != [batch.nbytes] * len(batch.indices):
-            raise FrameError(DropReason.BAD_NBYTES, f"{len(batch.indices)} x {batch.nbytes} / {payload_lens}")
-        self._progress(t, peer)
-
-    def check_layers(self, peer: str, batch: LayerBatch, payload_lens: list[int]) -> None:
-        """Raises FrameError unless layers [first_layer, first_layer + shape[0]) of every block of
-        batch may be written, none of them arrived yet, from payload frames of payload_lens bytes;
-        the batch is then dropped whole."""
-        t = self._lookup(peer, batch.xfer_id)
-        layout, (first, count) = self.layout, (batch.first_layer, batch.shape[0] if batch.shape else 0)
-        if batch.dtype != layout.kv_dtype:
-            raise FrameError(DropReason.BAD_DTYPE, batch.dtype)
-        if batch.shape[1:] != layout.block_shape[1:] or not 0 < count <= layout.num_layers - first:
-            raise FrameError(DropReason.BAD_SHAPE, f"layers {first}+{batch.shape}")
-        if batch.nbytes != self.block_nbytes // layout.num_layers * count:
-            raise FrameError(DropReason.BAD_NBYTES, f"{batch.nbytes}")
-        want = ((1 << count) - 1) << first
+        if type(batch) is BlockBatch:
+            self._check_layout(batch.dtype, batch.shape, batch.nbytes)
+            want = self._all_layers
+        else:
+            want = self._check_slice(batch)
         for index, block_id in zip(batch.indices, batch.block_ids):
             self._check_slot(t, index, block_id, want)
         if payload_lens != [batch.nbytes] * len(batch.indices):
             raise FrameError(DropReason.BAD_NBYTES, f"{len(batch.indices)} x {batch.nbytes} / {payload_lens}")
-        self._progress(t, peer)
 
-    def mark_written(self, frame: BlockFrame | BlockBatch | LayerBatch, write_seconds: float = 0.0) -> None:
-        """frame's payloads are in the pool (after a successful check_block / batch / layers)."""
+    def mark_written(self, peer: str, frame: BlockFrame | BlockBatch | LayerBatch, write_seconds: float = 0.0) -> None:
+        """frame's payloads from peer are in the pool (after a successful check_block / check_batch,
+        which change nothing): peer claims the transfer, its lease is renewed."""
         t = self._live[frame.xfer_id]
+        self._progress(t, peer)
         indices = (frame.index,) if type(frame) is BlockFrame else frame.indices
         if type(frame) is LayerBatch:
             indices = self._add_layers(t, frame)
@@ -269,6 +256,17 @@ class ReceiveLedger:
             raise FrameError(DropReason.BAD_SHAPE, str(shape))
         if nbytes != self.block_nbytes:
             raise FrameError(DropReason.BAD_NBYTES, f"{nbytes}")
+
+    def _check_slice(self, batch: LayerBatch) -> int:
+        """batch's slices are layers of this node's wire blocks; returns them, a bit per layer."""
+        layout, (first, count) = self.layout, (batch.first_layer, batch.shape[0] if batch.shape else 0)
+        if batch.dtype != layout.kv_dtype:
+            raise FrameError(DropReason.BAD_DTYPE, batch.dtype)
+        if batch.shape[1:] != layout.block_shape[1:] or not 0 < count <= layout.num_layers - first:
+            raise FrameError(DropReason.BAD_SHAPE, f"layers {first}+{batch.shape}")
+        if batch.nbytes != self.block_nbytes // layout.num_layers * count:
+            raise FrameError(DropReason.BAD_NBYTES, f"{batch.nbytes}")
+        return ((1 << count) - 1) << first
 
     def _may_touch(self, peer: str, t: _Inbound) -> bool:
         node = t.res.sender_node_id

@@ -101,7 +101,7 @@ class Sender(KVSender):
         self._send_batches(xfer_id, endpoint, layout.block_nbytes // layout.num_layers * num_layers, len(indices),
                            lambda k, j: (
             self._core.layer_header(xfer_id, indices[k:j], dst_block_ids[k:j], kv_cache, first_layer, num_layers),
-            self._channel.inline_layers(kv_cache, src_block_ids[k:j], first_layer, num_layers)))
+            self._channel.inline_many(kv_cache, src_block_ids[k:j], first_layer, num_layers)))
 
     def _send_batches(self, xfer_id: str, endpoint: str, nbytes: int, n: int,
                       make: Callable[[int, int], tuple[BlockBatch | LayerBatch, list[memoryview]]]) -> None:

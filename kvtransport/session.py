@@ -61,6 +61,19 @@ class AuthError(Exception):
         self.detail = detail
 
 
+class Length:
+    """A payload frame known by its length alone, which is all of it the MAC covers: a receiver
+    that wrote the frame's bytes straight into their destination authenticates the message with
+    [header, Length(n), ..., trailer] (ReceiverCore.landed)."""
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
 def auth_frame(kind: AuthKind, nonce: bytes = b"") -> bytes:
     return MAGIC + kind.value + nonce
 

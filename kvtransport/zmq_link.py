@@ -11,8 +11,10 @@ The routing id is node_id/<64 random bits> per connection, so a restarted or rec
 is a new peer to the receiver, and no other process can guess it to take the connection's place.
 
 Receive side: peers are told apart by their routing id; frames arrive as [routing id, header,
-payload?, mac?] and are received with copy=False, so a payload is copied once, from the socket
-buffer straight into its pool block. libzmq disconnects a peer that sends a frame above the
+payload*, trailer]. A payload is copied once, from libzmq's buffer into its pool block: by
+recv_into, frame by frame, when the Lander (ReceiverCore.landing) names its slot from the header
+(each frame's buffer is freed as soon as it is copied, so the next frames libzmq allocates reuse
+warm memory); else the message is received whole with copy=False and the sink copies it. libzmq disconnects a peer that sends a frame above the
 maximum message size; the receive high-water mark bounds what one peer can queue.
 
 Both ends speak ZMTP PLAIN (kvtransport.zmtp_auth): the ROUTER reads nothing from a connection
@@ -28,7 +30,7 @@ import time
 import zmq
 
 from kvtransport.base import TransportError
-from kvtransport.link import Completion, Handler, ReceiveLink, SendLink
+from kvtransport.link import Completion, Handler, Lander, ReceiveLink, SendLink
 from kvtransport.session import Buffer
 from kvtransport.zmtp_auth import ThreadGuard, plain_client
 from pdwire.messages import MAX_HEADER_BYTES
@@ -117,14 +119,15 @@ class ZmqSendLink(SendLink):
 
 class ZmqReceiveLink(ReceiveLink):
     def __init__(self, secret: bytes, bind: str = DEFAULT_BIND, hwm: int = 64,
-                 max_payload_bytes: int = 0) -> None:
+                 max_payload_bytes: int = 0, recv_hwm: int | None = None) -> None:
+        """hwm: messages queued per peer either way; recv_hwm, if given, the incoming ones."""
         self._ctx = zmq.Context(io_threads=1)
         self._guard = ThreadGuard(self._ctx, secret)
         self._guard.start()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._guard.protect(self._sock)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVHWM, hwm)
+        self._sock.setsockopt(zmq.RCVHWM, hwm if recv_hwm is None else recv_hwm)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, MAX_HEADER_BYTES) + 64)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -135,19 +138,44 @@ class ZmqReceiveLink(ReceiveLink):
             raise
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._handle: Handler = lambda peer, frames: None
+        self._lander: Lander | None = None
 
-    def bind(self, handle: Handler) -> None:
-        self._handle = handle
+    def bind(self, handle: Handler, lander: Lander | None = None) -> None:
+        self._handle, self._lander = handle, lander
 
     def receive(self, timeout: float) -> None:
         if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
             return
         for _ in range(_DRAIN_BATCH):
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                peer = self._sock.recv(zmq.NOBLOCK).hex()
             except zmq.Again:
                 return
-            self._handle(frames[0].bytes.hex(), [f.buffer for f in frames[1:]])
+            self._take(peer)
+
+    def _take(self, peer: str) -> None:
+        """The rest of one message from peer (libzmq hands a multipart message over whole: every
+        frame is here). Payload frames go straight into the lander's slots when it has them."""
+        sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
+        if not more():
+            return self._handle(peer, [])
+        header = sock.recv(zmq.NOBLOCK, copy=False).buffer
+        landing = self._lander.landing(peer, header) if self._lander is not None and more() else None
+        if landing is None:
+            rest = sock.recv_multipart(zmq.NOBLOCK, copy=False) if more() else []
+            return self._handle(peer, [header, *(f.buffer for f in rest)])
+        sizes: list[int] = []
+        start = time.perf_counter()
+        for slot in landing.slots:
+            sizes.append(sock.recv_into(slot, flags=zmq.NOBLOCK))   # one copy; a longer frame is cut
+            if not more():                  # that was the last frame: the trailer, fewer payloads
+                trailer = bytes(slot[:min(sizes.pop(), len(slot))])
+                break
+        else:                               # the trailer, after any frames past the slots
+            *extra, last = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            sizes += [len(f) for f in extra]
+            trailer = last.buffer
+        self._lander.landed(peer, landing, sizes, trailer, time.perf_counter() - start)
 
     def take_refused(self) -> list[str]:
         return self._guard.take_refused()

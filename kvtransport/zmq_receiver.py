@@ -13,21 +13,28 @@ from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import BATCH_BYTES
+from pdwire.messages import BATCH_BYTES, RECV_QUEUE_BYTES
 
-__all__ = ["DEFAULT_BIND", "ZmqReceiver"]
+__all__ = ["DEFAULT_BIND", "RECV_QUEUE_BYTES", "ZmqReceiver"]
 
 
 class ZmqReceiver(Receiver):
     """Receives blocks from any number of ZmqSenders into `kv_cache`: straight in when its blocks
-    are wire blocks (every kv head), else through `sink` (e.g. a BlockWriterSink)."""
+    are wire blocks (every kv head), else through `sink` (e.g. a BlockWriterSink).
+
+    A peer may queue hwm messages (RCVHWM), and no more than max_queue_bytes of messages of the
+    max_batch_bytes announced to it (one message at least): 16 x 16 MiB by default, not 64."""
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
-                 sink: PayloadSink | None = None, max_batch_bytes: int = BATCH_BYTES) -> None:
+                 sink: PayloadSink | None = None, max_batch_bytes: int = BATCH_BYTES,
+                 max_queue_bytes: int = RECV_QUEUE_BYTES) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
+        if max_queue_bytes < 1:
+            raise ValueError(f"max_queue_bytes must be positive, got {max_queue_bytes}")
         # libzmq applies MAXMSGSIZE to each frame, and a BlockBatch carries one frame per block:
         # no frame larger than a block is buffered from anyone, authenticated or not
-        link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes)
+        link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes,
+                              recv_hwm=max(1, min(hwm, max_queue_bytes // max(1, max_batch_bytes))))
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout,
                          max_batch_bytes=max_batch_bytes)

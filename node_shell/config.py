@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from engine.args import EngineArgs
 from engine.flags import add_dataclass_args, build_dataclass
-from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT
+from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT, RECV_QUEUE_BYTES
 
 
 KV_TRANSPORTS = ("zmq", "torch_dist")
@@ -60,6 +60,8 @@ class NodeConfig(EngineArgs):
     kv_batch_mib: int = BATCH_BYTES >> 20  # payload MiB of one KV message (BlockBatch): a decode node takes up
                                          # to it, a sender packs blocks ready together up to it and the
                                          # receiver's (one block at least; per frame the limit stays one block)
+    kv_recv_queue_mib: int = RECV_QUEUE_BYTES >> 20  # decode nodes (zmq): payload MiB one prefill connection
+                                         # may have queued here, as messages of --kv-batch-mib (one at least)
     kv_layer_groups: int = 8             # prefill nodes (CPU pool, tp = 1): > 1 ships the blocks a prompt's last
                                          # chunk completes in this many layer groups during its forward (to
                                          # decode nodes that take slices), leaving one group's bytes for after
@@ -80,6 +82,8 @@ class NodeConfig(EngineArgs):
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if not 1 <= self.kv_batch_mib <= BATCH_BYTES_LIMIT >> 20:
             raise ValueError(f"kv_batch_mib must be in [1, {BATCH_BYTES_LIMIT >> 20}], got {self.kv_batch_mib}")
+        if self.kv_recv_queue_mib < 1:
+            raise ValueError(f"kv_recv_queue_mib must be >= 1, got {self.kv_recv_queue_mib}")
         if not 1 <= self.kv_layer_groups <= MAX_LAYER_GROUPS:
             raise ValueError(f"kv_layer_groups must be in [1, {MAX_LAYER_GROUPS}], got {self.kv_layer_groups}")
         if not 1 <= self.kv_layer_group_min_blocks <= MAX_LAYER_GROUP_MIN_BLOCKS:
@@ -98,6 +102,10 @@ class NodeConfig(EngineArgs):
     @property
     def kv_batch_bytes(self) -> int:
         return self.kv_batch_mib << 20
+
+    @property
+    def kv_recv_queue_bytes(self) -> int:
+        return self.kv_recv_queue_mib << 20
 
     def kv_advertised(self, bound: str) -> str:
         """The endpoint prefill nodes connect to, for a receiver bound at `bound` (its real port)."""

@@ -29,9 +29,11 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
 
 MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
-MAX_BATCH_BYTES = 4 << 20    # payload bytes of one BlockBatch a receiver takes unless its HelloAck says
+OLD_ACK_BATCH_BYTES = 4 << 20   # what a HelloAck without max_batch_bytes (a receiver from before it) takes
 BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib)
 BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce
+RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
+                                # announced batch bytes, by default (--kv-recv-queue-mib)
 
 
 def batch_blocks(block_nbytes: int, max_bytes: int) -> int:
@@ -55,7 +57,7 @@ class HelloAck:
     identity: PeerIdentity
     accepted: bool
     reason: str = ""
-    max_batch_bytes: int = MAX_BATCH_BYTES   # payload bytes of one BlockBatch D takes (one block at least)
+    max_batch_bytes: int = OLD_ACK_BATCH_BYTES   # payload bytes of one BlockBatch D takes (one block at least)
     layer_slices: bool = False  # D takes LayerBatch (its pool holds every kv head of a block)
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ from kvtransport.metrics import DropReason
 from kvtransport.payload import block_bytes
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
-from pdwire.messages import MAX_BATCH_BLOCKS, MAX_BATCH_BYTES, BlockBatch, batch_blocks
+from pdwire.messages import MAX_BATCH_BLOCKS, OLD_ACK_BATCH_BYTES, BlockBatch, batch_blocks
 from tests.kvtransport.test_kvtransport_fake import DST_IDS, SHIPPED, SRC_IDS, Env
 from tests.kvtransport import test_kvtransport_zmq as zmq_case
 
@@ -33,10 +33,10 @@ def _ship_batch(env, indices=(1, 2, 3), commit=True):
 
 
 def test_batch_size_follows_block_bytes():
-    """A batch holds as many blocks as fit MAX_BATCH_BYTES, at least one, at most MAX_BATCH_BLOCKS."""
-    assert batch_blocks(NBYTES, MAX_BATCH_BYTES) == MAX_BATCH_BLOCKS
-    assert batch_blocks(512 << 10, MAX_BATCH_BYTES) == MAX_BATCH_BYTES // (512 << 10) == 8
-    assert batch_blocks(MAX_BATCH_BYTES * 2, MAX_BATCH_BYTES) == 1
+    """A batch holds as many blocks as fit OLD_ACK_BATCH_BYTES, at least one, at most MAX_BATCH_BLOCKS."""
+    assert batch_blocks(NBYTES, OLD_ACK_BATCH_BYTES) == MAX_BATCH_BLOCKS
+    assert batch_blocks(512 << 10, OLD_ACK_BATCH_BYTES) == OLD_ACK_BATCH_BYTES // (512 << 10) == 8
+    assert batch_blocks(OLD_ACK_BATCH_BYTES * 2, OLD_ACK_BATCH_BYTES) == 1
     assert batch_blocks(2 << 20, 16 << 20) == 8 and batch_blocks(2 << 20, 3 << 20) == 1
     assert batch_blocks(512 << 10, 256 << 20) == MAX_BATCH_BLOCKS
 
@@ -191,7 +191,7 @@ def test_batch_over_zmq_moves_bit_exactly_and_is_sent(dtype):
         recv.close()
 
 
-@pytest.mark.parametrize("cap", [MAX_BATCH_BYTES, 16 << 20])
+@pytest.mark.parametrize("cap", [OLD_ACK_BATCH_BYTES, 16 << 20])
 def test_call_of_several_messages_lands_and_is_sent(cap):
     """20 blocks of 0.5 MiB leave as 3 messages (8 + 8 + 4) under a 4 MiB cap, or as one of
     20 under a 16 MiB one (each frame still within the receiver's one-block MAXMSGSIZE),

@@ -5,10 +5,12 @@ from collections import Counter
 import pytest
 import torch
 
+from kvtransport.base import TransportError
 from kvtransport.events import TransferCommitted
 from kvtransport.fake import FakeNetwork, FakeReceiver, FakeSender, ManualClock
 from kvtransport.metrics import DropReason
 from kvtransport.payload import BlockWriterSink
+from kvtransport.payload_channel import InlineChannel
 from kvtransport.receiver_state import Reservation
 from kvtransport.state import TransferState
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool
@@ -184,3 +186,19 @@ def test_a_receiver_refuses_a_batch_limit_out_of_range():
     for bad in (0, (256 << 20) + 1):
         with pytest.raises(ValueError, match="max_batch_bytes"):
             FakeReceiver(FakeNetwork(ManualClock()), "d0", dst, make_identity(dst, "d0"), TEST_SECRET, max_batch_bytes=bad)
+
+
+def test_inline_channel_slices_blocks_and_layers_of_one_view():
+    """InlineChannel.inline_many: whole blocks, or layers [first, first + n) of each, as views of
+    the pool's bytes; a pool it cannot view (strided here, a device pool alike) ships whole
+    blocks as host copies and refuses layer slices."""
+    src = make_pool(seed=1, num_blocks=4, num_layers=4, block_size=4, num_kv_heads=2, head_dim=8)
+    channel = InlineChannel()
+    blocks = channel.inline_many(src, [2, 0])
+    assert [bytes(b) for b in blocks] == [src[b].numpy().tobytes() for b in (2, 0)]
+    (piece,) = channel.inline_many(src, [3], first_layer=1, num_layers=2)
+    assert bytes(piece) == src[3, 1:3].numpy().tobytes()
+    strided = src[::2]                          # blocks 0 and 2: each contiguous, the pool not
+    assert [bytes(b) for b in channel.inline_many(strided, [1])] == [src[2].numpy().tobytes()]
+    with pytest.raises(TransportError, match="contiguous CPU pool"):
+        channel.inline_many(strided, [1], first_layer=0, num_layers=1)

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from kvtransport.framing import Framer, FrameError
 from kvtransport.session import TRAILER_LEN, Session
 from pdwire.handshake import KVLayout, PeerIdentity
-from pdwire.messages import (KINDS, MAX_BATCH_BLOCKS, MAX_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Busy, Commit,
+from pdwire.messages import (KINDS, MAX_BATCH_BLOCKS, OLD_ACK_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Busy, Commit,
                              Heartbeat, Hello, HelloAck, LayerBatch, P2PJoin, Reserve, Reserved, decode, encode)
 from kvtransport.metrics import DropReason
 from pdwire.schema import PROTOCOL_VERSION, ProtocolError
@@ -102,9 +102,9 @@ def test_malformed_is_protocol_error(buf):
 
 
 def test_hello_ack_from_before_max_batch_bytes_takes_the_old_cap():
-    """A HelloAck without max_batch_bytes (a receiver from before it) means MAX_BATCH_BYTES."""
+    """A HelloAck without max_batch_bytes (a receiver from before it) means OLD_ACK_BATCH_BYTES."""
     ack = decode(_envelope("hello_ack", [IDENT.to_wire(), True, ""]))
-    assert ack == HelloAck(IDENT, True) and ack.max_batch_bytes == MAX_BATCH_BYTES == 4 << 20
+    assert ack == HelloAck(IDENT, True) and ack.max_batch_bytes == OLD_ACK_BATCH_BYTES == 4 << 20
 
 
 def test_constructing_an_invalid_message_raises():

@@ -258,3 +258,27 @@ def test_backpressure_raises_when_receiver_stops_draining():
     finally:
         send.close()
         recv.close()
+
+
+@pytest.mark.parametrize("queue_bytes, batch_bytes, hwm, want", [
+    (256 << 20, 16 << 20, 64, 16),        # the default budget: 16 messages of 16 MiB, not 64
+    (256 << 20, 4 << 20, 64, 64),         # small batches: hwm is the bound
+    (8 << 20, 16 << 20, 64, 1),           # a budget below one message: one message
+])
+def test_receive_queue_is_bounded_in_bytes(queue_bytes, batch_bytes, hwm, want):
+    """RCVHWM counts messages: a peer may queue at most max_queue_bytes of messages of the
+    batch bytes it was told (one message at least), and never more than hwm; replies keep hwm."""
+    dst = make_pool(seed=None, **GEOM)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=hwm,
+                       max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes)
+    try:
+        sock = recv._link._sock
+        assert (sock.getsockopt(zmq.RCVHWM), sock.getsockopt(zmq.SNDHWM)) == (want, hwm)
+    finally:
+        recv.close()
+
+
+def test_receive_queue_budget_must_be_positive():
+    dst = make_pool(seed=None, **GEOM)
+    with pytest.raises(ValueError, match="max_queue_bytes"):
+        ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, max_queue_bytes=0)

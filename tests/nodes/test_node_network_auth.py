@@ -269,3 +269,21 @@ def test_a_secret_file_owned_by_another_user_is_refused(tmp_path):
     os.chown(planted, 65534, -1)
     with pytest.raises(SecretError, match="owned by uid 65534"):
         load_secret(str(planted))
+
+
+def test_a_decode_node_bounds_what_one_prefill_connection_may_queue(monkeypatch, model_dir):
+    """--kv-recv-queue-mib over --kv-batch-mib messages is the KV socket's receive high-water
+    mark (an authenticated sender cannot park hwm x 16 MiB on a decode node); 0 is refused."""
+    import zmq
+    from decode_node.service import DecodeService
+    from node_shell.config import NodeConfig
+
+    monkeypatch.setenv(ENV_VAR, TEST_SECRET.hex())
+    config = dict(router="tcp://127.0.0.1:9", node_id="decode-0", model=model_dir[0], num_blocks=16)
+    service = DecodeService(NodeConfig(**config, kv_batch_mib=16, kv_recv_queue_mib=48))
+    try:
+        assert service.receiver._link._sock.getsockopt(zmq.RCVHWM) == 3
+    finally:
+        service.close()
+    with pytest.raises(ValueError, match="kv_recv_queue_mib"):
+        NodeConfig(**config, kv_recv_queue_mib=0)
