@@ -3,6 +3,7 @@ adopt the shipped blocks on Commit, and decode in continuous batches, preempting
 when their blocks run out (a recomputed sequence is prefilled again on the decode node)."""
 from __future__ import annotations
 
+import random
 from typing import Callable
 
 from pdplan.events import EventLoop
@@ -36,22 +37,25 @@ class DecodeNode:
 
 class DecodePool:
     def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
-                 cores: CoreMap | None = None):
+                 cores: CoreMap | None = None, seed: int = 0):
         cores = cores or CoreMap(loop)
+        self._rng = random.Random(seed)     # ties go to a seeded coin, as the router's (RoutingCost)
         self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room, cores.of(f"decode-{i}"), cores.floating)
                       for i in range(count)]
 
     def reserve(self, req: SimRequest) -> tuple[DecodeNode, int] | None:
         """The cheapest node with room reserves the prompt's blocks (router/cluster/routing_cost.py,
         the router's default: no waiting requests first, then the prompt blocks it lacks plus its
-        blocks in use; by sequences first when the load guard holds); None when no node has room
-        (the router waits for some)."""
+        blocks in use, ties by a seeded coin, not by node order; by sequences first when the load
+        guard holds); None when no node has room (the router waits for some)."""
         blocks = -(-req.prompt_len // self.nodes[0].engine.bs)
         usable = req.block_hashes[:(req.prompt_len - 1) // self.nodes[0].engine.bs]
         seqs = {id(n): len(n.engine.running) + len(n.engine.waiting) + len(n.engine.reserved) for n in self.nodes}
         guard = imbalanced(list(seqs.values()), BALANCE)
+        coin = {id(n): self._rng.random() for n in self.nodes}
         ranked = sorted(self.nodes, key=lambda n: (seqs[id(n)] if guard else 0, bool(n.engine.waiting),
-                                                   blocks - n.engine.pool.hits(usable) + n.engine.pool.used))
+                                                   blocks - n.engine.pool.hits(usable) + n.engine.pool.used,
+                                                   coin[id(n)]))
         for node in ranked:
             seq = SimSeq(req, req.prompt_len, target=req.output_len)
             hits = node.engine.reserve(seq, req.output_len)

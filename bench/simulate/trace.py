@@ -141,6 +141,7 @@ def analyze(out_dir: str, profile_path: str | None = None) -> str:
         from pdplan.profile import Profile
         profile = Profile.load(profile_path)
         text += "\n\n" + overlap_table(step_ratios(events, profile)) + "\n\n" + prefill_step_table(events, profile)
+        text += "\n\n" + shared_core_table(events, profile)
     measured = os.path.join(out_dir, "measured.json")
     if os.path.exists(measured):
         with open(measured) as f:
@@ -225,3 +226,45 @@ def overlap_table(ratios: dict[str, list[tuple[float, float, float]]]) -> str:
             cells.append(f"{len(r)}, {statistics.median(r):.2f}" if r else "0")
         lines.append(f"| {node} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def shared_core_table(events: list[dict], profile) -> str:
+    """The decode nodes that share a core (1P+2D here): each step's wall and own CPU time (thread_time)
+    against the profile, by the share of it during which another decode node was inside a step
+    (processor sharing: wall / CPU 1 alone, 2 beside), and the run's time with 0, 1 and 2 of them
+    inside a step. Empty with fewer than two decode nodes."""
+    steps: dict[str, list[dict]] = {}
+    for e in events:
+        if e["e"] == "step" and e["p"].startswith("decode") and e.get("shapes") and "cpu" in e:
+            steps.setdefault(e["p"], []).append(e)
+    if len(steps) < 2:
+        return ""
+    lines = ["| decode node | steps | CPU / profile | wall / CPU: alone (< 10%) | partly | beside (> 90%) | mean gap between steps ms |",
+             "|---|---|---|---|---|---|---|"]
+    for node, mine in sorted(steps.items()):
+        others = [s for n, ss in steps.items() if n != node for s in ss]
+        rows = []
+        for s in mine:
+            wall = s["t"] - s["t0"]
+            beside = sum(max(0.0, min(s["t"], o["t"]) - max(s["t0"], o["t0"])) for o in others) / wall if wall > 0 else 0.0
+            rows.append((beside, wall / max(s["cpu"], 1e-9)))
+        cpu = sum(s["cpu"] for s in mine) / sum(profile.step.of([tuple(x) for x in s["shapes"]]) for s in mine)
+        cells = []
+        for lo, hi in ((0.0, 0.1), (0.1, 0.9), (0.9, 1.01)):
+            r = [x[1] for x in rows if lo <= x[0] < hi]
+            cells.append(f"{statistics.median(r):.2f} ({len(r)})" if r else "-")
+        gaps = [b["t0"] - a["t"] for a, b in zip(mine, mine[1:]) if b["t0"] - a["t"] < 0.05]
+        lines.append(f"| {node} | {len(mine)} | {cpu:.2f} | " + " | ".join(cells) + f" | {_cell(statistics.mean(gaps) * 1e3 if gaps else None)} |")
+    span = inside_spans([s for ss in steps.values() for s in ss])
+    return "\n".join(lines) + f"\n\ndecode nodes inside a step: none {span[0]:.1f} s, one {span[1]:.1f} s, both {span[2]:.1f} s"
+
+
+def inside_spans(steps: list[dict]) -> list[float]:
+    """Seconds, from the first step's start to the last one's end, during which none, one, and two or
+    more of `steps` (t0 to t) ran."""
+    edges = sorted([(s["t0"], 1) for s in steps] + [(s["t"], -1) for s in steps])
+    inside, last, span = 0, edges[0][0], [0.0, 0.0, 0.0]
+    for t, d in edges:
+        span[min(inside, 2)] += t - last
+        inside, last = inside + d, t
+    return span

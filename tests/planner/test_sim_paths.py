@@ -151,3 +151,14 @@ def test_the_front_end_costs_more_for_a_longer_prompt(topology):
             ttfts.append(r.ttft)
         assert ttfts[1] - ttfts[0] == pytest.approx(2e-6 * n)
     assert Overheads(request_s=0.003, prompt_token_s=2e-6).front_s(1000) == pytest.approx(0.005)
+
+
+def test_the_simulated_decode_choice_breaks_ties_by_a_coin_not_by_node_order():
+    """20 unique prompts, each alone (both decode nodes idle and empty: equal cost): the router
+    breaks such ties by a seeded coin (routing_cost.py), so both nodes get some; by node order
+    decode-0 took them all, which decided whether a later RAG request found its document's node
+    free (bench/README.md, "Two decode nodes on one core")."""
+    reqs = [request(i, tokens(40, 1_000 * (i + 1)), 4, at=float(i)) for i in range(20)]
+    s = simulate(profile(), reqs, Topology.disaggregated(1, 2))
+    busy = {n: b for n, (b, _) in s.node_times.items() if n.startswith("decode")}
+    assert min(busy.values()) > 0.2 * max(busy.values())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.simulate.trace import requests, step_ratios
+from bench.simulate.trace import inside_spans, requests, shared_core_table, step_ratios
 from tests.planner.test_simulator import STEP, profile
 
 
@@ -67,3 +67,17 @@ def test_front_end_per_prompt_token_from_a_trace_folder(tmp_path):
     (folder / "1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     fixed, per_token = front_end([str(folder)])
     assert fixed == pytest.approx(0.003, abs=2e-4) and per_token == pytest.approx(2e-6, rel=0.05)
+
+
+def test_two_decode_nodes_on_one_core_wall_against_cpu_and_the_time_each_way():
+    """decode-0 steps 0-10 ms alone (10 ms CPU), then 20-40 ms beside decode-1's 20-40 ms step
+    (10 ms CPU each: the core shared, wall / CPU 2); 10 ms with neither, 10 alone, 20 both."""
+    step = dict(seqs=1, tokens=1, shapes=[[1, 50]], chunks=[], out=[])
+    events = [_ev(0.010, "decode-0", "step", t0=0.0, cpu=0.010, **step),
+              _ev(0.040, "decode-0", "step", t0=0.020, cpu=0.010, **step),
+              _ev(0.040, "decode-1", "step", t0=0.020, cpu=0.010, **step)]
+    text = shared_core_table(events, profile())
+    row0 = next(line for line in text.splitlines() if line.startswith("| decode-0"))
+    assert "| 1.00 (1) | - | 2.00 (1) |" in row0
+    assert inside_spans(events) == pytest.approx([0.010, 0.010, 0.020])
+    assert shared_core_table(events[:2], profile()) == ""
