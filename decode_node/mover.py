@@ -15,11 +15,24 @@ blocks, shipped over the transport prefill nodes use (node_shell/shipper.py, kvt
      after lease_s unshipped, or the router's session lost)
 
 Step 3 runs on the node's loop (at tp > 1 its blocks are gathered by a collective, which must not
-race the engine's steps), so each of its calls is bounded: pairing by CONNECT_TIMEOUT_S, a send
-into a peer that stopped draining by SEND_TIMEOUT_S (the sender's), and the Abort after a failed
-send by that again; over ZeroMQ a ship holds the loop at most MAX_LOOP_STALL_S, under the router's
-heartbeat timeout (torch_dist's pairing also builds a process group, bounded by the transport's
-peer timeout), and a failure fails the move (the router re-prefills it), never the node.
+race the engine's steps), so the whole ship has one deadline, MAX_LOOP_STALL_S from its start,
+under the router's heartbeat timeout. Each call is bounded: pairing by CONNECT_TIMEOUT_S, a send
+into a peer whose queue is full by SEND_TIMEOUT_S (the sender's), the Abort after a failure by that
+again. The blocks go in slices of one message (slice_blocks: this node's --kv-batch-mib), and
+before each slice and before the Commit the deadline must leave room for that send and an Abort:
+
+    start    pairing      slice 1   slice 2  ...  no room left for a send + Abort: Abort, failed
+      |--------|-----------|---------|--------|-------------|--- <= MAX_LOOP_STALL_S ---|
+
+so a peer that drains slowly fails the move (retryably: the router re-prefills the request) well
+before the router would take this node out; any failure on the way (TransportError, a RuntimeError
+from the tp > 1 gather, a ValueError) fails the move, never the node. Over ZeroMQ a slice is one
+message when the peer's --kv-batch-mib is at least this node's (a smaller one makes it several,
+each bounded by SEND_TIMEOUT_S); the gather's own time is not reserved, only checked after it;
+torch_dist's pairing also builds a process group, bounded by the transport's peer timeout. Why not
+a slice per engine step instead, the loop serving between them: the ship would outlive
+ShipRequest's handling (its failure reported from tick, a hold in flight across AbortRequest and
+the lease), more state than the bound needs.
 """
 from __future__ import annotations
 
@@ -38,7 +51,12 @@ from pdwire.handshake import HandshakeError
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0     # pairing with the receiving decode node, on this node's loop
 SEND_TIMEOUT_S = 2.0        # a send into a receiving node whose queue is full (its high-water mark)
-MAX_LOOP_STALL_S = CONNECT_TIMEOUT_S + 2 * SEND_TIMEOUT_S     # the pairing, a failed send, its Abort
+MAX_LOOP_STALL_S = 9.0      # a whole ship's hold of the loop; under the router's heartbeat timeout (10 s)
+assert MAX_LOOP_STALL_S >= CONNECT_TIMEOUT_S + 2 * SEND_TIMEOUT_S   # the longest pairing, a send, its Abort
+
+
+class PastDeadline(RuntimeError):
+    """The ship's next send could hold the loop past MAX_LOOP_STALL_S."""
 
 
 @dataclass(slots=True)
@@ -53,8 +71,11 @@ class Held:
 
 class KVMover:
     def __init__(self, engine: LLMEngine, make_sender: Callable[[], KVSender], lease_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 slice_blocks: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+        if slice_blocks < 1:
+            raise ValueError(f"slice_blocks must be >= 1, got {slice_blocks}")
         self.engine, self.lease_s, self.clock = engine, lease_s, clock
+        self.slice_blocks = slice_blocks        # blocks per send (one message's worth)
         self._make_sender = make_sender
         self.sender: KVSender | None = None        # made at the first move
         self.shipper = BlockShipper()
@@ -90,6 +111,7 @@ class KVMover:
                                  f"{len(held.blocks)} held", True)
         shipment = Shipment(req.rid, req.xfer_id, tuple(req.dst_block_ids), held.num_tokens,
                             req.cached_prefix_blocks, pins=[held.pin])
+        deadline = self.clock() + MAX_LOOP_STALL_S
         try:
             sender = self._sender()
             sender.connect(req.kv_endpoint, CONNECT_TIMEOUT_S)
@@ -99,14 +121,26 @@ class KVMover:
             return RequestFailed(req.rid, f"cannot reach the decode node: {err}"[:500], True)
         self.shipper.track(shipment)
         try:
-            self.shipper.ship(shipment, list(held.blocks))
+            n = len(shipment.dst_block_ids)
+            while shipment.next_index < n:
+                self._room(deadline, shipment)
+                self.shipper.ship(shipment, list(held.blocks), min(n, shipment.next_index + self.slice_blocks))
+            self._room(deadline, shipment)
             sender.commit(req.xfer_id, held.last_token, held.num_tokens)
-        except (TransportError, ValueError) as err:
+        except (RuntimeError, ValueError) as err:       # TransportError, PastDeadline, the tp > 1 gather's
+            log.warning("KV move %s of %s failed: %r", req.xfer_id, req.from_rid, err,
+                        exc_info=not isinstance(err, (TransportError, PastDeadline)))
             _abort(sender, req.xfer_id)
             return RequestFailed(req.rid, f"KV move failed: {err}"[:500], True)
         finally:
             self.shipper.close(req.rid)
         return None
+
+    def _room(self, deadline: float, s: Shipment) -> None:
+        """Raise PastDeadline unless a send and an Abort, each up to SEND_TIMEOUT_S, fit before deadline."""
+        if self.clock() + 2 * SEND_TIMEOUT_S > deadline:
+            raise PastDeadline(f"blocks [0, {s.next_index}) of {len(s.dst_block_ids)} there when the next send "
+                               f"could hold the loop past {MAX_LOOP_STALL_S:.0f} s")
 
     def release(self, rid: str) -> None:
         """Unpin rid's held blocks, if held (the router gave up the move)."""

@@ -41,7 +41,7 @@ from pdwire.control import AbortRequest, DecodeRequest, Paused, PauseRequest, Re
 from decode_node.mover import SEND_TIMEOUT_S, KVMover
 from kvtransport.events import TransferCommitted, TransferFailed
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import Busy, Reserved
+from pdwire.messages import Busy, Reserved, batch_blocks
 from kvtransport.metrics import ReceiverMetrics
 from kvtransport.factory import make_receiver, make_sender
 from kvtransport.receiver_state import Reservation
@@ -72,7 +72,8 @@ class DecodeService(NodeService):
         sender = lambda: make_sender(config.kv_transport, identity, secret,  # noqa: E731 -- at the first move
                                      device=str(runner.kv_cache.device), p2p_host=config.p2p_host,
                                      max_batch_bytes=config.kv_batch_bytes, send_timeout=SEND_TIMEOUT_S)
-        self.mover = KVMover(self.engine, sender, config.lease_s)
+        self.mover = KVMover(self.engine, sender, config.lease_s,
+                             batch_blocks(identity.layout.block_nbytes, config.kv_batch_bytes))
 
     @property
     def transfer_metrics(self) -> ReceiverMetrics:

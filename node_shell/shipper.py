@@ -124,9 +124,9 @@ class BlockShipper:
         failed, self.failed = self.failed, {}
         return failed
 
-    def ship(self, s: Shipment, blocks: list[int]) -> None:
-        """Ship every block of s not sent yet now, from `blocks` (the source's table for s)."""
-        self._send(s, blocks, len(s.dst_block_ids))
+    def ship(self, s: Shipment, blocks: list[int], end: int | None = None) -> None:
+        """Ship s's blocks not sent yet before `end` (default: all) now, from `blocks` (the source's table for s)."""
+        self._send(s, blocks, len(s.dst_block_ids) if end is None else end)
 
     def _send(self, s: Shipment, table: list[int], end: int) -> None:
         """Ship s's blocks [next_index, end) from the source blocks table[next_index:end]."""

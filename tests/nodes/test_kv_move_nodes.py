@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 
 import pytest
 import zmq
 
-from decode_node.mover import CONNECT_TIMEOUT_S, MAX_LOOP_STALL_S
+from decode_node.mover import CONNECT_TIMEOUT_S, MAX_LOOP_STALL_S, SEND_TIMEOUT_S
 from decode_node.service import DecodeService
 from engine import SamplingParams
 from kvtransport.base import TransportError
@@ -130,6 +131,7 @@ def _move_and_finish(harness, hf) -> None:
     assert paused.num_tokens == len(got) >= 6
     assert harness.decode.mover.held["r"].num_tokens == len(PROMPT) + paused.num_tokens - 1
     written = harness.decode1.receiver.metrics.blocks_written
+    harness.decode.mover.slice_blocks = 1        # a message a block: the ship goes in slices
     moved = harness.reserve_moved("r", paused)
     (m,) = harness.wait([moved])
     assert m.failed is None and m.finish == "length" and m.tokens[0] == got[-1]
@@ -173,6 +175,8 @@ class _Stalled:
     """A sender whose receiving node stopped draining: pairing works, every send (the Abort too)
     times out with a TransportError, as a full queue's does after the send timeout."""
 
+    now = 0.0       # seconds the sends held the loop, added to the mover's clock (none here)
+
     def __init__(self):
         self.connects: list[float] = []     # the timeout of each pairing
         self.aborts: list[str] = []
@@ -203,27 +207,92 @@ class _Stalled:
         pass
 
 
-def test_a_move_into_a_node_that_stopped_draining_fails_the_move_not_the_node(harness):
-    """The ship's sends and then its Abort time out (TransportError): the move fails retryably,
-    its pins go, and decode-0 serves on (a later request finishes exactly); the pairing had its
-    bound, and a ship's longest hold of the loop is under the router's heartbeat timeout."""
-    stalled = _Stalled()
-    harness.decode.mover._make_sender = lambda: stalled      # made at the first move, on the node's thread
+def _ship_to(harness, sender: "_Stalled"):
+    """decode-0 pauses "r" and is told to ship it through `sender`, a block a send, its clock
+    moved by the sender's sends; returns the move's RequestFailed."""
+    mover = harness.decode.mover
+    mover._make_sender, mover.slice_blocks = (lambda: sender), 1        # read on the node's thread
+    mover.clock = lambda: time.monotonic() + sender.now
     _running(harness, "r")
     paused = harness.pause("r")
     blocks = -(-(len(PROMPT) + paused.num_tokens - 1) // 8)
     harness.results["r~1"] = Result()
     harness.send("decode-0", ShipRequest("r~1", "r", "tcp://127.0.0.1:9", "a" * 32, tuple(range(1, blocks + 1)), 0))
     harness.pump(lambda: harness.results["r~1"].failed is not None)
-    failed = harness.results["r~1"].failed
-    assert failed.retryable and "KV move failed" in failed.reason and "not draining" in failed.reason
-    assert (stalled.connects, stalled.aborts) == ([CONNECT_TIMEOUT_S], ["a" * 32])
+    return harness.results["r~1"].failed
+
+
+def _serves_on(harness) -> None:
+    """decode-0 has no pin left and a later request runs to its length."""
     harness.pump(lambda: harness.decode.engine.block_manager.num_pins == 0)
     (later,) = harness.wait([_submitted(harness, "later")])
-    assert later.failed is None and later.finish == "length"
-    assert MAX_LOOP_STALL_S < RouterConfig().heartbeat_timeout_s
+    assert later.failed is None and later.finish == "length" and len(tokens(later)) == GREEDY.max_tokens
+
+
+def test_a_move_into_a_node_that_stopped_draining_fails_the_move_not_the_node(harness):
+    """The ship's sends and then its Abort time out (TransportError): the move fails retryably,
+    its pins go, and decode-0 serves on (a later request runs to its length); the pairing had its
+    bound."""
+    stalled = _Stalled()
+    failed = _ship_to(harness, stalled)
+    assert failed.retryable and "KV move failed" in failed.reason and "not draining" in failed.reason
+    assert (stalled.connects, stalled.aborts) == ([CONNECT_TIMEOUT_S], ["a" * 32])
+    _serves_on(harness)
 
 
 def _submitted(harness, rid: str) -> str:
     harness.submit(rid, PROMPT, GREEDY)
     return rid
+
+
+class _Slow(_Stalled):
+    """A sender whose receiving node drains slowly: every send succeeds, each after the longest a
+    send may block (SEND_TIMEOUT_S), on a clock the test moves; the Abort times out."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent: list[list[int]] = []     # each send's block indices
+        self.commits: list[str] = []
+        self.aborted_at: float | None = None
+
+    def send_blocks(self, xfer_id, indices, *args) -> None:
+        self.now += SEND_TIMEOUT_S
+        self.sent.append(list(indices))
+
+    def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
+        self.now += SEND_TIMEOUT_S
+        self.commits.append(xfer_id)
+
+    def abort(self, xfer_id: str, reason: str = "") -> None:
+        self.now += SEND_TIMEOUT_S
+        self.aborted_at = self.now
+        super().abort(xfer_id, reason)
+
+
+def test_a_ship_into_a_slowly_draining_node_fails_within_the_loop_bound(harness):
+    """Each send succeeds only after SEND_TIMEOUT_S: the ship stops sending once the next send and
+    an Abort could pass MAX_LOOP_STALL_S, aborts, and fails the move retryably (nothing committed);
+    the loop was held at most MAX_LOOP_STALL_S in all, and decode-0 serves on."""
+    slow = _Slow()
+    failed = _ship_to(harness, slow)
+    assert failed.retryable and "KV move failed" in failed.reason and f"past {MAX_LOOP_STALL_S:.0f} s" in failed.reason
+    assert slow.sent == [[0], [1], [2]] and slow.commits == [] and slow.aborts == ["a" * 32]
+    assert slow.aborted_at <= MAX_LOOP_STALL_S < RouterConfig().heartbeat_timeout_s
+    _serves_on(harness)
+
+
+def test_a_runtime_error_in_the_gather_fails_only_that_move(harness):
+    """The runner's export (at tp > 1 a gather across ranks) raises RuntimeError: that move fails
+    retryably with the error, its transfer is aborted, its pins go, and decode-0 serves on."""
+    slow, runner = _Slow(), harness.decode.engine.runner
+
+    def broken(block_ids):
+        raise RuntimeError("gather failed: rank 1 is gone")
+    runner.export_blocks = broken
+    try:
+        failed = _ship_to(harness, slow)
+    finally:
+        del runner.export_blocks
+    assert failed.retryable and "KV move failed" in failed.reason and "rank 1 is gone" in failed.reason
+    assert slow.sent == [] and slow.aborts == ["a" * 32]
+    _serves_on(harness)

@@ -11,7 +11,7 @@ import prefill_node.service as prefill_service
 def _stub(transport):
     runner = SimpleNamespace(kv_cache=SimpleNamespace(device="cpu"), block_writer=lambda: None)
     config = SimpleNamespace(kv_transport=transport, p2p_host="10.0.0.9", kv_bind="tcp://127.0.0.1:0", lease_s=30.0,
-                             kv_batch_bytes=8 << 20)
+                             kv_batch_bytes=8 << 20, kv_recv_queue_bytes=16 << 20)
     return SimpleNamespace(engine=SimpleNamespace(runner=runner), config=config,
                            shipper=SimpleNamespace(bind=lambda engine, sender: None))
 
@@ -25,12 +25,14 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     monkeypatch.setattr(decode_service, "make_sender", lambda *a, **kw: calls.append((a, kw)) or "S")
     monkeypatch.setattr(decode_service, "make_receiver", lambda *a, **kw: calls.append((a, kw)) or "R")
     p, d = _stub(transport), _stub(transport)
-    prefill_service.PrefillService.open_transport(p, "identity", b"secret")
-    decode_service.DecodeService.open_transport(d, "identity", b"secret")
+    identity = SimpleNamespace(layout=SimpleNamespace(block_nbytes=1 << 20))
+    prefill_service.PrefillService.open_transport(p, identity, b"secret")
+    decode_service.DecodeService.open_transport(d, identity, b"secret")
     assert (p.sender, d.receiver, d.mover.sender) == ("S", "R", None)
+    assert d.mover.slice_blocks == 8        # a KV move sends one message (8 MiB) at a time
     assert d.mover._make_sender() == "S"
-    sender = ((transport, "identity", b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9", "max_batch_bytes": 8 << 20})
+    sender = ((transport, identity, b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9", "max_batch_bytes": 8 << 20})
     mover = (sender[0], {**sender[1], "send_timeout": SEND_TIMEOUT_S})     # bounded: it sends on the loop
-    assert calls == [sender, ((transport, d.engine.runner.kv_cache, "identity", b"secret"),
+    assert calls == [sender, ((transport, d.engine.runner.kv_cache, identity, b"secret"),
                               {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None,
-                               "max_batch_bytes": 8 << 20}), mover]
+                               "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20}), mover]
