@@ -271,7 +271,7 @@ class ReceiverCore:
         if self._channel_ok(peer, lambda: self._sink.write(peer, frame, payload, dst) or True):
             self.ledger.mark_written(peer, frame, time.perf_counter() - start)
         else:
-            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload receive failed")
+            self._write_failed(peer, frame.xfer_id, "payload receive failed")
 
     def _batch(self, peer: str, batch: BlockBatch | LayerBatch, payloads: tuple[memoryview, ...]) -> None:
         sliced = type(batch) is LayerBatch
@@ -283,7 +283,7 @@ class ReceiverCore:
         if self._channel_ok(peer, lambda: self._sink.write_many(list(batch.block_ids), list(payloads), first) or True):
             self.ledger.mark_written(peer, batch, time.perf_counter() - start)
         else:
-            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
+            self._write_failed(peer, batch.xfer_id, "payload write failed")
 
     def _hello(self, peer: str, remote: PeerIdentity) -> None:
         try:
@@ -302,6 +302,13 @@ class ReceiverCore:
         reply = lambda msg: self._reply(peer, msg)  # noqa: E731
         if not self._channel_ok(peer, lambda: self._sink.paired(peer, remote, reply) or True):
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload channel setup failed")
+
+    def _write_failed(self, peer: str, xfer_id: str, detail: str) -> None:
+        """The sink failed to write peer's payload of xfer_id (checked: peer may touch it): that
+        transfer fails with the peer's others, even if this was its first write and peer has not
+        claimed it yet (mark_written claims), which _drop_peer alone would leave to its lease."""
+        self.ledger.abort(xfer_id, FailReason.CHANNEL_BROKEN, detail)
+        self._drop_peer(peer, FailReason.CHANNEL_BROKEN, detail)
 
     def _drop_peer(self, peer: str, reason: FailReason, detail: str) -> None:
         log.warning("peer %s lost: %s %s", peer, reason.value, detail)
