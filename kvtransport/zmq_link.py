@@ -1,8 +1,8 @@
 """The ZMQ link: a DEALER socket per decode node on the send side, one ROUTER on the receive side.
 
 Send side: payload frames alias pool blocks (copy=False); the last frame of a tracked message
-(its last payload, or the trailer after them) carries a zmq tracker, done once libzmq has released it. libzmq releases the parts of the messages
-queued on one connection in order (its encoder takes the next part once one is written, and a
+(its last payload, or the trailer after them) carries a zmq tracker, done once libzmq has
+released it. libzmq releases the parts of the messages queued on one connection in order (its encoder takes the next part once one is written, and a
 closing pipe drops them in order), so that tracker also covers every payload sent before it on
 that connection: the Sender tracks one message per send_blocks call, as a tracker costs ~40 us
 of Python (an Event and the tracker object). The send high-water mark gives backpressure: a send blocks while
