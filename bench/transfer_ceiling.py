@@ -7,7 +7,8 @@ decode node must; pdserve's receiver does the same since the tenth session, and 
 cheaper raw pattern: bench/transfer_recv_patterns.py). No headers, no checks, no bookkeeping:
 what pdserve's transfer path is measured against. With `mac=True` each block also carries a
 small header sealed and opened by kvtransport.session.Session, one MAC per block, as an
-authenticated transport must at least do.
+authenticated transport must at least do: [header, seal, block], the seal's MAC checked before
+the block is received into its slot (pdserve's order since the eleventh session).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 import torch
 import zmq
 
-from kvtransport.session import Length, Session
+from kvtransport.session import Session
 
 HWM = 16
 _NONCES = (b"i" * 16, b"r" * 16)
@@ -44,11 +45,10 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
                 conn.send(("failed", f"block {k} of {n} did not arrive"))
                 break
             sock.recv()                                     # routing id
-            header = sock.recv() if session is not None else None
+            if session is not None and session.open_seal(sock.recv(), sock.recv()) != [nbytes]:
+                raise RuntimeError("a seal that does not declare one block")
             slot = k % num_blocks
-            size = sock.recv_into(pool[slot * nbytes:(slot + 1) * nbytes])
-            if session is not None:
-                session.open([header, Length(size), sock.recv()])
+            sock.recv_into(pool[slot * nbytes:(slot + 1) * nbytes])
         else:
             conn.send(("done", time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
                        time.thread_time() - main))
@@ -88,7 +88,7 @@ class Ceiling:
                 self._sock.send(block, copy=False)
             else:
                 header = k.to_bytes(8, "little") * 12      # ~ a block header's size
-                self._sock.send_multipart([header, block, session.seal(header, block)], copy=False)
+                self._sock.send_multipart([header, session.seal_first(header, [len(block)]), block], copy=False)
         if not self._conn.poll(timeout):
             raise RuntimeError("ceiling receiver silent")
         reply = self._conn.recv()

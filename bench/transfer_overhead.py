@@ -11,7 +11,7 @@ CPU time (time.process_time, so load on the other core counts less than in wall 
   recv   ReceiverCore.handle on pre-sealed messages (MAC, decode, checks, ledger, the copy into
          the pool, the Commit), against the ceiling's one copy per block from the same buffers;
          "landed": the path the ZMQ link takes for batches since the tenth session (landing()
-         from the header, each payload copied into its slot as recv_into would, landed());
+         from the header and seal, each payload copied into its slot as recv_into would, landed());
          and the same handle with the sink's copy left out ("no copy": the software overhead on
          its own, which memory bandwidth taken by other processes does not blur: a copy of
          70-300 us a block swings by more than the overhead between two runs on a loaded machine)
@@ -64,7 +64,7 @@ def cpu_us(makers: dict, n: int, repeats: int = 7) -> dict[str, float]:
 
 def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket, batch_bytes: int) -> dict[str, float]:
     core = SenderCore(make_identity(src, "p"), SECRET)
-    core._links["e"] = type("L", (), {"session": Session(SECRET, *NONCES, True)})()   # a paired link
+    core._links["e"] = type("L", (), {"session": Session(SECRET, *NONCES, True), "sealed_first": True})()   # paired
     core.begin("x", "e")
     channel, ids = InlineChannel(), list(range(n))
     step = batch_blocks(src[0].numel() * src.element_size(), batch_bytes)
@@ -73,15 +73,14 @@ def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket, batch_bytes: int) 
         for k in range(0, n, step):
             frames = core.pack("e", core.batch_header("x", ids[k:k + step], ids[k:k + step], src),
                                *channel.inline_many(src, ids[k:k + step]))
-            last = k + step >= n
-            *head, payload, trailer = frames
-            tracked = zmq.Frame(payload, copy=False, track=last)
-            sock.send_multipart([*head, tracked, trailer], copy=False)
+            *head, payload = frames                     # [header, seal, *payloads]
+            tracked = zmq.Frame(payload, copy=False, track=k + step >= n)
+            sock.send_multipart([*head, tracked], copy=False)
 
     def unbatched():
         for b in ids:
-            header, payload, trailer = core.pack("e", core.block_header("x", b, b, src), channel.inline(src, b))
-            sock.send_multipart([header, zmq.Frame(payload, copy=False, track=True), trailer], copy=False)
+            header, seal, payload = core.pack("e", core.block_header("x", b, b, src), channel.inline(src, b))
+            sock.send_multipart([header, seal, zmq.Frame(payload, copy=False, track=True)], copy=False)
 
     pool = pool_bytes(src)
     nbytes = len(pool) // n
@@ -119,9 +118,10 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
         views = [pool[b * nbytes:(b + 1) * nbytes] for b in ids]
         if batch:
             msgs = [framer.pack_many(session, sender.batch_header(xfer, ids[k:k + step], ids[k:k + step], src),
-                                     views[k:k + step]) for k in range(0, n, step)]
+                                     views[k:k + step], sealed_first=True) for k in range(0, n, step)]
         else:
-            msgs = [framer.pack(session, sender.block_header(xfer, b, b, src), views[b]) for b in ids]
+            msgs = [framer.pack_many(session, sender.block_header(xfer, b, b, src), [views[b]], sealed_first=True)
+                    for b in ids]
         return msgs + [framer.pack(session, Commit(xfer, 1, n * src.shape[3]))]
 
     def handle(batch: bool, copy: bool = True):
@@ -130,21 +130,21 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
         return lambda: [core.handle("p", [memoryview(f) for f in frames]) for frames in msgs]
 
     def land(copy: bool = True):
-        """As ZmqReceiveLink does with a Lander: landing() from the header, each payload into its
-        slot (recv_into's one copy, here a slice assignment from the same buffers), landed()."""
+        """As ZmqReceiveLink does with a Lander: landing() from the header and seal, each payload
+        into its slot (recv_into's one copy, here a slice assignment from the same buffers), landed()."""
         msgs = sealed(True)
         core._sink = sinks[True]
 
         def run():
-            for header, *payloads, trailer in msgs:
-                landing = core.landing("p", memoryview(header)) if payloads else None
+            for header, seal, *payloads in msgs:
+                landing = core.landing("p", memoryview(header), memoryview(seal)) if payloads else None
                 if landing is None:
-                    core.handle("p", [memoryview(header), *payloads, memoryview(trailer)])
+                    core.handle("p", [memoryview(header), memoryview(seal), *payloads])
                     continue
                 if copy:
                     for slot, payload in zip(landing.slots, payloads):
                         slot[:] = payload
-                core.landed("p", landing, [len(p) for p in payloads], trailer, 0.0)
+                core.landed("p", landing, [len(p) for p in payloads], 0.0)
         return run
 
     flat = pool_bytes(dst)

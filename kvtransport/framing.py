@@ -1,23 +1,25 @@
 """One message as a list of frames, sealed by the session of the connection it travels on.
 
-    [header, trailer]   or   [header, payload, ..., payload, trailer]
+    [header, trailer]   or   [header, seal, payload, ..., payload]
 
 header = the message's msgpack bytes; payload = the raw bytes of one block (BlockFrame: one
 payload; BlockBatch: up to MAX_BATCH_BLOCKS), zmq and fake backends only; trailer = the
-session's sequence number and MAC (kvtransport.session). The sizes are checked first, then the
-MAC, and only then is the header parsed: a peer without the session's keys cannot get a single
-byte interpreted. One exception, for a peer that holds a session and is paired: the ZMQ link
-decodes a block message's header before its trailer arrives, to receive the payload frames
-straight into the pool blocks it names (ReceiverCore.landing); those must be blocks the ledger
-still misses, reserved for a transfer that peer may touch, and none counts as written before
-the MAC over the header and every frame's length has been checked (ReceiverCore.landed).
+session's sequence number and MAC; seal = the trailer and the payloads' lengths, ahead of them
+(kvtransport.session). To a receiver whose HelloAck does not announce the seal, payloads go
+first: [header, payload, ..., payload, trailer]. The sizes are checked first, then the MAC, and
+only then is the header parsed: a peer without the session's keys cannot get a single byte
+interpreted. A link that receives frame by frame (ZMQ) reads a paired peer's header and seal
+before its payloads: ReceiverCore.landing checks the header against the ledger and the seal's
+MAC, and only then names pool slots to receive the payloads into (blocks the ledger still misses,
+reserved for a transfer that peer may touch); ReceiverCore.landed compares the received sizes
+with the sealed ones before it marks them written. Messages in the older order are received whole.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
 from kvtransport.metrics import DropReason
-from kvtransport.session import TRAILER_LEN, AuthError, Buffer, Session
+from kvtransport.session import TRAILER_LEN, AuthError, Buffer, Session, declared_lengths
 from pdwire import control
 from pdwire.messages import MAX_BATCH_BLOCKS, MAX_HEADER_BYTES, ProtocolError, decode, encode
 
@@ -55,24 +57,30 @@ class Framer:
     def pack(self, session: Session, msg: Any, payload: Buffer | None = None) -> list[Buffer]:
         return self.pack_many(session, msg, () if payload is None else (payload,))
 
-    def pack_many(self, session: Session, msg: Any, payloads: Sequence[Buffer]) -> list[Buffer]:
-        """[header, *payloads, trailer]: msg with any number of payload frames."""
+    def pack_many(self, session: Session, msg: Any, payloads: Sequence[Buffer],
+                  sealed_first: bool = False) -> list[Buffer]:
+        """msg with any number of payload frames: [header, seal, *payloads] if sealed_first and
+        there are payloads, else [header, *payloads, trailer]."""
         header = self._encode(msg)
         if len(header) > self.max_header_bytes:
             raise ProtocolError(f"a {type(msg).__name__} of {len(header)} bytes is over the "
                                 f"{self.max_header_bytes}-byte limit")
+        if sealed_first and payloads:
+            return [header, session.seal_first(header, [len(p) for p in payloads]), *payloads]
         return [header, *payloads, session.seal(header, *payloads)]
 
     def check_sizes(self, frames: Sequence[Buffer]) -> None:
         """Raises FrameError unless frames look like one sealed message within the size caps."""
         if not 2 <= len(frames) <= MAX_BATCH_BLOCKS + 2:
             raise FrameError(DropReason.MALFORMED, f"{len(frames)} frames")
-        if len(frames[-1]) != TRAILER_LEN:
-            raise FrameError(DropReason.BAD_MAC, "no trailer")
+        sealed = len(frames) >= 3 and declared_lengths(frames[1]) is not None
+        if len(frames[-1]) != TRAILER_LEN and not sealed:
+            raise FrameError(DropReason.BAD_MAC, "no trailer or seal")
         if len(frames[0]) > self.max_header_bytes:
             raise FrameError(DropReason.OVERSIZE, f"header of {len(frames[0])} bytes")
-        if sum(len(f) for f in frames[1:-1]) > self.max_payload_bytes:
-            raise FrameError(DropReason.OVERSIZE, f"payloads of {[len(f) for f in frames[1:-1]]} bytes")
+        if sum(len(f) for f in frames[1:]) - max(TRAILER_LEN, len(frames[1]) if sealed else 0) > \
+                self.max_payload_bytes:     # either order: every frame but the header, trailer or seal
+            raise FrameError(DropReason.OVERSIZE, f"frames of {[len(f) for f in frames[1:]]} bytes")
 
     def unpack(self, session: Session, frames: Sequence[Buffer]) -> Unpacked:
         """The message and payload in frames; raises FrameError with the drop reason."""
@@ -86,6 +94,8 @@ class Framer:
     def decode(self, opened: Sequence[Buffer]) -> Unpacked:
         """The message in [header, *payloads] that a session has already opened."""
         payloads = tuple(memoryview(p) for p in opened[1:])
+        if sum(len(p) for p in payloads) > self.max_payload_bytes:
+            raise FrameError(DropReason.OVERSIZE, f"payloads of {[len(p) for p in payloads]} bytes")
         try:
             return Unpacked(self._decode(memoryview(opened[0])), payloads)
         except ProtocolError as e:

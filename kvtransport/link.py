@@ -18,19 +18,20 @@ Handler = Callable[[str, list[Buffer]], None]     # (endpoint or peer, frames of
 
 
 class Landing(Protocol):
-    """Where a message's payload frames go, chosen from its header (kvtransport.receiver_core)."""
+    """Where a message's payload frames go, chosen from its header and seal (kvtransport.receiver_core)."""
     slots: list[memoryview]          # frame k into slots[k]: writable, of the size it must have
 
 
 class Lander(Protocol):
     """A receive side that takes payload frames straight into their destination (ReceiverCore):
-    a link that can receive frame by frame asks landing(peer, header) before the payloads; if
-    it gets one, it receives payload frame k into slots[k] and calls landed() with every
-    payload frame's size and the trailer, else it hands the whole message to the Handler."""
+    a link that can receive frame by frame asks landing(peer, header, seal) (a message's first
+    two frames) before the payloads; if it gets one, it receives payload frame k into slots[k]
+    and calls landed() with every payload frame's size, else it hands the whole message to the
+    Handler."""
 
-    def landing(self, peer: str, header: Buffer) -> Landing | None: ...
+    def landing(self, peer: str, header: Buffer, seal: Buffer) -> Landing | None: ...
 
-    def landed(self, peer: str, landing: Landing, sizes: list[int], trailer: Buffer, seconds: float) -> None: ...
+    def landed(self, peer: str, landing: Landing, sizes: list[int], seconds: float) -> None: ...
 
 
 class Completion(Protocol):

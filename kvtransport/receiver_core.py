@@ -14,9 +14,11 @@ multipart message from peer) and `tick()` (expire leases and dead peers), and su
                          sink.write_many (inline sinks only) -> mark_written
      LayerBatch       -> likewise, to sinks that take slices (a pool of every head, announced
                          in the HelloAck): write_many from the batch's first layer
-     over a link that receives frame by frame (ZMQ), a paired peer's block messages take
-     landing() -> the link receives each payload into its pool slot -> landed(): authenticate,
-     check the sizes, mark_written; any check that fails before the payloads makes it handle()
+     over a link that receives frame by frame (ZMQ), a paired peer's sealed-first block messages
+     ([header, seal, payload*]) take landing(): ledger checks, then the seal's MAC -> the link
+     receives each payload into its pool slot -> landed(): sizes as sealed, mark_written; any
+     check that fails before the payloads makes it handle() (and every message in the older
+     order [header, payload*, trailer] goes there)
   4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
   5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
 """
@@ -35,7 +37,7 @@ from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, A
                              HelloAck, LayerBatch, Message)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
-from kvtransport.session import AuthError, AuthKind, Buffer, Length, Responder, parse_auth_frame
+from kvtransport.session import AuthError, AuthKind, Buffer, Responder, declared_lengths, parse_auth_frame
 
 log = logging.getLogger("kvtransport")
 
@@ -87,9 +89,9 @@ class PayloadSink(ABC):
 @dataclass(slots=True)
 class Landing:
     """A message whose payload frames go straight into pool slots (ReceiverCore.landing)."""
-    header: Buffer
-    msg: BlockFrame | BlockBatch | LayerBatch       # header, decoded and checked; not yet authenticated
+    msg: BlockFrame | BlockBatch | LayerBatch       # the header, authenticated by its seal and checked
     slots: list[memoryview]                         # where payload frame k goes: writable, its exact size
+    declared: list[int]                             # the payload lengths the seal declares
 
 
 @dataclass(slots=True)
@@ -100,6 +102,7 @@ class _Session:
 
 class ReceiverCore:
     """Dispatches received messages of every peer into one ReceiveLedger."""
+    sealed_first: bool = True   # announced in the HelloAck: senders put the seal before payloads
 
     def __init__(self, num_blocks: int, identity: PeerIdentity, secret: bytes,
                  sink: PayloadSink, send: SendFn, peer_timeout: float = 10.0,
@@ -136,50 +139,48 @@ class ReceiverCore:
         except FrameError as e:
             self._dropped(peer, e)
 
-    def landing(self, peer: str, header: Buffer) -> Landing | None:
-        """Where the payload frames after this header may be received straight into (a link's
-        recv_into), before the message's trailer has arrived: the pool slots of its blocks, if
-        peer holds a session and is paired, header (not yet authenticated: the MAC is in the
-        trailer) decodes to a block frame or batch, every block passes the ledger's checks, and
-        the sink has the slots (a CPU pool of every head). Else None: the message is received
-        whole and handled as any other. Slots are blocks the ledger still misses, reserved for
-        that transfer, which peer may touch: bytes a bad message leaves there are overwritten by
-        the good one, and none is marked written before landed() has checked the MAC."""
-        if len(header) > self._framer.max_header_bytes or peer not in self._sessions or \
-                self._auth.session(peer) is None:
+    def landing(self, peer: str, header: Buffer, seal: Buffer) -> Landing | None:
+        """Where the payload frames after this header and seal may be received straight into (a
+        link's recv_into): the pool slots of its blocks, if peer holds a session and is paired,
+        header decodes to a block frame or batch, every block passes the ledger's checks with
+        the payload lengths the seal declares, the sink has the slots (a CPU pool of every head),
+        and then the seal's MAC over the header and those lengths verifies (its sequence number
+        is taken: the link must hand every payload to landed()). Else None, with nothing taken:
+        the message is received whole and handled as any other (so is every message in the order
+        before the seal). No byte lands before the MAC has been checked; slots are blocks the
+        ledger still misses, reserved for a transfer that peer may touch."""
+        declared = declared_lengths(seal)
+        if declared is None or len(header) > self._framer.max_header_bytes or peer not in self._sessions:
             return None
         try:
             msg = self._framer.decode([header]).msg
             first = msg.first_layer if type(msg) is LayerBatch else 0
-            if type(msg) is BlockFrame:
-                dsts = [self.ledger.check_block(peer, msg, msg.nbytes)]
+            if type(msg) is BlockFrame and len(declared) == 1:
+                dsts = [self.ledger.check_block(peer, msg, declared[0])]
             elif type(msg) is BlockBatch or (type(msg) is LayerBatch and self._sink.takes_layers):
-                self.ledger.check_batch(peer, msg, [msg.nbytes] * len(msg.indices))
+                self.ledger.check_batch(peer, msg, declared)
                 dsts = list(msg.block_ids)
             else:
                 return None
         except FrameError:
             return None             # received whole, then counted with the reason it earns
         slots = self._sink.slots(dsts, first, msg.nbytes) if self._sink.inline else None
-        return None if slots is None else Landing(header, msg, slots)
-
-    def landed(self, peer: str, landing: Landing, sizes: list[int], trailer: Buffer, seconds: float) -> None:
-        """The payload frames after landing's header went into its slots (frame k: sizes[k] bytes,
-        its first len(slot) of them in slot k; frames past the slots: sizes only), in seconds:
-        authenticate the message as handle() would, check the sizes, mark the blocks written."""
-        msg = landing.msg
+        if slots is None:
+            return None
         try:
-            self._authenticate(peer, [landing.header, *map(Length, sizes), trailer])
-            self._sessions[peer].last_seen = self._clock()      # paired: landing() saw it
-            if type(msg) is BlockFrame:
-                if len(sizes) != 1:
-                    raise FrameError(DropReason.MALFORMED, f"block frame with {len(sizes)} payloads")
-                self.ledger.check_block(peer, msg, sizes[0])
-            else:
-                self.ledger.check_batch(peer, msg, sizes)
-            self.ledger.mark_written(peer, msg, seconds)
-        except FrameError as e:
-            self._dropped(peer, e)
+            self._auth.open_seal(peer, header, seal)
+        except AuthError:
+            return None             # likewise: a bad MAC or a replay is counted by handle()
+        return Landing(msg, slots, declared)
+
+    def landed(self, peer: str, landing: Landing, sizes: list[int], seconds: float) -> None:
+        """The payload frames after landing's seal went into its slots (frame k: sizes[k] bytes,
+        its first len(slot) of them in slot k; frames past the slots: sizes only), in seconds:
+        if they are the sizes the seal declared (which the ledger checked), mark the blocks written."""
+        self._sessions[peer].last_seen = self._clock()      # paired: landing() saw it
+        if sizes != landing.declared:
+            return self._dropped(peer, FrameError(DropReason.BAD_NBYTES, f"{sizes} / sealed {landing.declared}"))
+        self.ledger.mark_written(peer, landing.msg, seconds)
 
     def _dropped(self, peer: str, e: FrameError) -> None:
         self.metrics.count_drop(e.reason, peer, e.detail)
@@ -270,7 +271,7 @@ class ReceiverCore:
         if self._channel_ok(peer, lambda: self._sink.write(peer, frame, payload, dst) or True):
             self.ledger.mark_written(peer, frame, time.perf_counter() - start)
         else:
-            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload receive failed")
+            self._write_failed(peer, frame.xfer_id, "payload receive failed")
 
     def _batch(self, peer: str, batch: BlockBatch | LayerBatch, payloads: tuple[memoryview, ...]) -> None:
         sliced = type(batch) is LayerBatch
@@ -282,7 +283,7 @@ class ReceiverCore:
         if self._channel_ok(peer, lambda: self._sink.write_many(list(batch.block_ids), list(payloads), first) or True):
             self.ledger.mark_written(peer, batch, time.perf_counter() - start)
         else:
-            self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload write failed")
+            self._write_failed(peer, batch.xfer_id, "payload write failed")
 
     def _hello(self, peer: str, remote: PeerIdentity) -> None:
         try:
@@ -297,10 +298,17 @@ class ReceiverCore:
         self._sessions[peer] = _Session(remote, self._clock())
         self.ledger.pair(peer, remote.node_id)
         self._reply(peer, HelloAck(self.identity, True, max_batch_bytes=self._max_batch_bytes,
-                                   layer_slices=self._sink.takes_layers))
+                                   layer_slices=self._sink.takes_layers, sealed_first=self.sealed_first))
         reply = lambda msg: self._reply(peer, msg)  # noqa: E731
         if not self._channel_ok(peer, lambda: self._sink.paired(peer, remote, reply) or True):
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload channel setup failed")
+
+    def _write_failed(self, peer: str, xfer_id: str, detail: str) -> None:
+        """The sink failed to write peer's payload of xfer_id (checked: peer may touch it): that
+        transfer fails with the peer's others, even if this was its first write and peer has not
+        claimed it yet (mark_written claims), which _drop_peer alone would leave to its lease."""
+        self.ledger.abort(xfer_id, FailReason.CHANNEL_BROKEN, detail)
+        self._drop_peer(peer, FailReason.CHANNEL_BROKEN, detail)
 
     def _drop_peer(self, peer: str, reason: FailReason, detail: str) -> None:
         log.warning("peer %s lost: %s %s", peer, reason.value, detail)

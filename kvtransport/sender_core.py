@@ -43,6 +43,7 @@ class _Link:
     next_heartbeat: float
     batch_bytes: int            # payload bytes of one BlockBatch the receiver takes (its HelloAck)
     layer_slices: bool          # the receiver takes LayerBatch (its HelloAck)
+    sealed_first: bool          # the receiver reads [header, seal, payload*] (its HelloAck)
 
 
 class SenderCore:
@@ -91,7 +92,7 @@ class SenderCore:
         check_compatible(self.identity, msg.identity)
         now = self._clock()
         self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval, msg.max_batch_bytes,
-                                      msg.layer_slices)
+                                      msg.layer_slices, msg.sealed_first)
         return msg.identity
 
     def batch_bytes(self, endpoint: str) -> int:
@@ -104,7 +105,8 @@ class SenderCore:
 
     def pack(self, endpoint: str, msg: Message, *payloads: Buffer) -> list[Buffer]:
         """msg (and its payload frames) sealed for the connected receiver at endpoint."""
-        return self.framer.pack_many(self._links[endpoint].session, msg, payloads)
+        link = self._links[endpoint]
+        return self.framer.pack_many(link.session, msg, payloads, link.sealed_first)
 
     def unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
         """A message from the connected receiver at endpoint; TransportError if it is bad."""

@@ -5,9 +5,15 @@ that it holds the cluster secret, and every message after that carries a MAC and
     1. [MAGIC "h" nonce_i]                              ──▶  remembers nonce_i for this connection
     2.                                                  ◀──  [MAGIC "c" nonce_r]
     3. both derive a key per direction from (secret, nonce_i, nonce_r); every later message,
-       both ways, is  [header, payload*, trailer]  with
+       both ways, is  [header, trailer]  or, with payload frames,  [header, seal, payload+]  with
          trailer = seq (8 bytes) || HMAC-SHA256(key, seq || len(header) || lengths || header)
-       where lengths = len(p) of each payload frame p (8 bytes each; one 0 when there is none)
+         seal    = trailer || lengths
+       where lengths = len(p) of each payload frame p (8 bytes each; one 0 when there is none).
+       The seal comes before the payloads, so a receiver checks the MAC over the header and the
+       lengths the sender declares before it writes a payload byte anywhere, then only compares
+       the sizes it received with them. A receiver announces that it reads the seal (HelloAck
+       sealed_first); to one that does not, payload frames go first: [header, payload+, trailer]
+       (the order before the seal), which a receiver takes too, whole, by its trailer.
        R takes I's first sealed message (Hello / NodeHello) as the proof: until it verifies,
        nothing I sent is decoded, and a peer without the secret learns nothing but a random nonce.
     4. each sequence number is accepted once: a replayed message is dropped, and so is one that
@@ -44,6 +50,7 @@ TAG_LEN = 32
 TRAILER_LEN = SEQ_LEN + TAG_LEN
 MIN_SECRET_LEN = 16
 REPLAY_WINDOW = 64
+MAX_SEALED_PAYLOADS = 64   # payload frames one seal declares (a BlockBatch's most blocks)
 
 
 class AuthKind(Enum):
@@ -61,17 +68,13 @@ class AuthError(Exception):
         self.detail = detail
 
 
-class Length:
-    """A payload frame known by its length alone, which is all of it the MAC covers: a receiver
-    that wrote the frame's bytes straight into their destination authenticates the message with
-    [header, Length(n), ..., trailer] (ReceiverCore.landed)."""
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
+def declared_lengths(seal: Buffer) -> list[int] | None:
+    """The payload lengths a seal declares, or None if seal is not shaped as one (a trailer, or
+    the first payload frame of a message in the order before the seal)."""
+    count, rest = divmod(len(seal) - TRAILER_LEN, SEQ_LEN)
+    if rest or not 1 <= count <= MAX_SEALED_PAYLOADS:
+        return None
+    return list(struct.unpack_from(f"<{count}Q", seal, TRAILER_LEN))
 
 
 def auth_frame(kind: AuthKind, nonce: bytes = b"") -> bytes:
@@ -110,18 +113,52 @@ class Session:
         """The trailer that authenticates [header, *payloads] as this end's next message."""
         seq = self._send_seq.to_bytes(SEQ_LEN, "little")
         self._send_seq += 1
-        return seq + self._tag(self._send_key, seq, header, payloads)
+        return seq + self._tag(self._send_key, seq, header, [len(p) for p in payloads])
+
+    def seal_first(self, header: Buffer, lengths: Sequence[int]) -> bytes:
+        """The seal of [header, seal, *payloads] (payloads of these lengths, 1 to
+        MAX_SEALED_PAYLOADS of them) as this end's next message."""
+        if not 1 <= len(lengths) <= MAX_SEALED_PAYLOADS:
+            raise ValueError(f"a seal declares 1..{MAX_SEALED_PAYLOADS} payloads, not {len(lengths)}")
+        seq = self._send_seq.to_bytes(SEQ_LEN, "little")
+        self._send_seq += 1
+        return seq + self._tag(self._send_key, seq, header, lengths) + struct.pack(f"<{len(lengths)}Q", *lengths)
+
+    def open_seal(self, header: Buffer, seal: Buffer) -> list[int]:
+        """The payload lengths that seal declares for the message of this header, before any
+        payload is read; raises AuthError if it is no seal, or its MAC or sequence is wrong."""
+        lengths = declared_lengths(seal)
+        if lengths is None:
+            raise AuthError(DropReason.BAD_MAC, "no seal")
+        self._check(self._tag(self._recv_key, bytes(seal[:SEQ_LEN]), header, lengths), seal)
+        return lengths
 
     def open(self, frames: Sequence[Buffer]) -> list[Buffer]:
-        """[header, *payloads] of a sealed message; raises AuthError if its MAC or sequence is wrong."""
+        """[header, *payloads] of a sealed message, in either order; raises AuthError if its
+        MAC or sequence is wrong, or (BAD_NBYTES) if its payloads are not those its seal declares."""
+        if len(frames) >= 3 and declared_lengths(frames[1]) is not None:
+            try:
+                lengths = self.open_seal(frames[0], frames[1])
+            except AuthError as e:
+                if e.reason is not DropReason.BAD_MAC:
+                    raise           # else: a payload frame shaped like a seal, in the older order
+            else:
+                if lengths != [len(p) for p in frames[2:]]:
+                    raise AuthError(DropReason.BAD_NBYTES, f"payloads of {[len(p) for p in frames[2:]]} "
+                                                           f"bytes, sealed as {lengths}")
+                return [frames[0], *frames[2:]]
         if len(frames) < 2 or len(frames[-1]) != TRAILER_LEN:
             raise AuthError(DropReason.BAD_MAC, "no trailer")
-        trailer = bytes(frames[-1])
-        if not hmac.compare_digest(self._tag(self._recv_key, trailer[:SEQ_LEN], frames[0], frames[1:-1]),
-                                   trailer[SEQ_LEN:]):
-            raise AuthError(DropReason.BAD_MAC, "wrong MAC")
-        self._accept(int.from_bytes(trailer[:SEQ_LEN], "little"))
+        trailer = frames[-1]
+        self._check(self._tag(self._recv_key, bytes(trailer[:SEQ_LEN]), frames[0],
+                              [len(p) for p in frames[1:-1]]), trailer)
         return list(frames[:-1])
+
+    def _check(self, tag: bytes, sealed: Buffer) -> None:
+        """Accept the sequence number of sealed (a trailer or a seal) if it carries tag."""
+        if not hmac.compare_digest(tag, bytes(sealed[SEQ_LEN:TRAILER_LEN])):
+            raise AuthError(DropReason.BAD_MAC, "wrong MAC")
+        self._accept(int.from_bytes(sealed[:SEQ_LEN], "little"))
 
     def _accept(self, seq: int) -> None:
         behind = self._recv_seq - seq
@@ -135,8 +172,8 @@ class Session:
             self._recv_seen |= 1 << behind
 
     @staticmethod
-    def _tag(key: bytes, seq: bytes, header: Buffer, payloads: Sequence[Buffer]) -> bytes:
-        sizes = [len(header), *(len(p) for p in payloads)] if payloads else [len(header), 0]
+    def _tag(key: bytes, seq: bytes, header: Buffer, lengths: Sequence[int]) -> bytes:
+        sizes = [len(header), *lengths] if lengths else [len(header), 0]
         return hmac.digest(key, seq + struct.pack(f"<{len(sizes)}Q", *sizes) + header, "sha256")
 
 
@@ -224,6 +261,17 @@ class Responder:
         while len(self._refused) > self._max_pending:
             self._refused.popitem(last=False)
         return auth_frame(AuthKind.RESET)
+
+    def open_seal(self, peer: str, header: Buffer, seal: Buffer) -> list[int]:
+        """The payload lengths that peer's seal declares (Session.open_seal), under its established
+        session only; raises AuthError (NOT_AUTHENTICATED while a new handshake of peer's is pending:
+        its message must be received whole and opened by open())."""
+        session = self._sessions.get(peer)
+        if session is None or peer in self._pending:
+            raise AuthError(DropReason.NOT_AUTHENTICATED, "no established session")
+        lengths = session.open_seal(header, seal)
+        self._sessions.move_to_end(peer)
+        return lengths
 
     def session(self, peer: str) -> Session | None:
         return self._sessions.get(peer)

@@ -1,8 +1,8 @@
 """The ZMQ link: a DEALER socket per decode node on the send side, one ROUTER on the receive side.
 
-Send side: payload frames alias pool blocks (copy=False); the last one of a tracked message
-carries a zmq tracker, done once libzmq has released it. libzmq releases the parts of the messages
-queued on one connection in order (its encoder takes the next part once one is written, and a
+Send side: payload frames alias pool blocks (copy=False); the last frame of a tracked message
+(its last payload, or the trailer after them) carries a zmq tracker, done once libzmq has
+released it. libzmq releases the parts of the messages queued on one connection in order (its encoder takes the next part once one is written, and a
 closing pipe drops them in order), so that tracker also covers every payload sent before it on
 that connection: the Sender tracks one message per send_blocks call, as a tracker costs ~40 us
 of Python (an Event and the tracker object). The send high-water mark gives backpressure: a send blocks while
@@ -11,10 +11,12 @@ The routing id is node_id/<64 random bits> per connection, so a restarted or rec
 is a new peer to the receiver, and no other process can guess it to take the connection's place.
 
 Receive side: peers are told apart by their routing id; frames arrive as [routing id, header,
-payload*, trailer]. A payload is copied once, from libzmq's buffer into its pool block: by
-recv_into, frame by frame, when the Lander (ReceiverCore.landing) names its slot from the header
-(each frame's buffer is freed as soon as it is copied, so the next frames libzmq allocates reuse
-warm memory); else the message is received whole with copy=False and the sink copies it. libzmq disconnects a peer that sends a frame above the
+seal, payload*] (or [routing id, header, payload*, trailer] from a sender before the seal). A
+payload is copied once, from libzmq's buffer into its pool block: by recv_into, frame by frame,
+when the Lander (ReceiverCore.landing) names its slot from the header and the seal, whose MAC it
+has checked (each frame's buffer is freed as soon as it is copied, so the next frames libzmq
+allocates reuse warm memory); else the message is received whole with copy=False and the sink
+copies it. libzmq disconnects a peer that sends a frame above the
 maximum message size; the receive high-water mark bounds what one peer can queue.
 
 Both ends speak ZMTP PLAIN (kvtransport.zmtp_auth): the ROUTER reads nothing from a connection
@@ -77,10 +79,10 @@ class ZmqSendLink(SendLink):
             raise TransportError(f"{endpoint} not draining: send blocked {self._send_timeout}s") from None
 
     def send_tracked(self, endpoint: str, frames: list[Buffer]) -> Completion:
-        *head, last, trailer = frames
-        payload = zmq.Frame(last, copy=False, track=True)
-        self.send(endpoint, [*head, payload, trailer])
-        return payload.tracker
+        *head, last = frames        # released after every frame before it (see above)
+        tracked = zmq.Frame(last, copy=False, track=True)
+        self.send(endpoint, [*head, tracked])
+        return tracked.tracker
 
     def try_send(self, endpoint: str, frames: list[Buffer]) -> None:
         try:
@@ -157,25 +159,22 @@ class ZmqReceiveLink(ReceiveLink):
         """The rest of one message from peer (libzmq hands a multipart message over whole: every
         frame is here). Payload frames go straight into the lander's slots when it has them."""
         sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
-        if not more():
-            return self._handle(peer, [])
-        header = sock.recv(zmq.NOBLOCK, copy=False).buffer
-        landing = self._lander.landing(peer, header) if self._lander is not None and more() else None
+        frames: list[Buffer] = []
+        while more() and len(frames) < 2:       # the header, and the seal if it is one
+            frames.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
+        landing = self._lander.landing(peer, *frames) if self._lander is not None and more() else None
         if landing is None:
             rest = sock.recv_multipart(zmq.NOBLOCK, copy=False) if more() else []
-            return self._handle(peer, [header, *(f.buffer for f in rest)])
+            return self._handle(peer, [*frames, *(f.buffer for f in rest)])
         sizes: list[int] = []
         start = time.perf_counter()
         for slot in landing.slots:
-            sizes.append(sock.recv_into(slot, flags=zmq.NOBLOCK))   # one copy; a longer frame is cut
-            if not more():                  # that was the last frame: the trailer, fewer payloads
-                trailer = bytes(slot[:min(sizes.pop(), len(slot))])
+            if not more():
                 break
-        else:                               # the trailer, after any frames past the slots
-            *extra, last = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            sizes += [len(f) for f in extra]
-            trailer = last.buffer
-        self._lander.landed(peer, landing, sizes, trailer, time.perf_counter() - start)
+            sizes.append(sock.recv_into(slot, flags=zmq.NOBLOCK))   # one copy; a longer frame is cut
+        if more():                                                  # frames past the slots: sizes only
+            sizes += [len(f) for f in sock.recv_multipart(zmq.NOBLOCK, copy=False)]
+        self._lander.landed(peer, landing, sizes, time.perf_counter() - start)
 
     def take_refused(self) -> list[str]:
         return self._guard.take_refused()

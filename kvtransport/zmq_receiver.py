@@ -23,7 +23,8 @@ class ZmqReceiver(Receiver):
     are wire blocks (every kv head), else through `sink` (e.g. a BlockWriterSink).
 
     A peer may queue hwm messages (RCVHWM), and no more than max_queue_bytes of messages of the
-    max_batch_bytes announced to it (one message at least): 16 x 16 MiB by default, not 64."""
+    max_batch_bytes announced to it, or of one block where that is larger (a message carries one
+    block at least), and one message at least: 16 x 16 MiB by default, not 64."""
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
@@ -34,7 +35,8 @@ class ZmqReceiver(Receiver):
             raise ValueError(f"max_queue_bytes must be positive, got {max_queue_bytes}")
         # libzmq applies MAXMSGSIZE to each frame, and a BlockBatch carries one frame per block:
         # no frame larger than a block is buffered from anyone, authenticated or not
+        message_bytes = max(max_batch_bytes, identity.layout.block_nbytes)
         link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes,
-                              recv_hwm=max(1, min(hwm, max_queue_bytes // max(1, max_batch_bytes))))
+                              recv_hwm=max(1, min(hwm, max_queue_bytes // message_bytes)))
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout,
                          max_batch_bytes=max_batch_bytes)

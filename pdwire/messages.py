@@ -59,6 +59,7 @@ class HelloAck:
     reason: str = ""
     max_batch_bytes: int = OLD_ACK_BATCH_BYTES   # payload bytes of one BlockBatch D takes (one block at least)
     layer_slices: bool = False  # D takes LayerBatch (its pool holds every kv head of a block)
+    sealed_first: bool = False  # D reads payload messages as [header, seal, payload*] (kvtransport.session)
 
     def __post_init__(self) -> None:
         _coerce_identity(self)
@@ -66,6 +67,7 @@ class HelloAck:
         check_str(self.reason, "reason")
         check_int(self.max_batch_bytes, "max_batch_bytes", lo=1, hi=BATCH_BYTES_LIMIT)
         check_bool(self.layer_slices, "layer_slices")
+        check_bool(self.sealed_first, "sealed_first")
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from kvtransport.events import TransferCommitted
+from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.fake import FakeNetwork, FakeReceiver, FakeSender, FaultPlan, ManualClock
 from kvtransport.metrics import DropReason
 from kvtransport.payload import block_bytes
@@ -215,3 +215,21 @@ def test_call_of_several_messages_lands_and_is_sent(cap):
     finally:
         send.close()
         recv.close()
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_failed_first_write_fails_its_transfer_at_once(batched, monkeypatch):
+    """The sink fails the first write of a transfer (not yet claimed: mark_written claims): the
+    transfer fails with CHANNEL_BROKEN at once, not at its lease's end, and the peer is dropped."""
+    env = Env()
+    env.reserve()
+    sink = env.recv._core._sink
+    broken = lambda *a: (_ for _ in ()).throw(RuntimeError("link down"))   # noqa: E731
+    monkeypatch.setattr(sink, "write_many" if batched else "write", broken)
+    if batched:
+        _ship_batch(env, commit=False)
+    else:
+        env.ship(indices=(1,), commit=False)
+    env.run(1.0)
+    assert [(type(e), e.xfer_id, e.reason) for e in env.events] == [(TransferFailed, "x1", FailReason.CHANNEL_BROKEN)]
+    assert env.recv.ledger.live_xfers() == [] and env.recv.metrics.blocks_written == 0

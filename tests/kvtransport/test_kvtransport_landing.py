@@ -10,6 +10,8 @@ import torch
 from kvtransport.events import TransferCommitted
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
+from kvtransport.session import SEQ_LEN, TRAILER_LEN
+from pdwire.messages import encode
 from tests.kvtransport.test_kvtransport_zmq import (DST_IDS, NUM_TOKENS, SRC_IDS, _connect, _events, _pair,
                                                     _until, _written_exactly)
 
@@ -48,35 +50,48 @@ def test_block_frames_and_batches_land_without_the_sink(monkeypatch):
         _close(recv, send)
 
 
+def _sealed(send, ep, header, declared, payloads, flip_mac=False):
+    """[header, seal, *payloads] from send's session with ep: a seal declaring `declared`."""
+    hdr = encode(header)
+    seal = send._core._links[ep].session.seal_first(hdr, declared)
+    if flip_mac:
+        seal = seal[:SEQ_LEN] + bytes([seal[SEQ_LEN] ^ 1]) + seal[SEQ_LEN + 1:]
+    return [hdr, seal, *payloads]
+
+
 def _bad(kind, header, block):
-    """(header, payload frames) of a bad message of one kind, for blocks 1 and 2 of x1."""
-    two = [block, block]
+    """(header, declared lengths, payload frames) of a bad message of one kind, for blocks 1, 2 of x1."""
+    n = header.nbytes
     return {
-        "short payload": (header, [block, block[:-1]]),
-        "long payload": (header, [block, bytes(block) + b"\x00" * 64]),        # cut to its slot
-        "header nbytes": (replace(header, nbytes=header.nbytes - 8), two),     # no landing: whole
-        "fewer payloads": (header, [block]),                                   # trailer in a slot
-        "more payloads": (header, [block, block, block]),
-        "unreserved": (replace(header, block_ids=(DST_IDS[1], 1)), two),      # block 1: not x1's
+        "short payload": (header, [n, n], [block, block[:-1]]),
+        "long payload": (header, [n, n], [block, bytes(block) + b"\x00" * 64]),     # cut to its slot
+        "fewer payloads": (header, [n, n], [block]),
+        "more payloads": (header, [n, n], [block, block, block]),
+        "declared lengths": (header, [n, n - 8], [block, block[:-8]]),       # the seal's, not the header's
+        "header nbytes": (replace(header, nbytes=n - 8), [n - 8] * 2, [block[:-8]] * 2),
+        "unreserved": (replace(header, block_ids=(DST_IDS[1], 1)), [n, n], [block, block]),   # 1: not x1's
     }[kind]
 
 
 @pytest.mark.parametrize("kind, reason, direct", [
     ("short payload", DropReason.BAD_NBYTES, True),
     ("long payload", DropReason.BAD_NBYTES, True),
-    ("header nbytes", DropReason.BAD_NBYTES, False),
     ("fewer payloads", DropReason.BAD_NBYTES, True),
     ("more payloads", DropReason.BAD_NBYTES, True),
+    ("declared lengths", DropReason.BAD_NBYTES, False),
+    ("header nbytes", DropReason.BAD_NBYTES, False),
     ("unreserved", DropReason.NOT_RESERVED, False),
-    ("bad MAC", DropReason.BAD_MAC, True),
-    ("replay", DropReason.REPLAY, False),          # its blocks are written: received whole
+    ("bad MAC", DropReason.BAD_MAC, False),
+    ("replay", DropReason.REPLAY, False),          # its first copy lands: received into the slots
 ])
 def test_bad_batch_from_a_paired_peer_is_dropped_and_the_transfer_commits(kind, reason, direct, monkeypatch):
-    """A sealed BlockBatch from the paired sender with a payload frame that does not match its
-    header (short, long, missing, extra), a header that does not match the layout or the
-    reservation, a wrong MAC, or a replay: dropped once with its reason, no block is counted
-    written, nothing outside the reserved blocks changes, and the real blocks then commit.
-    `direct`: its payloads went into the slots (the header passed every check) before the drop."""
+    """A BlockBatch [header, seal, payload*] from the paired sender with payload frames that do
+    not match the lengths its seal declares (short, long, missing, extra), declared lengths or a
+    header that do not match the layout or the reservation, a wrong MAC, or a replay: dropped
+    once with its reason, no block is counted written, and the real blocks then commit.
+    `direct`: its seal verified, so its payloads went into the slots before the drop (bytes of
+    the authenticated peer, in its own reserved blocks only); every other one wrote no byte at
+    all into the pool: the MAC and every check come before the first payload byte."""
     src, dst, recv, send = _setup()
     before = dst.clone()
     core, landed = recv._core, []
@@ -85,28 +100,34 @@ def test_bad_batch_from_a_paired_peer_is_dropped_and_the_transfer_commits(kind, 
         ep = recv.endpoint
         header = send._core.batch_header("x1", [1, 2], [DST_IDS[1], DST_IDS[2]], src)
         garbage = memoryview(torch.full((header.nbytes,), 0xEE, dtype=torch.uint8).numpy())
+        n = header.nbytes
         if kind == "bad MAC":
-            *frames, trailer = send._core.pack(ep, header, garbage, garbage)
-            send._link.send(ep, [*frames, trailer[:-1] + bytes([trailer[-1] ^ 1])])
+            send._link.send(ep, _sealed(send, ep, header, [n, n], [garbage, garbage], flip_mac=True))
         elif kind == "replay":
             frames = send._core.pack(ep, header, *send._channel.inline_many(src, [SRC_IDS[1], SRC_IDS[2]]))
+            assert len(frames[1]) == TRAILER_LEN + 16         # the seal, with the two lengths
             send._link.send(ep, frames)
             assert _until(recv, lambda: recv.metrics.blocks_written == 2) == []
-            send._link.send(ep, [*frames[:-3], garbage, garbage, frames[-1]])     # same sizes, same MAC
+            before = dst.clone()
+            send._link.send(ep, [*frames[:2], garbage, garbage])      # same seal, other bytes
         else:
-            bad_header, payloads = _bad(kind, header, garbage)
-            send._link.send(ep, send._core.pack(ep, bad_header, *payloads))
+            bad_header, declared, payloads = _bad(kind, header, garbage)
+            send._link.send(ep, _sealed(send, ep, bad_header, declared, payloads))
         assert _until(recv, lambda: recv.metrics.drops == Counter({reason: 1})) == []
         assert recv.metrics.blocks_written == (2 if kind == "replay" else 0)
         assert len(landed) == (kind == "replay") + direct
-        assert same_outside(dst, before, {DST_IDS[1], DST_IDS[2]})
+        if direct:
+            assert same_outside(dst, before, {DST_IDS[1], DST_IDS[2]})
+        else:
+            assert dst.equal(before)         # every byte of the pool, reserved blocks included
         indices = range(3 if kind == "replay" else 1, 6)
         ids = list(indices)
         send.send_blocks("x1", ids, [DST_IDS[i] for i in ids], src, [SRC_IDS[i] for i in ids])
         send.commit("x1", 777, NUM_TOKENS)
         (ev,) = _events(recv)
         assert isinstance(ev, TransferCommitted) and recv.metrics.blocks_written == 5
-        assert _written_exactly(dst, before, src) and recv.metrics.drops == Counter({reason: 1})
+        assert _written_exactly(dst, before, src)
+        assert recv.metrics.drops == Counter({reason: 1})
     finally:
         _close(recv, send)
 
@@ -132,5 +153,37 @@ def test_layer_slices_land_in_their_layers_only(monkeypatch):
         send.commit("x1", 777, NUM_TOKENS)
         (ev,) = _events(recv)
         assert isinstance(ev, TransferCommitted) and _written_exactly(dst, before, src)
+    finally:
+        _close(recv, send)
+
+
+@pytest.mark.parametrize("old", ["sender", "receiver"])
+def test_payloads_first_either_way_transfer_bit_exactly(old, monkeypatch):
+    """A sender from before the seal (it ignores the HelloAck's sealed_first) with this receiver,
+    and this sender with a receiver that does not announce the seal: every payload message goes
+    [header, payload*, trailer], the receiver takes it whole (nothing lands before its MAC is
+    checked), and the transfer commits bit-exactly."""
+    src, dst, recv, send = _pair("tcp")
+    before, landed, sent = dst.clone(), [], []
+    if old == "receiver":
+        recv._core.sealed_first = False
+    monkeypatch.setattr(recv._core, "landed", lambda *a: landed.append(a))
+    monkeypatch.setattr(send._link, "send", lambda ep, frames: sent.append(frames) or
+                        type(send._link).send(send._link, ep, frames))
+    try:
+        _connect(send, recv)
+        if old == "sender":
+            send._core._links[recv.endpoint].sealed_first = False
+        recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
+        send.begin("x1", recv.endpoint)
+        send.send_block("x1", 1, DST_IDS[1], src, SRC_IDS[1])
+        ids = [2, 3, 4, 5]
+        send.send_blocks("x1", ids, [DST_IDS[i] for i in ids], src, [SRC_IDS[i] for i in ids])
+        send.commit("x1", 777, NUM_TOKENS)
+        (ev,) = _events(recv)
+        assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter()
+        assert _written_exactly(dst, before, src) and landed == []
+        with_payloads = [f for f in sent if len(f) > 2]
+        assert len(with_payloads) == 2 and all(len(f[-1]) == TRAILER_LEN for f in with_payloads)
     finally:
         _close(recv, send)

@@ -29,6 +29,7 @@ EXAMPLES = [
     Reserve("req-" + "x" * 124, 40, (b"\x00" * 16, b"\xff" * 16), 256),
     Reserved("req-1", "d0-1f-7", (4, 9, 2), 1),
     Busy("req-1", "no free blocks", 50),
+    HelloAck(IDENT, True, "", 16 << 20, True, True),     # a receiver that reads the seal first
 ]
 
 
@@ -105,6 +106,7 @@ def test_hello_ack_from_before_max_batch_bytes_takes_the_old_cap():
     """A HelloAck without max_batch_bytes (a receiver from before it) means OLD_ACK_BATCH_BYTES."""
     ack = decode(_envelope("hello_ack", [IDENT.to_wire(), True, ""]))
     assert ack == HelloAck(IDENT, True) and ack.max_batch_bytes == OLD_ACK_BATCH_BYTES == 4 << 20
+    assert not ack.sealed_first            # nor the seal: a sender puts payloads first
 
 
 def test_constructing_an_invalid_message_raises():
@@ -193,12 +195,28 @@ def test_several_payloads_round_trip_and_their_lengths_are_sealed():
 
 
 def test_oversize_payload_is_rejected():
-    """Payloads above the framer's cap, alone or together, are dropped as OVERSIZE."""
+    """Payloads above the framer's cap, alone or together, in either order, are dropped as
+    OVERSIZE; at the cap they unpack."""
     framer, (ours, theirs) = Framer(max_payload_bytes=64), session_pair()
-    for payloads in ([b"\x00" * 65], [b"\x00" * 40, b"\x00" * 25]):
-        with pytest.raises(FrameError) as e:
-            framer.unpack(theirs, framer.pack_many(ours, EXAMPLES[4], payloads))
-        assert e.value.reason is DropReason.OVERSIZE
+    for sealed_first in (False, True):
+        for payloads in ([b"\x00" * 65], [b"\x00" * 40, b"\x00" * 25], [b"\x00" * 48, b"\x00" * 17]):
+            with pytest.raises(FrameError) as e:
+                framer.unpack(theirs, framer.pack_many(ours, EXAMPLES[4], payloads, sealed_first))
+            assert e.value.reason is DropReason.OVERSIZE
+        got = framer.unpack(theirs, framer.pack_many(ours, EXAMPLES[5], [b"a" * 48, b"b" * 16], sealed_first))
+        assert [bytes(p) for p in got.payloads] == [b"a" * 48, b"b" * 16]
+
+
+def test_sealed_first_frames_put_the_seal_before_the_payloads():
+    """pack_many(sealed_first=True): [header, seal, *payloads], which unpacks; without payloads
+    the message is [header, trailer] either way."""
+    framer, (ours, theirs) = Framer(), session_pair()
+    frames = framer.pack_many(ours, EXAMPLES[5], [b"a" * 300, b"b" * 100], sealed_first=True)
+    assert len(frames) == 4 and len(frames[1]) == TRAILER_LEN + 16 and frames[2:] == [b"a" * 300, b"b" * 100]
+    got = framer.unpack(theirs, frames)
+    assert got.msg == EXAMPLES[5] and [bytes(p) for p in got.payloads] == [b"a" * 300, b"b" * 100]
+    frames = framer.pack_many(ours, EXAMPLES[0], [], sealed_first=True)
+    assert len(frames) == 2 and len(frames[1]) == TRAILER_LEN and framer.unpack(theirs, frames).msg == EXAMPLES[0]
 
 
 def session_pair(secret: bytes = b"s" * 32) -> tuple[Session, Session]:

@@ -3,8 +3,8 @@ import pytest
 
 from kvtransport.fake import ManualClock
 from kvtransport.metrics import DropReason
-from kvtransport.session import (REPLAY_WINDOW, AuthError, AuthKind, Initiator, Responder, Session,
-                                 auth_frame, parse_auth_frame)
+from kvtransport.session import (REPLAY_WINDOW, SEQ_LEN, TRAILER_LEN, AuthError, AuthKind, Initiator,
+                                 Responder, Session, auth_frame, parse_auth_frame)
 
 SECRET = b"k" * 32
 
@@ -140,3 +140,53 @@ def test_a_jump_in_sequence_numbers_costs_nothing():
     with pytest.raises(AuthError) as e:
         r.open(first)
     assert e.value.reason is DropReason.REPLAY
+
+
+def _reason(fn, *args):
+    with pytest.raises(AuthError) as e:
+        fn(*args)
+    return e.value.reason
+
+
+def test_the_seal_goes_first_and_its_lengths_are_checked_before_and_after_the_payloads():
+    """[header, seal, *payloads]: open_seal verifies the MAC over the header and the declared
+    lengths (no payload needed) and returns them; open() of the whole message also compares the
+    payloads with them (BAD_NBYTES). A changed length, header or tag is BAD_MAC and takes no
+    sequence number; a second copy is a REPLAY."""
+    ours, theirs = _pair()
+    seal = ours.seal_first(b"hdr", [300, 100])
+    assert len(seal) == TRAILER_LEN + 16
+    assert _reason(theirs.open_seal, b"hdr", seal[:-8] + (101).to_bytes(8, "little")) is DropReason.BAD_MAC
+    assert _reason(theirs.open_seal, b"hdX", seal) is DropReason.BAD_MAC
+    assert _reason(theirs.open_seal, b"hdr", seal[:TRAILER_LEN]) is DropReason.BAD_MAC     # no lengths
+    tag_flipped = seal[:SEQ_LEN] + bytes([seal[SEQ_LEN] ^ 1]) + seal[SEQ_LEN + 1:]
+    assert _reason(theirs.open, [b"hdr", tag_flipped, b"a" * 300, b"b" * 100]) is DropReason.BAD_MAC
+    assert theirs.open_seal(b"hdr", seal) == [300, 100]
+    assert _reason(theirs.open, [b"hdr", seal, b"a" * 300, b"b" * 100]) is DropReason.REPLAY
+    assert theirs.open([b"hdr", ours.seal_first(b"hdr", [3]), b"abc"]) == [b"hdr", b"abc"]
+    for payloads in ([b"a" * 300], [b"a" * 300, b"b" * 99], [b"a" * 300, b"b" * 100, b"c"]):
+        bad = [b"hdr", ours.seal_first(b"hdr", [300, 100]), *payloads]
+        assert _reason(theirs.open, bad) is DropReason.BAD_NBYTES
+    with pytest.raises(ValueError):
+        ours.seal_first(b"hdr", [])
+
+
+def test_the_older_order_still_opens_even_when_a_payload_looks_like_a_seal():
+    """[header, payload*, trailer] from a sender before the seal opens by its trailer, also when
+    its first payload has a seal's shape (its MAC fails as a seal, taking nothing)."""
+    ours, theirs = _pair()
+    for first in (b"x" * (TRAILER_LEN + 8), b"y" * 4096):
+        frames = [b"hdr", first, b"z" * 16, ours.seal(b"hdr", first, b"z" * 16)]
+        assert theirs.open(frames) == frames[:-1]
+
+
+def test_a_responder_opens_a_seal_only_under_an_established_session_without_a_pending_one():
+    clock, initiator = ManualClock(), Initiator(SECRET)
+    responder = Responder(SECRET, clock=clock)
+    session = initiator.on_challenge(parse_auth_frame([responder.challenge("p", parse_auth_frame(
+        [initiator.hello()])[1])])[1])
+    assert _reason(responder.open_seal, "p", b"h", session.seal_first(b"h", [1])) is DropReason.NOT_AUTHENTICATED
+    responder.open("p", [b"hello", session.seal(b"hello")])
+    assert responder.open_seal("p", b"h", session.seal_first(b"h", [5])) == [5]
+    responder.challenge("p", b"n" * 16)               # a new handshake on that connection
+    assert _reason(responder.open_seal, "p", b"h", session.seal_first(b"h", [1])) is DropReason.NOT_AUTHENTICATED

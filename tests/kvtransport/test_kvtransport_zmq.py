@@ -25,6 +25,7 @@ from kvtransport.zmtp_auth import plain_client
 pytestmark = pytest.mark.timeout(60)
 
 GEOM = dict(num_blocks=16, num_layers=2, block_size=16, num_kv_heads=2, head_dim=32)
+BLOCK_NBYTES = 2 * 2 * 16 * 2 * 32 * 4      # one block of GEOM in float32: 16 KiB
 DST_IDS = (9, 3, 12, 0, 7, 5)           # block 9 is a cached prefix: not shipped
 SRC_IDS = (1, 2, 3, 4, 5, 6)
 NUM_TOKENS = 5 * 16 + 7                 # the last block is partial
@@ -264,10 +265,12 @@ def test_backpressure_raises_when_receiver_stops_draining():
     (256 << 20, 16 << 20, 64, 16),        # the default budget: 16 messages of 16 MiB, not 64
     (256 << 20, 4 << 20, 64, 64),         # small batches: hwm is the bound
     (8 << 20, 16 << 20, 64, 1),           # a budget below one message: one message
+    (3 * BLOCK_NBYTES, BLOCK_NBYTES // 4, 64, 3),   # a message carries one block at least
 ])
 def test_receive_queue_is_bounded_in_bytes(queue_bytes, batch_bytes, hwm, want):
     """RCVHWM counts messages: a peer may queue at most max_queue_bytes of messages of the
-    batch bytes it was told (one message at least), and never more than hwm; replies keep hwm."""
+    batch bytes it was told, or of one block if that is larger (one message at least), and
+    never more than hwm; replies keep hwm."""
     dst = make_pool(seed=None, **GEOM)
     recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=hwm,
                        max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes)
