@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from engine.builtin import BUILTIN_MODEL_PATH
+from pdwire.messages import Reserved
 from pdwire.sampling_params import SamplingParams
 from router.config import RouterConfig
 from router.cluster.disaggregated import DisaggregatedBackend
@@ -150,29 +151,63 @@ def _prefills(backend: DisaggregatedBackend) -> dict[str, float]:
 def test_decode_node_stopped_mid_stream_says_goodbye_and_its_request_moves_at_once(model_dir):
     """SIGTERM to the decode node serving a request: the node's goodbye reaches the router, which
     moves the request at once (the issue's bar is 1 s; the heartbeat timeout here is 60 s and never
-    comes into it), and the client still gets transformers' exact greedy output."""
+    comes into it), and the client still gets transformers' exact greedy output.
+
+    The node is held (SIGSTOP) from its reservation to the SIGTERM, so it still has the request
+    then, whatever the machine's load: free, it decodes the 120 tokens in ~0.1 s, and a router that
+    saw the first token late (descheduled) stopped an idle node, whose goodbye raced the end of a
+    request that never moved."""
     path, hf_model = model_dir
     prompt, max_tokens = PROMPTS[0], 120
 
     async def test(backend, nodes):
-        stopped, losses = [], []
-        lost = backend.on_node_lost
+        await _prefill_node_paired_with_both_decode_nodes(backend)
+        processes = {n.node_id: n.process for n in nodes}
+        held, stopped, losses = [], [], []
+        lost, heard = backend.on_node_lost, backend.on_request_message
         backend.on_node_lost = lambda node_id, loss: (losses.append((node_id, str(loss), time.monotonic())),
                                                       lost(node_id, loss))
 
+        def hold_decode_node(node_id: str, msg) -> bool:
+            """D reserved the request: stopped before P is asked for its blocks, it decodes nothing."""
+            if isinstance(msg, Reserved) and msg.rid == "g" and not held:
+                processes[node_id].send_signal(signal.SIGSTOP)
+                held.append(node_id)
+            return heard(node_id, msg)
+        backend.on_request_message = hold_decode_node
+
         def stop_decode_node(output) -> None:
-            if not stopped and output.outputs[0].token_ids:
+            if not stopped and output.outputs[0].token_ids:     # P's first token; D holds the rest
                 decode_id = backend.placement("g")[0][1]
-                next(n.process for n in nodes if n.node_id == decode_id).send_signal(signal.SIGTERM)
+                assert decode_id == held[0] and not output.finished
+                processes[decode_id].send_signal(signal.SIGTERM)    # pending until it runs again
+                processes[decode_id].send_signal(signal.SIGCONT)
                 stopped.append((decode_id, time.monotonic()))
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         out = await _collect(backend, "g", prompt, params, stop_decode_node)
         assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, max_tokens)
         assert losses[0][:2] == (stopped[0][0], "said goodbye (SIGTERM)")
+        moved = [(s.labels, s.value) for m in backend.collectors()[1].collect() for s in m.samples
+                 if s.name.endswith("_total")]
+        assert moved == [({"cause": "goodbye", "how": "reprefill"}, 1.0)]
         print(f"goodbye reached the router {losses[0][2] - stopped[0][1]:.3f} s after SIGTERM")
         assert losses[0][2] - stopped[0][1] < 2.0          # the bar is 1 s; twice that on a loaded machine
-    _with_cluster(path, RouterConfig(heartbeat_timeout_s=60.0), ClusterConfig(1, 2), test)
+    _with_cluster(path, RouterConfig(heartbeat_timeout_s=60.0, local_prefill_tokens=0), ClusterConfig(1, 2), test)
+
+
+async def _prefill_node_paired_with_both_decode_nodes(backend: DisaggregatedBackend, timeout: float = 10.0) -> None:
+    """Two requests at once, one on each decode node (a burst spreads): the prefill node has paired
+    with both (a pairing needs the decode node to answer, so one held later must be paired before)."""
+    from pdwire.control import KV_COUNTERS
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    await asyncio.gather(*(_collect(backend, f"w{i}", p, params) for i, p in enumerate(PROMPTS[1:])))
+    deadline = time.monotonic() + timeout
+    while sorted(m.node_id for m in backend.metrics()
+                 if m.role == "decode" and dict(zip(KV_COUNTERS, m.kv)).get("kv_transfers_done")) != \
+            ["decode-0", "decode-1"]:
+        assert time.monotonic() < deadline, "the warm-up requests did not reach both decode nodes"
+        await asyncio.sleep(0.1)
 
 
 @pytest.mark.skipif(not os.path.isfile(os.path.join(BUILTIN_MODEL_PATH, "config.json")),
