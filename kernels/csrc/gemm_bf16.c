@@ -90,7 +90,9 @@ static void rows_block(const struct gemm_call *g, int rows, int64_t r0, int64_t 
 void gemm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
                int64_t out_stride, int64_t m, int64_t n, int64_t k, int num_threads) {
     const struct gemm_call g = {x, packed, bias, out, x_stride, out_stride, m, n, k, (k + 1) / 2 * TILE_N * 2 * 2, 0};
-    gemm_run(&g, rows_block, num_threads);
+    int64_t done = 0;
+#pragma omp parallel num_threads(num_threads)
+    gemm_thread(&g, rows_block, &done);
 }
 #else
 int gemm_bf16_supported(void) { return 0; }

@@ -67,7 +67,9 @@ static void rows_block(const struct gemm_call *g, int rows, int64_t r0, int64_t 
 void gemm_f32(const float *x, int64_t x_stride, const float *packed, const float *bias, float *out,
               int64_t out_stride, int64_t m, int64_t n, int64_t k, int num_threads) {
     const struct gemm_call g = {x, packed, bias, out, x_stride, out_stride, m, n, k, k * TILE_N * 4, 1};
-    gemm_run(&g, rows_block, num_threads);
+    int64_t done = 0;
+#pragma omp parallel num_threads(num_threads)
+    gemm_thread(&g, rows_block, &done);
 }
 #else
 int gemm_f32_supported(void) { return 0; }

@@ -54,7 +54,7 @@ static inline __attribute__((always_inline)) void tile_masks(int cols, __mmask16
 
 /* One task: rows [c0, c0 + rows) times tile t, in register blocks, each block prefetching its
  * share of tile t + 1. */
-static inline void gemm_task(const struct gemm_call *g, gemm_block_fn block, int64_t c0, int64_t rows, int64_t t) {
+static inline __attribute__((always_inline)) void gemm_task(const struct gemm_call *g, gemm_block_fn block, int64_t c0, int64_t rows, int64_t t) {
     const int64_t tiles = (g->n + TILE_N - 1) / TILE_N;
     const int cols = (int)(g->n - t * TILE_N < TILE_N ? g->n - t * TILE_N : TILE_N);
     const int64_t blocks = (rows + MAX_ROWS - 1) / MAX_ROWS;
@@ -70,27 +70,28 @@ static inline void gemm_task(const struct gemm_call *g, gemm_block_fn block, int
     }
 }
 
-/* Every task of the call on num_threads threads: guided, the caller spinning (bounded) at the end. */
-static inline void gemm_run(const struct gemm_call *g, gemm_block_fn block, int num_threads) {
+/* One thread's part of a call's tasks: call it inside `#pragma omp parallel` in each GEMM, with
+ * its block function (a constant there, so the call is direct once inlined into the region's
+ * outlined body) and a shared count of finished tasks starting at 0. The tasks go out guided
+ * (an orphaned `omp for`, bound to the caller's region); then the caller spins, bounded, for
+ * the others' last tasks. */
+static inline __attribute__((always_inline)) void gemm_thread(const struct gemm_call *g, gemm_block_fn block,
+                                                              int64_t *done) {
     const int64_t m = g->m, tiles = (g->n + TILE_N - 1) / TILE_N, chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
-    int64_t done = 0;       /* tasks finished */
-#pragma omp parallel num_threads(num_threads)
-    {
-        int64_t mine = 0;
+    int64_t mine = 0;
 #pragma omp for collapse(2) schedule(guided) nowait
-        for (int64_t c = 0; c < chunks; c++) {
-            for (int64_t t = 0; t < tiles; t++) {
-                const int64_t c0 = m * c / chunks;      /* near-equal row chunks */
-                gemm_task(g, block, c0, m * (c + 1) / chunks - c0, t);
-                mine++;
-            }
+    for (int64_t c = 0; c < chunks; c++) {
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t c0 = m * c / chunks;      /* near-equal row chunks */
+            gemm_task(g, block, c0, m * (c + 1) / chunks - c0, t);
+            mine++;
         }
-        __atomic_fetch_add(&done, mine, __ATOMIC_RELEASE);
-        if (omp_get_thread_num() == 0)
-            for (const uint64_t until = __rdtsc() + SPIN_TICKS;
-                 __atomic_load_n(&done, __ATOMIC_ACQUIRE) < chunks * tiles && __rdtsc() < until;)
-                _mm_pause();
     }
+    __atomic_fetch_add(done, mine, __ATOMIC_RELEASE);
+    if (omp_get_thread_num() == 0)
+        for (const uint64_t until = __rdtsc() + SPIN_TICKS;
+             __atomic_load_n(done, __ATOMIC_ACQUIRE) < chunks * tiles && __rdtsc() < until;)
+            _mm_pause();
 }
 
 #endif
