@@ -7,7 +7,7 @@
     kernels/csrc/gemm_f32.c --------------------------------------------> <cache>/gemm_f32-<key>.so
     kernels/csrc/argmax.c ----------------------------------------------> <cache>/argmax-<key>.so
 
-The key hashes the source, the shared header (csrc/common.h), the flags, the compiler's version
+The key hashes the source, the shared headers (csrc/*.h), the flags, the compiler's version
 and this CPU's feature flags, so an edited kernel, another compiler or another machine sharing
 the cache never loads a stale build.
 The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
@@ -148,7 +148,8 @@ def _build(name: str) -> str:
     src = os.path.join(_SRC_DIR, name + ".c")
     flags = _FLAGS + _EXTRA_FLAGS.get(name, [])
     sources = []
-    for path in (src, os.path.join(_SRC_DIR, "common.h")):
+    headers = sorted(f for f in os.listdir(_SRC_DIR) if f.endswith(".h"))
+    for path in (src, *(os.path.join(_SRC_DIR, h) for h in headers)):
         with open(path, "rb") as f:
             sources.append(f.read())
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout

@@ -9,11 +9,12 @@
  *
  * so one 64-byte load is 16 columns x one k pair, what vdpbf16ps multiplies against a row's k
  * pair broadcast as one 32-bit value (a row of x already holds its k pairs adjacent: no
- * repacking of the activations). A task is one tile x up to ROW_CHUNK rows; it walks its rows in
- * register blocks of up to MAX_ROWS rows x TILE_N / 16 vectors of 16 float32 accumulators (24
- * zmm registers), each block one pass over the tile's k pairs (the tile, 64 columns x k, stays
- * in L2 while the blocks re-read it). Rows are split into blocks of near-equal size (32 rows:
- * 6,6,5,5,5,5), never a block of 1 or 2 left over. Output rounded to bf16, round to nearest even.
+ * repacking of the activations). A register block is up to MAX_ROWS rows x TILE_N / 16 vectors
+ * of 16 float32 accumulators, one pass over the tile's k pairs; output rounded to bf16, round to
+ * nearest even. Tasks, register blocks, the next tile's prefetch and the parallel loop (guided,
+ * the caller spinning a bounded time at the end) are gemm_tasks.h's, shared with gemm_f32.c;
+ * here a task of one register block (<= MAX_ROWS rows) does not prefetch the next tile:
+ * streaming one tile once, prefetching the next as well measured 15% slower at 1 row.
  *
  * Built by kernels/cpu_kernels.py with -march=native: where the compiler does not target
  * AVX512-BF16 the file builds without the kernel and gemm_bf16_supported() returns 0.
@@ -22,10 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define TILE_N 64           /* columns per packed tile */
-#define VECS (TILE_N / 16)  /* accumulator vectors per row */
-#define MAX_ROWS 6          /* rows per register block: MAX_ROWS x VECS accumulators */
-#define ROW_CHUNK 96        /* rows per task (prefill: a chunk of x stays in L2 across tiles) */
+#include "gemm_tasks.h"
 
 int gemm_bf16_tile_n(void) { return TILE_N; }
 
@@ -37,23 +35,22 @@ static inline __attribute__((always_inline)) __m512 bias_vec(const uint16_t *bia
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-/* R rows of x (constant after inlining) times one packed tile; cols: the tile's valid columns.
- * Meanwhile it prefetches pf_lines cache lines from pf (a share of the next tile) into L2,
- * spread over its k pairs: tiles are contiguous, but the hardware prefetchers stop at each page's
- * end, and the next tile's first block would wait for memory. */
-static inline __attribute__((always_inline)) void block(const int R, const uint16_t *x, int64_t x_stride,
-                                                        const uint16_t *tile, int64_t k, const uint16_t *bias,
-                                                        uint16_t *out, int64_t out_stride, int cols, const char *pf,
-                                                        int64_t pf_lines) {
+/* R rows of x (constant after inlining) from row r0 times packed tile t (a gemm_block_fn). */
+static inline __attribute__((always_inline)) void block(const int R, const struct gemm_call *g, int64_t r0, int64_t t,
+                                                        int cols, const char *pf, int64_t pf_lines) {
+    const int64_t k = g->k, x_stride = g->x_stride, out_stride = g->out_stride, pairs = k / 2;
+    const uint16_t *x = (const uint16_t *)g->x + r0 * x_stride;
+    const uint16_t *tile = (const uint16_t *)g->packed + t * (g->tile_bytes / 2);
+    const uint16_t *bias = g->bias == NULL ? NULL : (const uint16_t *)g->bias + t * TILE_N;
+    uint16_t *out = (uint16_t *)g->out + r0 * out_stride + t * TILE_N;
     __m512 acc[MAX_ROWS][VECS];
     __mmask16 mask[VECS];
+    tile_masks(cols, mask);
     for (int v = 0; v < VECS; v++) {
-        const int left = cols - v * 16;
-        mask[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
         const __m512 init = bias == NULL ? _mm512_setzero_ps() : bias_vec(bias + v * 16, mask[v]);
         for (int r = 0; r < R; r++) acc[r][v] = init;
     }
-    const int64_t pairs = k / 2, pf_step = pairs > 0 ? (pf_lines + pairs - 1) / pairs : 0;
+    const int64_t pf_step = pairs > 0 ? (pf_lines + pairs - 1) / pairs : 0;
     for (int64_t p = 0; p < pairs; p++) {
         for (int64_t j = p * pf_step; j < (p + 1) * pf_step && j < pf_lines; j++) _mm_prefetch(pf + j * 64, _MM_HINT_T1);
         __m512i w[VECS];
@@ -79,11 +76,10 @@ static inline __attribute__((always_inline)) void block(const int R, const uint1
                                      (__m256i)_mm512_cvtneps_pbh(acc[r][v]));
 }
 
-static void rows_block(int rows, const uint16_t *x, int64_t x_stride, const uint16_t *tile, int64_t k,
-                       const uint16_t *bias, uint16_t *out, int64_t out_stride, int cols, const char *pf,
+static void rows_block(const struct gemm_call *g, int rows, int64_t r0, int64_t t, int cols, const char *pf,
                        int64_t pf_lines) {
     switch (rows) {
-#define CASE(R) case R: block(R, x, x_stride, tile, k, bias, out, out_stride, cols, pf, pf_lines); break;
+#define CASE(R) case R: block(R, g, r0, t, cols, pf, pf_lines); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #undef CASE
     }
@@ -93,31 +89,10 @@ static void rows_block(int rows, const uint16_t *x, int64_t x_stride, const uint
  * ceil(k / 2) * TILE_N * 2 elements; bias: [n] or NULL; out: [m, n] rows of stride out_stride. */
 void gemm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
                int64_t out_stride, int64_t m, int64_t n, int64_t k, int num_threads) {
-    const int64_t tiles = (n + TILE_N - 1) / TILE_N, chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
-    const int64_t tile_size = (k + 1) / 2 * TILE_N * 2;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
-    for (int64_t c = 0; c < chunks; c++) {
-        for (int64_t t = 0; t < tiles; t++) {
-            const int64_t c0 = m * c / chunks, rows = m * (c + 1) / chunks - c0;    /* near-equal chunks */
-            const int cols = (int)(n - t * TILE_N < TILE_N ? n - t * TILE_N : TILE_N);
-            const int64_t blocks = (rows + MAX_ROWS - 1) / MAX_ROWS;
-            /* the next tile (this thread's next task, schedule static) in shares of lines per block;
-             * not with one block (<= MAX_ROWS rows): streaming one tile once, prefetching the next
-             * as well measured 15% slower at 1 row */
-            const int64_t lines = t + 1 < tiles && blocks > 1 ? tile_size * 2 / 64 : 0;
-            const int64_t share = (lines + blocks - 1) / blocks;
-            const char *next = (const char *)(packed + (t + 1) * tile_size);
-            int64_t r0 = 0;
-            for (int64_t b = 0; b < blocks; b++) {
-                const int size = (int)((rows - r0 + (blocks - b) - 1) / (blocks - b));
-                const int64_t pf0 = b * share < lines ? b * share : lines;
-                rows_block(size, x + (c0 + r0) * x_stride, x_stride, packed + t * tile_size, k,
-                           bias == NULL ? NULL : bias + t * TILE_N, out + (c0 + r0) * out_stride + t * TILE_N,
-                           out_stride, cols, next + pf0 * 64, (lines - pf0 < share ? lines - pf0 : share));
-                r0 += size;
-            }
-        }
-    }
+    const struct gemm_call g = {x, packed, bias, out, x_stride, out_stride, m, n, k, (k + 1) / 2 * TILE_N * 2 * 2, 0};
+    int64_t done = 0;
+#pragma omp parallel num_threads(num_threads)
+    gemm_thread(&g, rows_block, &done);
 }
 #else
 int gemm_bf16_supported(void) { return 0; }
