@@ -31,6 +31,16 @@ def _close(recv, send):
     recv.close()
 
 
+
+def _send_five_and_commit(send, recv, src) -> None:
+    """Block 1 alone, blocks 2-5 as one batch, then the commit; the transfer must commit cleanly."""
+    send.send_block("x1", 1, DST_IDS[1], src, SRC_IDS[1])
+    ids = [2, 3, 4, 5]
+    send.send_blocks("x1", ids, [DST_IDS[i] for i in ids], src, [SRC_IDS[i] for i in ids])
+    send.commit("x1", 777, NUM_TOKENS)
+    (ev,) = _events(recv)
+    assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter()
+
 def test_block_frames_and_batches_land_without_the_sink(monkeypatch):
     """BlockFrame and BlockBatch payloads go into the pool by recv_into: the sink's own copy is
     never called, yet every block lands bit-exactly and the copy's time is counted."""
@@ -38,12 +48,7 @@ def test_block_frames_and_batches_land_without_the_sink(monkeypatch):
     before = dst.clone()
     monkeypatch.setattr(recv._core._sink, "write_many", lambda *a: pytest.fail("copied through the sink"))
     try:
-        send.send_block("x1", 1, DST_IDS[1], src, SRC_IDS[1])
-        ids = [2, 3, 4, 5]
-        send.send_blocks("x1", ids, [DST_IDS[i] for i in ids], src, [SRC_IDS[i] for i in ids])
-        send.commit("x1", 777, NUM_TOKENS)
-        (ev,) = _events(recv)
-        assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter()
+        _send_five_and_commit(send, recv, src)
         assert _written_exactly(dst, before, src)
         assert recv.metrics.blocks_written == 5 and recv.metrics.write_seconds > 0
     finally:
@@ -176,12 +181,7 @@ def test_payloads_first_either_way_transfer_bit_exactly(old, monkeypatch):
             send._core._links[recv.endpoint].sealed_first = False
         recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
         send.begin("x1", recv.endpoint)
-        send.send_block("x1", 1, DST_IDS[1], src, SRC_IDS[1])
-        ids = [2, 3, 4, 5]
-        send.send_blocks("x1", ids, [DST_IDS[i] for i in ids], src, [SRC_IDS[i] for i in ids])
-        send.commit("x1", 777, NUM_TOKENS)
-        (ev,) = _events(recv)
-        assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter()
+        _send_five_and_commit(send, recv, src)
         assert _written_exactly(dst, before, src) and landed == []
         with_payloads = [f for f in sent if len(f) > 2]
         assert len(with_payloads) == 2 and all(len(f[-1]) == TRAILER_LEN for f in with_payloads)
