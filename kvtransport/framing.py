@@ -9,8 +9,9 @@ session's sequence number and MAC; seal = the trailer and the payloads' lengths,
 first: [header, payload, ..., payload, trailer]. The sizes are checked first, then the MAC, and
 only then is the header parsed: a peer without the session's keys cannot get a single byte
 interpreted. A link that receives frame by frame (ZMQ) reads a paired peer's header and seal
-before its payloads: ReceiverCore.landing checks the header against the ledger and the seal's
-MAC, and only then names pool slots to receive the payloads into (blocks the ledger still misses,
+before its payloads: ReceiverCore.landing parses that header (the one exception to "MAC first",
+for a peer that already holds a session; it changes no state, so a landing that fails uses no
+sequence number), checks it against the ledger and then the seal's MAC, and only then names pool slots to receive the payloads into (blocks the ledger still misses,
 reserved for a transfer that peer may touch); ReceiverCore.landed compares the received sizes
 with the sealed ones before it marks them written. Messages in the older order are received whole.
 """

@@ -7,7 +7,8 @@ that it holds the cluster secret, and every message after that carries a MAC and
     3. both derive a key per direction from (secret, nonce_i, nonce_r); every later message,
        both ways, is  [header, trailer]  or, with payload frames,  [header, seal, payload+]  with
          trailer = seq (8 bytes) || HMAC-SHA256(key, seq || len(header) || lengths || header)
-         seal    = trailer || lengths
+         seal    = seq || HMAC-SHA256(key, "S" || count || seq || len(header) || lengths || header) || lengths
+                   (count = how many lengths: no seal verifies as a trailer or under another count)
        where lengths = len(p) of each payload frame p (8 bytes each; one 0 when there is none).
        The seal comes before the payloads, so a receiver checks the MAC over the header and the
        lengths the sender declares before it writes a payload byte anywhere, then only compares
@@ -40,6 +41,7 @@ from enum import Enum
 from typing import Callable, Sequence
 
 from kvtransport.metrics import DropReason
+from pdwire.messages import MAX_BATCH_BLOCKS
 
 Buffer = bytes | memoryview
 
@@ -50,7 +52,8 @@ TAG_LEN = 32
 TRAILER_LEN = SEQ_LEN + TAG_LEN
 MIN_SECRET_LEN = 16
 REPLAY_WINDOW = 64
-MAX_SEALED_PAYLOADS = 64   # payload frames one seal declares (a BlockBatch's most blocks)
+SEAL_FORM = b"S"           # MAC'd ahead of a seal's fields: a seal and a trailer never share a tag
+MAX_SEALED_PAYLOADS = MAX_BATCH_BLOCKS   # payload frames one seal declares (a BlockBatch's most blocks)
 
 
 class AuthKind(Enum):
@@ -122,7 +125,8 @@ class Session:
             raise ValueError(f"a seal declares 1..{MAX_SEALED_PAYLOADS} payloads, not {len(lengths)}")
         seq = self._send_seq.to_bytes(SEQ_LEN, "little")
         self._send_seq += 1
-        return seq + self._tag(self._send_key, seq, header, lengths) + struct.pack(f"<{len(lengths)}Q", *lengths)
+        return seq + self._tag(self._send_key, seq, header, lengths, SEAL_FORM) + \
+            struct.pack(f"<{len(lengths)}Q", *lengths)
 
     def open_seal(self, header: Buffer, seal: Buffer) -> list[int]:
         """The payload lengths that seal declares for the message of this header, before any
@@ -130,7 +134,7 @@ class Session:
         lengths = declared_lengths(seal)
         if lengths is None:
             raise AuthError(DropReason.BAD_MAC, "no seal")
-        self._check(self._tag(self._recv_key, bytes(seal[:SEQ_LEN]), header, lengths), seal)
+        self._check(self._tag(self._recv_key, bytes(seal[:SEQ_LEN]), header, lengths, SEAL_FORM), seal)
         return lengths
 
     def open(self, frames: Sequence[Buffer]) -> list[Buffer]:
@@ -172,9 +176,12 @@ class Session:
             self._recv_seen |= 1 << behind
 
     @staticmethod
-    def _tag(key: bytes, seq: bytes, header: Buffer, lengths: Sequence[int]) -> bytes:
+    def _tag(key: bytes, seq: bytes, header: Buffer, lengths: Sequence[int], form: bytes = b"") -> bytes:
+        """The MAC of a message; a seal's (form SEAL_FORM) also covers its form and payload count,
+        so no seal verifies as a trailer or under another count (the trailer's stays as it was)."""
         sizes = [len(header), *lengths] if lengths else [len(header), 0]
-        return hmac.digest(key, seq + struct.pack(f"<{len(sizes)}Q", *sizes) + header, "sha256")
+        prefix = form + struct.pack("<Q", len(lengths)) if form else b""
+        return hmac.digest(key, prefix + seq + struct.pack(f"<{len(sizes)}Q", *sizes) + header, "sha256")
 
 
 class Initiator:

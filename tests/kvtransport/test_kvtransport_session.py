@@ -171,6 +171,19 @@ def test_the_seal_goes_first_and_its_lengths_are_checked_before_and_after_the_pa
         ours.seal_first(b"hdr", [])
 
 
+def test_a_seal_and_a_trailer_never_share_a_tag():
+    """The seal's MAC also covers its form and payload count: the tag of a seal for one payload of
+    n bytes is not the trailer's for [header, payload of n] (same key and sequence number), so
+    neither verifies as the other."""
+    ours, theirs = _pair()
+    seal = ours.seal_first(b"hdr", [3])
+    ours_again, theirs_again = _pair()
+    trailer = ours_again.seal(b"hdr", b"abc")
+    assert seal[:SEQ_LEN] == trailer[:SEQ_LEN] and seal[SEQ_LEN:TRAILER_LEN] != trailer[SEQ_LEN:]
+    assert _reason(theirs.open, [b"hdr", b"abc", seal[:TRAILER_LEN]]) is DropReason.BAD_MAC
+    assert _reason(theirs_again.open_seal, b"hdr", trailer + (3).to_bytes(8, "little")) is DropReason.BAD_MAC
+
+
 def test_the_older_order_still_opens_even_when_a_payload_looks_like_a_seal():
     """[header, payload*, trailer] from a sender before the seal opens by its trailer, also when
     its first payload has a seal's shape (its MAC fails as a seal, taking nothing)."""
