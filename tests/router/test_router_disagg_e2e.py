@@ -118,28 +118,36 @@ def test_prefill_node_of_tp2_serves_a_decode_node_of_tp1(model_dir):
 
 def test_decode_node_frozen_mid_stream_is_migrated_with_identical_greedy_output(model_dir):
     """A decode node that stops (SIGSTOP, no heartbeats) mid-request: the router migrates the
-    request to the other decode node and the client still gets transformers' exact greedy output."""
+    request to the other decode node and the client still gets transformers' exact greedy output.
+
+    The node is stopped as its reservation reaches the router (before P ships the prompt's blocks)
+    and never continued: the client has P's first token and the node none of the rest, whatever the
+    machine's load (free, a node decodes the 160 tokens before a descheduled router sees one)."""
     path, hf_model = model_dir
     prompt, max_tokens = PROMPTS[0], 160
 
     async def test(backend, nodes):
-        frozen: list[subprocess.Popen] = []
+        await _prefill_node_paired_with_both_decode_nodes(backend)
+        held, losses = _hold_decode_node_at_reservation(backend, nodes, "m"), []
+        lost = backend.on_node_lost
+        backend.on_node_lost = lambda node_id, loss: (losses.append(node_id), lost(node_id, loss))
 
-        def freeze_decode_node(output) -> None:
-            if not frozen and output.outputs[0].token_ids:
-                decode_id = backend.placement("m")[0][1]
-                process = next(n.process for n in nodes if n.node_id == decode_id)
-                process.send_signal(signal.SIGSTOP)
-                frozen.append(process)
+        def first_token_before_the_loss(output) -> None:
+            if output.outputs[0].token_ids and not held[1:]:   # P's first token; D holds the rest
+                assert backend.placement("m")[0][1] == held[0] and not output.finished and not losses
+                held.append("first token")
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        out = await _collect(backend, "m", prompt, params, freeze_decode_node)
-        frozen[0].kill()
+        out = await _collect(backend, "m", prompt, params, first_token_before_the_loss)
+        next(n.process for n in nodes if n.node_id == held[0]).kill()     # stopped for good
         assert out.outputs[0].token_ids == hf_greedy(hf_model, prompt, max_tokens)
-        migrations = backend.collectors()[1]
-        assert [s.value for m in migrations.collect() for s in m.samples if s.name.endswith("_total")] == [1]
-        assert _prefills(backend) == {"local": 2}   # both attempts prefilled on their decode node
-    _with_cluster(path, RouterConfig(heartbeat_timeout_s=1.0, local_prefill_tokens=1024), ClusterConfig(1, 2), test)
+        assert losses == held[:1]
+        moved = [(s.labels, s.value) for m in backend.collectors()[1].collect() for s in m.samples
+                 if s.name.endswith("_total")]
+        assert moved == [({"cause": "heartbeat", "how": "reprefill"}, 1.0)]
+        assert _prefills(backend) == {"remote": 4}  # two warm-ups, then both attempts through P
+    # 5 s without heartbeats: P's first token (asserted) comes first on a loaded machine too
+    _with_cluster(path, RouterConfig(heartbeat_timeout_s=5.0, local_prefill_tokens=0), ClusterConfig(1, 2), test)
 
 
 def _prefills(backend: DisaggregatedBackend) -> dict[str, float]:
@@ -163,18 +171,10 @@ def test_decode_node_stopped_mid_stream_says_goodbye_and_its_request_moves_at_on
     async def test(backend, nodes):
         await _prefill_node_paired_with_both_decode_nodes(backend)
         processes = {n.node_id: n.process for n in nodes}
-        held, stopped, losses = [], [], []
-        lost, heard = backend.on_node_lost, backend.on_request_message
+        held, stopped, losses = _hold_decode_node_at_reservation(backend, nodes, "g"), [], []
+        lost = backend.on_node_lost
         backend.on_node_lost = lambda node_id, loss: (losses.append((node_id, str(loss), time.monotonic())),
                                                       lost(node_id, loss))
-
-        def hold_decode_node(node_id: str, msg) -> bool:
-            """D reserved the request: stopped before P is asked for its blocks, it decodes nothing."""
-            if isinstance(msg, Reserved) and msg.rid == "g" and not held:
-                processes[node_id].send_signal(signal.SIGSTOP)
-                held.append(node_id)
-            return heard(node_id, msg)
-        backend.on_request_message = hold_decode_node
 
         def stop_decode_node(output) -> None:
             if not stopped and output.outputs[0].token_ids:     # P's first token; D holds the rest
@@ -194,6 +194,20 @@ def test_decode_node_stopped_mid_stream_says_goodbye_and_its_request_moves_at_on
         print(f"goodbye reached the router {losses[0][2] - stopped[0][1]:.3f} s after SIGTERM")
         assert losses[0][2] - stopped[0][1] < 2.0          # the bar is 1 s; twice that on a loaded machine
     _with_cluster(path, RouterConfig(heartbeat_timeout_s=60.0, local_prefill_tokens=0), ClusterConfig(1, 2), test)
+
+
+def _hold_decode_node_at_reservation(backend: DisaggregatedBackend, nodes, rid: str) -> list[str]:
+    """Stops (SIGSTOP) the decode node whose Reserved for rid reaches the router: before P is asked
+    for the prompt's blocks, so it has decoded nothing. Returns the list its node id is put in."""
+    processes, held, heard = {n.node_id: n.process for n in nodes}, [], backend.on_request_message
+
+    def hold(node_id: str, msg) -> bool:
+        if isinstance(msg, Reserved) and msg.rid == rid and not held:
+            processes[node_id].send_signal(signal.SIGSTOP)
+            held.append(node_id)
+        return heard(node_id, msg)
+    backend.on_request_message = hold
+    return held
 
 
 async def _prefill_node_paired_with_both_decode_nodes(backend: DisaggregatedBackend, timeout: float = 10.0) -> None:
