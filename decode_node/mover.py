@@ -16,7 +16,8 @@ blocks, shipped over the transport prefill nodes use (node_shell/shipper.py, kvt
 
 Step 3 runs on the node's loop (at tp > 1 its blocks are gathered by a collective, which must not
 race the engine's steps), so the whole ship has one deadline, MAX_LOOP_STALL_S from its start,
-under the router's heartbeat timeout. Each call is bounded: pairing by CONNECT_TIMEOUT_S, a send
+under the router's heartbeat timeout with room for the engine step that follows (see
+MAX_LOOP_STALL_S), a heartbeat sent before each ship (decode_node/service.py). Each call is bounded: pairing by CONNECT_TIMEOUT_S, a send
 into a peer whose queue is full by SEND_TIMEOUT_S (the sender's), the Abort after a failure by that
 again. The blocks go in slices of one message (slice_blocks: this node's --kv-batch-mib), and
 before each slice and before the Commit the deadline must leave room for that send and an Abort:
@@ -49,9 +50,13 @@ from pdwire.control import Paused, RequestFailed, ShipRequest
 from pdwire.handshake import HandshakeError
 
 log = logging.getLogger(__name__)
-CONNECT_TIMEOUT_S = 5.0     # pairing with the receiving decode node, on this node's loop
+CONNECT_TIMEOUT_S = 3.0     # pairing with the receiving decode node, on this node's loop
 SEND_TIMEOUT_S = 2.0        # a send into a receiving node whose queue is full (its high-water mark)
-MAX_LOOP_STALL_S = 9.0      # a whole ship's hold of the loop; under the router's heartbeat timeout (10 s)
+# A whole ship's hold of the loop. The node cannot know the router's --heartbeat-timeout-s (default
+# 10 s): a heartbeat goes out before each ship, and after the ship the loop runs an engine step before
+# its next poll beats, so the router's timeout must exceed this plus the longest step; 7 s leaves 3 s
+# of the default for that step.
+MAX_LOOP_STALL_S = 7.0
 assert MAX_LOOP_STALL_S >= CONNECT_TIMEOUT_S + 2 * SEND_TIMEOUT_S   # the longest pairing, a send, its Abort
 
 

@@ -17,7 +17,7 @@ class RouterConfig:
     api_key: str | None = None              # when set, /v1/* needs `Authorization: Bearer <api_key>`
     served_model_name: str | None = None    # name clients use; None: the backend's model name
     default_max_tokens: int = 16            # /v1/completions default (OpenAI's); chat defaults to the context
-    heartbeat_timeout_s: float = 10.0       # a node silent this long is taken out (> the longest engine step: a 2048-token CPU prefill chunk takes seconds)
+    heartbeat_timeout_s: float = 10.0       # a node silent this long is taken out: > the longest engine step (a 2048-token CPU prefill chunk takes seconds), and on a decode node > a KV move's ship (up to 7 s, decode_node/mover.py MAX_LOOP_STALL_S) plus a step
     affinity_blocks_per_node: int = 8192    # LRU capacity of block hashes remembered per prefill node
     prefill_load_weight: float = 1.0        # queued blocks vs. prefix-cache hits in the prefill choice
     policy_seed: int = 0                    # seeds the decode node's power-of-two choice
