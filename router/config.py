@@ -8,6 +8,7 @@ LOCAL_PREFILL_TOKENS = 64       # the threshold sweep in bench/README.md: all of
                                 # 4-64 tokens), the fewest chats pulled onto the decode node (mixed workload)
 ADMISSION_FIRST_WAIT_S = 0.05   # least wait for room before asking a decode node that looks full again
 ADMISSION_MAX_WAIT_S = 1.0      # most wait between two such asks (the timer doubles up to it)
+MAX_KV_MOVE_TIMEOUT_S = 60.0    # a remove waits up to 2 x kv_move_timeout_s: `pdserve remove` waits 2 x this
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,9 @@ class RouterConfig:
         _require(self.admission_timeout_s > 0,
                  f"admission_timeout_s must be > 0, got {self.admission_timeout_s}")
         _require(self.max_retries >= 0, f"max_retries must be >= 0, got {self.max_retries}")
-        _require(self.kv_move_timeout_s >= 0, f"kv_move_timeout_s must be >= 0, got {self.kv_move_timeout_s}")
+        _require(0 <= self.kv_move_timeout_s <= MAX_KV_MOVE_TIMEOUT_S,
+                 f"kv_move_timeout_s must be in [0, {MAX_KV_MOVE_TIMEOUT_S:.0f}] (a remove waits twice it, and "
+                 f"`pdserve remove` {2 * MAX_KV_MOVE_TIMEOUT_S:.0f} s), got {self.kv_move_timeout_s}")
         _require(self.metrics_api_key is None or bool(self.metrics_api_key),
                  "metrics_api_key must be None or non-empty")
         _require(self.admin_api_key is None or bool(self.admin_api_key), "admin_api_key must be None or non-empty")
