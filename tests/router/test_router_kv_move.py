@@ -3,6 +3,7 @@ nodes over the real control plane: a removed decode node's running request moves
 and every way that fails falls back to the re-prefill move."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused,
                             PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
 from pdwire.messages import Busy, Reserved
+from router.cluster.kv_move import KVMoves
 from router.config import MAX_KV_MOVE_TIMEOUT_S, RouterConfig
 from tests.disagg_harness import CONFIG, END, PROMPT, Cluster, run, until, view
 from tests.router.test_router_operator import cast, membership, removed_mid_stream
@@ -214,3 +216,21 @@ def test_kv_move_timeout_is_capped_under_the_remove_commands_wait():
         RouterConfig(kv_move_timeout_s=-1)
     assert RouterConfig(kv_move_timeout_s=MAX_KV_MOVE_TIMEOUT_S).kv_move_timeout_s == 60.0
     assert RouterConfig(kv_move_timeout_s=0).kv_move_timeout_s == 0
+
+
+class _MovingAttempt:
+    """An attempt still decoding on node "d" (hashable, as KVMoves keeps them in sets)."""
+    ended, decode_id, writer = False, "d", None
+
+
+def test_a_settled_wait_that_times_out_leaves_nothing_behind():
+    """The take-out's wait_for gives up on settled() while a move is under way: the node's moving
+    set and wakeup event go with it, not kept for a node that is gone."""
+    moves = KVMoves(1.0, None, None, {}, None, None, None, 0)
+    moves._moving["d"] = {_MovingAttempt()}
+
+    async def test():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(moves.settled("d"), 0.05)
+    asyncio.run(test())
+    assert moves._moving == {} and moves._wakeups == {}
