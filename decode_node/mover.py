@@ -16,9 +16,11 @@ blocks, shipped over the transport prefill nodes use (node_shell/shipper.py, kvt
 
 Step 3 runs on the node's loop (at tp > 1 its blocks are gathered by a collective, which must not
 race the engine's steps), so the whole ship has one deadline, MAX_LOOP_STALL_S from its start,
-under the router's heartbeat timeout. Each call is bounded: pairing by CONNECT_TIMEOUT_S, a send
+under the router's heartbeat timeout with room for the engine step that follows (see
+MAX_LOOP_STALL_S), a heartbeat sent before each ship (decode_node/service.py). Each call is bounded: pairing by CONNECT_TIMEOUT_S, a send
 into a peer whose queue is full by SEND_TIMEOUT_S (the sender's), the Abort after a failure by that
-again. The blocks go in slices of one message (slice_blocks: this node's --kv-batch-mib), and
+again. The blocks go in slices of one message (slice_blocks: this node's --kv-batch-mib, or the
+receiving node's where it announced less at pairing: the sender packs to the smaller), and
 before each slice and before the Commit the deadline must leave room for that send and an Abort:
 
     start    pairing      slice 1   slice 2  ...  no room left for a send + Abort: Abort, failed
@@ -27,8 +29,7 @@ before each slice and before the Commit the deadline must leave room for that se
 so a peer that drains slowly fails the move (retryably: the router re-prefills the request) well
 before the router would take this node out; any failure on the way (TransportError, a RuntimeError
 from the tp > 1 gather, a ValueError) fails the move, never the node. Over ZeroMQ a slice is one
-message when the peer's --kv-batch-mib is at least this node's (a smaller one makes it several,
-each bounded by SEND_TIMEOUT_S); the gather's own time is not reserved, only checked after it;
+message; the gather's own time is not reserved, only checked after it;
 torch_dist's pairing also builds a process group, bounded by the transport's peer timeout. Why not
 a slice per engine step instead, the loop serving between them: the ship would outlive
 ShipRequest's handling (its failure reported from tick, a hold in flight across AbortRequest and
@@ -47,11 +48,16 @@ from kvtransport.base import KVSender, TransportError
 from node_shell.shipper import BlockShipper, Shipment
 from pdwire.control import Paused, RequestFailed, ShipRequest
 from pdwire.handshake import HandshakeError
+from pdwire.messages import batch_blocks
 
 log = logging.getLogger(__name__)
-CONNECT_TIMEOUT_S = 5.0     # pairing with the receiving decode node, on this node's loop
+CONNECT_TIMEOUT_S = 3.0     # pairing with the receiving decode node, on this node's loop
 SEND_TIMEOUT_S = 2.0        # a send into a receiving node whose queue is full (its high-water mark)
-MAX_LOOP_STALL_S = 9.0      # a whole ship's hold of the loop; under the router's heartbeat timeout (10 s)
+# A whole ship's hold of the loop. The node cannot know the router's --heartbeat-timeout-s (default
+# 10 s): a heartbeat goes out before each ship, and after the ship the loop runs an engine step before
+# its next poll beats, so the router's timeout must exceed this plus the longest step; 7 s leaves 3 s
+# of the default for that step.
+MAX_LOOP_STALL_S = 7.0
 assert MAX_LOOP_STALL_S >= CONNECT_TIMEOUT_S + 2 * SEND_TIMEOUT_S   # the longest pairing, a send, its Abort
 
 
@@ -75,7 +81,7 @@ class KVMover:
         if slice_blocks < 1:
             raise ValueError(f"slice_blocks must be >= 1, got {slice_blocks}")
         self.engine, self.lease_s, self.clock = engine, lease_s, clock
-        self.slice_blocks = slice_blocks        # blocks per send (one message's worth)
+        self.slice_blocks = slice_blocks        # blocks per send at most (one message of this node's batch)
         self._make_sender = make_sender
         self.sender: KVSender | None = None        # made at the first move
         self.shipper = BlockShipper()
@@ -121,10 +127,10 @@ class KVMover:
             return RequestFailed(req.rid, f"cannot reach the decode node: {err}"[:500], True)
         self.shipper.track(shipment)
         try:
-            n = len(shipment.dst_block_ids)
+            n, step = len(shipment.dst_block_ids), self.peer_slice(sender, req.kv_endpoint)
             while shipment.next_index < n:
                 self._room(deadline, shipment)
-                self.shipper.ship(shipment, list(held.blocks), min(n, shipment.next_index + self.slice_blocks))
+                self.shipper.ship(shipment, list(held.blocks), min(n, shipment.next_index + step))
             self._room(deadline, shipment)
             sender.commit(req.xfer_id, held.last_token, held.num_tokens)
         except (RuntimeError, ValueError) as err:       # TransportError, PastDeadline, the tp > 1 gather's
@@ -135,6 +141,15 @@ class KVMover:
         finally:
             self.shipper.close(req.rid)
         return None
+
+    def peer_slice(self, sender: KVSender, endpoint: str) -> int:
+        """Blocks per send to the paired endpoint: slice_blocks, or fewer where the receiving node
+        announced a smaller batch at pairing (read from the sender's link state: it packs to
+        min(its own, the peer's), so a larger slice would be several messages under one deadline check)."""
+        core = getattr(sender, "_core", None)
+        if core is None:            # a sender without kvtransport's link state (a test's stand-in)
+            return self.slice_blocks
+        return min(self.slice_blocks, batch_blocks(core.identity.layout.block_nbytes, core.batch_bytes(endpoint)))
 
     def _room(self, deadline: float, s: Shipment) -> None:
         """Raise PastDeadline unless a send and an Abort, each up to SEND_TIMEOUT_S, fit before deadline."""

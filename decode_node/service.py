@@ -93,8 +93,10 @@ class DecodeService(NodeService):
                 self.mover.release(msg.rid)
             elif isinstance(msg, PauseRequest):
                 self.link.send(self._pause(msg.rid))
-            elif isinstance(msg, ShipRequest) and (failed := self.mover.ship(msg)) is not None:
-                self.link.send(failed)
+            elif isinstance(msg, ShipRequest):
+                self.link.beat_if_due()     # each ship may hold the loop MAX_LOOP_STALL_S: a beat between two
+                if (failed := self.mover.ship(msg)) is not None:
+                    self.link.send(failed)
         self.mover.tick()
         for event in self.receiver.poll(0.0):
             rid = self.xfer_rid.pop(event.xfer_id, None)

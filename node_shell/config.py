@@ -66,10 +66,11 @@ class NodeConfig(EngineArgs):
                                          # chunk completes in this many layer groups during its forward (to
                                          # decode nodes that take slices), leaving one group's bytes for after
                                          # it; 1: whole blocks after each chunk
-    kv_layer_group_min_blocks: int = 32  # ... only when the last chunk completes at least this many blocks: each
-                                         # group's send costs the forward ~0.3 ms of the node's CPU (before the
-                                         # first token), which the few blocks of a short prompt do not repay
-                                         # (bench/README.md, issue #18: what a node adds to a prefill step)
+    kv_layer_group_min_blocks: int = 32  # prefill nodes: layer groups are used only when the last chunk completes
+                                         # at least this many blocks: each group's send costs the forward ~0.3 ms
+                                         # of the node's CPU (before the first token), which the few blocks of a
+                                         # short prompt do not repay (bench/README.md, issue #18: what a node adds
+                                         # to a prefill step)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.node_id):

@@ -73,7 +73,7 @@ class RouterLink:
     def poll(self, timeout: float) -> list[Any]:
         """Messages from the router that arrive within `timeout` s (all that are queued, at
         least); sends a heartbeat when one is due. Node commands are handled here."""
-        self._maybe_beat()
+        self.beat_if_due()
         wait = max(0.0, min(timeout, self._next_beat - time.monotonic()))
         messages = []
         if self._sock.poll(int(wait * 1000), zmq.POLLIN):
@@ -121,7 +121,9 @@ class RouterLink:
             self.resets += 1
             self._on_reset()
 
-    def _maybe_beat(self) -> None:
+    def beat_if_due(self) -> None:
+        """Send a heartbeat if one is due (and retry a stalled handshake, or lose a silent session).
+        poll() calls it; a caller that holds the loop between polls (a KV move's ship) calls it too."""
         now = time.monotonic()
         if self._session is None:
             if now - self._handshake_at > _HANDSHAKE_RETRY_S:

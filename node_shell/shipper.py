@@ -58,6 +58,8 @@ class _Sliced(NamedTuple):
 
 class BlockShipper:
     def __init__(self, layer_groups: int = 1, min_blocks: int = 1) -> None:
+        if min_blocks < 1:          # 0 would slice a shipment with no block left to send
+            raise ValueError(f"min_blocks must be >= 1, got {min_blocks}")
         self.engine: LLMEngine | None = None
         self.sender: KVSender | None = None
         self.shipments: dict[str, Shipment] = {}

@@ -8,6 +8,7 @@ LOCAL_PREFILL_TOKENS = 64       # the threshold sweep in bench/README.md: all of
                                 # 4-64 tokens), the fewest chats pulled onto the decode node (mixed workload)
 ADMISSION_FIRST_WAIT_S = 0.05   # least wait for room before asking a decode node that looks full again
 ADMISSION_MAX_WAIT_S = 1.0      # most wait between two such asks (the timer doubles up to it)
+MAX_KV_MOVE_TIMEOUT_S = 60.0    # a remove waits up to 2 x kv_move_timeout_s: `pdserve remove` waits 2 x this
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class RouterConfig:
     api_key: str | None = None              # when set, /v1/* needs `Authorization: Bearer <api_key>`
     served_model_name: str | None = None    # name clients use; None: the backend's model name
     default_max_tokens: int = 16            # /v1/completions default (OpenAI's); chat defaults to the context
-    heartbeat_timeout_s: float = 10.0       # a node silent this long is taken out (> the longest engine step: a 2048-token CPU prefill chunk takes seconds)
+    heartbeat_timeout_s: float = 10.0       # a node silent this long is taken out: > the longest engine step (a 2048-token CPU prefill chunk takes seconds), and on a decode node > a KV move's ship (up to 7 s, decode_node/mover.py MAX_LOOP_STALL_S) plus a step
     affinity_blocks_per_node: int = 8192    # LRU capacity of block hashes remembered per prefill node
     prefill_load_weight: float = 1.0        # queued blocks vs. prefix-cache hits in the prefill choice
     policy_seed: int = 0                    # seeds the decode node's power-of-two choice
@@ -78,7 +79,9 @@ class RouterConfig:
         _require(self.admission_timeout_s > 0,
                  f"admission_timeout_s must be > 0, got {self.admission_timeout_s}")
         _require(self.max_retries >= 0, f"max_retries must be >= 0, got {self.max_retries}")
-        _require(self.kv_move_timeout_s >= 0, f"kv_move_timeout_s must be >= 0, got {self.kv_move_timeout_s}")
+        _require(0 <= self.kv_move_timeout_s <= MAX_KV_MOVE_TIMEOUT_S,
+                 f"kv_move_timeout_s must be in [0, {MAX_KV_MOVE_TIMEOUT_S:.0f}] (a remove waits twice it, and "
+                 f"`pdserve remove` {2 * MAX_KV_MOVE_TIMEOUT_S:.0f} s), got {self.kv_move_timeout_s}")
         _require(self.metrics_api_key is None or bool(self.metrics_api_key),
                  "metrics_api_key must be None or non-empty")
         _require(self.admin_api_key is None or bool(self.admin_api_key), "admin_api_key must be None or non-empty")

@@ -20,12 +20,13 @@ from typing import Sequence
 import httpx
 
 from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S
+from router.config import MAX_KV_MOVE_TIMEOUT_S
 
 ENV_VAR = "PDSERVE_ADMIN_KEY"
 DEFAULT_URL = "http://127.0.0.1:8000"
 COMMANDS = ("nodes", "drain", "remove", "pools", "scale")
 _TIMEOUT_S = 10.0
-_REMOVE_TIMEOUT_S = 120.0   # a remove answers once the node is out: after its KV moves (2 x --kv-move-timeout-s)
+_REMOVE_TIMEOUT_S = 2 * MAX_KV_MOVE_TIMEOUT_S  # a remove answers once the node is out: after its KV moves (2 x --kv-move-timeout-s)
 _COLUMNS = (("NODE", "id"), ("ROLE", "role"), ("STATE", "state"), ("RUN", "num_running"),
             ("WAIT", "num_waiting"), ("KV%", "kv_usage"), ("FREE", "num_free_blocks"),
             ("EPOCH", "epoch"), ("BEAT_AGE_S", "last_heartbeat_age_s"), ("ADDRESS", "address"))

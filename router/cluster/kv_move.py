@@ -77,9 +77,13 @@ class KVMoves:
     async def settled(self, node_id: str) -> None:
         """Returns once no move off the node is under way (pausing there, or its blocks not
         adopted yet): woken by each of its attempts ending or landing (ended(), note()), no poll."""
-        while self._pending(node_id):
-            wakeup = self._wakeups[node_id] = asyncio.Event()
-            await wakeup.wait()
+        try:
+            while self._pending(node_id):
+                wakeup = self._wakeups[node_id] = asyncio.Event()
+                await wakeup.wait()
+        finally:            # also when the caller's wait_for gave up: nothing stays behind for the node
+            self._moving.pop(node_id, None)
+            self._wakeups.pop(node_id, None)
 
     def ended(self, att: Attempt) -> None:
         """The attempt ended (the backend's end of an attempt): a move it was part of may be over."""

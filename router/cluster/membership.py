@@ -56,7 +56,7 @@ class NodeView:
     """One node as the operator API lists it."""
     id: str
     role: str                       # "prefill" | "decode"
-    state: str                      # "active" | "draining" | "removed" (the answer to a remove)
+    state: str                      # "active" | "draining" | "removed" | "drained" (the answers to a remove)
     epoch: str                      # the node process's incarnation (a restart makes a new one)
     address: str                    # decode: its KV endpoint, where prefill nodes ship blocks; prefill: ""
     num_running: int                # from its last heartbeat

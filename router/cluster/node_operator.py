@@ -69,14 +69,17 @@ class NodeOperator:
     async def remove(self, node_id: str) -> NodeView:
         """Moves the node's requests now (a decode node's with their KV blocks first), tells it to
         leave, and returns once it is out (state "removed"): at once, or after its KV moves (at
-        most 2 x kv_move_timeout_s); KeyError if unknown."""
+        most 2 x kv_move_timeout_s); KeyError if unknown. A remove that finds the node already
+        being taken out by its drain deadline waits for that take-out, counts no removal, and
+        answers state "drained" (the loss recorded)."""
         view = self.node(node_id)
         self._cancel(node_id)
-        self._take_out(node_id, NodeLoss(LossCause.REMOVED))
-        self._server.membership.removals.inc()
+        started = self._take_out(node_id, NodeLoss(LossCause.REMOVED))
+        if started:
+            self._server.membership.removals.inc()
         if (task := self._evacuating.get(node_id)) is not None:
             await asyncio.shield(task)      # a caller that gives up does not stop the take-out
-        return replace(view, state="removed", drain_deadline_s=None)
+        return replace(view, state="removed" if started else "drained", drain_deadline_s=None)
 
     def pools(self) -> list[PoolView]:
         return pool_views(self._server.registry, self.scaler)
@@ -107,20 +110,22 @@ class NodeOperator:
             return      # gone already (idle), or back as a new incarnation
         self._take_out(node_id, NodeLoss(LossCause.DRAINED, f"its {deadline_s:g} s drain deadline passed"))
 
-    def _take_out(self, node_id: str, loss: NodeLoss) -> None:
+    def _take_out(self, node_id: str, loss: NodeLoss) -> bool:
         """Removes the node now, or, when requests move off it with their KV blocks, once they have
-        (the node takes no new work meanwhile)."""
+        (the node takes no new work meanwhile); False if a take-out was under way already."""
         if node_id in self._evacuating:
-            return
+            return False
         node = self._server.registry.get(node_id)
         if node is None or node.role is not NodeRole.DECODE or self._evacuation is None \
                 or not self._evacuation.start(node_id, loss):
-            return self._server.remove(node_id, loss)
+            self._server.remove(node_id, loss)
+            return True
         if node.state is not NodeState.DRAINING:
             self._server.drain(node_id)
         epoch = self._server.info(node_id).hello.epoch
         task = asyncio.get_running_loop().create_task(self._remove_when_moved(node_id, epoch, loss))
         self._evacuating[node_id] = task
+        return True
 
     async def _remove_when_moved(self, node_id: str, epoch: str, loss: NodeLoss) -> None:
         try:

@@ -4,7 +4,8 @@
     POST /admin/nodes/{id}/drain       body {"deadline_s": 60} (optional): the node's NodeView
     POST /admin/nodes/{id}/remove      the node's NodeView, state "removed", once it is out: a
                                        decode node's KV moves are over first (at most
-                                       2 x --kv-move-timeout-s)
+                                       2 x --kv-move-timeout-s); "drained" if its drain
+                                       deadline had started taking it out already
     GET  /admin/pools                  {"object": "list", "data": [PoolView, ...]}: per role, the
                                        target and the active, draining and starting nodes
     POST /admin/pools/{role}           body {"count": N, "drain_deadline_s": 60}: the role's pool

@@ -276,7 +276,7 @@ def test_a_ship_into_a_slowly_draining_node_fails_within_the_loop_bound(harness)
     slow = _Slow()
     failed = _ship_to(harness, slow)
     assert failed.retryable and "KV move failed" in failed.reason and f"past {MAX_LOOP_STALL_S:.0f} s" in failed.reason
-    assert slow.sent == [[0], [1], [2]] and slow.commits == [] and slow.aborts == ["a" * 32]
+    assert slow.sent == [[0], [1]] and slow.commits == [] and slow.aborts == ["a" * 32]
     assert slow.aborted_at <= MAX_LOOP_STALL_S < RouterConfig().heartbeat_timeout_s
     _serves_on(harness)
 
@@ -296,3 +296,71 @@ def test_a_runtime_error_in_the_gather_fails_only_that_move(harness):
     assert failed.retryable and "KV move failed" in failed.reason and "rank 1 is gone" in failed.reason
     assert slow.sent == [] and slow.aborts == ["a" * 32]
     _serves_on(harness)
+
+
+class _SlowPeer(_Slow):
+    """A slow but draining peer: each send takes SEND_TIMEOUT_S on the mover's clock and a
+    heartbeat interval in real time (so the node's next heartbeat falls due during it); it logs
+    its pairings and commits into `events`, beside the node's heartbeats."""
+
+    def __init__(self, events: list[str], beat_s: float):
+        super().__init__()
+        self.events, self.beat_s = events, beat_s
+
+    def connect(self, endpoint: str, timeout: float = 10.0):
+        self.events.append("connect")
+
+    def send_blocks(self, xfer_id, indices, *args) -> None:
+        time.sleep(self.beat_s)
+        super().send_blocks(xfer_id, indices, *args)
+
+    def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
+        super().commit(xfer_id, first_token, num_tokens)
+        self.events.append("commit")
+
+
+def test_two_ships_in_one_poll_have_a_heartbeat_between_them(harness):
+    """Two ShipRequests arrive in one poll of decode-0's link (its loop held while both are
+    queued): each ship may hold the loop up to MAX_LOOP_STALL_S, so a heartbeat goes out between
+    the first ship's commit and the second's pairing, not only after both (which at k ships would
+    be k x MAX_LOOP_STALL_S of silence, past the router's heartbeat timeout)."""
+    node, events = harness.decode, []
+    mover, link = node.mover, node.link
+    peer = _SlowPeer(events, link.heartbeat_s)
+    mover._make_sender, mover.slice_blocks = (lambda: peer), 64        # one send a ship
+    mover.lease_s = 60.0        # the holds outlast the test's waits on a loaded machine
+    mover.clock = lambda: time.monotonic() + peer.now
+    status, poll, ships_per_poll = link._status, link.poll, []
+    link._status = lambda epoch: events.append("beat") or status(epoch)
+    link.poll = lambda timeout: ships_per_poll.append(0) or _counted(poll(timeout), ships_per_poll)
+    blocks = {}
+    for rid in ("r", "s"):
+        _running(harness, rid)
+        blocks[rid] = -(-(len(PROMPT) + harness.pause(rid).num_tokens - 1) // 8)
+    entered, release, tick = threading.Event(), threading.Event(), mover.tick
+
+    def gated() -> None:        # the node's loop waits here while both ShipRequests are queued
+        entered.set()
+        release.wait(10.0)
+        tick()
+    mover.tick = gated
+    assert entered.wait(10.0)
+    for rid in ("r", "s"):
+        harness.results[f"{rid}~1"] = Result()
+        harness.send("decode-0", ShipRequest(f"{rid}~1", rid, "tcp://127.0.0.1:9", rid * 32,
+                                             tuple(range(1, blocks[rid] + 1)), 0))
+    time.sleep(0.5)             # both delivered to decode-0's socket before its next poll
+    mover.tick = tick
+    release.set()
+    harness.pump(lambda: len(peer.commits) == 2)
+    assert 2 in ships_per_poll, "the two ShipRequests did not arrive in one poll"
+    first_commit, second_connect = events.index("commit"), len(events) - 1 - events[::-1].index("connect")
+    assert events.count("connect") == 2 and first_commit < second_connect
+    assert "beat" in events[first_commit:second_connect], events
+    assert harness.results["r~1"].failed is None and harness.results["s~1"].failed is None
+
+
+def _counted(messages: list, counts: list[int]) -> list:
+    """messages, with the number of ShipRequests among them stored as counts' last entry."""
+    counts[-1] = sum(isinstance(m, ShipRequest) for m in messages)
+    return messages

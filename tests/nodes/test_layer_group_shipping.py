@@ -7,6 +7,7 @@ import pytest
 
 from engine import SamplingParams
 from kvtransport.base import TransportError
+from node_shell.shipper import BlockShipper
 from tests.model_factory import hf_greedy
 from tests.node_harness import serving, tokens as _tokens
 
@@ -72,6 +73,11 @@ def test_a_failed_layer_send_fails_only_its_request(model_dir, monkeypatch):
 
 @pytest.mark.parametrize("value", [0, 1 << 21])
 def test_layer_group_min_blocks_has_limits(value):
+    """--kv-layer-group-min-blocks outside [1, MAX_LAYER_GROUP_MIN_BLOCKS] is refused by NodeConfig,
+    and a BlockShipper refuses min_blocks 0 itself (it would slice a shipment with no block left)."""
     from node_shell.config import NodeConfig
     with pytest.raises(ValueError, match="kv_layer_group_min_blocks"):
         NodeConfig(router="tcp://127.0.0.1:1", node_id="p", kv_layer_group_min_blocks=value)
+    if value < 1:
+        with pytest.raises(ValueError, match="min_blocks must be >= 1"):
+            BlockShipper(layer_groups=8, min_blocks=value)

@@ -36,3 +36,17 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     assert calls == [sender, ((transport, d.engine.runner.kv_cache, identity, b"secret"),
                               {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None,
                                "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20}), mover]
+
+
+def test_a_kv_move_slices_to_the_smaller_of_both_nodes_batches(monkeypatch):
+    """A decode node's --kv-batch-mib sizes its mover's slices (8 blocks of 1 MiB here), but the
+    sender packs to min(own, the receiving node's announced batch): after pairing, the mover reads
+    the peer's batch bytes from the sender's link state and slices to the smaller."""
+    monkeypatch.setattr(decode_service, "make_receiver", lambda *a, **kw: "R")
+    d = _stub("zmq")
+    identity = SimpleNamespace(layout=SimpleNamespace(block_nbytes=1 << 20))
+    decode_service.DecodeService.open_transport(d, identity, b"secret")
+    announced = {"tcp://small:1": 3 << 20, "tcp://large:1": 64 << 20}
+    sender = SimpleNamespace(_core=SimpleNamespace(identity=identity, batch_bytes=announced.__getitem__))
+    assert d.mover.peer_slice(sender, "tcp://small:1") == 3
+    assert d.mover.peer_slice(sender, "tcp://large:1") == 8

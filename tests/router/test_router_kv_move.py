@@ -3,6 +3,7 @@ nodes over the real control plane: a removed decode node's running request moves
 and every way that fails falls back to the re-prefill move."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused,
                             PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
 from pdwire.messages import Busy, Reserved
+from router.cluster.kv_move import KVMoves
+from router.config import MAX_KV_MOVE_TIMEOUT_S, RouterConfig
 from tests.disagg_harness import CONFIG, END, PROMPT, Cluster, run, until, view
 from tests.router.test_router_operator import cast, membership, removed_mid_stream
 
@@ -202,3 +205,32 @@ def test_a_paused_reply_claiming_more_text_than_was_sent_falls_back():
             got = membership(c.backend)
             assert got['pdserve_router_migrations_total{cause="removed",how="reprefill"}'] == 1
     run(test)
+
+
+def test_kv_move_timeout_is_capped_under_the_remove_commands_wait():
+    """A remove waits up to 2 x kv_move_timeout_s and `pdserve remove` waits 2 x the cap: a longer
+    timeout is refused with its bound named; the cap and 0 (always re-prefill) are taken."""
+    with pytest.raises(ValueError, match=r"kv_move_timeout_s must be in \[0, 60\]"):
+        RouterConfig(kv_move_timeout_s=MAX_KV_MOVE_TIMEOUT_S + 1)
+    with pytest.raises(ValueError, match="kv_move_timeout_s"):
+        RouterConfig(kv_move_timeout_s=-1)
+    assert RouterConfig(kv_move_timeout_s=MAX_KV_MOVE_TIMEOUT_S).kv_move_timeout_s == 60.0
+    assert RouterConfig(kv_move_timeout_s=0).kv_move_timeout_s == 0
+
+
+class _MovingAttempt:
+    """An attempt still decoding on node "d" (hashable, as KVMoves keeps them in sets)."""
+    ended, decode_id, writer = False, "d", None
+
+
+def test_a_settled_wait_that_times_out_leaves_nothing_behind():
+    """The take-out's wait_for gives up on settled() while a move is under way: the node's moving
+    set and wakeup event go with it, not kept for a node that is gone."""
+    moves = KVMoves(1.0, None, None, {}, None, None, None, 0)
+    moves._moving["d"] = {_MovingAttempt()}
+
+    async def test():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(moves.settled("d"), 0.05)
+    asyncio.run(test())
+    assert moves._moving == {} and moves._wakeups == {}

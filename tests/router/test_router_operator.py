@@ -279,3 +279,28 @@ def test_restarts_and_losses_by_cause_are_counted():
                 'pdserve_router_node_losses_total{cause="exited"}': 1,
                 'pdserve_router_node_losses_total{cause="heartbeat"}': 1})
     run(test)
+
+
+def test_a_remove_landing_on_a_drain_deadlines_take_out_is_answered_drained_not_counted():
+    """The drain deadline has started taking the node out (its request pausing) when a remove
+    lands: the remove waits for that take-out, answers state "drained" (the loss recorded), and
+    counts no removal."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            out = c.generate(max_tokens=4)
+            drained, live = await first_tokens(p, ds, out)
+            async with admin_client(c.backend) as http:
+                await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
+                assert (await drained.expect(PauseRequest)).rid == "r1"
+                removing = asyncio.create_task(http.post(f"/admin/nodes/{drained.node_id}/remove"))
+                await asyncio.sleep(0.2)        # the remove has found the take-out under way
+                assert not removing.done()
+                drained.send(Paused("r1", 0, 0))
+                reply = await removing
+            assert reply.status_code == 200 and reply.json()["state"] == "drained"
+            got = membership(c.backend)
+            assert got["pdserve_router_node_removals_total"] == 0
+            assert got['pdserve_router_node_losses_total{cause="drained"}'] == 1
+            assert 'pdserve_router_node_losses_total{cause="removed"}' not in got
+    run(test)
