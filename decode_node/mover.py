@@ -48,7 +48,6 @@ from kvtransport.base import KVSender, TransportError
 from node_shell.shipper import BlockShipper, Shipment
 from pdwire.control import Paused, RequestFailed, ShipRequest
 from pdwire.handshake import HandshakeError
-from pdwire.messages import batch_blocks
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 3.0     # pairing with the receiving decode node, on this node's loop
@@ -143,13 +142,11 @@ class KVMover:
         return None
 
     def peer_slice(self, sender: KVSender, endpoint: str) -> int:
-        """Blocks per send to the paired endpoint: slice_blocks, or fewer where the receiving node
-        announced a smaller batch at pairing (read from the sender's link state: it packs to
-        min(its own, the peer's), so a larger slice would be several messages under one deadline check)."""
-        core = getattr(sender, "_core", None)
-        if core is None:            # a sender without kvtransport's link state (a test's stand-in)
-            return self.slice_blocks
-        return min(self.slice_blocks, batch_blocks(core.identity.layout.block_nbytes, core.batch_bytes(endpoint)))
+        """Blocks per send to the paired endpoint: slice_blocks, or fewer where the sender packs
+        fewer blocks per message to it (the receiving node announced a smaller batch at pairing),
+        so that each send is one message under one deadline check."""
+        per = sender.blocks_per_message(endpoint)
+        return self.slice_blocks if per is None else min(self.slice_blocks, per)
 
     def _room(self, deadline: float, s: Shipment) -> None:
         """Raise PastDeadline unless a send and an Abort, each up to SEND_TIMEOUT_S, fit before deadline."""

@@ -36,6 +36,11 @@ class KVSender(ABC):
 
     metrics: SenderMetrics
 
+    def blocks_per_message(self, endpoint: str, nbytes: int | None = None) -> int | None:
+        """How many items of nbytes (default: one whole block) one message to the paired endpoint
+        carries, or None if this sender does not pack several per message."""
+        return None
+
     @abstractmethod
     def connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity:
         """Pair with the receiver at endpoint (idempotent); returns its identity.

@@ -107,7 +107,7 @@ class Sender(KVSender):
                       make: Callable[[int, int], tuple[BlockBatch | LayerBatch, list[memoryview]]]) -> None:
         """Items [0, n) of nbytes each as batches of up to both sides' batch bytes; make(k, j) is
         the header and payload frames of items [k, j). Only the last message is tracked."""
-        step = batch_blocks(nbytes, min(self._max_batch_bytes, self._core.batch_bytes(endpoint)))
+        step = self.blocks_per_message(endpoint, nbytes)
         for k in range(0, n, step):
             start = time.perf_counter()
             header, payloads = make(k, min(n, k + step))
@@ -120,6 +120,12 @@ class Sender(KVSender):
                 self.metrics.blocks_sent += len(header.indices)
             self.metrics.bytes_sent += header.nbytes * len(header.indices)
             self.metrics.send_seconds += time.perf_counter() - start
+
+    def blocks_per_message(self, endpoint: str, nbytes: int | None = None) -> int:
+        """Items of nbytes (default: one whole block) per message to endpoint: up to both sides'
+        batch bytes, at least one."""
+        nbytes = self._core.identity.layout.block_nbytes if nbytes is None else nbytes
+        return batch_blocks(nbytes, min(self._max_batch_bytes, self._core.batch_bytes(endpoint)))
 
     def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
         endpoint = self._core.endpoint_of(xfer_id)

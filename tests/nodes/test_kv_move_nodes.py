@@ -177,6 +177,9 @@ class _Stalled:
 
     now = 0.0       # seconds the sends held the loop, added to the mover's clock (none here)
 
+    def blocks_per_message(self, endpoint: str, nbytes: int | None = None) -> None:
+        return None     # packs nothing together: the mover's own slice applies
+
     def __init__(self):
         self.connects: list[float] = []     # the timeout of each pairing
         self.aborts: list[str] = []

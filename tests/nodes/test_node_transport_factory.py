@@ -1,9 +1,11 @@
 """Nodes do not branch on the transport: each asks the factory once, by the configured name."""
+import functools
 from types import SimpleNamespace
 
 import pytest
 
 import decode_node.service as decode_service
+from kvtransport.sender import Sender
 from decode_node.mover import SEND_TIMEOUT_S
 import prefill_node.service as prefill_service
 
@@ -40,13 +42,15 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
 
 def test_a_kv_move_slices_to_the_smaller_of_both_nodes_batches(monkeypatch):
     """A decode node's --kv-batch-mib sizes its mover's slices (8 blocks of 1 MiB here), but the
-    sender packs to min(own, the receiving node's announced batch): after pairing, the mover reads
-    the peer's batch bytes from the sender's link state and slices to the smaller."""
+    sender packs to min(own, the receiving node's announced batch): after pairing, the mover asks
+    the sender how many blocks it packs per message to that peer and slices to the smaller."""
     monkeypatch.setattr(decode_service, "make_receiver", lambda *a, **kw: "R")
     d = _stub("zmq")
     identity = SimpleNamespace(layout=SimpleNamespace(block_nbytes=1 << 20))
     decode_service.DecodeService.open_transport(d, identity, b"secret")
     announced = {"tcp://small:1": 3 << 20, "tcp://large:1": 64 << 20}
-    sender = SimpleNamespace(_core=SimpleNamespace(identity=identity, batch_bytes=announced.__getitem__))
+    sender = SimpleNamespace(_max_batch_bytes=8 << 20,
+                             _core=SimpleNamespace(identity=identity, batch_bytes=announced.__getitem__))
+    sender.blocks_per_message = functools.partial(Sender.blocks_per_message, sender)   # the real rule
     assert d.mover.peer_slice(sender, "tcp://small:1") == 3
     assert d.mover.peer_slice(sender, "tcp://large:1") == 8
