@@ -2,8 +2,10 @@
 another decode node with its KV blocks, so its continuation is exact in every dtype.
 
     attempt A on D1 (tokens o_1 .. o_n emitted)        node_operator: D1 draining, no new work
-    1. start(D1): MoveOut into the inbox of every attempt decoding on D1
-    2. PauseRequest ─▶ D1; its last TokenDeltas merge as usual; Paused(n, chars before o_n)
+    1. start(D1): PauseRequest ─▶ D1 and MoveOut into the inbox of every attempt decoding on D1
+       (the pause goes out at once: not when the attempt's stream reaches the MoveOut behind
+       the deltas it has yet to merge, by when D1 may have finished the request)
+    2. its last TokenDeltas merge as usual; Paused(n, chars before o_n)
     3. attempt A' = prompt + o_1 .. o_{n-1} (base n - 1: its first token o_n is the client's
        already), writer D1; DecodeRequest ─▶ D2 (one ask, admission.reserve_move) ─▶ Reserved
     4. ShipRequest(A', A) ─▶ D1: D1 ships its blocks into D2's reservation and commits o_n;
@@ -70,6 +72,7 @@ class KVMoves:
         atts = {a for a in self._attempts.values() if a.decode_id == node_id and a.first_token
                 and not a.decode_done and not a.ended and not a.writer}
         for att in atts:
+            self._server.send(node_id, PauseRequest(att.wire_rid))
             att.inbox.put_nowait(MoveOut(node_id, loss))
         self._moving[node_id] = atts
         return bool(atts)
@@ -117,10 +120,10 @@ class KVMoves:
 
     async def move(self, request: PendingRequest, choice: Choice, att: Attempt,
                    out: MoveOut) -> tuple[Attempt | None, Failure | None]:
-        """Steps 2-4 for `att`: (the new attempt, its blocks on their way, None), or (None, the
-        failure to re-prefill after), or (None, None) when the choice finished meanwhile."""
+        """Steps 2-4 for `att` (paused by start()): (the new attempt, its blocks on their way,
+        None), or (None, the failure to re-prefill after), or (None, None) when the choice
+        finished meanwhile."""
         deadline = asyncio.get_running_loop().time() + self._timeout_s
-        self._server.send(att.decode_id, PauseRequest(att.wire_rid))
         paused = await self._paused(request, choice, att, deadline)
         if choice.finish_reason is not None or isinstance(paused, Failure):
             return None, paused

@@ -11,7 +11,10 @@ import pytest
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye, Paused,
                             PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
 from pdwire.messages import Busy, Reserved
-from router.cluster.kv_move import KVMoves
+from pdwire.sampling_params import SamplingParams
+from router.cluster.disagg_request import Attempt
+from router.cluster.kv_move import KVMoves, MoveOut
+from router.cluster.membership import LossCause, NodeLoss
 from router.config import MAX_KV_MOVE_TIMEOUT_S, RouterConfig
 from tests.disagg_harness import CONFIG, END, PROMPT, Cluster, run, until, view
 from tests.router.test_router_operator import cast, membership, removed_mid_stream
@@ -234,3 +237,38 @@ def test_a_settled_wait_that_times_out_leaves_nothing_behind():
             await asyncio.wait_for(moves.settled("d"), 0.05)
     asyncio.run(test())
     assert moves._moving == {} and moves._wakeups == {}
+
+
+class _Sent:
+    """A control server that keeps what it is asked to send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+
+    def send(self, node_id: str, msg: object) -> None:
+        self.sent.append((node_id, msg))
+
+
+def test_a_take_out_pauses_each_request_at_once_not_behind_the_deltas_it_has_yet_to_merge():
+    """start() sends D1 the PauseRequest of each request decoding there when it is called, while
+    the attempt's inbox still holds deltas not merged yet (a router behind its nodes): had the
+    pause waited for the stream to reach its MoveOut, D1 could finish the request first and
+    nothing would move. Attempts not decoding there, finished or moving already get none."""
+    atts = {rid: Attempt(rid, list(PROMPT), SamplingParams(max_tokens=400), 0, 0) for rid in ("r1", "r2", "r3", "r4", "r5")}
+    for rid, att in atts.items():
+        att.decode_id, att.first_token = "d1", True
+    atts["r2"].decode_id = "d2"
+    atts["r3"].decode_done = True
+    atts["r4"].writer = "d0"
+    atts["r5"].first_token = False            # still prefilling: nothing on D1 to move
+    backlog = [("d1", TokenDelta("r1", i, (20 + i,), i, "x", None, "")) for i in range(50)]
+    for item in backlog:
+        atts["r1"].inbox.put_nowait(item)
+    server = _Sent()
+    moves = KVMoves(1.0, server, None, atts, None, None, None, 0)
+    loss = NodeLoss(LossCause.REMOVED)
+    assert moves.start("d1", loss)
+    assert [(node, type(msg).__name__, msg.rid) for node, msg in server.sent] == [("d1", "PauseRequest", "r1")]
+    queued = [atts["r1"].inbox.get_nowait() for _ in range(len(backlog) + 1)]
+    assert queued == [*backlog, MoveOut("d1", loss)]       # its stream still merges them first
+    assert moves.start("d2", loss) and [msg.rid for _, msg in server.sent] == ["r1", "r2"]
