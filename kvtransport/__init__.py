@@ -7,7 +7,8 @@
     zmtp_auth.py       ZMTP PLAIN (zmq.auth ZAP handler) on the bound sockets: a peer without the
                        secret's password is refused before libzmq buffers any of its messages;
                        PLAIN's password travels in clear, so this gate stops only peers that
-                       cannot see the traffic, and the session's MAC stays the real check
+                       cannot see the traffic, and the session's MAC stays the real check;
+                       it gives each connection a User-Id, so sessions are keyed by connection
     framing.py         a message as sealed frames [header, payload?, trailer]; control_framer()
     state.py           TransferState: RESERVED -> TRANSFERRING -> COMMITTED | FAILED
     events.py          TransferCommitted / TransferFailed, FailReason

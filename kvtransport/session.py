@@ -24,8 +24,10 @@ that it holds the cluster secret, and every message after that carries a MAC and
 
 The MAC covers the header, which names the transfer, blocks, byte counts, dtype and shape, and
 every payload frame's length, not its bytes: the payloads are frames of one ZeroMQ multipart message,
-delivered whole or not at all on the one connection whose session authenticated its header, and
-no other local process can write into that TCP connection. Hashing every block would cost more
+delivered whole or not at all on the one connection whose session authenticated its header (the
+ZMQ receivers name a peer by its connection, kvtransport.zmtp_auth.connection_name, not by the
+routing id it chose, so no other connection can use that session), and no unprivileged local
+process can write into that TCP connection. Hashing every block would cost more
 than the transfer (HMAC-SHA256 runs at ~1.3 GB/s here, the wire at 2.5-6); see
 bench/transfer_bench.py and the README for links that cross an untrusted network.
 """

@@ -10,7 +10,9 @@ of Python (an Event and the tracker object). The send high-water mark gives back
 The routing id is node_id/<64 random bits> per connection, so a restarted or reconnected sender
 is a new peer to the receiver, and no other process can guess it to take the connection's place.
 
-Receive side: peers are told apart by their routing id; frames arrive as [routing id, header,
+Receive side: peers are told apart by their connection (zmtp_auth.connection_name: the routing id
+and the User-Id the ZAP handler gave the connection, so a connection that reuses a closed one's
+routing id is a new peer, with no session); frames arrive as [routing id, header,
 seal, payload*] (or [routing id, header, payload*, trailer] from a sender before the seal). A
 payload is copied once, from libzmq's buffer into its pool block: by recv_into, frame by frame,
 when the Lander (ReceiverCore.landing) names its slot from the header and the seal, whose MAC it
@@ -34,7 +36,7 @@ import zmq
 from kvtransport.base import TransportError
 from kvtransport.link import Completion, Handler, Lander, ReceiveLink, SendLink
 from kvtransport.session import Buffer
-from kvtransport.zmtp_auth import ThreadGuard, plain_client
+from kvtransport.zmtp_auth import ThreadGuard, connection_name, plain_client, routing_id
 from pdwire.messages import MAX_HEADER_BYTES
 
 log = logging.getLogger("kvtransport")
@@ -127,9 +129,8 @@ class ZmqReceiveLink(ReceiveLink):
         self._guard = ThreadGuard(self._ctx, secret)
         self._guard.start()
         self._sock = self._ctx.socket(zmq.ROUTER)
-        self._guard.protect(self._sock)
+        self._guard.protect(self._sock, hwm if recv_hwm is None else recv_hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVHWM, hwm if recv_hwm is None else recv_hwm)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_payload_bytes, MAX_HEADER_BYTES) + 64)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -150,7 +151,7 @@ class ZmqReceiveLink(ReceiveLink):
             return
         for _ in range(_DRAIN_BATCH):
             try:
-                peer = self._sock.recv(zmq.NOBLOCK).hex()
+                peer = connection_name(self._sock.recv(zmq.NOBLOCK, copy=False))
             except zmq.Again:
                 return
             self._take(peer)
@@ -181,7 +182,7 @@ class ZmqReceiveLink(ReceiveLink):
 
     def send(self, peer: str, frames: list[Buffer]) -> None:
         try:
-            self._sock.send_multipart([bytes.fromhex(peer), *frames], zmq.NOBLOCK)
+            self._sock.send_multipart([routing_id(peer), *frames], zmq.NOBLOCK)
         except zmq.ZMQError as e:   # peer gone (EHOSTUNREACH) or not draining (EAGAIN)
             log.info("reply to %s not sent: %s", peer, e)
 

@@ -6,7 +6,8 @@
 0. a connection first passes ZMTP PLAIN (kvtransport.zmtp_auth: a password derived from the
    cluster secret), else none of its frames is read (counted as "zmtp_refused"); then it proves
    that it holds the secret (kvtransport.session); until it does, its frames are dropped unread
-   (answered RESET if they look sealed) and counted
+   (answered RESET if they look sealed) and counted. Sessions are the connection's own
+   (zmtp_auth.connection_name): one that takes a closed connection's routing id has none
 1. every sealed frame is authenticated, then decoded with pdwire.control; a malformed
    frame, a router-to-node kind, or a message from a connection that has not said hello is
    dropped and counted, never raised
@@ -43,7 +44,7 @@ from pdwire.figures import PrefixCounters
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
 from kvtransport.session import AuthError, AuthKind, Responder, parse_auth_frame
-from kvtransport.zmtp_auth import ThreadGuard
+from kvtransport.zmtp_auth import ThreadGuard, connection_name, routing_id
 from router.backend import NodeMetrics
 from router.cluster.membership import LossCause, MembershipMetrics, NodeLoss
 from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 REQUEST_MESSAGES = (Reserved, Busy, FirstToken, TokenDelta, RequestFailed, Paused)
 _SEND_HWM = 10_000      # queued messages per node before the socket drops (a wedged node)
-_RECV_HWM = 10_000      # queued messages from all connections before the socket stops reading
+_RECV_HWM = 10_000      # queued messages from one connection before the socket stops reading it
 _CLOSE_LINGER_MS = 200
 _YIELD_EVERY = 64       # messages handled before the receive loop lets other tasks run
 
@@ -71,7 +72,7 @@ class ControlListener(Protocol):
 @dataclass(slots=True)
 class NodeInfo:
     hello: NodeHello                  # what the node said when it registered (this epoch)
-    peer: bytes                       # the routing id of the connection it registered on
+    peer: str                         # the connection it registered on (zmtp_auth.connection_name)
     status: NodeStatus | None = None  # its latest heartbeat
 
 
@@ -82,7 +83,7 @@ class ControlServer:
         self._auth = Responder(secret)
         self._secret = secret
         self._framer = control_framer()
-        self._node_of: dict[bytes, str] = {}     # routing id -> the node id its session said hello as
+        self._node_of: dict[str, str] = {}       # connection -> the node id its session said hello as
         self._listener = listener
         self._bind = bind
         self._expire_interval_s = expire_interval_s
@@ -107,9 +108,8 @@ class ControlServer:
             self._guard = ThreadGuard(self._ctx, self._secret)
             self._guard.start()
             self._sock = self._ctx.socket(zmq.ROUTER)
-            self._guard.protect(self._sock)
+            self._guard.protect(self._sock, _RECV_HWM)
             self._sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
-            self._sock.setsockopt(zmq.RCVHWM, _RECV_HWM)
             self._sock.setsockopt(zmq.MAXMSGSIZE, control.MAX_CONTROL_BYTES)   # bigger: disconnected
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.bind(self._bind)
@@ -138,10 +138,10 @@ class ControlServer:
             return
         self._send_to(info.peer, msg)
 
-    def _send_to(self, peer: bytes, msg: Any) -> None:
-        session = self._auth.session(peer.hex())
+    def _send_to(self, peer: str, msg: Any) -> None:
+        session = self._auth.session(peer)
         if session is not None:
-            sent = self._sock.send_multipart([peer, *self._framer.pack(session, msg)])
+            sent = self._sock.send_multipart([routing_id(peer), *self._framer.pack(session, msg)])
             sent.add_done_callback(_log_send_failure)
 
     def drain(self, node_id: str) -> None:
@@ -194,9 +194,9 @@ class ControlServer:
     async def _receive_loop(self) -> None:
         handled = 0
         while True:
-            frames = await self._sock.recv_multipart()
+            frames = await self._sock.recv_multipart(copy=False)
             try:
-                self._handle(frames)
+                self._handle(connection_name(frames[0]), [f.buffer for f in frames[1:]])
             except Exception:   # noqa: BLE001 -- one bad message must not stop the control plane
                 log.exception("control message handling failed")
                 self.dropped.labels("error").inc()
@@ -214,20 +214,20 @@ class ControlServer:
 
     # ------------------------------------------------------------ one frame
 
-    def _handle(self, frames: list[bytes]) -> None:
-        peer, frames = frames[0], frames[1:]
+    def _handle(self, peer: str, frames: list[memoryview]) -> None:
+        """One message [header, trailer] (or a handshake frame) from the connection peer."""
         auth = parse_auth_frame(frames)
         if auth is not None:
             if auth[0] is not AuthKind.HELLO:
                 return self._drop("unexpected", f"auth {auth[0].name}")
-            challenge = self._auth.challenge(peer.hex(), auth[1])
+            challenge = self._auth.challenge(peer, auth[1])
             return None if challenge is None else self._reply_raw(peer, challenge)
         try:
             self._framer.check_sizes(frames)
-            _, opened = self._auth.open(peer.hex(), frames)
+            _, opened = self._auth.open(peer, frames)
             msg = self._framer.decode(opened).msg
         except AuthError as err:
-            if err.reason is DropReason.NOT_AUTHENTICATED and (reset := self._auth.refuse(peer.hex())):
+            if err.reason is DropReason.NOT_AUTHENTICATED and (reset := self._auth.refuse(peer)):
                 self._reply_raw(peer, reset)
             return self._drop(err.reason.value, err.detail)
         except FrameError as err:
@@ -248,11 +248,11 @@ class ControlServer:
         if not self._listener.on_request_message(node_id, msg):
             self.dropped.labels("stray").inc()
 
-    def _reply_raw(self, peer: bytes, frame: bytes) -> None:
+    def _reply_raw(self, peer: str, frame: bytes) -> None:
         """A handshake frame (no session needed); never blocks (ROUTER drops at the HWM)."""
-        self._sock.send_multipart([peer, frame]).add_done_callback(_log_send_failure)
+        self._sock.send_multipart([routing_id(peer), frame]).add_done_callback(_log_send_failure)
 
-    def _on_hello(self, peer: bytes, hello: NodeHello) -> None:
+    def _on_hello(self, peer: str, hello: NodeHello) -> None:
         node_id = hello.node_id
         if self._node_of.get(peer, node_id) != node_id:
             return self._drop("unexpected", f"a session of {self._node_of[peer]!r} said hello as {node_id!r}")
@@ -260,7 +260,7 @@ class ControlServer:
             return self._send_to(peer, NodeCommand("leave"))
         known = self._nodes.get(node_id)
         if known is not None and known.peer != peer:     # its old connection is done with
-            self._auth.forget(known.peer.hex())
+            self._auth.forget(known.peer)
         if known is not None and known.hello.epoch != hello.epoch:
             self._lose(node_id, NodeLoss(LossCause.RESTARTED))
             known = None
@@ -287,7 +287,7 @@ class ControlServer:
                      hello.epoch, hello.num_blocks, hello.block_size)
         self.send(node_id, NodeCommand("ok"))
 
-    def _on_status(self, peer: bytes, node_id: str | None, status: NodeStatus) -> None:
+    def _on_status(self, peer: str, node_id: str | None, status: NodeStatus) -> None:
         if status.node_id != node_id:
             if node_id is not None:
                 return self._drop("unexpected", f"status from {node_id!r} names {status.node_id!r}")
@@ -311,24 +311,24 @@ class ControlServer:
         self._send_to(peer, NodeCommand({HeartbeatReply.OK: "ok", HeartbeatReply.LEAVE: "leave",
                                         HeartbeatReply.UNKNOWN: "register"}[reply]))
 
-    def _on_kv_events(self, peer: bytes, node_id: str | None, msg: KVEvents) -> None:
+    def _on_kv_events(self, peer: str, node_id: str | None, msg: KVEvents) -> None:
         info = self._nodes.get(msg.node_id)
         if node_id != msg.node_id or info is None or info.peer != peer or info.hello.epoch != msg.epoch:
             return self._drop("unexpected", f"KV events from {node_id!r} name {msg.node_id!r}/{msg.epoch}")
         self._listener.on_kv_events(node_id, msg)
 
-    def _on_goodbye(self, peer: bytes, node_id: str | None, bye: NodeGoodbye) -> None:
+    def _on_goodbye(self, peer: str, node_id: str | None, bye: NodeGoodbye) -> None:
         left = self._leaving.get(bye.node_id)
         if left is not None and left.peer == peer and left.hello.epoch == bye.epoch:
             del self._leaving[bye.node_id]       # told to leave, and gone: lost already
             self.membership.goodbyes.inc()
-            return self._auth.forget(peer.hex())
+            return self._auth.forget(peer)
         info = self._nodes.get(bye.node_id)
         if node_id != bye.node_id or info is None or info.hello.epoch != bye.epoch:
             return self._drop("unexpected", f"goodbye from {node_id!r} names {bye.node_id!r}/{bye.epoch}")
         self.membership.goodbyes.inc()
         self._lose(bye.node_id, NodeLoss(LossCause.GOODBYE, bye.reason))
-        self._auth.forget(peer.hex())
+        self._auth.forget(peer)
 
     def node_exited(self, node_id: str, detail: str) -> None:
         """A process supervisor saw the node's process end: its work is lost now, not after the

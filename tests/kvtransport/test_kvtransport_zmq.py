@@ -20,7 +20,7 @@ from kvtransport.session import AuthKind, Initiator, auth_frame, parse_auth_fram
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
-from kvtransport.zmtp_auth import plain_client
+from kvtransport.zmtp_auth import USER_ID_SLOTS, plain_client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -123,9 +123,11 @@ def test_binds_loopback_by_default():
 class RawPeer:
     """A raw DEALER on the receiver's port; pair() runs the handshake and Hello by hand."""
 
-    def __init__(self, endpoint, secret=TEST_SECRET):
+    def __init__(self, endpoint, secret=TEST_SECRET, routing_id=None):
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if routing_id is not None:
+            self.sock.setsockopt(zmq.ROUTING_ID, routing_id)
         plain_client(self.sock, TEST_SECRET)      # past ZMTP PLAIN: these tests aim at the session
         self.sock.connect(endpoint)
         self.initiator, self.framer, self.session = Initiator(secret), Framer(), None
@@ -270,13 +272,14 @@ def test_backpressure_raises_when_receiver_stops_draining():
 def test_receive_queue_is_bounded_in_bytes(queue_bytes, batch_bytes, hwm, want):
     """RCVHWM counts messages: a peer may queue at most max_queue_bytes of messages of the
     batch bytes it was told, or of one block if that is larger (one message at least), and
-    never more than hwm; replies keep hwm."""
+    never more than hwm; replies keep hwm. (libzmq's RCVHWM also counts the slot that each
+    connection's User-Id holds for good.)"""
     dst = make_pool(seed=None, **GEOM)
     recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=hwm,
                        max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes)
     try:
         sock = recv._link._sock
-        assert (sock.getsockopt(zmq.RCVHWM), sock.getsockopt(zmq.SNDHWM)) == (want, hwm)
+        assert (sock.getsockopt(zmq.RCVHWM), sock.getsockopt(zmq.SNDHWM)) == (want + USER_ID_SLOTS, hwm)
     finally:
         recv.close()
 

@@ -16,11 +16,11 @@ import zmq
 from node_shell.router_link import RouterLink
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
-from pdwire.control import DecodeRequest, NodeHello, NodeStatus, TokenDelta
+from pdwire.control import DecodeRequest, NodeCommand, NodeGoodbye, NodeHello, NodeStatus, TokenDelta
 from kvtransport.secret import ENV_VAR, SecretError, load_secret, write_secret
 from kvtransport.session import AuthKind, auth_frame, parse_auth_frame
 from kvtransport.testing import TEST_SECRET
-from kvtransport.zmtp_auth import ThreadGuard, plain_client
+from kvtransport.zmtp_auth import USER_ID_SLOTS, ThreadGuard, plain_client
 from router.cluster.registry import NodeRole
 from tests.control_peer import NodeEnd, RouterEnd
 from tests.disagg_harness import Cluster, admit, counter, run, serve_two_tokens, until, view
@@ -165,7 +165,7 @@ def test_a_node_whose_session_is_lost_registers_again_with_a_new_epoch():
                 await until(lambda: c.backend.server.info("decode-7") is not None)
                 first = link.epoch
                 peer = c.backend.server.info("decode-7").peer
-                c.backend.server._auth.forget(peer.hex())                  # as a restarted router would
+                c.backend.server._auth.forget(peer)                        # as a restarted router would
                 await until(lambda: (i := c.backend.server.info("decode-7")) is not None and i.hello.epoch != first)
                 assert resets == [True] and link.resets == 1 and link.epoch != first
                 assert c.backend.server.count(NodeRole.DECODE) == 1
@@ -174,6 +174,67 @@ def test_a_node_whose_session_is_lost_registers_again_with_a_new_epoch():
                 loop.join(5)
                 link.close()
     run(test)
+
+
+def test_a_control_message_sealed_on_one_connection_is_refused_on_another_with_its_routing_id():
+    """A node's connection A registers and seals a goodbye it never sends; after A closes,
+    connection B with A's routing id and the right PLAIN password sends that goodbye: dropped
+    (not_authenticated), answered RESET, the node stays registered. B then opens a session of its
+    own, and its hello registers the node on B (a reconnect is served)."""
+    async def test():
+        async with Cluster() as c:
+            server, rid = c.backend.server, b"decode-7/" + os.urandom(8).hex().encode()
+            a, end = await _session(c, rid)
+            a.send_multipart(end.seal(_hello("e1")))
+            await until(lambda: server.info("decode-7") is not None)
+            first, goodbye = server.info("decode-7").peer, end.seal(NodeGoodbye("decode-7", "e1", "bye"))
+            await _close(server, a, rid)
+            b = _node_socket(c, rid)
+            b.send_multipart(goodbye)
+            assert [parse_auth_frame(f) for f in await _received(b)] == [(AuthKind.RESET, b"")]
+            assert counter(server.dropped, {"reason": "not_authenticated"}) == 1
+            assert server.info("decode-7").peer == first and counter(server.membership.goodbyes) == 0
+            b.close()
+            b, end = await _session(c, rid)
+            b.send_multipart(end.seal(_hello("e1")))
+            assert end.receive(await asyncio.wait_for(b.recv_multipart(), 5)) == NodeCommand("ok")
+            assert server.info("decode-7").peer not in (None, first) and server.count(NodeRole.DECODE) == 1
+    run(test)
+
+
+def _node_socket(c: Cluster, rid: bytes) -> zmq.asyncio.Socket:
+    sock = c.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, rid)
+    sock.connect(c.backend.control_endpoint)
+    return sock
+
+
+async def _session(c: Cluster, rid: bytes) -> tuple[zmq.asyncio.Socket, NodeEnd]:
+    """A new connection with routing id rid and an open session on it."""
+    sock, end = _node_socket(c, rid), NodeEnd()
+    sock.send_multipart(end.hello())
+    end.receive(await asyncio.wait_for(sock.recv_multipart(), 5))
+    assert end.session is not None
+    return sock, end
+
+
+async def _close(server, sock: zmq.asyncio.Socket, rid: bytes) -> None:
+    """Close sock and wait until the router's ROUTER let its routing id go (a send to it fails
+    under ROUTER_MANDATORY, set for the wait). Until then libzmq ignores a new connection with it."""
+    sock.close()
+    server._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    try:
+        for _ in range(1000):
+            try:
+                await server._sock.send_multipart([rid, b""], zmq.NOBLOCK)
+            except zmq.ZMQError as e:
+                if e.errno == zmq.EHOSTUNREACH:
+                    return
+            await asyncio.sleep(0.005)
+        raise AssertionError("the router kept the closed connection's routing id")
+    finally:
+        server._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
 
 
 def _hello(epoch: str) -> NodeHello:
@@ -192,8 +253,7 @@ def test_a_node_never_blocks_on_a_router_that_stopped_reading():
     guard = ThreadGuard(ctx, TEST_SECRET)
     guard.start()
     router = ctx.socket(zmq.ROUTER)
-    guard.protect(router)
-    router.setsockopt(zmq.RCVHWM, 1)
+    guard.protect(router, recv_hwm=1)
     router.setsockopt(zmq.RCVBUF, 4096)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     end = RouterEnd()
@@ -282,7 +342,7 @@ def test_a_decode_node_bounds_what_one_prefill_connection_may_queue(monkeypatch,
     config = dict(router="tcp://127.0.0.1:9", node_id="decode-0", model=model_dir[0], num_blocks=16)
     service = DecodeService(NodeConfig(**config, kv_batch_mib=16, kv_recv_queue_mib=48))
     try:
-        assert service.receiver._link._sock.getsockopt(zmq.RCVHWM) == 3
+        assert service.receiver._link._sock.getsockopt(zmq.RCVHWM) == 3 + USER_ID_SLOTS
     finally:
         service.close()
     with pytest.raises(ValueError, match="kv_recv_queue_mib"):
