@@ -304,3 +304,22 @@ def test_a_remove_landing_on_a_drain_deadlines_take_out_is_answered_drained_not_
             assert got['pdserve_router_node_losses_total{cause="drained"}'] == 1
             assert 'pdserve_router_node_losses_total{cause="removed"}' not in got
     run(test)
+
+
+def test_the_cluster_ends_a_remove_still_under_way_and_raises_one_that_failed():
+    """Cluster's exit cancels and awaits a remove still waiting for its node's request to move
+    (none is left pending); a remove that failed by itself (an unknown node) raises at the exit
+    of a test that passed, not as an exception nobody retrieved."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            out = c.generate(max_tokens=4)
+            d1, _ = await first_tokens(p, ds, out)
+            removing = c.remove(d1.node_id)
+            assert (await d1.expect(PauseRequest)).rid == "r1"
+            assert not removing.done()
+        assert removing.cancelled()
+        with pytest.raises(KeyError, match="decode-9"):
+            async with Cluster() as c:
+                await until(c.remove("decode-9").done)
+    run(test)
