@@ -1,9 +1,12 @@
 """pdserve's own GEMM against oneDNN's packed linears inside the engine: whole runs of
 engine_throughput.py's workload (32 requests, 128 prompt / 128 output tokens, greedy), the two
 engines taking turns run by run in one process (which goes first alternating: the first of a pair
-measured slower here, either way), each run's prefill and decode steps timed apart.
+measured slower here, either way), each run's prefill and decode steps timed apart. Each engine
+first does --warmup untimed runs of the same workload on prompts of their own (kernel builds and
+loads, first-touch of its pools and buffers, OpenMP's threads), so the first timed run is not
+also the first run.
 
-    python bench/gemm_ab.py [--dtype float32] [--repeats 5]
+    python bench/gemm_ab.py [--dtype float32] [--repeats 5] [--warmup 1]
 
 The same engine either way but for its linears (PDSERVE_F32_GEMM / PDSERVE_BF16_GEMM set to 0
 for the oneDNN side when it is built). Writes bench/results/gemm_ab_<time>.json.
@@ -29,6 +32,7 @@ from pdwire.sampling_params import SamplingParams  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REQUESTS, PROMPT, OUTPUT = 32, 128, 128
+WARMUP_SEED = 1 << 20       # warm-up runs' prompts are seeded from here: never a timed run's (seeded by repeat)
 
 
 def engine(path: str, dtype: str, gemm: bool) -> LLMEngine:
@@ -60,10 +64,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per engine before the timed ones")
     args = ap.parse_args()
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
     engines = {"pdserve GEMM": engine(path, args.dtype, True), "oneDNN": engine(path, args.dtype, False)}
     print({side: type(e.runner.model.lm_head).__name__ for side, e in engines.items()})
+    for side, eng in engines.items():
+        for w in range(args.warmup):
+            timed_run(eng, WARMUP_SEED + w)
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in engines}
     load = [os.getloadavg()[0]]
     for repeat in range(args.repeats):
@@ -81,7 +89,7 @@ def main() -> None:
     ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(*runs.values())]      # per repeat, whatever the order
     print(f"GEMM / oneDNN tok/s, run by run: {', '.join(f'{r:.2f}' for r in ratios)} "
           f"(median {statistics.median(ratios):.2f}); load average {load[0]:.1f} -> {load[1]:.1f}")
-    print("wrote", write_result("gemm_ab", {"dtype": args.dtype, "runs": runs, "medians": medians, "load_avg": load}))
+    print("wrote", write_result("gemm_ab", {"dtype": args.dtype, "warmup": args.warmup, "runs": runs, "medians": medians, "load_avg": load}))
 
 
 if __name__ == "__main__":

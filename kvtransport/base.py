@@ -4,7 +4,8 @@ steps below, with the moving decode node in P's place).
 
   decode node D                                   prefill node P
   1. recv.register(Reservation(xfer_id, dst_block_ids, cached_prefix_blocks))
-                                                   2. send.connect(D endpoint)      (once per D)
+                                                   2. send.connect(D endpoint)      (once per D;
+                                                      try_connect on a loop)
                                                    3. send.begin(xfer_id, D endpoint)  (queued)
                                                    4. send.send_blocks(...)  per step's finished blocks
                                                    5. send.commit(xfer_id, first_token, n)
@@ -48,6 +49,15 @@ class KVSender(ABC):
         Raises HandshakeError naming the field if the layouts differ, TransportError if the
         peer refuses or does not answer within timeout.
         """
+
+    def try_connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity | None:
+        """connect() a step at a time, for a node's loop: never waits for the receiver's replies.
+
+        Returns its identity once paired, None while the pairing is under way (call again, e.g.
+        on the loop's next tick, to move it on). The first call starts it; a later one raises as
+        connect() would once it fails or timeout has passed since it started. This default pairs
+        in one call (up to timeout), for a backend that has no steps."""
+        return self.connect(endpoint, timeout)
 
     @abstractmethod
     def begin(self, xfer_id: str, endpoint: str) -> None:

@@ -1,7 +1,9 @@
 """The send side's flow, one for every backend: a SenderCore over a link and a payload channel.
 
   connect   link.open -> auth hello / challenge / Hello / HelloAck (kvtransport.session) ->
-            channel.paired (e.g. join the pair's process group) -> link.paired
+            channel.paired (e.g. join the pair's process group) -> link.paired; try_connect takes
+            it a step per call, never waiting for the receiver's replies (torch_dist's group
+            join, in the last step, still waits up to the pairing's timeout)
   send      header sealed by the core; the payload inline (tracked, zero-copy) or out of band;
             blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel,
             within this sender's max_batch_bytes and the receiver's (its HelloAck); a layer group's
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
@@ -28,6 +30,8 @@ from kvtransport.payload_channel import PayloadChannel
 from kvtransport.sender_core import SenderCore
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import BATCH_BYTES, BlockBatch, BlockFrame, LayerBatch, Message, batch_blocks
+
+Pairing = Generator[None, "float | None", PeerIdentity]    # a handshake's steps: send() each its wait
 
 
 class Sender(KVSender):
@@ -44,21 +48,23 @@ class Sender(KVSender):
         self.metrics = self._core.metrics
         self._remotes: dict[str, PeerIdentity] = {}
         self._pending: dict[str, list[Completion]] = defaultdict(list)   # xfer_id -> payloads in flight
+        self._pairings: dict[str, Pairing] = {}      # endpoint -> its handshake under way (_pair)
 
     def connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity:
+        remote = self.try_connect(endpoint, timeout)
+        while remote is None:       # each step waits up to the pairing's deadline
+            remote = self._advance(endpoint, timeout)
+        return remote
+
+    def try_connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity | None:
         if self._core.is_connected(endpoint):
             return self._remotes[endpoint]
-        self._close(endpoint)
-        self._link.open(endpoint)
-        try:
-            remote = self._pair(endpoint, time.monotonic() + timeout)
-            self._channel.paired(endpoint, remote, lambda t: self._read(endpoint, t), timeout)
-        except BaseException:
-            self._link.close(endpoint)
-            raise
-        self._link.paired(endpoint)
-        self._remotes[endpoint] = remote
-        return remote
+        if endpoint not in self._pairings:
+            self._close(endpoint)
+            self._link.open(endpoint)
+            self._pairings[endpoint] = self._pair(endpoint, timeout)
+            self._advance(endpoint, None)       # the hello leaves
+        return self._advance(endpoint, 0.0)
 
     def begin(self, xfer_id: str, endpoint: str) -> None:
         self._core.begin(xfer_id, endpoint)
@@ -155,7 +161,8 @@ class Sender(KVSender):
             for endpoint, frames in self._core.due_heartbeats():
                 self._link.try_send(endpoint, frames)
             events = self._core.take_events()
-            for endpoint in [e for e in self._link.endpoints() if not self._core.is_connected(e)]:
+            for endpoint in [e for e in self._link.endpoints()
+                             if not self._core.is_connected(e) and e not in self._pairings]:
                 self._close(endpoint)
             if events or time.monotonic() >= deadline:
                 return events
@@ -165,18 +172,42 @@ class Sender(KVSender):
             self._close(endpoint, linger=1.0)     # let a last Commit or Abort leave
         self._link.shutdown()
 
-    def _pair(self, endpoint: str, deadline: float) -> PeerIdentity:
-        """The handshake over endpoint's new connection; returns the receiver's identity."""
+    def _pair(self, endpoint: str, timeout: float) -> Pairing:
+        """The handshake over endpoint's new connection, as steps (_advance); returns the
+        receiver's identity, paired."""
+        deadline = time.monotonic() + timeout
         self._link.send(endpoint, self._core.auth_hello(endpoint))
-        challenge = self._reply(endpoint, deadline)
+        challenge = yield from self._reply(endpoint, deadline)
         self._link.send(endpoint, self._core.on_challenge(endpoint, challenge))
-        return self._core.accept_ack(endpoint, self._reply(endpoint, deadline))
+        remote = self._core.accept_ack(endpoint, (yield from self._reply(endpoint, deadline)))
+        self._channel.paired(endpoint, remote, lambda t: self._read(endpoint, t), timeout)
+        self._link.paired(endpoint)
+        self._remotes[endpoint] = remote
+        return remote
 
-    def _reply(self, endpoint: str, deadline: float) -> list:
-        frames = self._link.recv(endpoint, max(0.0, deadline - time.monotonic()))
-        if frames is None:
-            raise TransportError(f"{endpoint} did not answer the pairing in time")
-        return frames
+    def _reply(self, endpoint: str, deadline: float) -> Generator[None, float, list]:
+        """The receiver's next message: each step waits up to the seconds sent to it."""
+        while True:
+            wait = yield
+            frames = self._link.recv(endpoint, max(0.0, min(wait, deadline - time.monotonic())))
+            if frames is not None:
+                return frames
+            if time.monotonic() >= deadline:
+                raise TransportError(f"{endpoint} did not answer the pairing in time")
+
+    def _advance(self, endpoint: str, wait: float | None) -> PeerIdentity | None:
+        """One step of the pairing with endpoint, waiting up to wait s (None: its first step);
+        the receiver's identity once paired. A failed pairing closes its connection and raises."""
+        try:
+            self._pairings[endpoint].send(wait)
+            return None
+        except StopIteration as paired:
+            del self._pairings[endpoint]
+            return paired.value
+        except BaseException:
+            del self._pairings[endpoint]
+            self._link.close(endpoint)
+            raise
 
     def _read(self, endpoint: str, timeout: float) -> Message | None:
         frames = self._link.recv(endpoint, timeout)
@@ -191,6 +222,7 @@ class Sender(KVSender):
 
     def _close(self, endpoint: str, linger: float = 0.0) -> None:
         self._remotes.pop(endpoint, None)
+        self._pairings.pop(endpoint, None)
         if endpoint in self._link.endpoints():
             self._channel.unpaired(endpoint)
         self._link.close(endpoint, linger)

@@ -51,6 +51,8 @@ class NodeConfig(EngineArgs):
     kv_advertise_host: str | None = None  # decode nodes: the host prefill nodes reach it at; default: kv_bind's
     heartbeat_s: float = 0.5             # seconds between heartbeats to the router
     router_timeout_s: float = 10.0       # no reply from the router this long: register again (new epoch)
+    kv_connect_timeout_s: float = 10.0   # prefill nodes: pairing with a decode node's KV receiver (off the loop,
+                                         # a step per tick); requests for it wait this long at most, then fail
     lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
     kv_transport: str = "zmq"            # zmq: payloads as ZeroMQ frames; torch_dist: tensor sends
                                          # (NCCL between CUDA pools, gloo between CPU pools)
@@ -77,8 +79,8 @@ class NodeConfig(EngineArgs):
             raise ValueError(f"node_id must be 1-64 characters of [A-Za-z0-9._:-], got {self.node_id!r}")
         if not self.router.startswith(("tcp://", "ipc://")):
             raise ValueError(f"router must be a tcp:// or ipc:// endpoint, got {self.router!r}")
-        if self.heartbeat_s <= 0 or self.lease_s <= 0 or self.router_timeout_s <= 0:
-            raise ValueError("heartbeat_s, lease_s and router_timeout_s must be > 0")
+        if min(self.heartbeat_s, self.lease_s, self.router_timeout_s, self.kv_connect_timeout_s) <= 0:
+            raise ValueError("heartbeat_s, lease_s, router_timeout_s and kv_connect_timeout_s must be > 0")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if not 1 <= self.kv_batch_mib <= BATCH_BYTES_LIMIT >> 20:

@@ -2,8 +2,10 @@
 
 Request lifecycle:
   1. the router sends PrefillRequest(rid, prompt, params, D's KV endpoint, xfer_id, D's blocks)
-  2. the node pairs with D's receiver (once per D), opens the transfer, queues the prompt
-     with max_tokens = 1 (chunked prefill, batched with other prompts, its own prefix cache)
+  2. the node pairs with D's receiver (once per D: a step per tick, the loop serving on; the
+     requests for D wait, and fail after --kv-connect-timeout-s if it cannot be paired), opens
+     the transfer, queues the prompt with max_tokens = 1 (chunked prefill, batched with other
+     prompts, its own prefix cache)
   3. each step, the BlockShipper ships every block that became full (the partial last block
      once the whole prompt is computed), zero-copy, pinned until sent
   4. the step that samples the first token sends it to the router at once (FirstToken), then
@@ -36,6 +38,7 @@ class PrefillService(NodeService):
     def __init__(self, config: NodeConfig):
         self.shipper = BlockShipper(config.kv_layer_groups, config.kv_layer_group_min_blocks)
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
+        self._unpaired: dict[str, list[PrefillRequest]] = {}   # D's endpoint -> requests waiting for its pairing
         super().__init__(config, observer=self.shipper)
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
@@ -52,9 +55,10 @@ class PrefillService(NodeService):
     def poll(self, timeout: float) -> None:
         for msg in self.link.poll(timeout):
             if isinstance(msg, PrefillRequest):
-                self._start(msg)
+                self._unpaired.setdefault(msg.kv_endpoint, []).append(msg)
             elif isinstance(msg, AbortRequest):
                 self._abort(msg.rid, "aborted by the router", notify=False)
+        self._pair()
         for failed in self.sender.poll(0.0):
             rid = next((r for r, s in self.shipper.shipments.items() if s.xfer_id == failed.xfer_id), None)
             if rid is not None:
@@ -93,9 +97,24 @@ class PrefillService(NodeService):
         self.shipper.release_all()
 
     # -- requests ---------------------------------------------------------------------------
+    def _pair(self) -> None:
+        """A step of each pairing that requests wait for (none waits for a paired D's): they start
+        once their D is paired, or fail (retryably) if it cannot be."""
+        for endpoint in list(self._unpaired):
+            try:
+                if self.sender.try_connect(endpoint, self.config.kv_connect_timeout_s) is None:
+                    continue
+                error = ""
+            except (HandshakeError, RuntimeError, ValueError) as e:
+                error = f"cannot reach decode node: {e}"[:500]
+            for req in self._unpaired.pop(endpoint):
+                if error:
+                    self.link.send(RequestFailed(req.rid, error, True))
+                else:
+                    self._start(req)
+
     def _start(self, req: PrefillRequest) -> None:
         try:
-            self.sender.connect(req.kv_endpoint)
             self.sender.begin(req.xfer_id, req.kv_endpoint)
         except (HandshakeError, RuntimeError, ValueError) as e:
             self.link.send(RequestFailed(req.rid, f"cannot reach decode node: {e}"[:500], True))
@@ -119,10 +138,14 @@ class PrefillService(NodeService):
         """The router's session was lost: every request here is the router's to run again."""
         for rid in list(self.shipper.shipments):
             self._abort(rid, "the router's session was lost", notify=False)
+        for waiting in self._unpaired.values():     # their pairings go on (a later request may use them)
+            waiting.clear()
 
     def _abort(self, rid: str, reason: str, notify: bool, retryable: bool = True) -> None:
         if notify:      # before the transfer's abort, whose echo from the decode node says less
             self.link.send(RequestFailed(rid, reason[:500], retryable))
+        for waiting in self._unpaired.values():
+            waiting[:] = [r for r in waiting if r.rid != rid]
         self.engine.abort_request(rid)
         shipment = self.shipper.close(rid)
         if shipment is not None:

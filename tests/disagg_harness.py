@@ -3,6 +3,7 @@ the real control protocol over real ZMQ DEALER sockets, so the router side runs 
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import uvloop
 import zmq
@@ -151,10 +152,22 @@ class Cluster:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        await self._end_removals(failing=exc[0] is not None)
         self.backend.close()
         for node in self.nodes.values():
             node.die()
         self.ctx.destroy(linger=0)      # also any socket a failed test left open
+
+    async def _end_removals(self, failing: bool) -> None:
+        """Cancels the removes still under way and awaits every one, so none is left pending or
+        with an exception nobody retrieved; one that failed by itself fails a test that passed."""
+        pending = [t for t in self.removals if not t.done()]
+        for task in pending:
+            task.cancel()
+        results = await asyncio.gather(*self.removals, return_exceptions=True)
+        errors = [r for t, r in zip(self.removals, results) if t not in pending and isinstance(r, Exception)]
+        if errors and not failing:
+            raise errors[0]
 
     async def node(self, node_id: str, role: str, epoch: str = "e1") -> ScriptedNode:
         node = ScriptedNode(self.ctx, self.backend.control_endpoint, node_id, role, epoch)
@@ -172,9 +185,17 @@ class Cluster:
 
 
 def run(test, loop: str = "asyncio"):
+    """Runs the test on a fresh loop (20 s at most); fails it if anything reached the loop's
+    exception handler (e.g. a task's exception nobody retrieved)."""
+    unhandled: list[dict] = []
+
     async def bounded():
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: unhandled.append(context))
         return await asyncio.wait_for(test(), 20)
-    return uvloop.run(bounded()) if loop == "uvloop" else asyncio.run(bounded())
+    result = uvloop.run(bounded()) if loop == "uvloop" else asyncio.run(bounded())
+    gc.collect()        # a task in a reference cycle reports its exception when collected
+    assert not unhandled, f"unhandled on the loop: {[c.get('exception') or c['message'] for c in unhandled]}"
+    return result
 
 
 async def until(ok, timeout: float = 5.0) -> None:

@@ -7,6 +7,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -64,6 +65,7 @@ class NodeHarness:
         self.cached: dict[str, set[bytes]] = {"prefill-0": set(), "decode-0": set()}  # by the KV events
         self.evicted: dict[str, int] = {"prefill-0": 0, "decode-0": 0}              # hashes they removed
         self.intact: dict[str, bool] = {}         # node -> block conservation held when it closed
+        self.beats: Counter[str] = Counter()      # node -> NodeStatus heartbeats received
         self.threads = [threading.Thread(target=self._serve, args=(s,), daemon=True)
                         for s in (self.prefill, self.decode)]
         for t in self.threads:
@@ -91,6 +93,7 @@ class NodeHarness:
         if isinstance(msg, NodeHello):
             self.hellos[node] = msg
         if isinstance(msg, (NodeHello, NodeStatus)):
+            self.beats[node] += isinstance(msg, NodeStatus)
             return self.send(node, NodeCommand("ok"))
         if isinstance(msg, KVEvents):
             held = self.cached[node] = set() if msg.reset else self.cached[node]

@@ -12,9 +12,11 @@
  *   wake, and under a static split the calling thread then waits for it; guided, the caller
  *   starts on the first tiles and the late thread takes a smaller share. A guided chunk is
  *   consecutive tiles, so the next tile is this thread's next task but at a chunk's end.
- * - At the end the caller spins up to SPIN_TICKS for the other threads' last tasks instead of
+ * - At the end the caller spins up to SPIN_NS for the other threads' last tasks instead of
  *   sleeping in the closing barrier and waiting to be woken; unbounded, that spin cost more than
- *   it saved when other processes wanted the core (bench/README.md, "float32 GEMM").
+ *   it saved when other processes wanted the core (bench/README.md, "float32 GEMM"). The bound
+ *   is read off CLOCK_MONOTONIC (vDSO, ~20 ns a read), not TSC ticks, whose rate differs by
+ *   machine.
  */
 #ifndef PDSERVE_GEMM_TASKS_H
 #define PDSERVE_GEMM_TASKS_H
@@ -22,13 +24,13 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
-#include <x86intrin.h>
+#include <time.h>
 
 #define TILE_N 64           /* columns per packed tile */
 #define VECS (TILE_N / 16)  /* accumulator vectors per row */
 #define MAX_ROWS 6          /* rows per register block: MAX_ROWS x VECS accumulators (24 zmm) */
 #define ROW_CHUNK 96        /* rows per task */
-#define SPIN_TICKS 50000    /* the caller's wait for the other threads' last tasks, at most (~20 us) */
+#define SPIN_NS 20000       /* the caller's wait for the other threads' last tasks, at most (20 us) */
 
 /* One call's operands. x, out: rows of x_stride / out_stride elements; packed: tiles of
  * tile_bytes; bias: [n] or NULL. */
@@ -70,6 +72,13 @@ static inline __attribute__((always_inline)) void gemm_task(const struct gemm_ca
     }
 }
 
+/* CLOCK_MONOTONIC in ns. */
+static inline uint64_t gemm_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 /* One thread's part of a call's tasks: call it inside `#pragma omp parallel` in each GEMM, with
  * its block function (a constant there, so the call is direct once inlined into the region's
  * outlined body) and a shared count of finished tasks starting at 0. The tasks go out guided
@@ -89,8 +98,8 @@ static inline __attribute__((always_inline)) void gemm_thread(const struct gemm_
     }
     __atomic_fetch_add(done, mine, __ATOMIC_RELEASE);
     if (omp_get_thread_num() == 0)
-        for (const uint64_t until = __rdtsc() + SPIN_TICKS;
-             __atomic_load_n(done, __ATOMIC_ACQUIRE) < chunks * tiles && __rdtsc() < until;)
+        for (const uint64_t until = gemm_now_ns() + SPIN_NS;
+             __atomic_load_n(done, __ATOMIC_ACQUIRE) < chunks * tiles && gemm_now_ns() < until;)
             _mm_pause();
 }
 

@@ -44,6 +44,7 @@ class NodeOperator:
         self._deadlines: dict[str, tuple[str, asyncio.TimerHandle]] = {}   # node id -> (epoch, timer)
         self._evacuating: dict[str, asyncio.Task] = {}          # node id -> its take-out
         self.scaler: PoolScaler | None = None       # set by the deployment that starts the nodes
+        self._closed = False
 
     def nodes(self) -> list[NodeView]:
         """Every registered node, by id."""
@@ -98,6 +99,7 @@ class NodeOperator:
         self._server.membership.restarts.labels(node_id).inc()
 
     def close(self) -> None:
+        self._closed = True     # a take-out whose wait the router's close also ended may not see the cancel
         for node_id in list(self._deadlines):
             self._cancel(node_id)
         for task in self._evacuating.values():
@@ -134,6 +136,8 @@ class NodeOperator:
             pass            # what is still there moves re-prefilled once the node is lost
         finally:
             self._evacuating.pop(node_id, None)
+        if self._closed:        # (wait_for returns a wait that finished beside the cancel): it stops here
+            return
         info = self._server.info(node_id)
         if info is not None and info.hello.epoch == epoch:
             self._server.remove(node_id, loss)

@@ -3,6 +3,8 @@ DisaggregatedBackend with scripted nodes (tests/disagg_harness.py) and the app o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import AsyncIterator, NamedTuple
 
 import httpx
 import pytest
@@ -13,7 +15,7 @@ from pdwire.messages import Reserved
 from router.http.app import create_app
 from router.config import RouterConfig
 from router.http.metrics import RouterMetrics
-from tests.disagg_harness import LOSSY, PROMPT, END, Cluster, ScriptedNode, first_of, run, until, view
+from tests.disagg_harness import LOSSY, PROMPT, END, Cluster, Consumer, ScriptedNode, first_of, run, until, view
 from tests.fake_backend import FakeBackend
 from tests.http_helpers import error_of
 
@@ -63,6 +65,27 @@ async def first_tokens(p: ScriptedNode, ds: list[ScriptedNode], out) -> tuple[Sc
     d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, ""))
     assert view(await out.next()) == ([([11, 12], "ab", None)], False)
     return d, ds[1 - ds.index(d)]
+
+
+class MidStream(NamedTuple):
+    c: Cluster
+    p: ScriptedNode
+    d: ScriptedNode             # r1's decode node
+    other: ScriptedNode         # the other decode node
+    out: Consumer               # r1's stream
+    http: httpx.AsyncClient     # the admin client
+
+
+@contextlib.asynccontextmanager
+async def mid_stream(max_tokens: int) -> AsyncIterator[MidStream]:
+    """A cluster of prefill-0 and two decode nodes with r1 (max_tokens) past its first two tokens
+    (first_tokens), and the admin client."""
+    async with Cluster() as c:
+        p, ds = await cast(c)
+        out = c.generate(max_tokens=max_tokens)
+        d, other = await first_tokens(p, ds, out)
+        async with admin_client(c.backend) as http:
+            yield MidStream(c, p, d, other, out, http)
 
 
 async def removed_mid_stream(c: Cluster, p: ScriptedNode, ds: list[ScriptedNode], out) -> tuple[ScriptedNode, ScriptedNode]:
@@ -165,28 +188,24 @@ def test_drain_lets_the_running_request_finish_sends_no_new_work_then_tells_the_
     """A drained decode node finishes its request, gets no new one, is told "leave" at its first idle
     heartbeat and its goodbye is taken; the metrics count one drain, one drained loss, one goodbye."""
     async def test():
-        async with Cluster() as c:
-            p, ds = await cast(c)
-            out = c.generate(max_tokens=3)
-            drained, other = await first_tokens(p, ds, out)
-            async with admin_client(c.backend) as http:
-                reply = await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 30})
-                assert reply.status_code == 200
-                assert (reply.json()["state"], 29 < reply.json()["drain_deadline_s"] <= 30) == ("draining", True)
-                await until(lambda: "drain" in drained.commands)
-                second = c.generate("r2", max_tokens=1)
-                assert (await other.expect(DecodeRequest)).rid == "r2"
-                drained.send(TokenDelta("r1", 2, (13,), 2, "c", None, "length"))
-                assert view(await out.next()) == ([([11, 12, 13], "abc", "length")], True)
-                assert await out.next() is END
-                await drained.assert_silent(0.1)
-                assert "leave" not in drained.commands          # it still reports a running request
-                drained.num_running = 0
-                await until(lambda: "leave" in drained.commands)
-                drained.stop_heartbeat()
-                drained.send(NodeGoodbye(drained.node_id, drained.epoch, "told to leave"))
-                await until(lambda: membership(c.backend)["pdserve_router_node_goodbyes_total"] == 1)
-                listed = [n["id"] for n in (await http.get("/admin/nodes")).json()["data"]]
+        async with mid_stream(max_tokens=3) as (c, p, drained, other, out, http):
+            reply = await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 30})
+            assert reply.status_code == 200
+            assert (reply.json()["state"], 29 < reply.json()["drain_deadline_s"] <= 30) == ("draining", True)
+            await until(lambda: "drain" in drained.commands)
+            second = c.generate("r2", max_tokens=1)
+            assert (await other.expect(DecodeRequest)).rid == "r2"
+            drained.send(TokenDelta("r1", 2, (13,), 2, "c", None, "length"))
+            assert view(await out.next()) == ([([11, 12, 13], "abc", "length")], True)
+            assert await out.next() is END
+            await drained.assert_silent(0.1)
+            assert "leave" not in drained.commands          # it still reports a running request
+            drained.num_running = 0
+            await until(lambda: "leave" in drained.commands)
+            drained.stop_heartbeat()
+            drained.send(NodeGoodbye(drained.node_id, drained.epoch, "told to leave"))
+            await until(lambda: membership(c.backend)["pdserve_router_node_goodbyes_total"] == 1)
+            listed = [n["id"] for n in (await http.get("/admin/nodes")).json()["data"]]
             assert listed == sorted(["prefill-0", other.node_id])
             assert membership(c.backend) == counts(3, (1, 1), goodbyes=1, drains=1, extra={
                 'pdserve_router_node_losses_total{cause="drained"}': 1})
@@ -199,16 +218,12 @@ def test_drain_deadline_moves_the_running_request_with_an_exact_continuation():
     tokens), is told to leave and lost (cause drained): its request continues on the other decode
     node re-prefilled from prompt + the 2 emitted tokens, exactly."""
     async def test():
-        async with Cluster() as c:
-            p, ds = await cast(c)
-            out = c.generate(max_tokens=4)
-            drained, live = await first_tokens(p, ds, out)
-            async with admin_client(c.backend) as http:
-                reply = await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
-                assert reply.status_code == 200
-                assert (await drained.expect(PauseRequest)).rid == "r1"
-                drained.send(Paused("r1", 0, 0))
-                req = await live.expect(DecodeRequest, timeout=5.0)
+        async with mid_stream(max_tokens=4) as (c, p, drained, live, out, http):
+            reply = await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
+            assert reply.status_code == 200
+            assert (await drained.expect(PauseRequest)).rid == "r1"
+            drained.send(Paused("r1", 0, 0))
+            req = await live.expect(DecodeRequest, timeout=5.0)
             await until(lambda: "leave" in drained.commands)
             assert drained.commands.index("drain") < drained.commands.index("leave")
             await continue_on(live, p, req, out)
@@ -223,25 +238,21 @@ def test_remove_moves_the_running_request_at_once_and_the_node_cannot_rejoin_in_
     (Paused with 0 tokens), and only then answered "removed"; the request continues exactly on the
     other decode node, re-prefilled; a hello or heartbeat in the same epoch is answered "leave"."""
     async def test():
-        async with Cluster() as c:
-            p, ds = await cast(c)
-            out = c.generate(max_tokens=4)
-            removed, live = await first_tokens(p, ds, out)
-            async with admin_client(c.backend) as http:
-                posted = asyncio.create_task(http.post(f"/admin/nodes/{removed.node_id}/remove"))
-                assert (await removed.expect(PauseRequest)).rid == "r1"
-                assert not posted.done()                    # the node is still there: no answer yet
-                removed.send(Paused("r1", 0, 0))
-                reply = await posted
-                assert (reply.status_code, reply.json()["state"]) == (200, "removed")
-                assert c.backend.server.info(removed.node_id) is None      # out when answered; "leave" on its way
-                req = await live.expect(DecodeRequest, timeout=5.0)
-                await continue_on(live, p, req, out)
-                await until(lambda: "leave" in removed.commands)
-                await removed.hello()
-                await asyncio.sleep(0.15)        # heartbeats go on: each answered "leave"
-                assert set(removed.commands[removed.commands.index("leave"):]) == {"leave"}
-                listed = [n["id"] for n in (await http.get("/admin/nodes")).json()["data"]]
+        async with mid_stream(max_tokens=4) as (c, p, removed, live, out, http):
+            posted = asyncio.create_task(http.post(f"/admin/nodes/{removed.node_id}/remove"))
+            assert (await removed.expect(PauseRequest)).rid == "r1"
+            assert not posted.done()                    # the node is still there: no answer yet
+            removed.send(Paused("r1", 0, 0))
+            reply = await posted
+            assert (reply.status_code, reply.json()["state"]) == (200, "removed")
+            assert c.backend.server.info(removed.node_id) is None      # out when answered; "leave" on its way
+            req = await live.expect(DecodeRequest, timeout=5.0)
+            await continue_on(live, p, req, out)
+            await until(lambda: "leave" in removed.commands)
+            await removed.hello()
+            await asyncio.sleep(0.15)        # heartbeats go on: each answered "leave"
+            assert set(removed.commands[removed.commands.index("leave"):]) == {"leave"}
+            listed = [n["id"] for n in (await http.get("/admin/nodes")).json()["data"]]
             assert listed == sorted(["prefill-0", live.node_id])
             assert membership(c.backend) == counts(3, (1, 1), removals=1, extra={
                 'pdserve_router_node_losses_total{cause="removed"}': 1,
@@ -286,21 +297,33 @@ def test_a_remove_landing_on_a_drain_deadlines_take_out_is_answered_drained_not_
     lands: the remove waits for that take-out, answers state "drained" (the loss recorded), and
     counts no removal."""
     async def test():
-        async with Cluster() as c:
-            p, ds = await cast(c)
-            out = c.generate(max_tokens=4)
-            drained, live = await first_tokens(p, ds, out)
-            async with admin_client(c.backend) as http:
-                await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
-                assert (await drained.expect(PauseRequest)).rid == "r1"
-                removing = asyncio.create_task(http.post(f"/admin/nodes/{drained.node_id}/remove"))
-                await asyncio.sleep(0.2)        # the remove has found the take-out under way
-                assert not removing.done()
-                drained.send(Paused("r1", 0, 0))
-                reply = await removing
+        async with mid_stream(max_tokens=4) as (c, p, drained, live, out, http):
+            await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
+            assert (await drained.expect(PauseRequest)).rid == "r1"
+            removing = asyncio.create_task(http.post(f"/admin/nodes/{drained.node_id}/remove"))
+            await asyncio.sleep(0.2)        # the remove has found the take-out under way
+            assert not removing.done()
+            drained.send(Paused("r1", 0, 0))
+            reply = await removing
             assert reply.status_code == 200 and reply.json()["state"] == "drained"
             got = membership(c.backend)
             assert got["pdserve_router_node_removals_total"] == 0
             assert got['pdserve_router_node_losses_total{cause="drained"}'] == 1
             assert 'pdserve_router_node_losses_total{cause="removed"}' not in got
+    run(test)
+
+
+def test_the_cluster_ends_a_remove_still_under_way_and_raises_one_that_failed():
+    """Cluster's exit cancels and awaits a remove still waiting for its node's request to move
+    (none is left pending); a remove that failed by itself (an unknown node) raises at the exit
+    of a test that passed, not as an exception nobody retrieved."""
+    async def test():
+        async with mid_stream(max_tokens=4) as (c, p, d1, _, out, http):
+            removing = c.remove(d1.node_id)
+            assert (await d1.expect(PauseRequest)).rid == "r1"
+            assert not removing.done()
+        assert removing.cancelled()
+        with pytest.raises(KeyError, match="decode-9"):
+            async with Cluster() as c:
+                await until(c.remove("decode-9").done)
     run(test)
