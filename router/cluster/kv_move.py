@@ -39,6 +39,8 @@ class MoveOut(NamedTuple):
     """In an attempt's inbox: its decode node is being taken out; move the request with its blocks."""
     node_id: str
     loss: NodeLoss
+    epoch: str = ""         # the node's incarnation when it was paused
+    since: float = 0.0      # the loop's time then: the move's kv_move_timeout_s counts from it
 
     def failure(self, detail: str) -> Failure:
         """The fallback: a re-prefill move, counted under the loss's cause."""
@@ -71,9 +73,10 @@ class KVMoves:
             return False
         atts = {a for a in self._attempts.values() if a.decode_id == node_id and a.first_token
                 and not a.decode_done and not a.ended and not a.writer}
+        info, now = self._server.info(node_id), asyncio.get_running_loop().time()
         for att in atts:
             self._server.send(node_id, PauseRequest(att.wire_rid))
-            att.inbox.put_nowait(MoveOut(node_id, loss))
+            att.inbox.put_nowait(MoveOut(node_id, loss, info.hello.epoch if info is not None else "", now))
         self._moving[node_id] = atts
         return bool(atts)
 
@@ -123,12 +126,13 @@ class KVMoves:
         """Steps 2-4 for `att` (paused by start()): (the new attempt, its blocks on their way,
         None), or (None, the failure to re-prefill after), or (None, None) when the choice
         finished meanwhile."""
-        deadline = asyncio.get_running_loop().time() + self._timeout_s
-        paused = await self._paused(request, choice, att, deadline)
+        paused = await self._paused(request, choice, att, out.since + self._timeout_s)
         if choice.finish_reason is not None or isinstance(paused, Failure):
             return None, paused
         if paused is None:
             return None, out.failure(f"not paused within {self._timeout_s:g} s")
+        if not self._holds(out):        # lost after its Paused: its Lost waits behind it, unread
+            return None, out.failure("lost after it paused")
         if paused.num_tokens == 0 or att.base + paused.num_tokens != len(choice.token_ids):
             return None, out.failure(f"{paused.num_tokens} tokens held of {len(choice.token_ids) - att.base}")
         if att.text_base + paused.text_chars > choice.out.length:     # the node's word, checked: no hang
@@ -136,15 +140,17 @@ class KVMoves:
                                      f"{choice.out.length - att.text_base}")
         moved = self._new_attempt(request, choice, len(choice.token_ids) - 1, att.text_base + paused.text_chars)
         moved.writer, moved.first_token = out.node_id, True     # the client has its first token
-        self._moving.setdefault(out.node_id, set()).add(moved)
+        if out.node_id in self._moving:         # not when the take-out gave up waiting already
+            self._moving[out.node_id].add(moved)
         try:
             reply = await self._admission.reserve_move(choice, moved)
         except NoNodeAvailable as err:
             reply = Failure(out.node_id, str(err), True)
         endpoint = self._endpoint(moved.decode_id)
-        if not isinstance(reply, Reserved) or not endpoint:
+        if not isinstance(reply, Reserved) or not endpoint or not self._holds(out):
             self._end_attempt(moved)
-            return None, out.failure(f"no reservation for its blocks ({_why(reply)})")
+            why = f"no reservation for its blocks ({_why(reply)})" if self._holds(out) else "lost after it paused"
+            return None, out.failure(why)
         moved.contacted.add(out.node_id)
         if (booking := att.bookings.pop(out.node_id, None)) is not None:
             moved.bookings[out.node_id] = booking     # D1 is not idle until D2 has the blocks
@@ -173,6 +179,13 @@ class KVMoves:
             if failure is not None:
                 return failure
         return None
+
+    def _holds(self, out: MoveOut) -> bool:
+        """Whether the node that paused still holds the blocks: the same incarnation, still there
+        (a node lost after its Paused would never be sent the ShipRequest: the new attempt would
+        wait out the reservation's lease for a writer that is gone)."""
+        info = self._server.info(out.node_id)
+        return info is not None and info.hello.epoch == out.epoch
 
     def _endpoint(self, node_id: str) -> str:
         """The node's KV receiver ("" if the node is gone)."""

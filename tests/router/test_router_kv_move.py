@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +14,7 @@ from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye
 from pdwire.messages import Busy, Reserved
 from pdwire.sampling_params import SamplingParams
 from router.cluster.disagg_request import Attempt
-from router.cluster.kv_move import KVMoves, MoveOut
+from router.cluster.kv_move import KVMoves
 from router.cluster.membership import LossCause, NodeLoss
 from router.config import MAX_KV_MOVE_TIMEOUT_S, RouterConfig
 from tests.disagg_harness import CONFIG, END, PROMPT, Cluster, run, until, view
@@ -144,6 +145,35 @@ def test_a_writer_failing_after_its_ship_request_falls_back_to_the_re_prefill_mo
     run(test)
 
 
+def test_a_writer_lost_right_after_it_paused_is_not_left_to_ship():
+    """D1 pauses holding 3 tokens and says goodbye at once, so its loss comes behind the Paused:
+    the move does not go on as if D1 held the blocks (its ShipRequest would go nowhere and the
+    moved attempt, made after the loss, would wait for a writer that is gone). r1 re-prefills
+    from prompt + 11, 12, 13 at once, counted as a re-prefill of the removal, no kv move."""
+    async def test():
+        async with Cluster() as c:
+            p, ds = await cast(c)
+            out = c.generate(max_tokens=4)
+            d1, live = await removed_mid_stream(c, p, ds, out)
+            d1.send(TokenDelta("r1", 2, (13,), 2, "c", None, ""))
+            d1.send(Paused("r1", 3, 2))
+            _leaves(d1)
+            ask = await live.expect(DecodeRequest)
+            if ask.prefill_node_id == d1.node_id:        # the move's ask went out before the loss was read
+                live.send(Reserved(ask.rid, "x2", (7, 8), 0))
+                assert (await live.expect(AbortRequest)).rid == ask.rid
+                ask = await live.expect(DecodeRequest)
+            assert (list(ask.prompt_ids), ask.prefill_node_id) == (PROMPT + [11, 12, 13], p.node_id)
+            live.send(Reserved(ask.rid, "x3", (7, 8, 9), 0))
+            await prefill_request(p)
+            p.send(FirstToken(ask.rid, 14, "d", None, "length"))
+            await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
+            got = membership(c.backend)
+            assert [k for k in got if "migrations" in k] == \
+                ['pdserve_router_migrations_total{cause="removed",how="reprefill"}'], got
+    run(test)
+
+
 def test_a_writer_lost_after_its_ship_request_leaves_the_move_to_the_live_node():
     """D1 says goodbye after its ShipRequest, its blocks already sent: the moved attempt waits for
     the live node, whose deltas from 13 on complete r1; nothing is aborted or re-prefilled, one
@@ -248,6 +278,9 @@ class _Sent:
     def send(self, node_id: str, msg: object) -> None:
         self.sent.append((node_id, msg))
 
+    def info(self, node_id: str):
+        return SimpleNamespace(hello=SimpleNamespace(epoch=f"{node_id}-e1"))
+
 
 def test_a_take_out_pauses_each_request_at_once_not_behind_the_deltas_it_has_yet_to_merge():
     """start() sends D1 the PauseRequest of each request decoding there when it is called, while
@@ -267,8 +300,14 @@ def test_a_take_out_pauses_each_request_at_once_not_behind_the_deltas_it_has_yet
     server = _Sent()
     moves = KVMoves(1.0, server, None, atts, None, None, None, 0)
     loss = NodeLoss(LossCause.REMOVED)
-    assert moves.start("d1", loss)
-    assert [(node, type(msg).__name__, msg.rid) for node, msg in server.sent] == [("d1", "PauseRequest", "r1")]
-    queued = [atts["r1"].inbox.get_nowait() for _ in range(len(backlog) + 1)]
-    assert queued == [*backlog, MoveOut("d1", loss)]       # its stream still merges them first
-    assert moves.start("d2", loss) and [msg.rid for _, msg in server.sent] == ["r1", "r2"]
+
+    async def test():
+        now = asyncio.get_running_loop().time()
+        assert moves.start("d1", loss)
+        assert [(node, type(msg).__name__, msg.rid) for node, msg in server.sent] == [("d1", "PauseRequest", "r1")]
+        queued = [atts["r1"].inbox.get_nowait() for _ in range(len(backlog) + 1)]
+        assert queued[:-1] == backlog                   # its stream still merges them first
+        out = queued[-1]
+        assert (out.node_id, out.loss, out.epoch) == ("d1", loss, "d1-e1") and now <= out.since   # the move's clock
+        assert moves.start("d2", loss) and [msg.rid for _, msg in server.sent] == ["r1", "r2"]
+    asyncio.run(test())
