@@ -26,6 +26,7 @@ take_refused(), to be counted with the dropped frames.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 
@@ -41,6 +42,12 @@ log = logging.getLogger("kvtransport")
 
 DEFAULT_BIND = "tcp://127.0.0.1:*"
 _DRAIN_BATCH = 256      # messages handled per wake-up before leases and peers are checked
+
+
+def _ms(timeout: float) -> int:
+    """A poll timeout in whole milliseconds, rounded up: truncated, the last millisecond before
+    a caller's deadline turned into polls of 0 ms, a busy loop (~10% of a core at 10 ms polls)."""
+    return max(0, math.ceil(timeout * 1000))
 
 
 class ZmqSendLink(SendLink):
@@ -63,7 +70,7 @@ class ZmqSendLink(SendLink):
 
     def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
         sock = self._socks[endpoint]
-        if not sock.poll(max(0, int(timeout * 1000)), zmq.POLLIN):
+        if not sock.poll(_ms(timeout), zmq.POLLIN):
             return None
         return sock.recv_multipart()
 
@@ -95,7 +102,7 @@ class ZmqSendLink(SendLink):
         poller = zmq.Poller()
         for sock in live.values():
             poller.register(sock, zmq.POLLIN)
-        ready = dict(poller.poll(int(timeout * 1000))) if live else {}
+        ready = dict(poller.poll(_ms(timeout))) if live else {}
         for endpoint, sock in live.items():
             while sock in ready:
                 try:
@@ -146,7 +153,7 @@ class ZmqReceiveLink(ReceiveLink):
         self._handle, self._lander = handle, lander
 
     def receive(self, timeout: float) -> None:
-        if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
+        if not self._sock.poll(_ms(timeout), zmq.POLLIN):
             return
         for _ in range(_DRAIN_BATCH):
             try:
