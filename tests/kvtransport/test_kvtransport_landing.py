@@ -187,3 +187,39 @@ def test_payloads_first_either_way_transfer_bit_exactly(old, monkeypatch):
         assert len(with_payloads) == 2 and all(len(f[-1]) == TRAILER_LEN for f in with_payloads)
     finally:
         _close(recv, send)
+
+
+@pytest.mark.parametrize("kind", ["bad MAC", "unreserved"])
+def test_a_header_landing_decoded_is_not_decoded_again(kind, monkeypatch):
+    """A message that landing() decodes and then leaves to handle() (its seal's MAC fails, a
+    block is not the transfer's) has its header decoded once, not twice, and is still dropped
+    once with its reason; the transfer then commits."""
+    src, dst, recv, send = _setup()
+    before, core, decoded = dst.clone(), recv._core, []
+    decode = core._framer._decode
+    monkeypatch.setattr(core._framer, "_decode", lambda buf: decoded.append(bytes(buf)) or decode(buf))
+    try:
+        ep = recv.endpoint
+        header = send._core.batch_header("x1", [1, 2], [DST_IDS[1], DST_IDS[2]], src)
+        garbage = memoryview(torch.full((header.nbytes,), 0xEE, dtype=torch.uint8).numpy())
+        n = header.nbytes
+        if kind == "bad MAC":
+            send._link.send(ep, _sealed(send, ep, header, [n, n], [garbage, garbage], flip_mac=True))
+        else:
+            bad_header, declared, payloads = _bad(kind, header, garbage)
+            send._link.send(ep, _sealed(send, ep, bad_header, declared, payloads))
+        reason = {"bad MAC": DropReason.BAD_MAC, "unreserved": DropReason.NOT_RESERVED}[kind]
+        assert _until(recv, lambda: recv.metrics.drops == Counter({reason: 1})) == []
+        assert len(decoded) == 1 and dst.equal(before)
+        _send_five_and_commit_after_drop(send, recv, src, reason)
+        assert _written_exactly(dst, before, src)
+    finally:
+        _close(recv, send)
+
+
+def _send_five_and_commit_after_drop(send, recv, src, reason) -> None:
+    ids = [1, 2, 3, 4, 5]
+    send.send_blocks("x1", ids, [DST_IDS[i] for i in ids], src, [SRC_IDS[i] for i in ids])
+    send.commit("x1", 777, NUM_TOKENS)
+    (ev,) = _events(recv)
+    assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter({reason: 1})
