@@ -166,8 +166,8 @@ class ZmqReceiveLink(ReceiveLink):
         """The rest of one message from peer (libzmq hands a multipart message over whole: every
         frame is here). Payload frames go straight into the lander's slots when it has them."""
         sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
-        frames: list[Buffer] = []
-        while more() and len(frames) < 2:       # the header, and the seal if it is one
+        frames: list[Buffer] = [sock.recv(zmq.NOBLOCK)] if more() else []   # the header: small, copied
+        if more():                              # the seal if it is one (else a payload: not copied)
             frames.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
         landing = self._lander.landing(peer, *frames) if self._lander is not None and more() else None
         if landing is None:
