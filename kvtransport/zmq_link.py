@@ -15,7 +15,7 @@ seal, payload*] (or [routing id, header, payload*, trailer] from a sender before
 payload is copied once, from libzmq's buffer into its pool block: by recv_into, frame by frame,
 when the Lander (ReceiverCore.landing) names its slot from the header and the seal, whose MAC it
 has checked (each frame's buffer is freed as soon as it is copied, so the next frames libzmq
-allocates reuse warm memory); else the message is received whole with copy=False and the sink
+allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped); else the message is received whole with copy=False and the sink
 copies it. libzmq disconnects a peer that sends a frame above the
 maximum message size; the receive high-water mark bounds what one peer can queue.
 
