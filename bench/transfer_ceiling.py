@@ -8,7 +8,9 @@ cheaper raw pattern: bench/transfer_recv_patterns.py). No headers, no checks, no
 what pdserve's transfer path is measured against. With `mac=True` each block also carries a
 small header sealed and opened by kvtransport.session.Session, one MAC per block, as an
 authenticated transport must at least do: [header, seal, block], the seal's MAC checked before
-the block is received into its slot (pdserve's order since the eleventh session).
+the block is received into its slot (pdserve's order since the eleventh session). Its process
+tells glibc to keep freed frames exactly as a ZmqReceiver does (kvtransport.heap), unless the
+bench runs both with glibc's defaults (retain_heap=False).
 """
 from __future__ import annotations
 
@@ -19,15 +21,18 @@ import time
 import torch
 import zmq
 
+from kvtransport.heap import retain_freed
 from kvtransport.session import Session
 
 HWM = 16
 _NONCES = (b"i" * 16, b"r" * 16)
 
 
-def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes) -> None:
+def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes, retain_heap: bool) -> None:
     """Receives `n` blocks per command into a pool of num_blocks blocks; reports its CPU seconds."""
     torch.set_num_threads(1)
+    if retain_heap:
+        retain_freed((HWM + 1) * nbytes)        # as ZmqReceiver: the queue and the message being read
     pool = memoryview(torch.zeros(num_blocks * nbytes, dtype=torch.uint8).numpy())
     ctx = zmq.Context(io_threads=1)
     sock = ctx.socket(zmq.ROUTER)
@@ -59,15 +64,16 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
 class Ceiling:
     """The sending end; start() spawns the receiver, run() times one transfer of n blocks."""
 
-    def __init__(self, src: torch.Tensor, bind: str, secret: bytes) -> None:
+    def __init__(self, src: torch.Tensor, bind: str, secret: bytes, retain_heap: bool = True) -> None:
         self._blocks = [memoryview(src[b].view(torch.uint8).view(-1).numpy()) for b in range(src.shape[0])]
         self._nbytes, self._bind, self._secret = len(self._blocks[0]), bind, secret
+        self._retain_heap = retain_heap
         self._ctx = zmq.Context(io_threads=1)
 
     def start(self) -> None:
         self._conn, child = mp.Pipe()
         self._proc = mp.get_context("spawn").Process(
-            target=ceiling_process, args=(child, self._nbytes, len(self._blocks), self._bind, self._secret))
+            target=ceiling_process, args=(child, self._nbytes, len(self._blocks), self._bind, self._secret, self._retain_heap))
         self._proc.start()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.SNDHWM, HWM)

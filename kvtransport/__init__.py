@@ -26,6 +26,7 @@
     payload_channel.py PayloadChannel: inline frames, or out of band (torch_dist.DistChannel)
     zmq_sender.py      ZmqSender    = Sender(zmq link, inline payloads)
     zmq_receiver.py    ZmqReceiver  = Receiver(zmq link, InlineSink / BlockWriterSink)
+    heap.py            glibc told to keep the frames libzmq frees (no page faults per received block)
     torch_dist.py      DistSender / DistReceiver: zmq link, payloads over NCCL / gloo pair groups
     fake.py            FakeSender / FakeReceiver: fake link, instant, for CPU tests
     factory.py         make_sender / make_receiver by transport name

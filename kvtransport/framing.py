@@ -92,11 +92,14 @@ class Framer:
             raise FrameError(e.reason, e.detail) from None
         return self.decode(opened)
 
-    def decode(self, opened: Sequence[Buffer]) -> Unpacked:
-        """The message in [header, *payloads] that a session has already opened."""
+    def decode(self, opened: Sequence[Buffer], msg: Any = None) -> Unpacked:
+        """The message in [header, *payloads] that a session has already opened (msg: the header
+        already decoded, by this framer, from these very bytes)."""
         payloads = tuple(memoryview(p) for p in opened[1:])
         if sum(len(p) for p in payloads) > self.max_payload_bytes:
             raise FrameError(DropReason.OVERSIZE, f"payloads of {[len(p) for p in payloads]} bytes")
+        if msg is not None:
+            return Unpacked(msg, payloads)
         try:
             return Unpacked(self._decode(memoryview(opened[0])), payloads)
         except ProtocolError as e:

@@ -122,6 +122,7 @@ class ReceiverCore:
         self._sink, self._send = sink, send
         self._peer_timeout, self._clock = peer_timeout, clock
         self._sessions: dict[str, _Session] = {}
+        self._unlanded: tuple[Buffer, Message] | None = None    # see landing(): (header, its message)
 
     @property
     def metrics(self) -> ReceiverMetrics:
@@ -148,12 +149,24 @@ class ReceiverCore:
         is taken: the link must hand every payload to landed()). Else None, with nothing taken:
         the message is received whole and handled as any other (so is every message in the order
         before the seal). No byte lands before the MAC has been checked; slots are blocks the
-        ledger still misses, reserved for a transfer that peer may touch."""
+        ledger still misses, reserved for a transfer that peer may touch. A header decoded here
+        and not landed is not decoded again by the handle() of the same message, which comes next
+        (a message in the older order whose first payload is shaped like a seal, for one)."""
+        self._unlanded = None
         declared = declared_lengths(seal)
         if declared is None or len(header) > self._framer.max_header_bytes or peer not in self._sessions:
             return None
         try:
             msg = self._framer.decode([header]).msg
+        except FrameError:
+            return None             # received whole, then counted with the reason it earns
+        landing = self._land(peer, header, seal, msg, declared)
+        self._unlanded = (header, msg) if landing is None else None
+        return landing
+
+    def _land(self, peer: str, header: Buffer, seal: Buffer, msg: Message, declared: list[int]) -> Landing | None:
+        """landing() once its header is decoded: the ledger's checks, the slots, the seal's MAC."""
+        try:
             first = msg.first_layer if type(msg) is LayerBatch else 0
             if type(msg) is BlockFrame and len(declared) == 1:
                 dsts = [self.ledger.check_block(peer, msg, declared[0])]
@@ -220,7 +233,11 @@ class ReceiverCore:
             if challenge is not None:
                 self._send(peer, [challenge])
             return Unpacked(None, ())
-        return self._framer.decode(self._authenticate(peer, frames))
+        opened = self._authenticate(peer, frames)
+        unlanded, self._unlanded = self._unlanded, None
+        if unlanded is not None and unlanded[0] is opened[0]:    # decoded by landing(), now authenticated
+            return self._framer.decode(opened, unlanded[1])
+        return self._framer.decode(opened)
 
     def _authenticate(self, peer: str, frames: Sequence[Buffer]) -> list[Buffer]:
         """[header, *payloads] of the sealed message in frames, its sizes and MAC checked."""

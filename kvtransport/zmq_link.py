@@ -17,7 +17,7 @@ seal, payload*] (or [routing id, header, payload*, trailer] from a sender before
 payload is copied once, from libzmq's buffer into its pool block: by recv_into, frame by frame,
 when the Lander (ReceiverCore.landing) names its slot from the header and the seal, whose MAC it
 has checked (each frame's buffer is freed as soon as it is copied, so the next frames libzmq
-allocates reuse warm memory); else the message is received whole with copy=False and the sink
+allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped); else the message is received whole with copy=False and the sink
 copies it. libzmq disconnects a peer that sends a frame above the
 maximum message size; the receive high-water mark bounds what one peer can queue.
 
@@ -28,6 +28,7 @@ take_refused(), to be counted with the dropped frames.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 
@@ -43,6 +44,12 @@ log = logging.getLogger("kvtransport")
 
 DEFAULT_BIND = "tcp://127.0.0.1:*"
 _DRAIN_BATCH = 256      # messages handled per wake-up before leases and peers are checked
+
+
+def _ms(timeout: float) -> int:
+    """A poll timeout in whole milliseconds, rounded up: truncated, the last millisecond before
+    a caller's deadline turned into polls of 0 ms, a busy loop (~10% of a core at 10 ms polls)."""
+    return max(0, math.ceil(timeout * 1000))
 
 
 class ZmqSendLink(SendLink):
@@ -65,7 +72,7 @@ class ZmqSendLink(SendLink):
 
     def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
         sock = self._socks[endpoint]
-        if not sock.poll(max(0, int(timeout * 1000)), zmq.POLLIN):
+        if not sock.poll(_ms(timeout), zmq.POLLIN):
             return None
         return sock.recv_multipart()
 
@@ -97,7 +104,7 @@ class ZmqSendLink(SendLink):
         poller = zmq.Poller()
         for sock in live.values():
             poller.register(sock, zmq.POLLIN)
-        ready = dict(poller.poll(int(timeout * 1000))) if live else {}
+        ready = dict(poller.poll(_ms(timeout))) if live else {}
         for endpoint, sock in live.items():
             while sock in ready:
                 try:
@@ -147,7 +154,7 @@ class ZmqReceiveLink(ReceiveLink):
         self._handle, self._lander = handle, lander
 
     def receive(self, timeout: float) -> None:
-        if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
+        if not self._sock.poll(_ms(timeout), zmq.POLLIN):
             return
         for _ in range(_DRAIN_BATCH):
             try:
@@ -160,8 +167,8 @@ class ZmqReceiveLink(ReceiveLink):
         """The rest of one message from peer (libzmq hands a multipart message over whole: every
         frame is here). Payload frames go straight into the lander's slots when it has them."""
         sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
-        frames: list[Buffer] = []
-        while more() and len(frames) < 2:       # the header, and the seal if it is one
+        frames: list[Buffer] = [sock.recv(zmq.NOBLOCK)] if more() else []   # the header: small, copied
+        if more():                              # the seal if it is one (else a payload: not copied)
             frames.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
         landing = self._lander.landing(peer, *frames) if self._lander is not None and more() else None
         if landing is None:

@@ -3,11 +3,13 @@ over TCP or IPC; it binds to 127.0.0.1 unless an address is given.
 
 Each peer proves it holds the cluster secret before any of its messages is read
 (kvtransport.session); a block's payload is copied once, from the socket buffer into its block.
+It tells glibc to keep the frames libzmq frees (kvtransport.heap: process-wide) unless asked not to.
 """
 from __future__ import annotations
 
 import torch
 
+from kvtransport.heap import retain_freed
 from kvtransport.payload import InlineSink
 from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
@@ -24,19 +26,23 @@ class ZmqReceiver(Receiver):
 
     A peer may queue hwm messages (RCVHWM), and no more than max_queue_bytes of messages of the
     max_batch_bytes announced to it, or of one block where that is larger (a message carries one
-    block at least), and one message at least: 16 x 16 MiB by default, not 64."""
+    block at least), and one message at least: 16 x 16 MiB by default, not 64. retain_heap: keep
+    the memory of received frames mapped for the next ones (kvtransport.heap), as much as the
+    queue may hold."""
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
                  sink: PayloadSink | None = None, max_batch_bytes: int = BATCH_BYTES,
-                 max_queue_bytes: int = RECV_QUEUE_BYTES) -> None:
+                 max_queue_bytes: int = RECV_QUEUE_BYTES, retain_heap: bool = True) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
         if max_queue_bytes < 1:
             raise ValueError(f"max_queue_bytes must be positive, got {max_queue_bytes}")
         # libzmq applies MAXMSGSIZE to each frame, and a BlockBatch carries one frame per block:
         # no frame larger than a block is buffered from anyone, authenticated or not
         message_bytes = max(max_batch_bytes, identity.layout.block_nbytes)
-        link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes,
-                              recv_hwm=max(1, min(hwm, max_queue_bytes // message_bytes)))
+        recv_hwm = max(1, min(hwm, max_queue_bytes // message_bytes))
+        if retain_heap:
+            retain_freed((recv_hwm + 1) * message_bytes)     # the queue, and the message being read
+        link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes, recv_hwm=recv_hwm)
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout,
                          max_batch_bytes=max_batch_bytes)

@@ -78,6 +78,18 @@ def _bad(kind, header, block):
     }[kind]
 
 
+def _send_bad(send, ep, src, kind) -> None:
+    """x1's blocks 1 and 2 as a bad BlockBatch of one kind (_bad's, or "bad MAC"), 0xEE bytes."""
+    header = send._core.batch_header("x1", [1, 2], [DST_IDS[1], DST_IDS[2]], src)
+    garbage = memoryview(torch.full((header.nbytes,), 0xEE, dtype=torch.uint8).numpy())
+    n = header.nbytes
+    if kind == "bad MAC":
+        send._link.send(ep, _sealed(send, ep, header, [n, n], [garbage, garbage], flip_mac=True))
+    else:
+        bad_header, declared, payloads = _bad(kind, header, garbage)
+        send._link.send(ep, _sealed(send, ep, bad_header, declared, payloads))
+
+
 @pytest.mark.parametrize("kind, reason, direct", [
     ("short payload", DropReason.BAD_NBYTES, True),
     ("long payload", DropReason.BAD_NBYTES, True),
@@ -103,12 +115,9 @@ def test_bad_batch_from_a_paired_peer_is_dropped_and_the_transfer_commits(kind, 
     monkeypatch.setattr(core, "landed", lambda *a: landed.append(a[2]) or type(core).landed(core, *a))
     try:
         ep = recv.endpoint
-        header = send._core.batch_header("x1", [1, 2], [DST_IDS[1], DST_IDS[2]], src)
-        garbage = memoryview(torch.full((header.nbytes,), 0xEE, dtype=torch.uint8).numpy())
-        n = header.nbytes
-        if kind == "bad MAC":
-            send._link.send(ep, _sealed(send, ep, header, [n, n], [garbage, garbage], flip_mac=True))
-        elif kind == "replay":
+        if kind == "replay":
+            header = send._core.batch_header("x1", [1, 2], [DST_IDS[1], DST_IDS[2]], src)
+            garbage = memoryview(torch.full((header.nbytes,), 0xEE, dtype=torch.uint8).numpy())
             frames = send._core.pack(ep, header, *send._channel.inline_many(src, [SRC_IDS[1], SRC_IDS[2]]))
             assert len(frames[1]) == TRAILER_LEN + 16         # the seal, with the two lengths
             send._link.send(ep, frames)
@@ -116,8 +125,7 @@ def test_bad_batch_from_a_paired_peer_is_dropped_and_the_transfer_commits(kind, 
             before = dst.clone()
             send._link.send(ep, [*frames[:2], garbage, garbage])      # same seal, other bytes
         else:
-            bad_header, declared, payloads = _bad(kind, header, garbage)
-            send._link.send(ep, _sealed(send, ep, bad_header, declared, payloads))
+            _send_bad(send, ep, src, kind)
         assert _until(recv, lambda: recv.metrics.drops == Counter({reason: 1})) == []
         assert recv.metrics.blocks_written == (2 if kind == "replay" else 0)
         assert len(landed) == (kind == "replay") + direct
@@ -187,3 +195,31 @@ def test_payloads_first_either_way_transfer_bit_exactly(old, monkeypatch):
         assert len(with_payloads) == 2 and all(len(f[-1]) == TRAILER_LEN for f in with_payloads)
     finally:
         _close(recv, send)
+
+
+@pytest.mark.parametrize("kind", ["bad MAC", "unreserved"])
+def test_a_header_landing_decoded_is_not_decoded_again(kind, monkeypatch):
+    """A message that landing() decodes and then leaves to handle() (its seal's MAC fails, a
+    block is not the transfer's) has its header decoded once, not twice, and is still dropped
+    once with its reason; the transfer then commits."""
+    src, dst, recv, send = _setup()
+    before, core, decoded = dst.clone(), recv._core, []
+    decode = core._framer._decode
+    monkeypatch.setattr(core._framer, "_decode", lambda buf: decoded.append(bytes(buf)) or decode(buf))
+    try:
+        _send_bad(send, recv.endpoint, src, kind)
+        reason = {"bad MAC": DropReason.BAD_MAC, "unreserved": DropReason.NOT_RESERVED}[kind]
+        assert _until(recv, lambda: recv.metrics.drops == Counter({reason: 1})) == []
+        assert len(decoded) == 1 and dst.equal(before)
+        _send_five_and_commit_after_drop(send, recv, src, reason)
+        assert _written_exactly(dst, before, src)
+    finally:
+        _close(recv, send)
+
+
+def _send_five_and_commit_after_drop(send, recv, src, reason) -> None:
+    ids = [1, 2, 3, 4, 5]
+    send.send_blocks("x1", ids, [DST_IDS[i] for i in ids], src, [SRC_IDS[i] for i in ids])
+    send.commit("x1", 777, NUM_TOKENS)
+    (ev,) = _events(recv)
+    assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter({reason: 1})

@@ -1,0 +1,46 @@
+"""glibc's malloc told to keep what a KV receiver frees, so received blocks do not fault pages in.
+
+libzmq mallocs every frame it receives (a block's payload: 0.5-2 MiB for Llama-sized blocks) and
+the receiver frees it as soon as its bytes are in the pool. By default glibc serves such sizes
+with mmap and unmaps them on free (or, once its dynamic threshold has risen, trims them off the
+top of the heap): the next frame's memory is then faulted in page by page, in libzmq's I/O
+thread, 10-160 minor faults a block here (bench/README.md, "xfer4"). With the mmap threshold
+at its largest and the trim threshold above what the receive queue may hold, freed frames stay
+in the heap and the next ones reuse them, already mapped and often still in cache.
+
+The settings are process-wide (mallopt). What they cost: up to trim_bytes of freed memory stay
+mapped (a decode node's receive queue may hold as much anyway, per peer), and allocations up to
+MMAP_THRESHOLD_MAX come from the heap instead of mmap, as glibc's own dynamic threshold would
+move them after the first free. Elsewhere than glibc, nothing is changed.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger("kvtransport")
+
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3      # glibc malloc.h
+MMAP_THRESHOLD_MAX = 32 << 20    # the largest glibc takes on 64-bit (half its 64 MiB heaps)
+MIN_TRIM_BYTES = 64 << 20        # what glibc's dynamic trim threshold reaches (2 x the mmap one)
+
+
+def retain_freed(trim_bytes: int) -> bool:
+    """Keep freed blocks of up to MMAP_THRESHOLD_MAX bytes in the heap, and up to
+    max(trim_bytes, MIN_TRIM_BYTES) of free memory at its top; True if glibc took all three
+    settings. The top pad is what keeps a thread's arena (libzmq's I/O thread allocates from its
+    own) from unmapping a whole 64 MiB heap once it is free, which the trim threshold alone does
+    not; it also makes each heap grow by that much address space, mapped only when touched."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False                 # not glibc: its allocator is left as it is
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    trim = min(max(trim_bytes, MIN_TRIM_BYTES), 2**31 - 1)
+    ok = all(mallopt(param, value) == 1 for param, value in
+             ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_TRIM_THRESHOLD, trim), (M_TOP_PAD, trim)))
+    if not ok:
+        log.warning("mallopt refused the KV receiver's heap settings; received blocks may fault pages in")
+    return ok
