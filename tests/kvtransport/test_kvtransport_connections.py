@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from kvtransport.events import TransferCommitted
 from kvtransport.metrics import DropReason
@@ -37,6 +38,25 @@ def _close(recv, peer, routing_id: bytes) -> None:
     raise AssertionError("the receiver kept the closed connection's routing id")
 
 
+def _take_over(recv, routing_id: bytes) -> RawPeer:
+    """A new connection with routing_id, once the receiver's ROUTER routes routing_id to it: a send
+    to it succeeds (ROUTER_MANDATORY), and the connection reads that empty probe. libzmq ignores a
+    new connection whose routing id is still registered, even to a pipe that is closing
+    (EHOSTUNREACH already), so a connection ignored for 1 s is replaced."""
+    for _ in range(10):
+        peer, until = RawPeer(recv.endpoint, routing_id=routing_id), time.monotonic() + 1
+        while time.monotonic() < until:
+            try:
+                recv._link._sock.send_multipart([routing_id, b""], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                recv.poll(0.01)
+                continue
+            assert peer.sock.poll(5000) and peer.sock.recv_multipart() == [b""]
+            return peer
+        peer.sock.close()
+    raise AssertionError("no new connection took the routing id")
+
+
 def _next_message(recv, peer) -> list[bytes]:
     _until(recv, lambda: peer.sock.poll(0))
     return peer.sock.recv_multipart()
@@ -63,7 +83,7 @@ def test_a_message_sealed_on_one_connection_is_refused_on_another_with_its_routi
         _close(recv, a, routing_id)                     # A's message never left
         evil = b"\xee" * BLOCK_NBYTES
         replay = [captured[0], captured[1], evil] if sealed_first else [captured[0], evil, captured[2]]
-        b = RawPeer(recv.endpoint, routing_id=routing_id)
+        b = _take_over(recv, routing_id)
         b.sock.send_multipart(replay)
         _until(recv, lambda: recv.metrics.frames_dropped + recv.metrics.blocks_written > 0)
         assert same_bytes(dst, before) and recv.ledger.state("x1") is TransferState.RESERVED
@@ -111,7 +131,12 @@ def _sent_before_blocking(endpoint: str, plain: bool) -> tuple[zmq.Socket, int]:
         sock.setsockopt(opt, value)
     if plain:
         plain_client(sock, TEST_SECRET)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     sock.connect(endpoint)
+    assert monitor.poll(10_000), "no handshake"     # counted from then: a slow handshake is not a full queue
+    recv_monitor_message(monitor)
+    sock.disable_monitor()
+    monitor.close()
     sent, last = 0, time.monotonic()
     while time.monotonic() - last < 1.0:
         try:

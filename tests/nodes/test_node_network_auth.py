@@ -189,12 +189,12 @@ def test_a_control_message_sealed_on_one_connection_is_refused_on_another_with_i
             await until(lambda: server.info("decode-7") is not None)
             first, goodbye = server.info("decode-7").peer, end.seal(NodeGoodbye("decode-7", "e1", "bye"))
             await _close(server, a, rid)
-            b = _node_socket(c, rid)
+            b = await _take_over(c, rid)
             b.send_multipart(goodbye)
             assert [parse_auth_frame(f) for f in await _received(b)] == [(AuthKind.RESET, b"")]
             assert counter(server.dropped, {"reason": "not_authenticated"}) == 1
             assert server.info("decode-7").peer == first and counter(server.membership.goodbyes) == 0
-            b.close()
+            await _close(server, b, rid)
             b, end = await _session(c, rid)
             b.send_multipart(end.seal(_hello("e1")))
             assert end.receive(await asyncio.wait_for(b.recv_multipart(), 5)) == NodeCommand("ok")
@@ -210,9 +210,33 @@ def _node_socket(c: Cluster, rid: bytes) -> zmq.asyncio.Socket:
     return sock
 
 
+async def _take_over(c: Cluster, rid: bytes) -> zmq.asyncio.Socket:
+    """A new connection with routing id rid, once the router's ROUTER routes rid to it: a send to
+    rid succeeds under ROUTER_MANDATORY (set for the wait), and the connection reads that empty
+    probe. libzmq ignores a new connection whose routing id is still registered, even to a pipe
+    that is closing (EHOSTUNREACH already), so a connection ignored for 1 s is replaced."""
+    server = c.backend.server
+    server._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    try:
+        for _ in range(10):
+            sock = _node_socket(c, rid)
+            for _ in range(200):
+                try:
+                    await server._sock.send_multipart([rid, b""], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    await asyncio.sleep(0.005)
+                    continue
+                assert await asyncio.wait_for(sock.recv_multipart(), 5) == [b""]
+                return sock
+            sock.close()
+        raise AssertionError("no new connection took the routing id")
+    finally:
+        server._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+
+
 async def _session(c: Cluster, rid: bytes) -> tuple[zmq.asyncio.Socket, NodeEnd]:
     """A new connection with routing id rid and an open session on it."""
-    sock, end = _node_socket(c, rid), NodeEnd()
+    sock, end = await _take_over(c, rid), NodeEnd()
     sock.send_multipart(end.hello())
     end.receive(await asyncio.wait_for(sock.recv_multipart(), 5))
     assert end.session is not None
