@@ -16,7 +16,8 @@ from dataclasses import replace
 from bench.serving import record as rec
 from bench.serving.compare import SweepSpec, _point, _warmup, free_port
 from bench.serving.loadgen import LoadSpec, run_load
-from bench.serving.servers import Knobs, pdserve_colocated, pdserve_disaggregated, running
+from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
+from bench.simulate import placement
 from bench.simulate.cpu_time import deltas, sched_times
 from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes, prioritize
 
@@ -33,11 +34,13 @@ def server(system: str, model: str, port: int, knobs: Knobs):
 def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dict[str, str] | None = None) -> dict:
     """One system over the sweep's rates; the points are compare.py's, plus what was pinned and
     each pinned node's time on and waiting for its core during the point (cpu_time.py).
-    env: added to the server's environment (trace.py: its tracing hook)."""
+    env: added to the server's environment (trace.py: its tracing hook); without it, a disaggregated
+    run records each request's decode node (placement.py)."""
     port = free_port()
     srv = server(system, model, port, spec.knobs)
-    srv = replace(srv, env=srv.env | (env or {}))
     log = os.path.join(rec.RESULTS, "logs", f"validate_{system}_{int(time.time())}.log")
+    where = log[:-len(".log")] + "_placement" if env is None and system != "colocated" else None
+    srv = replace(srv, env=srv.env | (env or {}) | (placement.env(where, REPO) if where else {}))
     out = {"system": system, "server": srv.record(), "points": []}
     with running(srv, log) as endpoint:
         root = _root(port)
@@ -63,6 +66,8 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
             point["float_cpu"] = deltas(float_before, {what: sched_times(pid) for what, pid in floating.items()})
             point["cpu_wall_s"] = round(time.monotonic() - t0, 3)
             point["loadavg_after"] = os.getloadavg()
+            if where:
+                point["placement_found"] = placement.attach(point["requests"], placement.read(where))
             out["points"].append(point)
     return out
 
