@@ -20,7 +20,7 @@ import statistics
 import time
 
 HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracehook")
-CLIENT_WARMUP = 2       # the load generator's warm-up requests before a traced point (compare._warmup)
+OLD_CLIENT_WARMUP = 2   # the load generator's warm-up requests before a traced point, before measured.json said
 
 
 def run(spec, model: str, vocab: list[str], system: str, out_dir: str) -> str:
@@ -32,8 +32,9 @@ def run(spec, model: str, vocab: list[str], system: str, out_dir: str) -> str:
     trace_points.install_client()
     result = measure(system, spec, model, vocab, env={"PYTHONPATH": f"{REPO}:{HOOK}"})
     with open(os.path.join(out_dir, "measured.json"), "w") as f:
-        json.dump({"system": system, "points": [{k: p[k] for k in ("rate", "metrics", "loadavg_before", "loadavg_after",
-                                                                    "cpu", "float_cpu", "cpu_wall_s")} for p in result["points"]]}, f,
+        json.dump({"system": system, "warmup_requests": result["warmup_requests"],
+                   "points": [{k: p[k] for k in ("rate", "metrics", "loadavg_before", "loadavg_after",
+                                                 "cpu", "float_cpu", "cpu_wall_s")} for p in result["points"]]}, f,
                   default=str)
     return out_dir
 
@@ -181,10 +182,20 @@ def _by_prompt(out_dirs: list[str]) -> list[tuple[int, dict]]:
     pts = []
     for d in out_dirs:
         workload, _, rate = os.path.basename(os.path.normpath(d)).split("_")[1:4]
-        rows = sorted(requests(load(d)), key=lambda r: r["t"])[CLIENT_WARMUP:]     # the point's own
+        rows = sorted(requests(load(d)), key=lambda r: r["t"])[warmup_requests(d):]     # the point's own
         reqs = sorted(sim_requests(workload, len(rows), float(rate), 0, 16, 4096, output_cap=256), key=lambda r: r.arrival)
         pts += [(q.prompt_len, r) for r, q in zip(rows, reqs)]
     return pts
+
+
+def warmup_requests(out_dir: str) -> int:
+    """The load generator's warm-up requests before a traced point (its measured.json; 2 before
+    measure.py recorded them, compare._warmup's)."""
+    try:
+        with open(os.path.join(out_dir, "measured.json")) as f:
+            return json.load(f).get("warmup_requests", OLD_CLIENT_WARMUP)
+    except FileNotFoundError:
+        return OLD_CLIENT_WARMUP
 
 
 def _line(pts: list[tuple[int, float]]) -> tuple[float, float]:

@@ -22,10 +22,11 @@ TOPOLOGY = {"colocated": Topology(colocated=1), "1p1d": Topology.disaggregated(1
             "1p2d": Topology.disaggregated(1, 2)}
 TOLERANCE = 0.2
 # Requests the router ranks before a run's first point: `pdserve up`'s own first request
-# (router/launcher.py _first_request) and measure.py's warm-up (compare._warmup, 2): the router's
-# coin (routing_cost.py) draws for each, and the simulated one draws as many (placement.py's
-# records: 51 DecodeRequests in a run of 2 x 24 requests)
-WARMUP_REQUESTS = 3
+# (router/launcher.py _first_request) and measure.py's warm-up (its file's warmup_requests; 2, as
+# compare._warmup, before it recorded them): the router's coin (routing_cost.py) draws for each,
+# and the simulated one draws as many (placement.py's records: 51 DecodeRequests in a run of
+# 2 x 24 requests with 2 warm-up requests)
+LAUNCHER_REQUESTS, OLD_WARMUP_REQUESTS = 1, 2
 FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
 
 
@@ -57,7 +58,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                     r.replay_decode = node
             slo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"])
             topo, cores = topology(system, out, measured.get("machine", {}).get("nproc", 0)), out.get("cores") or PINS[system]
-            before = WARMUP_REQUESTS + sum(len(q.get("requests", ())) for q in out["points"][:i])
+            before = ranked_before(out, i)
             sim = simulate(profile, reqs, topo, slo, ranked_before=before)
             waits, background, loaded = {}, {}, None
             if contention:
@@ -78,6 +79,13 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                     row[label] |= {"loaded": pred, "loaded_error": (pred - real) / real if real else None}
             rows.append(row)
     return rows
+
+
+def ranked_before(out: dict, point: int) -> int:
+    """Requests the router of a measured run (one system's part of a measure file) had ranked
+    before point `point`: the launcher's, the warm-up's and the earlier points'."""
+    return LAUNCHER_REQUESTS + out.get("warmup_requests", OLD_WARMUP_REQUESTS) \
+        + sum(len(q.get("requests", ())) for q in out["points"][:point])
 
 
 def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None:

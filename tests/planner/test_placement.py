@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from bench.simulate.placement import attach, read, request_id
-from bench.simulate.validate import placement_agreement
+from bench.simulate.validate import placement_agreement, ranked_before
 from pdplan.simulation import Topology, simulate
 from tests.planner.test_simulator import profile, request, tokens
 
@@ -45,3 +45,11 @@ def test_a_replayed_placement_decides_the_decode_node_and_is_recorded():
     assert placement_agreement(reqs, ["decode-1", "decode-0", "", "decode-1"]) == (2, 3)
     assert placement_agreement(reqs, ["decode-0", "decode-0", "", "decode-1"]) == (2, 3)   # renamed
     assert placement_agreement(reqs, ["", "", "", ""]) is None
+
+
+def test_the_requests_ranked_before_a_point_count_the_launchers_the_warm_ups_and_earlier_points():
+    """pdserve up's first request, the run's recorded warm-up (2 in files that predate the record),
+    then every earlier point's requests: the router's coin drew for each."""
+    out = {"points": [{"requests": [{}] * 24}, {"requests": [{}] * 24}]}
+    assert [ranked_before(out, i) for i in (0, 1)] == [3, 27]
+    assert [ranked_before(out | {"warmup_requests": 10}, i) for i in (0, 1)] == [11, 35]
