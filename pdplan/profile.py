@@ -112,6 +112,8 @@ class Overheads:
     request_s: float = 0.0          # HTTP, tokenizing, routing: arrival to the first engine admission
     prompt_token_s: float = 0.0     # ... and per prompt token on top (the body, the tokenizer): a 3k-token
                                     # RAG prompt reached the router 6-18 ms after it was sent, a short one 2-4
+    admit_token_s: float = 0.0      # a disaggregated router's, per prompt token on top, its backend -> the decode
+                                    # node's reservation (hashing, DecodeRequest with every token, D's prefix match)
     handoff_s: float = 0.0          # a prompt sent to a prefill node, on top: PrefillRequest, FirstToken messages
     token_s: float = 0.0            # per token a streaming step samples: node -> router -> client (added to the step)
     # CPU seconds per streamed token of the processes pinned nowhere in the validation runs, measured

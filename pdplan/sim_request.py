@@ -12,9 +12,11 @@ class SimRequest:
     output_len: int                 # exact (EOS ignored), as the benchmark asks
     block_hashes: tuple[int, ...]   # chained hashes of the prompt's full blocks (prefix caching)
     kind: str = "chat"
+    replay_decode: str = ""         # the decode node to send it to (a measured run's placement); "": the policy's
     # -- filled in by the simulation --------------------------------------------------------
     token_times: list[float] = field(default_factory=list)   # when each output token reached the client
     failed: bool = False
+    decode_node: str = ""           # where it was decoded (disaggregated)
 
     @property
     def done(self) -> bool:

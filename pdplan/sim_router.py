@@ -1,7 +1,7 @@
 """The simulated router of a disaggregated deployment (router/cluster/admission.py):
 
   1. a request arrives; after the serving path's own cost (overheads.request_s, and
-     overheads.prompt_token_s per prompt token) it is admitted:
+     overheads.prompt_token_s + admit_token_s per prompt token) it is admitted:
      the least loaded decode node with room reserves its blocks
   2. no decode node has room: it waits, in arrival order, until a decode request ends somewhere
      (the real router wakes on a heartbeat reporting more free blocks) or its timer fires (50 ms

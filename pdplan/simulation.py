@@ -65,11 +65,12 @@ class Topology:
 
 def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
              slo: SLOTargets = SLOTargets(), horizon_s: float = float("inf"), warmup_s: float = 0.0,
-             background: dict[int, float] | None = None) -> SimSummary:
+             background: dict[int, float] | None = None, ranked_before: int = 0) -> SimSummary:
     """Runs every request to its end (or to `horizon_s` past the last arrival: the rest count as
     misses). The requests' timelines are reset first, so a list can be simulated again. Requests
     arriving before warmup_s run (they fill prefix caches and queues) but are not scored.
-    background: pinned core id -> other work's runnable processes there (sim_core.py)."""
+    background: pinned core id -> other work's runnable processes there (sim_core.py).
+    ranked_before: requests the router had ranked before these (decode_pool.py: its coin)."""
     for r in requests:
         r.token_times = []
     loop = EventLoop()
@@ -84,10 +85,10 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
         preemptions = pool.preemptions
     else:
         router: SimRouter
-        decode = DecodePool(topology.decode, profile, loop, lambda: router.room(), cores)
+        decode = DecodePool(topology.decode, profile, loop, lambda: router.room(), cores, ranked_before=ranked_before)
         prefill = PrefillPool(topology.prefill, profile, loop, cores)
         router = SimRouter(loop, prefill, decode, profile.overheads.request_s, profile.overheads.handoff_s,
-                           prompt_token_s=profile.overheads.prompt_token_s)
+                           prompt_token_s=profile.overheads.prompt_token_s + profile.overheads.admit_token_s)
         for r in requests:
             loop.at(r.arrival, lambda r=r: router.arrive(r))
         busy = {"prefill": (prefill.busy_s, topology.prefill), "decode": (decode.busy_s, topology.decode)}

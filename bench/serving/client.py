@@ -62,6 +62,7 @@ async def send(client: httpx.AsyncClient, endpoint: Endpoint, prompt: str, recor
                     record.error = str(event["error"])[:200]
                     return
                 now = time.perf_counter()
+                record.response_id = record.response_id or str(event.get("id") or "")
                 choices = event.get("choices") or []
                 if choices and choices[0].get("text"):
                     if chunks == 0:

@@ -41,6 +41,7 @@ class RequestRecord:
     output_tokens: int = 0
     success: bool = False
     error: str = ""
+    response_id: str = ""           # the response's "id" (pdserve: the router's request id)
 
     @property
     def tpot(self) -> float | None:

@@ -50,14 +50,14 @@ def compact(r: RequestRecord) -> dict:
     return {"kind": r.kind, "prompt_len": r.prompt_len, "output_len": r.expected_output_len,
             "output_tokens": r.output_tokens, "send_ms": ms(r.send_time), "ttft_ms": ms(r.ttft),
             "e2el_ms": ms(r.latency), "itl_ms": [ms(g) for g in r.itl], "success": r.success,
-            "error": r.error}
+            "error": r.error, "id": r.response_id}
 
 
 def expand(d: dict) -> RequestRecord:
     """Inverse of compact() (to within its rounding)."""
     return RequestRecord(d["prompt_len"], d["output_len"], d["kind"], d["send_ms"] / 1000, d["ttft_ms"] / 1000,
                          [g / 1000 for g in d["itl_ms"]], d["e2el_ms"] / 1000, d["output_tokens"], d["success"],
-                         d["error"])
+                         d["error"], d.get("id", ""))
 
 
 def write(record: dict, stem: str) -> str:

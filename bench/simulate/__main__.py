@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--profile", required=True)
     v.add_argument("--contention", action="store_true",
                    help="also simulate each point under its measured load, fitted per core (contention.py)")
+    v.add_argument("--replay-placement", action="store_true",
+                   help="decode each request on the node the measured run's router chose (recorded by measure)")
     v.set_defaults(func=_validate)
     r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
     r.add_argument("profiles", nargs="+")
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
                         "client's CPU per token, when the calibrated runs did not record it")
     c.add_argument("--front-from", nargs="*", default=[],
                    help="trace folders (python -m bench.simulate trace) whose requests' arrival at the router "
-                        "give the front end's cost per prompt token (trace.py front_end); default: none")
+                        "and reservation on the decode node give the front end's and a disaggregated router's "
+                        "cost per prompt token (trace.py front_end, admission); default: none")
     c.set_defaults(func=_calibrate)
     s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
     s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
@@ -123,7 +126,7 @@ def _trace(args) -> None:
 
 def _validate(args) -> None:
     from bench.simulate.validate import validate
-    validate(args.measured, args.profile, args.contention)
+    validate(args.measured, args.profile, args.contention, args.replay_placement)
 
 
 def _pool(args) -> None:
@@ -140,9 +143,10 @@ def _pool(args) -> None:
 def _calibrate(args) -> None:
     from bench.simulate.calibrate import calibrate
     from pdplan.profile import Profile
-    from bench.simulate.trace import front_end
+    from bench.simulate.trace import admission, front_end
     per_token = front_end(args.front_from)[1] if args.front_from else 0.0
-    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, per_token)
+    admit = admission(args.front_from)[1] if args.front_from else 0.0
+    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, per_token, admit)
     profile.save(args.out)
     print(f"wrote {args.out}: {profile.overheads}")
 

@@ -10,7 +10,8 @@ the engine-only profile also prices HTTP, tokenizing, control messages and strea
      token of the processes pinned nowhere (a disaggregated router, the load generator), from the
      points' float_cpu (measure.py), or from `float_from` files when the runs predate it; and
      prompt_token_s, the front end's cost per prompt token, from traces (trace.py front_end), so
-     that request_s is what is left of it
+     that request_s is what is left of it, and admit_token_s, a disaggregated router's per prompt
+     token from its backend to the decode node's reservation (trace.py admission)
 
 Calibrate on one workload and validate on the others (held out): validate.py reports both.
 """
@@ -27,11 +28,12 @@ TOKEN_S = (0.0, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3)
 HANDOFF_S = tuple(i * 5e-3 for i in range(21))
 
 
-def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (), prompt_token_s: float = 0.0) -> Profile:
+def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (), prompt_token_s: float = 0.0,
+              admit_token_s: float = 0.0) -> Profile:
     measured = [json.load(open(p)) for p in paths]
     router_s, client_s = floating_per_token([json.load(open(p)) for p in float_from] or measured)
     p = replace(profile, overheads=Overheads(router_token_s=router_s, client_token_s=client_s,
-                                             prompt_token_s=prompt_token_s))
+                                             prompt_token_s=prompt_token_s, admit_token_s=admit_token_s))
     p = replace(p, overheads=replace(p.overheads, token_s=_best_token_s(measured, p)))
     rows = _rows(measured, p)
     colocated = [r["TTFT p50"]["measured"] - r["TTFT p50"]["simulated"] for r in rows if r["system"] == "colocated"]

@@ -16,7 +16,9 @@ from dataclasses import replace
 from bench.serving import record as rec
 from bench.serving.compare import SweepSpec, _point, _warmup, free_port
 from bench.serving.loadgen import LoadSpec, run_load
-from bench.serving.servers import Knobs, pdserve_colocated, pdserve_disaggregated, running
+from bench.serving.workloads import WorkloadSpec, generate
+from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
+from bench.simulate import placement
 from bench.simulate.cpu_time import deltas, sched_times
 from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes, prioritize
 
@@ -30,14 +32,30 @@ def server(system: str, model: str, port: int, knobs: Knobs):
     return replace(spec, env=spec.env | {"OMP_NUM_THREADS": "1"})
 
 
+WARMUP_SEED = 10**6 + 1     # not a point's seed: nothing the warm-up caches is a point's
+
+
+def warmup(spec: SweepSpec) -> list:
+    """compare.py's warm-up (2 short prompts), then WARMUP_OWN of the workload's own kind: a fresh
+    server's first real-size requests run 1.3-4x slower than later ones (bench/README.md, plan5),
+    and the simulator models a server past them."""
+    return _warmup(spec) + generate(WorkloadSpec(spec.workload, WARMUP_OWN, WARMUP_SEED, spec.knobs.max_model_len,
+                                                 output_cap=16))
+
+
+WARMUP_OWN = 8
+
+
 def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dict[str, str] | None = None) -> dict:
     """One system over the sweep's rates; the points are compare.py's, plus what was pinned and
     each pinned node's time on and waiting for its core during the point (cpu_time.py).
-    env: added to the server's environment (trace.py: its tracing hook)."""
+    env: added to the server's environment (trace.py: its tracing hook); without it, a disaggregated
+    run records each request's decode node (placement.py)."""
     port = free_port()
     srv = server(system, model, port, spec.knobs)
-    srv = replace(srv, env=srv.env | (env or {}))
     log = os.path.join(rec.RESULTS, "logs", f"validate_{system}_{int(time.time())}.log")
+    where = log[:-len(".log")] + "_placement" if env is None and system != "colocated" else None
+    srv = replace(srv, env=srv.env | (env or {}) | (placement.env(where, REPO) if where else {}))
     out = {"system": system, "server": srv.record(), "points": []}
     with running(srv, log) as endpoint:
         root = _root(port)
@@ -49,7 +67,9 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
         out["autogroup_nice"] = {str(k): v for k, v in prioritize(root).items()}     # and the load generator's own
         out["autogroup_nice"]["client"] = prioritize(os.getpid()).get(os.getpid())
         print(f"[{system}] pinned {out['pinned']}", flush=True)
-        asyncio.run(run_load(endpoint, _warmup(spec), vocab, LoadSpec(float("inf"), deadline_s=120), "warm-up"))
+        warm = warmup(spec)
+        asyncio.run(run_load(endpoint, warm, vocab, LoadSpec(float("inf"), deadline_s=240), "warm-up"))
+        out["warmup_requests"] = len(warm)      # the router ranked them (validate.py: its coin)
         pids = {COLOCATED_ROOT if what.startswith("root") else what.split(" -> ")[0]: int(pid)
                 for pid, what in out["pinned"].items()}
         floating = {"client": os.getpid()} | ({} if default is not None else {"router": root})
@@ -63,6 +83,8 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
             point["float_cpu"] = deltas(float_before, {what: sched_times(pid) for what, pid in floating.items()})
             point["cpu_wall_s"] = round(time.monotonic() - t0, 3)
             point["loadavg_after"] = os.getloadavg()
+            if where:
+                point["placement_found"] = placement.attach(point["requests"], placement.read(where))
             out["points"].append(point)
     return out
 

@@ -10,6 +10,8 @@ same prompt lengths, random tokens (no prefix hits), one at a time, through
 
     python -m bench.simulate.node_cost node --out N.json [--node-flag=--kv-layer-groups=1 ...]
     python -m bench.simulate.node_cost compare B.json N.json [N2.json ...]
+    python -m bench.simulate.node_cost warm --out W.json    (pinned, one thread, as bare: a cached
+           document and a short question after it, the warm RAG request's step)
 
 Thread CPU time, not wall time: what another process takes from the core does not count.
 """
@@ -28,16 +30,13 @@ import numpy as np
 P_LENS = (80, 160, 320, 640, 1200)      # over the router's local-prefill limit: the prefill node
 D_LENS = (24, 48, 64)                    # at most 64 tokens: the decode node prefills them itself
 GAP_S = 0.3                              # idle between prompts, in both modes (the caches cool alike)
+WARM_DOCS = (1024, 2048, 3072)           # warm: a cached document (RAG's are 1.8-3.7k tokens) ...
+WARM_TAILS = (16, 32, 64)                # ... and the question after it (the router prefills <= 64 on D)
 
 
 def bare(model: str, repeats: int) -> list[dict]:
-    from engine.args import EngineArgs
-    from pdplan.profiler import Profiler
     from pdwire.sampling_params import SamplingParams
-    k = _knobs()
-    args = EngineArgs(model=model, dtype=k.dtype, kv_cache_gib=k.kv_cache_gib, max_num_seqs=k.max_num_seqs,
-                      max_num_batched_tokens=k.max_num_batched_tokens, max_model_len=k.max_model_len)
-    engine, rec = Profiler(args)._engine()
+    engine, rec = _bare_engine(model)
     rng, steps = np.random.default_rng(1), []
     for i, n in enumerate(_order(repeats)):
         ids = [int(t) for t in rng.integers(3, engine.model_config.vocab_size, n)]
@@ -48,6 +47,40 @@ def bare(model: str, repeats: int) -> list[dict]:
             steps.append({"shapes": rec.last, "cpu": time.thread_time() - c0, "wall": time.perf_counter() - t0})
         time.sleep(GAP_S)
     return steps
+
+
+def warm(model: str, repeats: int) -> list[dict]:
+    """A warm RAG question as the engine sees it: a document prefilled once (cached), then
+    document + a fresh short question, WARM_TAILS tokens, alone; add_request (tokens hashed, the
+    prefix matched) and each step timed, in a shuffled order."""
+    from pdwire.sampling_params import SamplingParams
+    engine, rec = _bare_engine(model)
+    rng, steps, vocab = np.random.default_rng(2), [], engine.model_config.vocab_size
+    docs = {n: [int(t) for t in rng.integers(3, vocab, n)] for n in WARM_DOCS}
+    order = [(d, t) for d in WARM_DOCS for t in WARM_TAILS] * repeats
+    np.random.default_rng(0).shuffle(order)
+    for i, (d, t) in enumerate([(d, 1) for d in WARM_DOCS] + order):     # the documents first: cached
+        ids = docs[d] + [int(x) for x in rng.integers(3, vocab, t)]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        engine.add_request(f"w{i}", ids, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+        add = {"add_cpu": time.thread_time() - c0, "add_wall": time.perf_counter() - t0}
+        while engine.has_unfinished_requests():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            engine.step()
+            steps.append({"shapes": rec.last, "cpu": time.thread_time() - c0, "wall": time.perf_counter() - t0,
+                          "doc": d, "tail": t, "cached": i >= len(WARM_DOCS)} | add)
+            add = {}
+        time.sleep(GAP_S)
+    return steps
+
+
+def _bare_engine(model: str):
+    from engine.args import EngineArgs
+    from pdplan.profiler import Profiler
+    k = _knobs()
+    args = EngineArgs(model=model, dtype=k.dtype, kv_cache_gib=k.kv_cache_gib, max_num_seqs=k.max_num_seqs,
+                      max_num_batched_tokens=k.max_num_batched_tokens, max_model_len=k.max_model_len)
+    return Profiler(args)._engine()
 
 
 def node(model: str, repeats: int, flags: list[str], out_dir: str) -> list[dict]:
@@ -125,7 +158,7 @@ def compare(bare_file: str, node_files: list[str]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.simulate.node_cost", description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("bare", "node", "compare"))
+    ap.add_argument("mode", choices=("bare", "node", "warm", "compare"))
     ap.add_argument("files", nargs="*", help="compare: the bare file, then node files")
     ap.add_argument("--model", default="bench/.cache/serving-llama-58m")
     ap.add_argument("--repeats", type=int, default=5)
@@ -135,7 +168,7 @@ def main() -> None:
     if a.mode == "compare":
         return print(compare(a.files[0], a.files[1:]))
     t0 = time.time()
-    steps = bare(a.model, a.repeats) if a.mode == "bare" else \
+    steps = bare(a.model, a.repeats) if a.mode == "bare" else warm(a.model, a.repeats) if a.mode == "warm" else \
         node(a.model, a.repeats, a.node_flag, a.out.removesuffix(".json") + "_trace")
     with open(a.out, "w") as f:
         json.dump({"mode": a.mode, "flags": a.node_flag, "started": t0, "loadavg": os.getloadavg(), "steps": steps}, f)

@@ -20,6 +20,7 @@ import statistics
 import time
 
 HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracehook")
+OLD_CLIENT_WARMUP = 2   # the load generator's warm-up requests before a traced point, before measured.json said
 
 
 def run(spec, model: str, vocab: list[str], system: str, out_dir: str) -> str:
@@ -31,8 +32,9 @@ def run(spec, model: str, vocab: list[str], system: str, out_dir: str) -> str:
     trace_points.install_client()
     result = measure(system, spec, model, vocab, env={"PYTHONPATH": f"{REPO}:{HOOK}"})
     with open(os.path.join(out_dir, "measured.json"), "w") as f:
-        json.dump({"system": system, "points": [{k: p[k] for k in ("rate", "metrics", "loadavg_before", "loadavg_after",
-                                                                    "cpu", "float_cpu", "cpu_wall_s")} for p in result["points"]]}, f,
+        json.dump({"system": system, "warmup_requests": result["warmup_requests"],
+                   "points": [{k: p[k] for k in ("rate", "metrics", "loadavg_before", "loadavg_after",
+                                                 "cpu", "float_cpu", "cpu_wall_s")} for p in result["points"]]}, f,
                   default=str)
     return out_dir
 
@@ -71,6 +73,9 @@ def requests(events: list[dict]) -> list[dict]:
         text_y = at("router", "yield", cond=lambda e: e["txt"] > 0)
         row = {"rid": rid, "t": c["t0"], "ttft": c["ttft"] * 1e3, "local": preq is None,
                "arrive": (g["t"] - c["t0"]) * 1e3}
+        dsent = at("decode", "send", "Reserved")
+        if dsent and drecv and not _batch_at(events, "decode", drecv["t"]):
+            row["admitted"] = (dsent["t"] - c["t0"]) * 1e3      # sent -> D has it reserved (D between steps)
         if dreq and rsv:
             row["reserve"] = (rsv["t"] - dreq["t"]) * 1e3
             row["d_wait"] = (drecv["t"] - dreq["t"]) * 1e3 if drecv else None
@@ -159,17 +164,44 @@ def analyze(out_dir: str, profile_path: str | None = None) -> str:
 def front_end(out_dirs: list[str]) -> tuple[float, float]:
     """(seconds, seconds per prompt token): the client's send -> the router's backend has the request
     (HTTP, the body, tokenizing), over the traced requests of `out_dirs` (trace_<workload>_<system>_<rate>_<stamp>,
-    whose prompts are regenerated from the workload, seeds as `trace` ran them). Robust to a few
-    requests the busy router took late: the line through the medians of the shortest and the longest
-    third of the prompts."""
+    whose prompts are regenerated from the workload, seeds as `trace` ran them)."""
+    return _line([(n, r["arrive"] / 1e3) for n, r in _by_prompt(out_dirs)])
+
+
+def admission(out_dirs: list[str]) -> tuple[float, float]:
+    """(seconds, seconds per prompt token): a disaggregated router's backend has the request -> the
+    decode node has reserved its blocks (the router's hashing and ranking, DecodeRequest with every
+    prompt token to D, D's own hashing and prefix match, its Reserved), over the traced requests
+    that found D between steps (the wait for D's step is simulated apart: SimEngine.between_steps)."""
+    return _line([(n, (r["admitted"] - r["arrive"]) / 1e3) for n, r in _by_prompt(out_dirs) if "admitted" in r])
+
+
+def _by_prompt(out_dirs: list[str]) -> list[tuple[int, dict]]:
+    """(prompt tokens, row) of every traced request of `out_dirs`, the warm-up's left out."""
     from pdplan.workload import sim_requests
     pts = []
     for d in out_dirs:
         workload, _, rate = os.path.basename(os.path.normpath(d)).split("_")[1:4]
-        rows = requests(load(d))
+        rows = sorted(requests(load(d)), key=lambda r: r["t"])[warmup_requests(d):]     # the point's own
         reqs = sorted(sim_requests(workload, len(rows), float(rate), 0, 16, 4096, output_cap=256), key=lambda r: r.arrival)
-        pts += [(q.prompt_len, r["arrive"] / 1e3) for r, q in zip(rows, reqs)]
-    pts.sort()
+        pts += [(q.prompt_len, r) for r, q in zip(rows, reqs)]
+    return pts
+
+
+def warmup_requests(out_dir: str) -> int:
+    """The load generator's warm-up requests before a traced point (its measured.json; 2 before
+    measure.py recorded them, compare._warmup's)."""
+    try:
+        with open(os.path.join(out_dir, "measured.json")) as f:
+            return json.load(f).get("warmup_requests", OLD_CLIENT_WARMUP)
+    except FileNotFoundError:
+        return OLD_CLIENT_WARMUP
+
+
+def _line(pts: list[tuple[int, float]]) -> tuple[float, float]:
+    """Robust to a few requests a busy process took late: the line through the medians of the
+    shortest and the longest third of the prompts (a slope below 0 is 0)."""
+    pts = sorted(pts)
     short, long = pts[:len(pts) // 3], pts[-(len(pts) // 3):]
     (x0, y0), (x1, y1) = [(statistics.median(p[0] for p in h), statistics.median(p[1] for p in h)) for h in (short, long)]
     slope = max(0.0, (y1 - y0) / (x1 - x0)) if x1 > x0 else 0.0

@@ -204,10 +204,13 @@ PATCHES = {"node_shell.shipper": _shipper, "router.http.metrics": _metrics, "nod
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Patches a module of PATCHES right after it is first executed."""
+    """Patches a module of `patches` (PATCHES or some of them) right after it is first executed."""
+
+    def __init__(self, patches: dict):
+        self.patches = patches
 
     def find_spec(self, name, path, target=None):
-        if name not in PATCHES:
+        if name not in self.patches:
             return None
         sys.meta_path.remove(self)
         try:
@@ -220,19 +223,22 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             execute(module)
-            PATCHES[name](module)
+            self.patches[name](module)
         spec.loader.exec_module = exec_module
         return spec
 
 
-def install(role: str = "") -> None:
-    """In this process: patch what is imported from now on (and the load generator, if asked)."""
+def install(role: str = "", only: str = "") -> None:
+    """In this process: patch what is imported from now on (and the load generator, if asked).
+    only: a comma-separated list of PATCHES' modules to patch, the rest left alone (placement.py:
+    the router's control messages alone); empty: all."""
     global _role
     _role = role
-    for name, patch in PATCHES.items():
+    patches = {name: patch for name, patch in PATCHES.items() if not only or name in only.split(",")}
+    for name, patch in patches.items():
         if name in sys.modules:
             patch(sys.modules[name])
-    sys.meta_path.insert(0, _AfterImport())
+    sys.meta_path.insert(0, _AfterImport(patches))
 
 
 def install_client() -> None:

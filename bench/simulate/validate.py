@@ -7,6 +7,7 @@ pinning.py's PINS): on this 2-core machine 1P+2D's decode nodes share core 1, an
 simulation (pdplan/sim_core.py)."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -20,6 +21,12 @@ from pdplan.workload import sim_requests
 TOPOLOGY = {"colocated": Topology(colocated=1), "1p1d": Topology.disaggregated(1, 1),
             "1p2d": Topology.disaggregated(1, 2)}
 TOLERANCE = 0.2
+# Requests the router ranks before a run's first point: `pdserve up`'s own first request
+# (router/launcher.py _first_request) and measure.py's warm-up (its file's warmup_requests; 2, as
+# compare._warmup, before it recorded them): the router's coin (routing_cost.py) draws for each,
+# and the simulated one draws as many (placement.py's records: 51 DecodeRequests in a run of
+# 2 x 24 requests with 2 warm-up requests)
+LAUNCHER_REQUESTS, OLD_WARMUP_REQUESTS = 1, 2
 FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
 
 
@@ -30,9 +37,12 @@ def topology(system: str, measured: dict, machine_cores: int = 0) -> Topology:
     return TOPOLOGY[system].pinned({node: set(c) for node, c in cores.items()}, machine_cores)
 
 
-def predict(measured: dict, profile: Profile, contention: bool = False) -> list[dict]:
+def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False) -> list[dict]:
     """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
-    the point's schedstat), also simulated under the machine's load fitted per core (contention.py)."""
+    the point's schedstat), also simulated under the machine's load fitted per core (contention.py);
+    with `replay`, each request decoded on the node the measured run's router chose (placement.py),
+    where the file records it. A row of a run that recorded placement counts the requests whose
+    simulated decode node is the measured one (`placement`: agreed, recorded)."""
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
@@ -42,19 +52,25 @@ def predict(measured: dict, profile: Profile, contention: bool = False) -> list[
             reqs = sim_requests(sweep["workload"], sweep["num_requests"], point["rate"], sweep["seed"] + i,
                                 profile.block_size, sweep["knobs"]["max_model_len"],
                                 burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
+            placed = [r.get("decode_node", "") for r in point.get("requests", [])]
+            if replay and len(placed) == len(reqs):
+                for r, node in zip(reqs, placed):
+                    r.replay_decode = node
             slo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"])
             topo, cores = topology(system, out, measured.get("machine", {}).get("nproc", 0)), out.get("cores") or PINS[system]
-            sim = simulate(profile, reqs, topo, slo)
+            before = ranked_before(out, i)
+            sim = simulate(profile, reqs, topo, slo, ranked_before=before)
             waits, background, loaded = {}, {}, None
             if contention:
                 waits = measured_wait(point, cores)
-                background = fit_background(lambda b: simulate(profile, reqs, topo, slo, background=b), waits, cores)
-                loaded = simulate(profile, reqs, topo, slo, background=background) if waits else sim
+                background = fit_background(lambda b: simulate(profile, reqs, topo, slo, background=b, ranked_before=before), waits, cores)
+                loaded = simulate(profile, reqs, topo, slo, background=background, ranked_before=before) if waits else sim
             m = point["metrics"]
             row = {"workload": sweep["workload"], "system": system, "rate": point["rate"],
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],
                    "sim_utilization": sim.utilization, "sim_preemptions": sim.preemptions,
-                   "measured_wait_per_run": waits, "background": background}
+                   "measured_wait_per_run": waits, "background": background,
+                   "placement": placement_agreement(reqs, placed)}
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
@@ -63,6 +79,25 @@ def predict(measured: dict, profile: Profile, contention: bool = False) -> list[
                     row[label] |= {"loaded": pred, "loaded_error": (pred - real) / real if real else None}
             rows.append(row)
     return rows
+
+
+def ranked_before(out: dict, point: int) -> int:
+    """Requests the router of a measured run (one system's part of a measure file) had ranked
+    before point `point`: the launcher's, the warm-up's and the earlier points'."""
+    return LAUNCHER_REQUESTS + out.get("warmup_requests", OLD_WARMUP_REQUESTS) \
+        + sum(len(q.get("requests", ())) for q in out["points"][:point])
+
+
+def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None:
+    """(requests simulated on the decode node the router chose, requests it recorded), under the
+    naming of the nodes that agrees best: the nodes are alike, so which one a first coin calls
+    decode-0 is no difference; None when the run recorded none (colocated, or an older file)."""
+    known = [(r.decode_node, node) for r, node in zip(reqs, placed) if node]
+    if not known or len(placed) != len(reqs):
+        return None
+    names = sorted({n for pair in known for n in pair})
+    return max(sum(1 for sim, node in known if rename.get(sim) == node)
+               for rename in (dict(zip(names, p)) for p in itertools.permutations(names))), len(known)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -90,14 +125,19 @@ def _ok(row: dict, key: str) -> str:
     return "yes" if all(abs(row[f][key]) <= TOLERANCE for f, _, _ in FIGURES) else "no"
 
 
-def validate(paths: list[str], profile_path: str, contention: bool = False) -> str:
+def validate(paths: list[str], profile_path: str, contention: bool = False, replay: bool = False) -> str:
     profile = Profile.load(profile_path)
     rows = []
     for path in paths:
         with open(path) as f:
-            rows += predict(json.load(f), profile, contention)
+            rows += predict(json.load(f), profile, contention, replay)
     table = markdown(rows)
-    out = rec.write({"bench": "simulate_validation", "profile": profile_path, "measured": paths, "rows": rows},
-                    "simulate_validation")
+    agreed = [f"{r['workload']} {r['system']} {r['rate']:g}: {r['placement'][0]}/{r['placement'][1]}"
+              for r in rows if r["placement"]]
+    if agreed:
+        table += "\n\nrequests decoded where the router put them" + (" (replayed)" if replay else "") \
+            + ": " + "; ".join(agreed)
+    out = rec.write({"bench": "simulate_validation", "profile": profile_path, "measured": paths, "rows": rows,
+                     "replay_placement": replay}, "simulate_validation")
     print(table + f"\n\nwrote {out}")
     return os.path.abspath(out)

@@ -31,6 +31,12 @@ def test_counts_text_chunks_and_takes_usage():
     assert r.success and r.output_tokens == 3 and len(r.itl) == 1 and r.latency >= r.ttft > 0
 
 
+def test_the_responses_id_is_recorded():
+    """The first chunk's "id" (pdserve: the router's request id) is kept: placement.py joins on it."""
+    body = _sse([{"id": "cmpl-7", "choices": [{"text": " x"}]}, {"id": "cmpl-7", "choices": [{"text": " y"}]}])
+    assert _run(lambda req: httpx.Response(200, text=body)).response_id == "cmpl-7"
+
+
 def test_http_error_is_a_failed_record():
     """A non-200 answer (e.g. 422 for unknown fields) fails the request with its status."""
     r = _run(lambda req: httpx.Response(422, text="Unexpected fields"))

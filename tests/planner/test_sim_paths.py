@@ -100,22 +100,37 @@ def test_a_node_pinned_past_the_machine_is_refused():
 
 
 def test_the_simulated_decode_choice_has_the_routers_load_guard(monkeypatch):
-    """50 requests on one 3,200-token document (200 blocks) at once, after one that put it on a decode
-    node, 1P+2D: by cost alone the decode
-    node holding the document takes them all (its used blocks stay far below 200); with the guard
-    (as the real router's, routing_cost.py) the other takes requests once 33 sequences apart."""
+    """A 3,200-token document (200 blocks) cached on decode-0, which the router's view (its last
+    heartbeat) shows running 40 sequences, decode-1 none: by cost alone (1 block missing against
+    201) decode-0 takes the next request on the document; with the guard (as the real router's,
+    routing_cost.py: 40 - 0 > 32 and 40 > 1.5 x 0) decode-1 does."""
     import pdplan.decode_pool as decode_pool
+    from pdplan.decode_pool import DecodePool
+    from pdplan.events import EventLoop
     doc, balance = tokens(3200), decode_pool.BALANCE
 
-    def busy(guard: bool) -> dict[str, float]:
+    def chosen(guard: bool) -> str:
         monkeypatch.setattr(decode_pool, "BALANCE", balance if guard else None)
-        reqs = [request(0, doc + tokens(8, 9_000), 2)]          # puts the document on one decode node
-        reqs += [request(i, doc + tokens(8, 10_000 + 8 * i), 40, at=10 + 0.001 * i) for i in range(1, 51)]
-        s = simulate(profile(num_blocks=4096, max_seqs=64), reqs, Topology.disaggregated(1, 2))
-        return {n: b for n, (b, _) in s.node_times.items() if n.startswith("decode")}
-    alone, guarded = busy(False), busy(True)
-    assert min(alone.values()) < 0.05 * max(alone.values())
-    assert min(guarded.values()) > 0.2 * max(guarded.values())
+        pool = DecodePool(2, profile(num_blocks=4096), EventLoop(), lambda: None)
+        req = request(1, doc + tokens(8, 10_000), 40)
+        for h in req.block_hashes[:200]:
+            pool.nodes[0].engine.pool.cached[h] = None
+        pool.nodes[0].view.beat_seqs = 40
+        return pool.reserve(req)[0].engine.name
+    assert (chosen(False), chosen(True)) == ("decode-0", "decode-1")
+
+
+def test_a_burst_on_one_document_spreads_by_the_routers_bookings():
+    """The router books a request's whole prompt (cached blocks included) on its decode node until
+    the node's next heartbeat (router/cluster/admission.py _prompt_blocks), so 10 requests on one
+    cached 200-block document within 10 ms do not all go to the node holding it: the 2nd finds it
+    201 blocks dearer than the other node's uncached 201, and so on; the guard is not needed."""
+    doc = tokens(3200)
+    reqs = [request(0, doc + tokens(8, 9_000), 2)]                  # puts the document on one decode node
+    reqs += [request(i, doc + tokens(8, 10_000 + 8 * i), 40, at=10 + 0.001 * i) for i in range(1, 11)]
+    simulate(profile(num_blocks=4096, max_seqs=64), reqs, Topology.disaggregated(1, 2))
+    burst = [r.decode_node for r in reqs[1:]]
+    assert burst[0] == reqs[0].decode_node and set(burst) == {"decode-0", "decode-1"}
 
 
 def test_calibrate_takes_the_unpinned_cpu_per_token_from_measured_points():

@@ -49,24 +49,42 @@ def test_a_step_beside_another_nodes_step_is_priced_and_its_overlap_measured():
     assert ratios["decode-0"][0][0] == pytest.approx(1.0)
 
 
-def test_front_end_per_prompt_token_from_a_trace_folder(tmp_path):
-    """Each request reaches the router 3 ms + 2 us per prompt token after the client sent it (one
-    the busy router took 30 ms late: it moves a third's median by one neighbour, not by 30 ms):
-    front_end gives about 3 ms and 2 us per token back."""
+def _rag_trace(tmp_path, late: int = 4):
+    """A traced RAG run of 15 requests: each reaches the router 3 ms + 2 us per prompt token after
+    the client sent it (request `late` 30 ms more), and the decode node (idle) has it reserved
+    1 ms + 0.5 us per prompt token after that; before them, the load generator's 2 warm-up requests."""
     import json
-    from bench.simulate.trace import front_end
     from pdplan.workload import sim_requests
     folder = tmp_path / "trace_rag_1p1d_0.3_20261202-000000"
     folder.mkdir()
     reqs = sorted(sim_requests("rag", 15, 0.3, 0, 16, 4096, output_cap=256), key=lambda r: r.arrival)
-    events = []
+    events = [_ev(-1.0 + 0.001 * i, "client", "c_req", t0=-1.0, ttft=0.1, itl=[], out=2) for i in range(2)]
+    events += [_ev(-1.0 + 0.5, "router", "gen_start", rid=f"warm-{i}") for i in range(2)]   # 0.5 s: not the line
     for i, r in enumerate(reqs):
-        arrive = 0.003 + 2e-6 * r.prompt_len + (0.030 if i == 4 else 0.0)
+        arrive = r.arrival + 0.003 + 2e-6 * r.prompt_len + (0.030 if i == late else 0.0)
+        reserved = arrive + 0.001 + 0.5e-6 * r.prompt_len
         events += [_ev(r.arrival + 0.5, "client", "c_req", t0=r.arrival, ttft=0.4, itl=[], out=2),
-                   _ev(r.arrival + arrive, "router", "gen_start", rid=f"cmpl-{i}")]
+                   _ev(arrive, "router", "gen_start", rid=f"cmpl-{i}"),
+                   _ev(arrive + 0.0002, "router", "send", m="DecodeRequest", rid=f"cmpl-{i}", node="decode-0"),
+                   _ev(arrive + 0.0005, "decode-0", "recv", m="DecodeRequest", rid=f"cmpl-{i}"),
+                   _ev(reserved, "decode-0", "send", m="Reserved", rid=f"cmpl-{i}")]
     (folder / "1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    fixed, per_token = front_end([str(folder)])
+    return str(folder)
+
+
+def test_front_end_per_prompt_token_from_a_trace_folder(tmp_path):
+    """The router took one request 30 ms late: it moves a third's median by one neighbour, not by
+    30 ms; front_end gives about 3 ms and 2 us per token back, the warm-up (0.5 s late) left out."""
+    from bench.simulate.trace import front_end
+    fixed, per_token = front_end([_rag_trace(tmp_path)])
     assert fixed == pytest.approx(0.003, abs=2e-4) and per_token == pytest.approx(2e-6, rel=0.05)
+
+
+def test_admission_per_prompt_token_from_a_trace_folder(tmp_path):
+    """From the router's backend to the decode node's Reserved: about 1 ms and 0.5 us per token."""
+    from bench.simulate.trace import admission
+    fixed, per_token = admission([_rag_trace(tmp_path)])
+    assert fixed == pytest.approx(0.001, abs=1e-4) and per_token == pytest.approx(0.5e-6, rel=0.05)
 
 
 def test_two_decode_nodes_on_one_core_wall_against_cpu_and_the_time_each_way():

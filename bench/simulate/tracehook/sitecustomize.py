@@ -4,4 +4,4 @@ import os
 
 if os.environ.get("PDSERVE_TRACE_DIR"):
     from bench.simulate.trace_points import install
-    install()
+    install(only=os.environ.get("PDSERVE_TRACE_ONLY", ""))

@@ -1,0 +1,64 @@
+"""What the router knows of a decode node's load (router/cluster/registry.py): the node's last
+heartbeat, plus the router's own bookings since. The real router ranks decode nodes on this, not
+on the node's state this instant, and so does the simulated one (decode_pool.py).
+
+    heartbeat   every HEARTBEAT_S (node_shell/config.py NodeConfig.heartbeat_s), at a phase of the
+                node's own: blocks in use (allocated, reservations included), sequences running
+                and waiting (a reservation waiting for its blocks is neither), whether any wait;
+                the bookings since are reset: the heartbeat shows them
+    book        a reservation: + its prompt blocks and one sequence, until the next heartbeat
+    release     the request ended: - its prompt blocks and one sequence, until the next heartbeat
+                (what it had grown by shows only then)
+
+    used_blocks = heartbeat's blocks in use + bookings' blocks since
+    sequences   = heartbeat's running + waiting + bookings' sequences since
+
+The heartbeats stop while the node is idle and its last one showed it so (a simulation then ends);
+they resume on its next booking, at the same phase.
+"""
+from __future__ import annotations
+
+import math
+
+from pdplan.events import EventLoop
+
+HEARTBEAT_S = 0.5       # node_shell/config.py NodeConfig.heartbeat_s (tests/planner/test_load_view.py)
+
+
+class LoadView:
+    def __init__(self, engine, loop: EventLoop, phase: float, period: float = HEARTBEAT_S):
+        """engine: the node's SimEngine; phase: when in [0, period) its heartbeats fall."""
+        self.engine, self.loop, self.phase, self.period = engine, loop, phase, period
+        self.beat_used = self.beat_seqs = 0
+        self.beat_waiting = False
+        self.since_blocks = self.since_seqs = 0
+        self._beating = False
+
+    @property
+    def used_blocks(self) -> int:
+        return self.beat_used + self.since_blocks
+
+    @property
+    def sequences(self) -> int:
+        return self.beat_seqs + self.since_seqs
+
+    def book(self, blocks: int) -> None:
+        self.since_blocks += blocks
+        self.since_seqs += 1
+        if not self._beating:
+            self._beating = True
+            k = math.floor((self.loop.now - self.phase) / self.period) + 1
+            self.loop.at(self.phase + k * self.period, self._beat)
+
+    def release(self, blocks: int) -> None:
+        self.since_blocks -= blocks
+        self.since_seqs -= 1
+
+    def _beat(self) -> None:
+        e = self.engine
+        self.beat_used, self.beat_seqs, self.beat_waiting = e.pool.used, e.load(), bool(e.waiting)
+        self.since_blocks = self.since_seqs = 0
+        if e.running or e.waiting or e.reserved:
+            self.loop.after(self.period, self._beat)
+        else:
+            self._beating = False
