@@ -332,6 +332,7 @@ class ReceiverCore:
         self.ledger.fail_peer(peer, reason, detail)
         self.ledger.pair(peer, None)
         self._sessions.pop(peer, None)
+        self._auth.forget(peer)        # its session keys too: a connection's name is never reused
         self._sink.forget(peer)
 
     @staticmethod

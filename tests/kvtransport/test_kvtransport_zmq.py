@@ -218,8 +218,10 @@ def test_dead_sender_fails_its_transfer():
         send.begin("x1", recv.endpoint)
         _ship(send, src, indices=(1,), commit=False)
         send.close()
+        assert len(recv._core._auth._sessions) == 1
         events = _events(recv, n=2, timeout=1.5)   # n=2: wait to see no second event
         assert events == [TransferFailed("x1", FailReason.PEER_DEAD, "silent for 0.5s")]
+        assert recv._core._auth._sessions == {}    # its session keys went with it
         assert same_bytes(dst[DST_IDS[1]], src[SRC_IDS[1]])
         assert all(same_bytes(dst[b], before[b]) for b in range(16) if b != DST_IDS[1])
     finally:
