@@ -57,7 +57,7 @@ class Sender(KVSender):
         return remote
 
     def try_connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity | None:
-        if self._core.is_connected(endpoint):
+        if endpoint in self._remotes and self._core.is_connected(endpoint):
             return self._remotes[endpoint]
         if endpoint not in self._pairings:
             self._close(endpoint)
@@ -197,7 +197,8 @@ class Sender(KVSender):
 
     def _advance(self, endpoint: str, wait: float | None) -> PeerIdentity | None:
         """One step of the pairing with endpoint, waiting up to wait s (None: its first step);
-        the receiver's identity once paired. A failed pairing closes its connection and raises."""
+        the receiver's identity once paired. A failed pairing is forgotten (the core may have
+        recorded the link at accept_ack), its connection closed, and raises."""
         try:
             self._pairings[endpoint].send(wait)
             return None
@@ -205,8 +206,8 @@ class Sender(KVSender):
             del self._pairings[endpoint]
             return paired.value
         except BaseException:
-            del self._pairings[endpoint]
-            self._link.close(endpoint)
+            self._core.forget(endpoint)
+            self._close(endpoint)
             raise
 
     def _read(self, endpoint: str, timeout: float) -> Message | None:

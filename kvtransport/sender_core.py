@@ -95,6 +95,12 @@ class SenderCore:
                                       msg.layer_slices, msg.sealed_first)
         return msg.identity
 
+    def forget(self, endpoint: str) -> None:
+        """endpoint's pairing failed (after accept_ack too, e.g. its payload channel could not be
+        set up): drop its handshake and link; no transfer is open on it."""
+        self._handshakes.pop(endpoint, None)
+        self._links.pop(endpoint, None)
+
     def batch_bytes(self, endpoint: str) -> int:
         """The payload bytes of one BlockBatch the connected receiver at endpoint takes."""
         return self._links[endpoint].batch_bytes

@@ -84,3 +84,21 @@ def test_a_silent_receiver_fails_only_its_own_pairing_at_its_deadline():
                 time.sleep(0.01)
         assert send._link.endpoints() == [recv.endpoint]
         assert send.try_connect(dead, timeout=1.0) is None      # a new pairing starts afresh
+
+
+def test_a_pairing_whose_channel_cannot_be_set_up_is_forgotten():
+    """A payload channel whose set-up fails after the receiver's HelloAck (torch_dist: no P2PJoin,
+    the TCPStore or the gloo join) fails the pairing: the sender is not connected and keeps no
+    connection, its poll heartbeats nobody, and a new pairing pairs once the channel sets up."""
+    def join_fails(*args):
+        raise RuntimeError("gloo join timed out")
+
+    with _ends() as (src, dst, send, recv):
+        send._channel.paired = join_fails
+        with pytest.raises(RuntimeError, match="gloo join timed out"):
+            _pair_by_steps(send, recv)
+        assert not send._core.is_connected(recv.endpoint) and send._link.endpoints() == []
+        assert send.poll(1.5) == []         # past a heartbeat interval: none is due to the failed pairing
+        del send._channel.paired
+        assert _pair_by_steps(send, recv).node_id == "d0"
+        assert isinstance(_ship_one(send, recv, src)[0], TransferCommitted) and same_bytes(dst[5], src[2])
