@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvtransport.base import TransportError
 from kvtransport.events import TransferCommitted
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import make_identity, make_pool, same_bytes, TEST_SECRET
-from kvtransport.torch_dist import DistReceiver, DistSender
+from kvtransport.torch_dist import MAX_JOIN_S, DistReceiver, DistSender
+from router.config import RouterConfig
 
 GEOM = dict(num_blocks=12, num_layers=2, block_size=16, num_kv_heads=2, head_dim=32)
 DST_IDS = (9, 3, 11, 0)            # block 9 is a cached prefix: not shipped
@@ -84,6 +86,34 @@ def test_dist_requires_torch_dist_identity():
     src = make_pool(**GEOM)
     with pytest.raises(ValueError):
         DistSender(make_identity(src, "p0", "zmq"), TEST_SECRET)
+
+
+def test_a_withheld_p2pjoin_is_waited_for_a_step_at_a_time():
+    """A decode node that accepts the Hello but sends no P2PJoin (frozen after its HelloAck): the
+    sender waits for the P2PJoin over steps that return at once, as for the earlier replies, and the
+    pairing fails at its deadline, forgotten (not connected, no connection left)."""
+    dst, src = make_pool(seed=2, **GEOM), make_pool(seed=1, **GEOM)
+    recv = DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET)
+    send = DistSender(make_identity(src, "p0", "torch_dist"), TEST_SECRET)
+    recv._core._sink.paired = lambda *args: None       # no P2PJoin, no group
+    steps_awaiting_join = 0
+    try:
+        with pytest.raises(TransportError, match="did not answer the pairing in time"):
+            while send.try_connect(recv.endpoint, timeout=2.0) is None:
+                steps_awaiting_join += send._core.is_connected(recv.endpoint)    # HelloAck taken
+                recv.poll(0.01)
+        assert steps_awaiting_join > 1
+        assert not send._core.is_connected(recv.endpoint) and send._link.endpoints() == []
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_the_join_leaves_room_under_the_routers_heartbeat_timeout():
+    """The group join's hold of a prefill node's loop (about 2 * MAX_JOIN_S: the TCPStore's connect
+    overruns its timeout by a retry delay) plus 3 s for an engine step fits the router's default
+    heartbeat timeout."""
+    assert 2 * MAX_JOIN_S + 3.0 <= RouterConfig().heartbeat_timeout_s
 
 
 if __name__ == "__main__":

@@ -102,3 +102,14 @@ def test_a_pairing_whose_channel_cannot_be_set_up_is_forgotten():
         del send._channel.paired
         assert _pair_by_steps(send, recv).node_id == "d0"
         assert isinstance(_ship_one(send, recv, src)[0], TransferCommitted) and same_bytes(dst[5], src[2])
+
+
+def test_connect_joining_a_pairing_under_way_keeps_its_own_timeout():
+    """connect(timeout=0.5) on a pairing try_connect started with a 60 s timeout, to a listener
+    that never answers, raises TransportError once its own 0.5 s pass, and closes that pairing."""
+    with _ends() as (src, dst, send, recv), socket.create_server(("127.0.0.1", 0)) as silent:
+        dead = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        assert send.try_connect(dead, timeout=60.0) is None
+        with pytest.raises(TransportError, match="did not answer the pairing in time"):
+            send.connect(dead, timeout=0.5)
+        assert send._link.endpoints() == [] and send.try_connect(dead, timeout=1.0) is None
