@@ -113,3 +113,14 @@ def test_connect_joining_a_pairing_under_way_keeps_its_own_timeout():
         with pytest.raises(TransportError, match="did not answer the pairing in time"):
             send.connect(dead, timeout=0.5)
         assert send._link.endpoints() == [] and send.try_connect(dead, timeout=1.0) is None
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://no such host:5", "tcp://127.0.0.1", "bogus://x"])
+def test_a_malformed_endpoint_fails_its_pairing_and_leaves_no_connection(endpoint):
+    """An endpoint ZeroMQ cannot connect to raises TransportError (not zmq.ZMQError, which would
+    end a prefill node) and leaves no connection; the sender pairs with a good receiver after."""
+    with _ends() as (src, dst, send, recv):
+        with pytest.raises(TransportError, match="cannot connect to"):
+            send.try_connect(endpoint)
+        assert send._link.endpoints() == [] and send.poll(0.0) == []
+        assert _pair_by_steps(send, recv).node_id == "d0"
