@@ -39,7 +39,7 @@ class ScriptedNode:
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str, role: str, epoch: str = "e1"):
         self.node_id, self.role, self.epoch = node_id, role, epoch
-        self.kv_endpoint = f"tcp://127.0.0.1:{7000 + len(node_id)}/{node_id}" if role == "decode" else ""
+        self.kv_endpoint = f"tcp://{node_id}.kv.test:7000" if role == "decode" else ""    # never connected to
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
