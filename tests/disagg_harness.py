@@ -152,11 +152,13 @@ class Cluster:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self._end_removals(failing=exc[0] is not None)
-        self.backend.close()
-        for node in self.nodes.values():
-            node.die()
-        self.ctx.destroy(linger=0)      # also any socket a failed test left open
+        try:
+            await self._end_removals(failing=exc[0] is not None)
+        finally:        # also when a remove failed by itself (raised above)
+            self.backend.close()
+            for node in self.nodes.values():
+                node.die()
+            self.ctx.destroy(linger=0)      # also any socket a failed test left open
 
     async def _end_removals(self, failing: bool) -> None:
         """Cancels the removes still under way and awaits every one, so none is left pending or
