@@ -115,8 +115,12 @@ class SenderCore:
         return self.framer.pack_many(link.session, msg, payloads, link.sealed_first)
 
     def unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
-        """A message from the connected receiver at endpoint; TransportError if it is bad."""
-        return self._unpack(self._links[endpoint].session, endpoint, frames)
+        """A message from the connected receiver at endpoint; TransportError if it is bad, or if
+        the link was lost meanwhile (e.g. silent for peer_timeout while its pairing went on)."""
+        link = self._links.get(endpoint)
+        if link is None:
+            raise TransportError(f"{endpoint} was lost")
+        return self._unpack(link.session, endpoint, frames)
 
     def begin(self, xfer_id: str, endpoint: str) -> None:
         if xfer_id in self._open or xfer_id in self._failed:

@@ -19,6 +19,7 @@ from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import make_identity, make_pool, same_bytes, TEST_SECRET
 from kvtransport.torch_dist import MAX_JOIN_S, DistReceiver, DistSender
+from pdwire.messages import P2PJoin
 from router.config import RouterConfig
 
 GEOM = dict(num_blocks=12, num_layers=2, block_size=16, num_kv_heads=2, head_dim=32)
@@ -104,6 +105,30 @@ def test_a_withheld_p2pjoin_is_waited_for_a_step_at_a_time():
                 recv.poll(0.01)
         assert steps_awaiting_join > 1
         assert not send._core.is_connected(recv.endpoint) and send._link.endpoints() == []
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_a_p2pjoin_after_the_link_was_lost_fails_the_pairing():
+    """A P2PJoin that comes after the sender's poll lost the half-paired link (silent past
+    peer_timeout) fails the pairing with TransportError, a node's usual error, not KeyError."""
+    dst, src = make_pool(seed=2, **GEOM), make_pool(seed=1, **GEOM)
+    recv = DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET)
+    send = DistSender(make_identity(src, "p0", "torch_dist"), TEST_SECRET, peer_timeout=0.2)
+    replies = []
+    recv._core._sink.paired = lambda peer, identity, reply: replies.append(reply)     # P2PJoin later
+    try:
+        while not send._core.is_connected(recv.endpoint):      # the HelloAck taken
+            assert send.try_connect(recv.endpoint, timeout=10.0) is None
+            recv.poll(0.01)
+        send.poll(0.5)                          # no reply to its heartbeats: lost
+        assert not send._core.is_connected(recv.endpoint)
+        replies[0](P2PJoin("p0/e", "127.0.0.1", 1))
+        with pytest.raises(TransportError, match="was lost"):
+            while send.try_connect(recv.endpoint) is None:
+                recv.poll(0.01)
+        assert send._link.endpoints() == []
     finally:
         send.close()
         recv.close()
