@@ -68,7 +68,11 @@ class ZmqSendLink(SendLink):
         sock.setsockopt(zmq.SNDTIMEO, int(self._send_timeout * 1000))
         sock.setsockopt(zmq.LINGER, 1000)
         plain_client(sock, self._secret)
-        sock.connect(endpoint)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as e:       # e.g. a malformed endpoint, or a host that does not resolve
+            self.close(endpoint)
+            raise TransportError(f"cannot connect to {endpoint!r}: {e}") from None
 
     def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
         sock = self._socks[endpoint]
