@@ -58,6 +58,8 @@ REPLAY_WINDOW = 64
 SEAL_FORM = b"S"           # MAC'd ahead of a seal's fields: a seal and a trailer never share a tag
 MAX_SEALED_PAYLOADS = MAX_BATCH_BLOCKS   # payload frames one seal declares (a BlockBatch's most blocks)
 _SHA256_BLOCK = 64         # bytes: HMAC pads its key to this
+_IPAD = bytes(x ^ 0x36 for x in range(256))     # RFC 2104's inner and outer pads, as translate tables
+_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
 class AuthKind(Enum):
@@ -121,8 +123,8 @@ class MacKey:
         if len(key) > _SHA256_BLOCK:
             raise ValueError(f"a MacKey takes at most {_SHA256_BLOCK} bytes (session keys are 32)")
         block = key.ljust(_SHA256_BLOCK, b"\0")
-        self._inner = hashlib.sha256(block.translate(hmac.trans_36))
-        self._outer = hashlib.sha256(block.translate(hmac.trans_5C))
+        self._inner = hashlib.sha256(block.translate(_IPAD))
+        self._outer = hashlib.sha256(block.translate(_OPAD))
 
     def digest(self, *parts: Buffer) -> bytes:
         """HMAC-SHA256(key, the concatenation of parts)."""
