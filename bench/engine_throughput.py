@@ -7,6 +7,10 @@ vLLM's CPU build, on the same random-weight Llama and workload, in one script.
     python bench/engine_throughput.py --dtype bfloat16 --num-requests 32 --input-len 128 --output-len 128
     python bench/engine_throughput.py --temperature 0.8      # sampled instead of greedy, every system
     python bench/engine_throughput.py --vllm --omp-spin 10000   # all systems: bounded OpenMP spinning
+    python bench/engine_throughput.py --vllm --vllm-interleaved --vllm-malloc both   # vLLM on TCMalloc and on glibc
+
+vLLM runs as its CPU docs set it up: both cores to its worker, TCMalloc preloaded
+(bench/serving/vllm_env.py); --vllm-malloc glibc leaves it out, both runs the two side by side.
 
 OpenMP threads wait passively (sleep) between ops by default, as pdserve's nodes do; --omp-spin N
 makes every system in the run (vLLM's subprocess inherits it) spin N iterations first, which is
@@ -33,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.machine import write_result  # noqa: E402
 from bench.serving.install import install_vllm  # noqa: E402
 from bench.serving.servers import VLLM_VENV  # noqa: E402
+from bench.serving.vllm_env import malloc_of, vllm_env  # noqa: E402
 from bench.random_model import PEER_SHAPE, make_random_llama  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -97,10 +102,9 @@ def run_interleaved(runners: dict, repeats: int) -> dict[str, list[float]]:
     return rates
 
 
-def _vllm_cmd(path: str, args) -> tuple[list[str], dict]:
+def _vllm_cmd(path: str, args, malloc: str) -> tuple[list[str], dict]:
     install_vllm()
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
-               VLLM_CPU_KVCACHE_SPACE="2")
+    env = vllm_env(2, malloc)
     if args.vllm_own_omp:       # vLLM's own OpenMP waiting (its OpenMP runtime's default), not this script's
         for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
             env.pop(key, None)
@@ -110,10 +114,10 @@ def _vllm_cmd(path: str, args) -> tuple[list[str], dict]:
     return cmd, env
 
 
-def vllm_runner(path: str, args):
+def vllm_runner(path: str, args, malloc: str):
     """vLLM's CPU build in its own process, loaded and warm, idle between repeats; returns
     run(repeat) -> output tokens/s, which has that process run its next repeat."""
-    cmd, env = _vllm_cmd(path, args)
+    cmd, env = _vllm_cmd(path, args, malloc)
     proc = subprocess.Popen(cmd + ["paced"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stdout:
@@ -137,8 +141,8 @@ def vllm_runner(path: str, args):
     return run
 
 
-def run_vllm(path: str, args) -> list[float] | None:
-    cmd, env = _vllm_cmd(path, args)
+def run_vllm(path: str, args, malloc: str) -> list[float] | None:
+    cmd, env = _vllm_cmd(path, args, malloc)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     rates = [float(line.split("=", 1)[1]) for line in proc.stdout.splitlines()
              if line.startswith("VLLM_TOKENS_PER_S=")]
@@ -165,6 +169,8 @@ def main() -> None:
     ap.add_argument("--vllm-own-omp", action="store_true",
                     help="with --vllm: vLLM's process waits as its OpenMP runtime does by default (spinning), "
                          "not as this script sets for every system")
+    ap.add_argument("--vllm-malloc", choices=["tcmalloc", "glibc", "both"], default="tcmalloc",
+                    help="with --vllm: vLLM's allocator (its docs preload TCMalloc); both: one vLLM process each")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per system (median reported)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--omp-spin", type=int, default=None,
@@ -174,17 +180,27 @@ def main() -> None:
     runners = {"pdserve": pdserve_runner(path, args)}
     if not args.skip_hf:
         runners["transformers_static"] = hf_static_runner(path, args)
-    if args.vllm and args.vllm_interleaved:
-        runners["vllm_cpu"] = vllm_runner(path, args)
+    peers = vllm_peers(args) if args.vllm else {}
+    if args.vllm_interleaved:
+        runners.update({name: vllm_runner(path, args, malloc) for name, malloc in peers.items()})
     results = run_interleaved(runners, args.repeats)
-    if args.vllm and args.vllm_interleaved:
-        runners["vllm_cpu"].finish()
-    if args.vllm and not args.vllm_interleaved:
-        results["vllm_cpu"] = run_vllm(path, args)
-    report(results, args)
+    for name, malloc in peers.items():
+        if args.vllm_interleaved:
+            runners[name].finish()
+        else:
+            results[name] = run_vllm(path, args, malloc)
+    report(results, args, {name: malloc_of(vllm_env(2, malloc)) for name, malloc in peers.items()})
 
 
-def report(runs: dict, args) -> None:
+def vllm_peers(args) -> dict[str, str]:
+    """The vLLM runs asked for, by result name: vllm_cpu on TCMalloc (unless --vllm-malloc glibc),
+    vllm_cpu_glibc beside it with --vllm-malloc both."""
+    if args.vllm_malloc == "both":
+        return {"vllm_cpu": "tcmalloc", "vllm_cpu_glibc": "glibc"}
+    return {"vllm_cpu": args.vllm_malloc}
+
+
+def report(runs: dict, args, vllm_malloc: dict[str, str]) -> None:
     """Median output tokens/s per system (every repeat listed) and pdserve's ratio to each."""
     results = {name: statistics.median(r) if r else None for name, r in runs.items()}
     ours = results["pdserve"]
@@ -193,6 +209,8 @@ def report(runs: dict, args) -> None:
     print(f"OpenMP: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
           f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}, {torch.get_num_threads()} threads"
           + ("; vLLM: its OpenMP runtime's own default" if args.vllm_own_omp else ""))
+    if vllm_malloc:
+        print("vLLM allocator: " + ", ".join(f"{name} {m}" for name, m in vllm_malloc.items()))
     print(f"workload: {args.num_requests} requests, {args.input_len} prompt / {args.output_len} output "
           f"tokens, {f'temperature {args.temperature}' if args.temperature else 'greedy'}, {args.dtype}; "
           f"model: random Llama {PEER_SHAPE}")
@@ -204,7 +222,7 @@ def report(runs: dict, args) -> None:
         ratio = f"pdserve = {ours / tps:.2f}x" if tps and name != "pdserve" else ""
         each = ", ".join(f"{x:.0f}" for x in runs[name] or [])
         print(f"  {name:22s} {tps or float('nan'):8.1f} output tokens/s  {ratio:16s} (runs: {each})")
-        if name in ("transformers_static", "vllm_cpu") and runs[name] and len(runs[name]) == len(runs["pdserve"]):
+        if name != "pdserve" and runs[name] and len(runs[name]) == len(runs["pdserve"]):
             paired[name] = [a / b for a, b in zip(runs["pdserve"], runs[name])]
     for name, ratios in paired.items():
         print(f"  pdserve / {name}, run by run: " + ", ".join(f"{x:.2f}x" for x in ratios)
@@ -212,7 +230,7 @@ def report(runs: dict, args) -> None:
     omp = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     out = write_result("engine_throughput", {"args": vars(args), "openmp": omp, "model": PEER_SHAPE,
                                              "output_tokens_per_s": results, "runs": runs,
-                                             "paired_ratios": paired},
+                                             "paired_ratios": paired, "vllm_malloc": vllm_malloc},
                        tag=args.dtype + (f"_t{args.temperature:g}" if args.temperature else ""))
     print(f"wrote {out}")
 

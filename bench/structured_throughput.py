@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from bench.machine import write_result  # noqa: E402
 from bench.serving.servers import VLLM_VENV  # noqa: E402
+from bench.serving.vllm_env import vllm_env  # noqa: E402
 from bench.structured_model import BENCH_SCHEMA, LONG_SCHEMA, prepare_structured_model  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,7 +65,7 @@ def vllm_runs(path: str, args) -> list[dict] | None:
     if not os.path.exists(os.path.join(VLLM_VENV, "bin", "python")):
         print("vLLM CPU is not installed (python -m bench.serving install)")
         return None
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_NUM_OF_RESERVED_CPU="0", VLLM_CPU_KVCACHE_SPACE="2")
+    env = vllm_env(2)
     cmd = [os.path.join(VLLM_VENV, "bin", "python"), os.path.join(HERE, "vllm_structured.py"), path, args.dtype,
            str(args.num_requests), str(args.input_len), str(args.output_len), str(args.seed), str(args.repeats),
            ",".join(map(str, args.fractions)), json.dumps(args.schema_json)]

@@ -27,6 +27,7 @@ from typing import Iterator
 import httpx
 
 from bench.serving.client import Endpoint, LengthControl
+from bench.serving.vllm_env import vllm_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
@@ -88,8 +89,7 @@ def vllm_cpu(model: str, port: int, k: Knobs) -> ServerSpec:
             "--max-model-len", str(k.max_model_len), "--max-num-seqs", str(k.max_num_seqs),
             "--max-num-batched-tokens", str(k.max_num_batched_tokens), "--seed", "0",
             "--disable-uvicorn-access-log")
-    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-           "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(k.kv_cache_gib)))}
+    env = vllm_env(k.kv_cache_gib, base={})
     return ServerSpec("vllm-cpu", argv, Endpoint(f"http://127.0.0.1:{port}", SERVED_NAME), env, 600.0)
 
 
