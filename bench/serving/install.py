@@ -5,6 +5,8 @@
 - `transformers serve` imports `openai` and (for a device map) `accelerate`, which the project's
   venv lacks: they go, with no dependencies, into bench/.cache/hf-serve-extra, put on the server's
   PYTHONPATH only.
+- TCMalloc, which vLLM's CPU docs preload, into bench/.cache/tcmalloc if the system has none
+  (bench/serving/vllm_env.py).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import subprocess
 import sys
 
 from bench.serving.servers import HF_SERVE_EXTRA, VLLM_VENV
+from bench.serving.vllm_env import tcmalloc
 
 HF_SERVE_PACKAGES = ("openai", "distro", "jiter", "sniffio", "accelerate", "psutil")
 
@@ -30,6 +33,7 @@ def install_vllm() -> None:
 
 def install() -> None:
     install_vllm()
+    tcmalloc()
     if not os.path.isdir(os.path.join(HF_SERVE_EXTRA, "openai")):
         print("installing transformers serve's extras into bench/.cache/hf-serve-extra...", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", HF_SERVE_EXTRA,
