@@ -108,7 +108,7 @@ class Admission:
                 await self._wait_for_room(rounds)
                 continue
             att.local = self._prefill_here(decode, att, hashes)
-            self._book(att, decode, None if att.local else self._choose_prefill(choice, att, hashes))
+            self._book(att, decode, hashes, None if att.local else self._choose_prefill(choice, att, hashes))
             reply = await self._reserve(att, decode, rounds.deadline)
             if not isinstance(reply, Busy):
                 return reply
@@ -121,10 +121,11 @@ class Admission:
         Raises NoNodeAvailable if the node does not answer in time."""
         loop = asyncio.get_running_loop()
         rounds = _Rounds(loop.time() + self._config.kv_move_timeout_s, self._need_blocks(att))
-        decode = self._choose_decode(choice, rounds, att, chain_hashes(att.prompt_ids, self._server.block_size))
+        hashes = chain_hashes(att.prompt_ids, self._server.block_size)
+        decode = self._choose_decode(choice, rounds, att, hashes)
         if decode is None or decode.node_id == att.writer:
             return None
-        self._book(att, decode, None)
+        self._book(att, decode, hashes, None)
         reply = await self._reserve(att, decode, rounds.deadline)
         if isinstance(reply, Busy):
             self._on_busy(att, decode, reply, rounds)
@@ -217,11 +218,11 @@ class Admission:
             return att.prefill
         return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // self._server.block_size))
 
-    def _book(self, att: Attempt, decode: Node, prefill: PrefillChoice | None) -> None:
+    def _book(self, att: Attempt, decode: Node, hashes: list[bytes], prefill: PrefillChoice | None) -> None:
         """Books the attempt on its nodes now, before either has heard of it (no prefill node:
-        D computes the prompt)."""
+        D computes the prompt): on D the blocks it allocates, on P those it computes."""
         att.prefill = prefill
-        att.bookings[decode.node_id] = self._registry.book(decode.node_id, self._prompt_blocks(att))
+        att.bookings[decode.node_id] = self._registry.book(decode.node_id, self._decode_blocks(att, decode, hashes))
         if prefill is not None:
             att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
 
@@ -287,9 +288,24 @@ class Admission:
         status = info.status
         return Pool(info.hello.num_blocks, info.hello.num_blocks if status is None else status.num_free_blocks)
 
-    def _prompt_blocks(self, att: Attempt) -> int:
-        """Blocks D allocates at once: the prompt's."""
-        return -(-len(att.prompt_ids) // self._server.block_size)
+    def _decode_blocks(self, att: Attempt, decode: Node, hashes: list[bytes]) -> int:
+        """Blocks D allocates at once: the prompt's, less the leading ones its prefix cache holds by
+        the KV index (routing cost: the overlap the ranking used), which D shares rather than
+        allocates again; a request with prompt logprobs computes, and allocates, every block.
+
+        A held block that no running request references is counted free by D until one does: the
+        first booking on it then undercounts D's blocks in use by the overlap, until D's next
+        heartbeat shows them (at most heartbeat_s), once per prefix (later bookings share them).
+        Chosen over booking the overlap too: the router cannot tell idle held blocks from
+        referenced ones (neither the KV events nor the heartbeat say), and in a burst on one
+        document they are referenced (its earlier questions still run), where booking them would
+        count the document once per request, making the node that holds it look as dear as one
+        that lacks it after a single booking. The error leans toward the node that holds the
+        prefix, and D's own check (Busy) still guards its room."""
+        held = 0
+        if self._cost is not None and att.params.prompt_logprobs is None:
+            held = self._cost.overlap(decode, hashes, len(att.prompt_ids), self._server.block_size)
+        return -(-len(att.prompt_ids) // self._server.block_size) - held
 
     def _need_blocks(self, att: Attempt) -> int:
         """Blocks D must have free to take the request: the prompt's and its growth's."""

@@ -62,7 +62,8 @@ class Node:
     state: NodeState = NodeState.ACTIVE
     load: NodeLoad = field(default_factory=NodeLoad)
     inflight_requests: int = 0      # requests booked here that have not ended
-    inflight_blocks: int = 0        # KV blocks of work those requests carry (prefill: uncached blocks)
+    inflight_blocks: int = 0        # KV blocks of work those requests carry (decode: the prompt blocks it
+                                    #   allocates, its cached overlap not; prefill: uncached blocks)
     pending_requests: int = 0       # booked, not yet taken by the node: no heartbeat shows them
     pending_blocks: int = 0
     since_beat_requests: int = 0    # taken less released since the last heartbeat (may be < 0):

@@ -6,6 +6,7 @@ prefix cache already holds and its load; then where the prompt's uncached tail i
     uncached(D)  = prompt blocks - overlap(D)                  blocks D must receive or compute
     cost(D)      = uncached(D) + decode_load_weight * used(D)  used: blocks in use by D's last
                                                                heartbeat and the bookings since
+                                                               (each: uncached(D), admission.py)
     rank         = (has waiting requests, cost, coin)          admission takes the first with room
     load guard   when the busiest node runs more than `balance` = (abs, rel) sequences above the
                  idlest, and more than rel x as many (running + waiting + booked since its last
@@ -67,10 +68,13 @@ class RoutingCost:
     def used_blocks(self, node: Node) -> int:
         return self._decode.num_blocks(node) - self._decode.free_blocks(node)
 
+    def overlap(self, node: Node, hashes: Sequence[BlockHash], prompt_len: int, block_size: int) -> int:
+        """overlap(D): the leading prompt blocks the node's prefix cache holds, by the KV index."""
+        return self._index.matched_blocks(node.node_id, _usable(hashes, prompt_len, block_size))
+
     def prefill_here(self, node: Node, hashes: Sequence[BlockHash], prompt_len: int, block_size: int) -> bool:
         """Whether the decode node computes the prompt's uncached tail itself."""
-        matched = self._index.matched_blocks(node.node_id, _usable(hashes, prompt_len, block_size))
-        return prompt_len - matched * block_size <= self._local_tokens
+        return prompt_len - self.overlap(node, hashes, prompt_len, block_size) * block_size <= self._local_tokens
 
 
 def sequences(node: Node) -> int:

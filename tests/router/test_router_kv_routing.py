@@ -115,3 +115,49 @@ def test_affinity_routing_ignores_kv_events_and_always_uses_a_prefill_node():
             d.send(Reserved("r1", "x1", (5, 6, 7, 8), 3))
             await p.expect(PrefillRequest)
     run(test)
+
+
+DOC = list(range(100, 132))                   # a document of 8 full blocks, cached on d1
+BURST = 8
+
+
+def _questions() -> list[list[int]]:
+    """BURST prompts of the document and a 2-token question each: 9 blocks, 8 usable, all cached on d1."""
+    return [DOC + [200 + 2 * i, 201 + 2 * i] for i in range(BURST)]
+
+
+def test_a_burst_on_a_document_one_decode_node_holds_stays_on_it():
+    """d1 holds the document (its KV events), d2 nothing; 8 questions on it arrive before either
+    node answers (their bookings stay pending, whatever the heartbeats): each is booked on d1 with
+    the 1 block d1 must allocate (9 - the 8 it holds), so d1 stays cheaper (1 + k against 9) and
+    takes all 8; once they end, nothing stays booked."""
+    async def test():
+        async with Cluster() as c:
+            await c.node("prefill-0", "prefill")
+            d1, d2 = await c.node("decode-1", "decode"), await c.node("decode-2", "decode")
+            await _publish(c, d1, chain_hashes(DOC, BLOCK))
+            outs = [c.generate(f"r{i}", prompt=q, max_tokens=3) for i, q in enumerate(_questions())]
+            await until(lambda: d1.inbox.qsize() + d2.inbox.qsize() == BURST)
+            assert (d1.inbox.qsize(), d2.inbox.qsize()) == (BURST, 0)
+            reg = c.backend.server.registry
+            assert (reg.get("decode-1").inflight_blocks, reg.get("decode-1").unreported_blocks) == (BURST, BURST)
+            for out in outs:
+                out.task.cancel()
+            await until(lambda: all(n.inflight_requests == 0 for n in reg.nodes()))
+            assert [(n.inflight_blocks, n.pending_requests, n.pending_blocks) for n in reg.nodes()] == [(0, 0, 0)] * 3
+    run(test)
+
+
+def test_a_request_with_prompt_logprobs_is_booked_with_every_prompt_block():
+    """Prompt logprobs make d1 compute every prompt token (it reuses no cached block): its booking
+    on d1 counts all 9 blocks, not the 1 d1 lacks."""
+    async def test():
+        async with Cluster() as c:
+            await c.node("prefill-0", "prefill")
+            d1 = await c.node("decode-1", "decode")
+            await _publish(c, d1, chain_hashes(DOC, BLOCK))
+            out = c.generate(prompt=_questions()[0], max_tokens=3, prompt_logprobs=1)
+            await d1.expect(DecodeRequest)
+            assert c.backend.server.registry.get("decode-1").inflight_blocks == 9
+            out.task.cancel()
+    run(test)
