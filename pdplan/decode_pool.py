@@ -31,7 +31,7 @@ class DecodeNode:
         pass                            # streamed by the engine
 
     def finished(self, seq: SimSeq, t: float) -> None:
-        self.view.release(-(-seq.req.prompt_len // self.engine.bs))
+        self.view.release(seq.req.rid)
         self.on_room()
 
     def free_fraction(self) -> float:
@@ -70,7 +70,7 @@ class DecodePool:
             seq = SimSeq(req, req.prompt_len, target=req.output_len)
             hits = node.engine.reserve(seq, req.output_len)
             if hits is not None:
-                node.view.book(blocks)
+                node.view.book(req.rid, blocks - hits)    # the blocks it allocates (admission.py)
                 req.decode_node = node.engine.name
                 return node, hits
         return None

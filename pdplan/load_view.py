@@ -6,9 +6,11 @@ on the node's state this instant, and so does the simulated one (decode_pool.py)
                 node's own: blocks in use (allocated, reservations included), sequences running
                 and waiting (a reservation waiting for its blocks is neither), whether any wait;
                 the bookings since are reset: the heartbeat shows them
-    book        a reservation: + its prompt blocks and one sequence, until the next heartbeat
-    release     the request ended: - its prompt blocks and one sequence, until the next heartbeat
-                (what it had grown by shows only then)
+    book        a reservation: + the prompt blocks the node allocates (the prompt's less the leading
+                ones it holds: router/cluster/admission.py _decode_blocks) and one sequence,
+                until the next heartbeat
+    release     the request ended: - the blocks its booking counted and one sequence, until the next
+                heartbeat (what it had grown by shows only then)
 
     used_blocks = heartbeat's blocks in use + bookings' blocks since
     sequences   = heartbeat's running + waiting + bookings' sequences since
@@ -32,6 +34,7 @@ class LoadView:
         self.beat_used = self.beat_seqs = 0
         self.beat_waiting = False
         self.since_blocks = self.since_seqs = 0
+        self._booked: dict[int, int] = {}      # request id -> the blocks its booking counted
         self._beating = False
 
     @property
@@ -42,7 +45,9 @@ class LoadView:
     def sequences(self) -> int:
         return self.beat_seqs + self.since_seqs
 
-    def book(self, blocks: int) -> None:
+    def book(self, rid: int, blocks: int) -> None:
+        """Request `rid` reserved here, allocating `blocks` blocks for its prompt."""
+        self._booked[rid] = blocks
         self.since_blocks += blocks
         self.since_seqs += 1
         if not self._beating:
@@ -50,8 +55,9 @@ class LoadView:
             k = math.floor((self.loop.now - self.phase) / self.period) + 1
             self.loop.at(self.phase + k * self.period, self._beat)
 
-    def release(self, blocks: int) -> None:
-        self.since_blocks -= blocks
+    def release(self, rid: int) -> None:
+        """Request `rid` ended: its booking's blocks and sequence come off (router/cluster/registry.py)."""
+        self.since_blocks -= self._booked.pop(rid)
         self.since_seqs -= 1
 
     def _beat(self) -> None:

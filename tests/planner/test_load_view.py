@@ -6,6 +6,8 @@ import random
 from dataclasses import fields
 from types import SimpleNamespace
 
+import pytest
+
 from node_shell.config import NodeConfig
 from pdplan.events import EventLoop
 from pdplan.load_view import HEARTBEAT_S, LoadView
@@ -31,18 +33,33 @@ def test_bookings_count_until_the_next_heartbeat_then_the_nodes_own_figures():
     engine = _engine(0, 0)
     view = LoadView(engine, loop, phase=0.2)
     engine.running, engine.load = [0], lambda: 1
-    view.book(5)
+    view.book(1, 5)
     assert (view.used_blocks, view.sequences) == (5, 1)
     engine.pool.used = 9
     loop.run(0.25)
     assert (view.used_blocks, view.sequences) == (9, 1)
     engine.running, engine.load, engine.pool.used = [], lambda: 0, 0
-    view.release(5)
+    view.release(1)
     assert (view.used_blocks, view.sequences) == (4, 0)
     loop.run(0.75)
     assert (view.used_blocks, view.sequences) == (0, 0)
     loop.run()
     assert loop.now == 0.7                          # no beat after the one that showed it idle
+
+
+def test_a_release_takes_off_what_its_booking_counted():
+    """Bookings of 1 block (a prompt whose other blocks the node holds) and of 9 (none held): each
+    release takes off its own booking's blocks, as the router's (registry.py Booking), and an
+    unknown request's release is an error."""
+    view = LoadView(_engine(0, 0), EventLoop(), phase=0.2)
+    view.book(1, 1), view.book(2, 9)
+    assert (view.used_blocks, view.sequences) == (10, 2)
+    view.release(2)
+    assert (view.used_blocks, view.sequences) == (1, 1)
+    view.release(1)
+    assert (view.used_blocks, view.sequences) == (0, 0)
+    with pytest.raises(KeyError):
+        view.release(1)
 
 
 def test_a_tie_goes_where_the_routers_coin_sends_it_after_the_requests_ranked_before():
