@@ -130,7 +130,7 @@ def test_a_burst_on_a_document_one_decode_node_holds_stays_on_it():
     """d1 holds the document (its KV events), d2 nothing; 8 questions on it arrive before either
     node answers (their bookings stay pending, whatever the heartbeats): each is booked on d1 with
     the 1 block d1 must allocate (9 - the 8 it holds), so d1 stays cheaper (1 + k against 9) and
-    takes all 8; once they end, nothing stays booked."""
+    takes all 8; once they end (half of them taken by d1, half not yet), nothing stays booked."""
     async def test():
         async with Cluster() as c:
             await c.node("prefill-0", "prefill")
@@ -141,6 +141,11 @@ def test_a_burst_on_a_document_one_decode_node_holds_stays_on_it():
             assert (d1.inbox.qsize(), d2.inbox.qsize()) == (BURST, 0)
             reg = c.backend.server.registry
             assert (reg.get("decode-1").inflight_blocks, reg.get("decode-1").unreported_blocks) == (BURST, BURST)
+            for i in range(BURST // 2):             # d1 takes half of them: their bookings are taken
+                req = await d1.expect(DecodeRequest)
+                d1.send(Reserved(req.rid, f"x{i}", tuple(range(9 * i, 9 * i + 9)), 8))
+            await until(lambda: reg.get("decode-1").pending_requests == BURST // 2)
+            assert reg.get("decode-1").pending_blocks == BURST // 2
             for out in outs:
                 out.task.cancel()
             await until(lambda: all(n.inflight_requests == 0 for n in reg.nodes()))
