@@ -2,7 +2,7 @@
 the raw-ZeroMQ ceiling in the same run.
 
     .venv/bin/python bench/transfer_bench.py [--tokens 8192] [--repeats 5] [--chunk 2048] [--quick]
-        [--batch-mib 16] [--queue-mib 256] [--heap retain|default]
+        [--batch-mib 2] [--queue-mib 256] [--heap retain|default]
 
 Layout: the 58.5M Llama (8 layers, 8 KV heads, head_dim 64, fp32), block sizes 16/32/64
 tokens (0.5/1/2 MiB per block). The decode side runs in its own process with a ZmqReceiver;

@@ -1,6 +1,6 @@
 """pdserve's per-block software overhead on each side of a transfer, without the socket.
 
-    .venv/bin/python bench/transfer_overhead.py [--block-sizes 16,32,64] [--blocks 256] [--batch-mib 16]
+    .venv/bin/python bench/transfer_overhead.py [--block-sizes 16,32,64] [--blocks 256] [--batch-mib 2]
 
 CPU time (time.process_time, so load on the other core counts less than in wall time) per block:
 

@@ -127,9 +127,10 @@ class KVMover:
         self.shipper.track(shipment)
         try:
             n, step = len(shipment.dst_block_ids), self.peer_slice(sender, req.kv_endpoint)
+            table = list(held.blocks)
             while shipment.next_index < n:
                 self._room(deadline, shipment)
-                self.shipper.ship(shipment, list(held.blocks), min(n, shipment.next_index + step))
+                self.shipper.ship(shipment, table, min(n, shipment.next_index + step))
             self._room(deadline, shipment)
             sender.commit(req.xfer_id, held.last_token, held.num_tokens)
         except (RuntimeError, ValueError) as err:       # TransportError, PastDeadline, the tp > 1 gather's

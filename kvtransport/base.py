@@ -47,7 +47,8 @@ class KVSender(ABC):
         """Pair with the receiver at endpoint (idempotent); returns its identity.
 
         Raises HandshakeError naming the field if the layouts differ, TransportError if the
-        peer refuses or does not answer within timeout.
+        peer refuses or does not answer within timeout (also when it joins a pairing that
+        try_connect started), a backend's RuntimeError if its payload channel cannot be set up.
         """
 
     def try_connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity | None:
@@ -55,7 +56,9 @@ class KVSender(ABC):
 
         Returns its identity once paired, None while the pairing is under way (call again, e.g.
         on the loop's next tick, to move it on). The first call starts it; a later one raises as
-        connect() would once it fails or timeout has passed since it started. This default pairs
+        connect() would once it fails or timeout has passed since it started (a failed pairing is
+        forgotten: the next call starts a new one). torch_dist's last step still blocks, briefly:
+        see kvtransport.sender. This default pairs
         in one call (up to timeout), for a backend that has no steps."""
         return self.connect(endpoint, timeout)
 

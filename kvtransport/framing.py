@@ -11,9 +11,10 @@ only then is the header parsed: a peer without the session's keys cannot get a s
 interpreted. A link that receives frame by frame (ZMQ) reads a paired peer's header and seal
 before its payloads: ReceiverCore.landing parses that header (the one exception to "MAC first",
 for a peer that already holds a session; it changes no state, so a landing that fails uses no
-sequence number), checks it against the ledger and then the seal's MAC, and only then names pool slots to receive the payloads into (blocks the ledger still misses,
-reserved for a transfer that peer may touch); ReceiverCore.landed compares the received sizes
-with the sealed ones before it marks them written. Messages in the older order are received whole.
+sequence number), checks it against the ledger and then the seal's MAC, and only then names
+pool slots to receive the payloads into (blocks the ledger still misses, reserved for a transfer
+that peer may touch); ReceiverCore.landed compares the received sizes with the sealed ones
+before it marks them written. Messages in the older order are received whole.
 """
 from __future__ import annotations
 

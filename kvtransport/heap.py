@@ -8,15 +8,23 @@ thread, 10-160 minor faults a block here (bench/README.md, "xfer4"). With the mm
 at its largest and the trim threshold above what the receive queue may hold, freed frames stay
 in the heap and the next ones reuse them, already mapped and often still in cache.
 
-The settings are process-wide (mallopt). What they cost: up to trim_bytes of freed memory stay
-mapped (a decode node's receive queue may hold as much anyway, per peer), and allocations up to
-MMAP_THRESHOLD_MAX come from the heap instead of mmap, as glibc's own dynamic threshold would
-move them after the first free. Elsewhere than glibc, nothing is changed.
+The settings are process-wide (mallopt). What they cost:
+- memory freed stays mapped up to the peak, not up to trim_bytes: a top pad of 64 MiB or more
+  (glibc's heap size) keeps glibc from shrinking or deleting any thread arena's heaps, so the
+  arena libzmq's I/O thread allocates from keeps what its busiest moment held (each prefill
+  connection may queue --kv-recv-queue-mib), and the main heap keeps trim_bytes at its top. A
+  decode node's RSS rises to that peak and stays there; it does not grow past it;
+- each growth of the main heap reserves the pad's worth of address space (mapped only when
+  touched; counted under strict overcommit);
+- allocations up to MMAP_THRESHOLD_MAX come from the heap instead of mmap, as glibc's own
+  dynamic threshold would move them after the first free. The KV pool, larger, is still mapped
+  on its own.
+Elsewhere than glibc, nothing is changed. A prefill node has no receiver, so it keeps glibc's
+defaults.
 """
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger("kvtransport")
@@ -33,8 +41,7 @@ def retain_freed(trim_bytes: int) -> bool:
     own) from unmapping a whole 64 MiB heap once it is free, which the trim threshold alone does
     not; it also makes each heap grow by that much address space, mapped only when touched."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt     # the process's own symbols: no library lookup
     except (OSError, AttributeError):
         return False                 # not glibc: its allocator is left as it is
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

@@ -10,7 +10,6 @@ The receive side's counterpart is the PayloadSink (kvtransport.receiver_core).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
 
 import torch
 
@@ -20,12 +19,11 @@ from kvtransport.payload import block_bytes, pool_bytes
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import Message
 
-ReadMessage = Callable[[float], Message | None]   # the next message from the peer within timeout s
-
 
 class PayloadChannel(ABC):
     """Moves block payloads to paired receivers. Not thread-safe."""
     batches: bool = False      # inline payloads: blocks may travel several to a message (BlockBatch)
+    joins: bool = False        # the receiver sends one message after its HelloAck (P2PJoin) for paired()
 
     def inline_many(self, kv_cache: torch.Tensor, src_block_ids: list[int], first_layer: int = 0,
                     num_layers: int | None = None) -> list[memoryview]:
@@ -33,10 +31,12 @@ class PayloadChannel(ABC):
         payload frames of layers [first_layer, first_layer + num_layers) of each, for a LayerBatch."""
         raise NotImplementedError(f"{type(self).__name__} does not batch")
 
-    def paired(self, endpoint: str, remote: PeerIdentity, read: ReadMessage, timeout: float) -> None:
-        """endpoint accepted our Hello; set up its channel (read() gets its next message).
+    def paired(self, endpoint: str, remote: PeerIdentity, join: Message | None, timeout: float) -> None:
+        """endpoint accepted our Hello; set up its channel from join (the receiver's next message,
+        for a channel that `joins`; else None), blocking at most about timeout s.
 
-        Raises TransportError if the channel cannot be set up; the pairing then fails."""
+        Raises TransportError (or the backend's RuntimeError) if the channel cannot be set up; the
+        pairing then fails."""
 
     @abstractmethod
     def inline(self, kv_cache: torch.Tensor, src_block_id: int) -> memoryview | None:

@@ -1,9 +1,12 @@
 """The send side's flow, one for every backend: a SenderCore over a link and a payload channel.
 
   connect   link.open -> auth hello / challenge / Hello / HelloAck (kvtransport.session) ->
-            channel.paired (e.g. join the pair's process group) -> link.paired; try_connect takes
-            it a step per call, never waiting for the receiver's replies (torch_dist's group
-            join, in the last step, still waits up to the pairing's timeout)
+            [the channel's join message, e.g. P2PJoin] -> channel.paired (e.g. join the pair's
+            process group) -> link.paired; try_connect takes it a step per call, never waiting
+            for the receiver's replies. Only the last step may block: torch_dist's group join
+            (TCPStore connect, then gloo rendezvous) gets what is left of the pairing's timeout,
+            at most torch_dist.MAX_JOIN_S (3 s; the TCPStore's connect retries can overrun it,
+            by about its retry delay: see there); other channels' paired() does not block
   send      header sealed by the core; the payload inline (tracked, zero-copy) or out of band;
             blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel,
             within this sender's max_batch_bytes and the receiver's (its HelloAck); a layer group's
@@ -29,7 +32,7 @@ from kvtransport.link import Completion, SendLink
 from kvtransport.payload_channel import PayloadChannel
 from kvtransport.sender_core import SenderCore
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import BATCH_BYTES, BlockBatch, BlockFrame, LayerBatch, Message, batch_blocks
+from pdwire.messages import BATCH_BYTES, BlockBatch, BlockFrame, LayerBatch, batch_blocks
 
 Pairing = Generator[None, "float | None", PeerIdentity]    # a handshake's steps: send() each its wait
 
@@ -51,13 +54,18 @@ class Sender(KVSender):
         self._pairings: dict[str, Pairing] = {}      # endpoint -> its handshake under way (_pair)
 
     def connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity:
+        deadline = time.monotonic() + timeout       # also for a pairing try_connect started earlier
         remote = self.try_connect(endpoint, timeout)
-        while remote is None:       # each step waits up to the pairing's deadline
-            remote = self._advance(endpoint, timeout)
+        while remote is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._forget(endpoint)
+                raise TransportError(f"{endpoint} did not answer the pairing in time")
+            remote = self._advance(endpoint, left)
         return remote
 
     def try_connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity | None:
-        if self._core.is_connected(endpoint):
+        if endpoint in self._remotes and self._core.is_connected(endpoint):
             return self._remotes[endpoint]
         if endpoint not in self._pairings:
             self._close(endpoint)
@@ -180,7 +188,8 @@ class Sender(KVSender):
         challenge = yield from self._reply(endpoint, deadline)
         self._link.send(endpoint, self._core.on_challenge(endpoint, challenge))
         remote = self._core.accept_ack(endpoint, (yield from self._reply(endpoint, deadline)))
-        self._channel.paired(endpoint, remote, lambda t: self._read(endpoint, t), timeout)
+        join = self._core.unpack(endpoint, (yield from self._reply(endpoint, deadline))) if self._channel.joins else None
+        self._channel.paired(endpoint, remote, join, max(0.0, deadline - time.monotonic()))
         self._link.paired(endpoint)
         self._remotes[endpoint] = remote
         return remote
@@ -197,7 +206,8 @@ class Sender(KVSender):
 
     def _advance(self, endpoint: str, wait: float | None) -> PeerIdentity | None:
         """One step of the pairing with endpoint, waiting up to wait s (None: its first step);
-        the receiver's identity once paired. A failed pairing closes its connection and raises."""
+        the receiver's identity once paired. A failed pairing is forgotten, its connection
+        closed, and raises."""
         try:
             self._pairings[endpoint].send(wait)
             return None
@@ -205,13 +215,13 @@ class Sender(KVSender):
             del self._pairings[endpoint]
             return paired.value
         except BaseException:
-            del self._pairings[endpoint]
-            self._link.close(endpoint)
+            self._forget(endpoint)
             raise
 
-    def _read(self, endpoint: str, timeout: float) -> Message | None:
-        frames = self._link.recv(endpoint, timeout)
-        return None if frames is None else self._core.unpack(endpoint, frames)
+    def _forget(self, endpoint: str) -> None:
+        """A failed pairing: the core may have recorded the link (accept_ack), the link is open."""
+        self._core.forget(endpoint)
+        self._close(endpoint)
 
     def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int) -> Completion:
         payload = self._channel.inline(kv_cache, src)

@@ -95,6 +95,12 @@ class SenderCore:
                                       msg.layer_slices, msg.sealed_first)
         return msg.identity
 
+    def forget(self, endpoint: str) -> None:
+        """endpoint's pairing failed (after accept_ack too, e.g. its payload channel could not be
+        set up): drop its handshake and link; no transfer is open on it."""
+        self._handshakes.pop(endpoint, None)
+        self._links.pop(endpoint, None)
+
     def batch_bytes(self, endpoint: str) -> int:
         """The payload bytes of one BlockBatch the connected receiver at endpoint takes."""
         return self._links[endpoint].batch_bytes
@@ -109,8 +115,12 @@ class SenderCore:
         return self.framer.pack_many(link.session, msg, payloads, link.sealed_first)
 
     def unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
-        """A message from the connected receiver at endpoint; TransportError if it is bad."""
-        return self._unpack(self._links[endpoint].session, endpoint, frames)
+        """A message from the connected receiver at endpoint; TransportError if it is bad, or if
+        the link was lost meanwhile (e.g. silent for peer_timeout while its pairing went on)."""
+        link = self._links.get(endpoint)
+        if link is None:
+            raise TransportError(f"{endpoint} was lost")
+        return self._unpack(link.session, endpoint, frames)
 
     def begin(self, xfer_id: str, endpoint: str) -> None:
         if xfer_id in self._open or xfer_id in self._failed:

@@ -33,6 +33,7 @@ bench/transfer_bench.py and the README for links that cross an untrusted network
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -56,6 +57,9 @@ MIN_SECRET_LEN = 16
 REPLAY_WINDOW = 64
 SEAL_FORM = b"S"           # MAC'd ahead of a seal's fields: a seal and a trailer never share a tag
 MAX_SEALED_PAYLOADS = MAX_BATCH_BLOCKS   # payload frames one seal declares (a BlockBatch's most blocks)
+_SHA256_BLOCK = 64         # bytes: HMAC pads its key to this
+_IPAD = bytes(x ^ 0x36 for x in range(256))     # RFC 2104's inner and outer pads, as translate tables
+_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
 class AuthKind(Enum):
@@ -73,13 +77,19 @@ class AuthError(Exception):
         self.detail = detail
 
 
+@functools.lru_cache(maxsize=2 * MAX_SEALED_PAYLOADS)
+def _u64s(n: int) -> struct.Struct:
+    """n little-endian unsigned 64-bit integers."""
+    return struct.Struct(f"<{n}Q")
+
+
 def declared_lengths(seal: Buffer) -> list[int] | None:
     """The payload lengths a seal declares, or None if seal is not shaped as one (a trailer, or
     the first payload frame of a message in the order before the seal)."""
     count, rest = divmod(len(seal) - TRAILER_LEN, SEQ_LEN)
     if rest or not 1 <= count <= MAX_SEALED_PAYLOADS:
         return None
-    return list(struct.unpack_from(f"<{count}Q", seal, TRAILER_LEN))
+    return list(_u64s(count).unpack_from(seal, TRAILER_LEN))
 
 
 def auth_frame(kind: AuthKind, nonce: bytes = b"") -> bytes:
@@ -102,6 +112,30 @@ def check_secret(secret: bytes) -> bytes:
     return secret
 
 
+class MacKey:
+    """HMAC-SHA256 under one key (RFC 2104, as hmac computes it), the two padded key blocks hashed
+    once: each message's MAC starts from copies of those two states. hmac.digest hashes both again
+    for every message, and an hmac.HMAC copy costs more (OpenSSL copies three contexts); cold
+    (a block copy just evicted the caches, as on the receive path) this is ~1.5-2x cheaper."""
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > _SHA256_BLOCK:
+            raise ValueError(f"a MacKey takes at most {_SHA256_BLOCK} bytes (session keys are 32)")
+        block = key.ljust(_SHA256_BLOCK, b"\0")
+        self._inner = hashlib.sha256(block.translate(_IPAD))
+        self._outer = hashlib.sha256(block.translate(_OPAD))
+
+    def digest(self, *parts: Buffer) -> bytes:
+        """HMAC-SHA256(key, the concatenation of parts)."""
+        inner = self._inner.copy()
+        for part in parts:
+            inner.update(part)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
 class Session:
     """The keys and sequence numbers of one authenticated connection, from one end. Not thread-safe."""
 
@@ -109,7 +143,8 @@ class Session:
         salt = nonce_i + nonce_r
         keys = {d: hmac.new(secret, b"pdserve-session-v1 " + d + salt, hashlib.sha256).digest()
                 for d in (b"i2r", b"r2i")}
-        self._send_key, self._recv_key = (keys[b"i2r"], keys[b"r2i"]) if initiator else (keys[b"r2i"], keys[b"i2r"])
+        send, recv = (keys[b"i2r"], keys[b"r2i"]) if initiator else (keys[b"r2i"], keys[b"i2r"])
+        self._send_mac, self._recv_mac = MacKey(send), MacKey(recv)
         self._send_seq = 0
         self._recv_seq = -1                  # the highest sequence number accepted so far
         self._recv_seen = 0                  # bit k: _recv_seq - k was accepted (k < REPLAY_WINDOW)
@@ -118,7 +153,7 @@ class Session:
         """The trailer that authenticates [header, *payloads] as this end's next message."""
         seq = self._send_seq.to_bytes(SEQ_LEN, "little")
         self._send_seq += 1
-        return seq + self._tag(self._send_key, seq, header, [len(p) for p in payloads])
+        return seq + self._tag(self._send_mac, seq, header, [len(p) for p in payloads])
 
     def seal_first(self, header: Buffer, lengths: Sequence[int]) -> bytes:
         """The seal of [header, seal, *payloads] (payloads of these lengths, 1 to
@@ -127,8 +162,8 @@ class Session:
             raise ValueError(f"a seal declares 1..{MAX_SEALED_PAYLOADS} payloads, not {len(lengths)}")
         seq = self._send_seq.to_bytes(SEQ_LEN, "little")
         self._send_seq += 1
-        return seq + self._tag(self._send_key, seq, header, lengths, SEAL_FORM) + \
-            struct.pack(f"<{len(lengths)}Q", *lengths)
+        return seq + self._tag(self._send_mac, seq, header, lengths, SEAL_FORM) + \
+            _u64s(len(lengths)).pack(*lengths)
 
     def open_seal(self, header: Buffer, seal: Buffer) -> list[int]:
         """The payload lengths that seal declares for the message of this header, before any
@@ -136,7 +171,7 @@ class Session:
         lengths = declared_lengths(seal)
         if lengths is None:
             raise AuthError(DropReason.BAD_MAC, "no seal")
-        self._check(self._tag(self._recv_key, bytes(seal[:SEQ_LEN]), header, lengths, SEAL_FORM), seal)
+        self._check(self._tag(self._recv_mac, bytes(seal[:SEQ_LEN]), header, lengths, SEAL_FORM), seal)
         return lengths
 
     def open(self, frames: Sequence[Buffer]) -> list[Buffer]:
@@ -156,7 +191,7 @@ class Session:
         if len(frames) < 2 or len(frames[-1]) != TRAILER_LEN:
             raise AuthError(DropReason.BAD_MAC, "no trailer")
         trailer = frames[-1]
-        self._check(self._tag(self._recv_key, bytes(trailer[:SEQ_LEN]), frames[0],
+        self._check(self._tag(self._recv_mac, bytes(trailer[:SEQ_LEN]), frames[0],
                               [len(p) for p in frames[1:-1]]), trailer)
         return list(frames[:-1])
 
@@ -178,12 +213,13 @@ class Session:
             self._recv_seen |= 1 << behind
 
     @staticmethod
-    def _tag(key: bytes, seq: bytes, header: Buffer, lengths: Sequence[int], form: bytes = b"") -> bytes:
-        """The MAC of a message; a seal's (form SEAL_FORM) also covers its form and payload count,
+    def _tag(mac: MacKey, seq: bytes, header: Buffer, lengths: Sequence[int], form: bytes = b"") -> bytes:
+        """The MAC of a message: over [form, count,] seq, the sizes (header's, then each payload's,
+        or one 0) and the header. A seal's (form SEAL_FORM) also covers its form and payload count,
         so no seal verifies as a trailer or under another count (the trailer's stays as it was)."""
-        sizes = [len(header), *lengths] if lengths else [len(header), 0]
-        prefix = form + struct.pack("<Q", len(lengths)) if form else b""
-        return hmac.digest(key, prefix + seq + struct.pack(f"<{len(sizes)}Q", *sizes) + header, "sha256")
+        sizes = _u64s(len(lengths) + 1).pack(len(header), *lengths) if lengths else _u64s(2).pack(len(header), 0)
+        prefix = form + _u64s(1).pack(len(lengths)) if form else b""
+        return mac.digest(prefix + seq + sizes, header)
 
 
 class Initiator:

@@ -23,6 +23,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from kvtransport.base import TransportError
 from kvtransport.payload import TORCH_DTYPES, WriteBlocks, block_view, check_whole_blocks
-from kvtransport.payload_channel import PayloadChannel, ReadMessage
+from kvtransport.payload_channel import PayloadChannel
 from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.sender import Sender
@@ -41,18 +42,39 @@ from pdwire.messages import BlockFrame, Message, P2PJoin
 log = logging.getLogger("kvtransport")
 
 _RECV_RANK, _SEND_RANK = 0, 1
+# The send side's group join, the one step of a pairing that blocks a prefill node's loop
+# (kvtransport.sender): the TCPStore connect and the gloo rendezvous share what is left of the
+# pairing's timeout, at most this. The node cannot know the router's --heartbeat-timeout-s
+# (default 10 s; tests/kvtransport/test_kvtransport_dist.py checks it against this): the
+# TCPStore's connect retries past its timeout by up to a retry delay (measured: 3.3 s for a
+# 1.5 s timeout to a refused port), so the join may hold the loop about 2 * MAX_JOIN_S, with
+# room left for an engine step before the next beat. (NCCL builds its communicator lazily, on
+# the first send, bounded by the store's timeout, not by this.)
+MAX_JOIN_S = 3.0
+_CLOSE_WAIT_S = 0.5     # a dropped pair's send thread: once its sends are done it ends at once
+
+
+def _left(deadline: float) -> datetime.timedelta:
+    """The time left to deadline; TransportError if none."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TransportError("no time left to join the pair's process group")
+    return datetime.timedelta(seconds=left)
 
 
 def make_pair_group(store: dist.Store, group: str, rank: int, device: torch.device,
-                    host: str, timeout: float) -> dist.ProcessGroup:
-    """The two-rank group of one pair: NCCL for a CUDA pool, gloo (bound to host) otherwise."""
+                    host: str, timeout: float, join_timeout: float | None = None) -> dist.ProcessGroup:
+    """The two-rank group of one pair: NCCL for a CUDA pool, gloo (bound to host) otherwise;
+    gloo's rendezvous waits up to join_timeout (default: timeout), its operations timeout s."""
     prefixed = dist.PrefixStore(f"kvtransport/{group}", store)
     if device.type == "cuda":
         return dist.ProcessGroupNCCL(prefixed, rank, 2)
     opts = dist.ProcessGroupGloo._Options()
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    opts._timeout = datetime.timedelta(seconds=timeout)
-    return dist.ProcessGroupGloo(prefixed, rank, 2, opts)
+    opts._timeout = datetime.timedelta(seconds=timeout if join_timeout is None else join_timeout)
+    pg = dist.ProcessGroupGloo(prefixed, rank, 2, opts)
+    pg._set_default_timeout(datetime.timedelta(seconds=timeout))
+    return pg
 
 
 def _close_group(pg: dist.ProcessGroup) -> None:
@@ -85,9 +107,12 @@ class _SendWaiter:
         return done
 
     def close(self) -> None:
+        """The thread closes the group once the sends queued before have finished or failed (each
+        bounded by the group's timeout: a group must not close under a wait); this waits for that
+        up to _CLOSE_WAIT_S, as a process that exits while the thread still works on the group
+        aborts, and no longer, as it runs on the node's loop when a decode node is dropped."""
         self._queue.put(None)
-        self._thread.join(timeout=5.0)
-        _close_group(self.pg)
+        self._thread.join(timeout=_CLOSE_WAIT_S)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -99,6 +124,7 @@ class _SendWaiter:
             except Exception as e:   # the pair broke; the sender's poll() reports it
                 done.error = e
             done.done = True
+        _close_group(self.pg)
 
 
 class _DistSink(PayloadSink):
@@ -154,21 +180,22 @@ class _DistSink(PayloadSink):
 
 class DistChannel(PayloadChannel):
     """Ships each block as a tensor send on the pair's process group, after its header."""
+    joins = True
 
     def __init__(self, device: str, host: str, timeout: float) -> None:
         self._device, self._host, self._timeout = torch.device(device), host, timeout
         self._waiters: dict[str, _SendWaiter] = {}
         self._in_flight: list[tuple[str, _Completion]] = []
 
-    def paired(self, endpoint: str, remote: PeerIdentity, read: ReadMessage, timeout: float) -> None:
-        join = read(timeout)
-        if join is None:
-            raise TransportError(f"{endpoint} sent no P2PJoin within {timeout}s")
+    def paired(self, endpoint: str, remote: PeerIdentity, join: Message | None, timeout: float) -> None:
+        """Joins the group join names: the TCPStore connect and gloo's rendezvous share
+        min(timeout, MAX_JOIN_S) (see MAX_JOIN_S)."""
         if type(join) is not P2PJoin:
             raise TransportError(f"{endpoint} sent {type(join).__name__}, expected P2PJoin")
-        store = dist.TCPStore(join.store_host, join.store_port, is_master=False,
-                              timeout=datetime.timedelta(seconds=timeout))
-        pg = make_pair_group(store, join.group, _SEND_RANK, self._device, self._host, self._timeout)
+        deadline = time.monotonic() + min(timeout, MAX_JOIN_S)
+        store = dist.TCPStore(join.store_host, join.store_port, is_master=False, timeout=_left(deadline))
+        pg = make_pair_group(store, join.group, _SEND_RANK, self._device, self._host, self._timeout,
+                             _left(deadline).total_seconds())
         self._waiters[endpoint] = _SendWaiter(pg)
 
     def inline(self, kv_cache: torch.Tensor, src_block_id: int) -> None:

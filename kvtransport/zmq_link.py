@@ -2,10 +2,10 @@
 
 Send side: payload frames alias pool blocks (copy=False); the last frame of a tracked message
 (its last payload, or the trailer after them) carries a zmq tracker, done once libzmq has
-released it. libzmq releases the parts of the messages queued on one connection in order (its encoder takes the next part once one is written, and a
-closing pipe drops them in order), so that tracker also covers every payload sent before it on
-that connection: the Sender tracks one message per send_blocks call, as a tracker costs ~40 us
-of Python (an Event and the tracker object). The send high-water mark gives backpressure: a send blocks while
+released it. libzmq releases the parts of the messages queued on one connection in order (its
+encoder takes the next part once one is written, and a closing pipe drops them in order), so
+that tracker also covers every payload sent before it on that connection: the Sender tracks one
+message per send_blocks call, as a tracker costs ~40 us of Python (an Event and the tracker object). The send high-water mark gives backpressure: a send blocks while
 `hwm` messages are queued for a peer, then raises TransportError after `send_timeout` seconds.
 The routing id is node_id/<64 random bits> per connection, so a restarted or reconnected sender
 is a new peer to the receiver, and no other process can guess it to take the connection's place.
@@ -17,8 +17,8 @@ seal, payload*] (or [routing id, header, payload*, trailer] from a sender before
 payload is copied once, from libzmq's buffer into its pool block: by recv_into, frame by frame,
 when the Lander (ReceiverCore.landing) names its slot from the header and the seal, whose MAC it
 has checked (each frame's buffer is freed as soon as it is copied, so the next frames libzmq
-allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped); else the message is received whole with copy=False and the sink
-copies it. libzmq disconnects a peer that sends a frame above the
+allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped); else the
+message is received whole with copy=False and the sink copies it. libzmq disconnects a peer that sends a frame above the
 maximum message size; the receive high-water mark bounds what one peer can queue.
 
 Both ends speak ZMTP PLAIN (kvtransport.zmtp_auth): the ROUTER reads nothing from a connection
@@ -68,7 +68,11 @@ class ZmqSendLink(SendLink):
         sock.setsockopt(zmq.SNDTIMEO, int(self._send_timeout * 1000))
         sock.setsockopt(zmq.LINGER, 1000)
         plain_client(sock, self._secret)
-        sock.connect(endpoint)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as e:       # e.g. a malformed endpoint, or a host that does not resolve
+            self.close(endpoint)
+            raise TransportError(f"cannot connect to {endpoint!r}: {e}") from None
 
     def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
         sock = self._socks[endpoint]

@@ -51,8 +51,9 @@ class NodeConfig(EngineArgs):
     kv_advertise_host: str | None = None  # decode nodes: the host prefill nodes reach it at; default: kv_bind's
     heartbeat_s: float = 0.5             # seconds between heartbeats to the router
     router_timeout_s: float = 10.0       # no reply from the router this long: register again (new epoch)
-    kv_connect_timeout_s: float = 10.0   # prefill nodes: pairing with a decode node's KV receiver (off the loop,
-                                         # a step per tick); requests for it wait this long at most, then fail
+    kv_connect_timeout_s: float = 10.0   # prefill nodes: pairing with a decode node's KV receiver (a step per
+                                         # tick; torch_dist's group join blocks up to ~2 * its MAX_JOIN_S);
+                                         # requests for it wait this long at most, then fail
     lease_s: float = 30.0                # a reservation's lease, renewed by the sender's progress
     kv_transport: str = "zmq"            # zmq: payloads as ZeroMQ frames; torch_dist: tensor sends
                                          # (NCCL between CUDA pools, gloo between CPU pools)

@@ -36,7 +36,8 @@ def profile_main(argv: Sequence[str]) -> None:
     step = profile.step
     print(f"wrote {out}: step = {step.fixed * 1e3:.2f} ms + {step.per_token * 1e6:.1f} us/token + "
           f"{step.per_seq * 1e6:.1f} us/seq + {step.per_decode_ctx * 1e9:.1f} ns/decode ctx token + "
-          f"{step.per_prefill_pair * 1e9:.2f} ns/prefill pair; median fit error {profile.fit_error():.1%}; "
+          f"{step.per_prefill_pair * 1e9:.2f} ns/prefill pair + "
+          f"{step.per_prefill_ctx * 1e9:.1f} ns/prefill ctx token; median fit error {profile.fit_error():.1%}; "
           f"transfer {profile.transfer.per_block_s * 1e6:.0f} us/block")
 
 
@@ -74,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _quick_grid():
     from pdplan.profiler import ProfileGrid
-    return ProfileGrid(prompt_lens=(16, 256), chunk_sizes=(256,), cached_prefixes=(256,), batch_sizes=(1, 4),
+    return ProfileGrid(prompt_lens=(16, 256), chunk_sizes=(256,), cached_prefixes=(256,), warm_documents=(256,), warm_tails=(16,),
+                       warm_repeats=1, batch_sizes=(1, 4),
                        contexts=(32,), decode_steps=2, mixed=(4, 32, 256),
                       transfer_blocks=8)

@@ -57,15 +57,16 @@ class DecodePool:
         blocks in use, ties by a seeded coin, not by node order; by sequences first when the load
         guard holds; load as the router knows it, load_view.py), or the node req.replay_decode
         names; None when none has room (the router waits for some)."""
-        blocks = -(-req.prompt_len // self.nodes[0].engine.bs)
+        blocks = self.nodes[0].engine.profile.blocks(req.prompt_len)
         usable = req.block_hashes[:(req.prompt_len - 1) // self.nodes[0].engine.bs]
         guard = imbalanced([n.view.sequences for n in self.nodes], BALANCE)
-        coin = {id(n): self._rng.random() for n in self.nodes}
-        ranked = sorted(self.nodes, key=lambda n: (n.view.sequences if guard else 0, n.view.beat_waiting,
-                                                   blocks - n.engine.pool.hits(usable) + n.view.used_blocks,
-                                                   coin[id(n)]))
+        coin = {id(n): self._rng.random() for n in self.nodes}     # drawn even when replayed: the coin keeps step
         if req.replay_decode:           # where the measured run's router sent it, room or not
             ranked = [n for n in self.nodes if n.engine.name == req.replay_decode]
+        else:
+            ranked = sorted(self.nodes, key=lambda n: (n.view.sequences if guard else 0, n.view.beat_waiting,
+                                                       blocks - n.engine.pool.hits(usable) + n.view.used_blocks,
+                                                       coin[id(n)]))
         for node in ranked:
             seq = SimSeq(req, req.prompt_len, target=req.output_len)
             hits = node.engine.reserve(seq, req.output_len)

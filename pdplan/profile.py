@@ -3,12 +3,18 @@ as a JSON file the simulator and the planner read. Written by `pdserve profile` 
 measurements, or by hand from published figures (then `source` says where from and
 `extrapolated` is true).
 
-One step's cost is linear in five features of the batch it runs, each sequence i computing
+One step's cost is linear in six features of the batch it runs, each sequence i computing
 n_i new tokens over c_i tokens already in its context:
 
     t(step) = fixed + per_token * sum(n_i) + per_seq * #seqs
               + per_decode_ctx * sum(c_i + 1 over decoding seqs, n_i == 1)      attention reads (bandwidth)
               + per_prefill_pair * sum(n_i * (c_i + (n_i + 1) / 2) over n_i > 1) attention pairs (compute)
+              + per_prefill_ctx * sum(c_i over n_i > 1)                         a chunk's cached context read
+
+The last term is what a short chunk over a long cached context (a RAG question after its
+document) costs beyond its pairs: measured, a 16-token question over 1-3k cached tokens cost
+12-35% more than the five-feature price and a 64-token one 9-11% less (bench/README.md, plan5
+and plan6). A profile written before it has no per_prefill_ctx: it loads as 0.
 
 The same function prices a prefill node's chunks, a decode node's batches and a colocated
 engine's mixed steps; the coefficients are a non-negative least-squares fit over every measured
@@ -22,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-FEATURES = ("fixed", "per_token", "per_seq", "per_decode_ctx", "per_prefill_pair")
+FEATURES = ("fixed", "per_token", "per_seq", "per_decode_ctx", "per_prefill_pair", "per_prefill_ctx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,15 +39,16 @@ class StepShape:
 
 
 def step_features(shapes: list[StepShape] | list[tuple[int, int]]) -> list[float]:
-    """The five features of FEATURES for a step's scheduled sequences [(new, context), ...]."""
-    tokens = decode_ctx = pairs = 0.0
+    """The six features of FEATURES for a step's scheduled sequences [(new, context), ...]."""
+    tokens = decode_ctx = pairs = prefill_ctx = 0.0
     for n, c in shapes:
         tokens += n
         if n == 1:
             decode_ctx += c + 1
         else:
             pairs += n * (c + (n + 1) / 2)
-    return [1.0, tokens, float(len(shapes)), decode_ctx, pairs]
+            prefill_ctx += c
+    return [1.0, tokens, float(len(shapes)), decode_ctx, pairs, prefill_ctx]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +59,11 @@ class StepCost:
     per_seq: float
     per_decode_ctx: float
     per_prefill_pair: float
-
-    def seconds(self, tokens: float, seqs: int, decode_ctx: float, prefill_pairs: float) -> float:
-        return (self.fixed + self.per_token * tokens + self.per_seq * seqs
-                + self.per_decode_ctx * decode_ctx + self.per_prefill_pair * prefill_pairs)
+    per_prefill_ctx: float = 0.0    # 0 in profiles written before it (fitted from then on)
 
     def of(self, shapes: list[tuple[int, int]]) -> float:
-        _, tokens, seqs, ctx, pairs = step_features(shapes)
-        return self.seconds(tokens, int(seqs), ctx, pairs)
+        """Seconds for one step that schedules `shapes`: [(new tokens, context before them), ...]."""
+        return sum(getattr(self, name) * x for name, x in zip(FEATURES, step_features(shapes)))
 
     @classmethod
     def fit(cls, samples: list["StepSample"]) -> "StepCost":

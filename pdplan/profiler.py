@@ -4,7 +4,9 @@ timed step by step, and a real ZeroMQ socket pair shipping blocks of the engine'
 Experiments (each step's scheduled (new tokens, context) pairs are read off the scheduler's own
 plan, so chunking and prefix hits are whatever the engine really did):
   1. prefill: one prompt of length L alone, at each chunk size (max_num_batched_tokens)
-  2. prefill with a cached prefix: the same prompt again after a different last part
+  2. prefill with a cached prefix: the same prompt again after a different last part; and a
+     warm question: a cached document, then a short fresh question after it, alone (RAG's step:
+     a few new tokens reading thousands of cached ones)
   3. decode: B sequences of context C, a few steps after their prompts are in
   4. mixed: a decode batch with a long prompt arriving (what a colocated engine runs)
   5. transfer: blocks of the engine's block size over ZeroMQ TCP loopback, copied into a
@@ -30,6 +32,9 @@ class ProfileGrid:
     prompt_lens: tuple[int, ...] = (16, 128, 512, 1024, 2048, 3072)
     chunk_sizes: tuple[int, ...] = (512, 2048)
     cached_prefixes: tuple[int, ...] = (1024, 2048)        # of a 3072-token prompt
+    warm_documents: tuple[int, ...] = (1024, 2048, 3072)   # cached, then a question of each warm_tails
+    warm_tails: tuple[int, ...] = (16, 32, 64)             # ... (the router prefills <= 64 on a decode node)
+    warm_repeats: int = 3                                  # each (document, question), in a shuffled order
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
     contexts: tuple[int, ...] = (64, 512, 2048, 4096)     # up to 4k: long RAG contexts decode there
     max_batch_tokens: int = 16384                          # skips B x C over it (time, pool size)
@@ -113,6 +118,22 @@ class Profiler:
             self._add(engine, prefix + _ids(self.rng, full - k, vocab), 1)
             samples += timed_steps(engine, rec, "prefill_cached")
         self.log(f"profile: prefill with cached prefixes: {len(samples)} steps")
+        return samples + self.prefill_warm(engine, rec)
+
+    def prefill_warm(self, engine, rec: StepRecorder) -> list[StepSample]:
+        vocab = engine.model_config.vocab_size
+        docs = {d: _ids(self.rng, min(d, engine.max_model_len - 1 - max(self.grid.warm_tails)), vocab)
+                for d in self.grid.warm_documents}
+        for doc in docs.values():
+            self._add(engine, doc, 1)
+            timed_steps(engine, rec, "warmup")
+        points = [(d, t) for d in docs for t in self.grid.warm_tails] * self.grid.warm_repeats
+        self.rng.shuffle(points)
+        samples = []
+        for d, t in points:
+            self._add(engine, docs[d] + _ids(self.rng, t, vocab), 1)
+            samples += timed_steps(engine, rec, "prefill_warm")
+        self.log(f"profile: warm questions on cached documents: {len(samples)} steps")
         return samples
 
     def decode(self) -> list[StepSample]:

@@ -136,17 +136,8 @@ class SimEngine:
         plan = self._schedule()
         if not plan:
             return
-        tokens = decode_ctx = pairs = 0.0
-        sampled = 0
-        for seq, n in plan:
-            tokens += n
-            c = seq.computed
-            if n == 1:
-                decode_ctx += c + 1
-            else:
-                pairs += n * (c + (n + 1) / 2)
-            sampled += c + n == seq.length
-        dt = self.profile.step.seconds(tokens, len(plan), decode_ctx, pairs) + self.per_sample_s * sampled
+        sampled = sum(seq.computed + n == seq.length for seq, n in plan)
+        dt = self.profile.step.of([(n, seq.computed) for seq, n in plan]) + self.per_sample_s * sampled
         self.stepping, self._step_start = True, self.loop.now
         self.busy_s += dt             # core time: a step stretched by sharing counts its own work only
         self.core.run(dt, lambda: self._end_step(plan))

@@ -30,7 +30,10 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
 MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
 OLD_ACK_BATCH_BYTES = 4 << 20   # what a HelloAck without max_batch_bytes (a receiver from before it) takes
-BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib)
+BATCH_BYTES = 2 << 20        # what senders pack and receivers take by default (--kv-batch-mib): a
+                             # receiver gets each block warm from libzmq, which hands a message over
+                             # only once its last frame is in (bench/README.md, "end of the eleventh
+                             # session": 0.62-0.86 of the raw ceiling at 16 MiB, 0.77-1.01 at 2 MiB)
 BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce
 RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
                                 # announced batch bytes, by default (--kv-recv-queue-mib)

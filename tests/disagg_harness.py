@@ -39,7 +39,7 @@ class ScriptedNode:
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str, role: str, epoch: str = "e1"):
         self.node_id, self.role, self.epoch = node_id, role, epoch
-        self.kv_endpoint = f"tcp://127.0.0.1:{7000 + len(node_id)}/{node_id}" if role == "decode" else ""
+        self.kv_endpoint = f"tcp://{node_id}.kv.test:7000" if role == "decode" else ""    # never connected to
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
@@ -152,11 +152,13 @@ class Cluster:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self._end_removals(failing=exc[0] is not None)
-        self.backend.close()
-        for node in self.nodes.values():
-            node.die()
-        self.ctx.destroy(linger=0)      # also any socket a failed test left open
+        try:
+            await self._end_removals(failing=exc[0] is not None)
+        finally:        # also when a remove failed by itself (raised above)
+            self.backend.close()
+            for node in self.nodes.values():
+                node.die()
+            self.ctx.destroy(linger=0)      # also any socket a failed test left open
 
     async def _end_removals(self, failing: bool) -> None:
         """Cancels the removes still under way and awaits every one, so none is left pending or

@@ -2,6 +2,7 @@
 
     python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
     python -m bench.simulate pool run1.json run2.json --out P.json          # several profile runs, one fit
+    python -m bench.simulate pool new.json old.json --only prefill_warm --out P.json   # old's, plus new's warm steps
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
     python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention]
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
     r.add_argument("profiles", nargs="+")
     r.add_argument("--out", required=True)
+    r.add_argument("--only", default="", help="comma-separated step kinds (e.g. prefill_warm): take only these "
+                                               "from the runs before the last (the last run's steps all)")
     r.set_defaults(func=_pool)
     c = sub.add_parser("calibrate", help="fit the profile's serving overheads to measured runs; writes a new profile")
     c.add_argument("measured", nargs="+")
@@ -133,7 +136,8 @@ def _pool(args) -> None:
     from dataclasses import replace
     from pdplan.profile import Profile, StepCost
     runs = [Profile.load(p) for p in args.profiles]
-    samples = [s for run in runs for s in run.samples]
+    kinds = set(filter(None, args.only.split(",")))
+    samples = [s for run in runs[:-1] for s in run.samples if not kinds or s.kind in kinds] + runs[-1].samples
     pooled = replace(runs[-1], step=StepCost.fit(samples), samples=samples,
                      machine=runs[-1].machine | {"pooled_runs": len(runs)})
     pooled.save(args.out)

@@ -29,11 +29,17 @@ def request_id(wire_rid: str) -> str:
 
 
 def read(out_dir: str) -> dict[str, str]:
-    """Request id -> the decode node of its first DecodeRequest (a retry's later one is not it)."""
-    where: dict[str, str] = {}
+    """Request id -> the decode node that took its first attempt: the last one that attempt's
+    DecodeRequest went to (a node that answers Busy has the router ask the next one it ranks,
+    under the same wire rid), of the request's first wire rid; a retry's or a KV move's attempt
+    (`~k`) is not it."""
+    latest: dict[str, str] = {}         # first attempts' wire rids, in order of their first ask
     for e in load(out_dir):
-        if e["e"] == "send" and e.get("m") == "DecodeRequest" and e.get("rid"):
-            where.setdefault(request_id(e["rid"]), e["node"])
+        if e["e"] == "send" and e.get("m") == "DecodeRequest" and e.get("rid") and "~" not in e["rid"]:
+            latest[e["rid"]] = e["node"]
+    where: dict[str, str] = {}
+    for wire_rid, node in latest.items():
+        where.setdefault(request_id(wire_rid), node)
     return where
 
 

@@ -14,6 +14,7 @@ import os
 from bench.serving import record as rec
 from bench.simulate.contention import fit_background, measured_wait
 from bench.simulate.pinning import PINS
+from bench.simulate.trace import OLD_CLIENT_WARMUP
 from pdplan.profile import Profile
 from pdplan.simulation import SLOTargets, Topology, simulate
 from pdplan.workload import sim_requests
@@ -26,7 +27,7 @@ TOLERANCE = 0.2
 # compare._warmup, before it recorded them): the router's coin (routing_cost.py) draws for each,
 # and the simulated one draws as many (placement.py's records: 51 DecodeRequests in a run of
 # 2 x 24 requests with 2 warm-up requests)
-LAUNCHER_REQUESTS, OLD_WARMUP_REQUESTS = 1, 2
+LAUNCHER_REQUESTS = 1
 FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
 
 
@@ -84,7 +85,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
 def ranked_before(out: dict, point: int) -> int:
     """Requests the router of a measured run (one system's part of a measure file) had ranked
     before point `point`: the launcher's, the warm-up's and the earlier points'."""
-    return LAUNCHER_REQUESTS + out.get("warmup_requests", OLD_WARMUP_REQUESTS) \
+    return LAUNCHER_REQUESTS + out.get("warmup_requests", OLD_CLIENT_WARMUP) \
         + sum(len(q.get("requests", ())) for q in out["points"][:point])
 
 

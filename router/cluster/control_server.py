@@ -41,6 +41,7 @@ from pdwire.control import (FirstToken, KVEvents, NodeCommand, NodeGoodbye, Node
                             NodeStatus, Paused, RequestFailed, TokenDelta)
 from kvtransport.framing import FrameError, control_framer
 from pdwire.figures import PrefixCounters
+from pdwire.kv_endpoint import kv_endpoint_problem
 from pdwire.messages import Busy, Reserved
 from kvtransport.metrics import DropReason
 from kvtransport.session import AuthError, AuthKind, Responder, parse_auth_frame
@@ -268,9 +269,9 @@ class ControlServer:
             return self._drop("unexpected", f"{node_id!r} changed role within epoch {hello.epoch}")
         if known is not None and known.peer != peer:
             self._node_of.pop(known.peer, None)          # the same epoch on a new connection
-        if hello.role == NodeRole.DECODE.value and not hello.kv_endpoint:
+        if hello.role == NodeRole.DECODE.value and (problem := kv_endpoint_problem(hello.kv_endpoint)):
             self.dropped.labels("incompatible").inc()
-            log.error("decode node %s has no kv_endpoint: told to leave", node_id)
+            log.error("decode node %s announces no usable kv_endpoint (%s): told to leave", node_id, problem)
             return self._send_to(peer, NodeCommand("leave"))
         others = {i.hello.block_size for n, i in self._nodes.items() if n != node_id}
         if others and hello.block_size not in others:

@@ -147,10 +147,10 @@ class KVMoves:
         except NoNodeAvailable as err:
             reply = Failure(out.node_id, str(err), True)
         endpoint = self._endpoint(moved.decode_id)
-        if not isinstance(reply, Reserved) or not endpoint or not self._holds(out):
+        held = self._holds(out)
+        if not isinstance(reply, Reserved) or not endpoint or not held:
             self._end_attempt(moved)
-            why = f"no reservation for its blocks ({_why(reply)})" if self._holds(out) else "lost after it paused"
-            return None, out.failure(why)
+            return None, out.failure(f"no reservation for its blocks ({_why(reply)})" if held else "lost after it paused")
         moved.contacted.add(out.node_id)
         if (booking := att.bookings.pop(out.node_id, None)) is not None:
             moved.bookings[out.node_id] = booking     # D1 is not idle until D2 has the blocks

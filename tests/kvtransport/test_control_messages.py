@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from engine import SamplingParams
 from pdwire import control
 from pdwire.figures import PrefixCounters
+from pdwire.kv_endpoint import kv_endpoint_problem
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus, Paused,
                             PauseRequest, PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
 from pdwire.schema import ProtocolError
@@ -143,3 +144,10 @@ def test_node_status_carries_figures_flat_and_back():
     status = NodeStatus.of("n1", "e1", figures)
     assert status == NodeStatus("n1", "e1", 2, 1, 0.5, 0.25, 3, 7, 0, 0, 4, 64, 1, 0, 2, 48, 16)
     assert control.decode(control.encode(status)).figures == figures
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5555", "tcp://decode-0.kv.test:7000", "tcp://[::1]:5",
+                                      "ipc:///tmp/kv-d0"])
+def test_kv_endpoints_of_every_form_a_receiver_binds_are_usable(endpoint):
+    """A tcp endpoint with a DNS name, an IPv4 or a bracketed IPv6 host, or an ipc path, passes."""
+    assert kv_endpoint_problem(endpoint) == ""

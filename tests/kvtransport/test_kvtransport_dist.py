@@ -13,11 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvtransport.base import TransportError
 from kvtransport.events import TransferCommitted
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import make_identity, make_pool, same_bytes, TEST_SECRET
-from kvtransport.torch_dist import DistReceiver, DistSender
+from kvtransport.torch_dist import MAX_JOIN_S, DistReceiver, DistSender
+from pdwire.messages import P2PJoin
+from router.config import RouterConfig
 
 GEOM = dict(num_blocks=12, num_layers=2, block_size=16, num_kv_heads=2, head_dim=32)
 DST_IDS = (9, 3, 11, 0)            # block 9 is a cached prefix: not shipped
@@ -84,6 +87,58 @@ def test_dist_requires_torch_dist_identity():
     src = make_pool(**GEOM)
     with pytest.raises(ValueError):
         DistSender(make_identity(src, "p0", "zmq"), TEST_SECRET)
+
+
+def test_a_withheld_p2pjoin_is_waited_for_a_step_at_a_time():
+    """A decode node that accepts the Hello but sends no P2PJoin (frozen after its HelloAck): the
+    sender waits for the P2PJoin over steps that return at once, as for the earlier replies, and the
+    pairing fails at its deadline, forgotten (not connected, no connection left)."""
+    dst, src = make_pool(seed=2, **GEOM), make_pool(seed=1, **GEOM)
+    recv = DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET)
+    send = DistSender(make_identity(src, "p0", "torch_dist"), TEST_SECRET)
+    recv._core._sink.paired = lambda *args: None       # no P2PJoin, no group
+    steps_awaiting_join = 0
+    try:
+        with pytest.raises(TransportError, match="did not answer the pairing in time"):
+            while send.try_connect(recv.endpoint, timeout=2.0) is None:
+                steps_awaiting_join += send._core.is_connected(recv.endpoint)    # HelloAck taken
+                recv.poll(0.01)
+        assert steps_awaiting_join > 1
+        assert not send._core.is_connected(recv.endpoint) and send._link.endpoints() == []
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_a_p2pjoin_after_the_link_was_lost_fails_the_pairing():
+    """A P2PJoin that comes after the sender's poll lost the half-paired link (silent past
+    peer_timeout) fails the pairing with TransportError, a node's usual error, not KeyError."""
+    dst, src = make_pool(seed=2, **GEOM), make_pool(seed=1, **GEOM)
+    recv = DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET)
+    send = DistSender(make_identity(src, "p0", "torch_dist"), TEST_SECRET, peer_timeout=0.2)
+    replies = []
+    recv._core._sink.paired = lambda peer, identity, reply: replies.append(reply)     # P2PJoin later
+    try:
+        while not send._core.is_connected(recv.endpoint):      # the HelloAck taken
+            assert send.try_connect(recv.endpoint, timeout=10.0) is None
+            recv.poll(0.01)
+        send.poll(0.5)                          # no reply to its heartbeats: lost
+        assert not send._core.is_connected(recv.endpoint)
+        replies[0](P2PJoin("p0/e", "127.0.0.1", 1))
+        with pytest.raises(TransportError, match="was lost"):
+            while send.try_connect(recv.endpoint) is None:
+                recv.poll(0.01)
+        assert send._link.endpoints() == []
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_the_join_leaves_room_under_the_routers_heartbeat_timeout():
+    """The group join's hold of a prefill node's loop (about 2 * MAX_JOIN_S: the TCPStore's connect
+    overruns its timeout by a retry delay) plus 3 s for an engine step fits the router's default
+    heartbeat timeout."""
+    assert 2 * MAX_JOIN_S + 3.0 <= RouterConfig().heartbeat_timeout_s
 
 
 if __name__ == "__main__":

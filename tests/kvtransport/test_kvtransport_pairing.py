@@ -84,3 +84,43 @@ def test_a_silent_receiver_fails_only_its_own_pairing_at_its_deadline():
                 time.sleep(0.01)
         assert send._link.endpoints() == [recv.endpoint]
         assert send.try_connect(dead, timeout=1.0) is None      # a new pairing starts afresh
+
+
+def test_a_pairing_whose_channel_cannot_be_set_up_is_forgotten():
+    """A payload channel whose set-up fails after the receiver's HelloAck (torch_dist: no P2PJoin,
+    the TCPStore or the gloo join) fails the pairing: the sender is not connected and keeps no
+    connection, its poll heartbeats nobody, and a new pairing pairs once the channel sets up."""
+    def join_fails(*args):
+        raise RuntimeError("gloo join timed out")
+
+    with _ends() as (src, dst, send, recv):
+        send._channel.paired = join_fails
+        with pytest.raises(RuntimeError, match="gloo join timed out"):
+            _pair_by_steps(send, recv)
+        assert not send._core.is_connected(recv.endpoint) and send._link.endpoints() == []
+        assert send.poll(1.5) == []         # past a heartbeat interval: none is due to the failed pairing
+        del send._channel.paired
+        assert _pair_by_steps(send, recv).node_id == "d0"
+        assert isinstance(_ship_one(send, recv, src)[0], TransferCommitted) and same_bytes(dst[5], src[2])
+
+
+def test_connect_joining_a_pairing_under_way_keeps_its_own_timeout():
+    """connect(timeout=0.5) on a pairing try_connect started with a 60 s timeout, to a listener
+    that never answers, raises TransportError once its own 0.5 s pass, and closes that pairing."""
+    with _ends() as (src, dst, send, recv), socket.create_server(("127.0.0.1", 0)) as silent:
+        dead = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        assert send.try_connect(dead, timeout=60.0) is None
+        with pytest.raises(TransportError, match="did not answer the pairing in time"):
+            send.connect(dead, timeout=0.5)
+        assert send._link.endpoints() == [] and send.try_connect(dead, timeout=1.0) is None
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://no such host:5", "tcp://127.0.0.1", "bogus://x"])
+def test_a_malformed_endpoint_fails_its_pairing_and_leaves_no_connection(endpoint):
+    """An endpoint ZeroMQ cannot connect to raises TransportError (not zmq.ZMQError, which would
+    end a prefill node) and leaves no connection; the sender pairs with a good receiver after."""
+    with _ends() as (src, dst, send, recv):
+        with pytest.raises(TransportError, match="cannot connect to"):
+            send.try_connect(endpoint)
+        assert send._link.endpoints() == [] and send.poll(0.0) == []
+        assert _pair_by_steps(send, recv).node_id == "d0"

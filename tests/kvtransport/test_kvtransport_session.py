@@ -1,10 +1,13 @@
 """Sessions on the node network: keys per direction, the replay window, bounded handshakes."""
+import hmac
+import struct
+
 import pytest
 
 from kvtransport.fake import ManualClock
 from kvtransport.metrics import DropReason
 from kvtransport.session import (REPLAY_WINDOW, SEQ_LEN, TRAILER_LEN, AuthError, AuthKind, Initiator,
-                                 Responder, Session, auth_frame, parse_auth_frame)
+                                 MacKey, Responder, Session, auth_frame, parse_auth_frame)
 
 SECRET = b"k" * 32
 
@@ -203,3 +206,31 @@ def test_a_responder_opens_a_seal_only_under_an_established_session_without_a_pe
     assert responder.open_seal("p", b"h", session.seal_first(b"h", [5])) == [5]
     responder.challenge("p", b"n" * 16)               # a new handshake on that connection
     assert _reason(responder.open_seal, "p", b"h", session.seal_first(b"h", [1])) is DropReason.NOT_AUTHENTICATED
+
+
+def test_a_mac_key_computes_hmac_sha256():
+    """MacKey (the padded key blocks hashed once) gives hmac's HMAC-SHA256 for keys up to a
+    SHA-256 block and messages in any number of parts; a longer key is refused, not hashed."""
+    for key in (b"", b"k", bytes(range(32)), b"x" * 63, b"y" * 64):
+        mac = MacKey(key)
+        for parts in ([], [b""], [b"abc"], [b"a" * 55, b"b" * 9, memoryview(b"c" * 200)]):
+            assert mac.digest(*parts) == hmac.digest(key, b"".join(parts), "sha256")
+    with pytest.raises(ValueError):
+        MacKey(b"z" * 65)
+
+
+def test_trailers_and_seals_are_the_documented_bytes():
+    """The wire form, recomputed with hmac.digest from the module docstring: trailer = seq ||
+    HMAC(key, seq || sizes || header), seal = seq || HMAC(key, "S" || count || seq || sizes ||
+    header) || lengths, key = HMAC(secret, "pdserve-session-v1 i2r" || nonce_i || nonce_r)."""
+    key = hmac.digest(SECRET, b"pdserve-session-v1 i2r" + b"i" * 16 + b"r" * 16, "sha256")
+    ours, _ = _pair()
+    header = b"h" * 100
+    seq0, seq1, seq2 = (n.to_bytes(8, "little") for n in range(3))
+    assert ours.seal(header) == seq0 + hmac.digest(key, seq0 + struct.pack("<2Q", 100, 0) + header, "sha256")
+    assert ours.seal(header, b"ab", b"cde") == \
+        seq1 + hmac.digest(key, seq1 + struct.pack("<3Q", 100, 2, 3) + header, "sha256")
+    lengths = [2 << 20] * 8
+    assert ours.seal_first(header, lengths) == seq2 + hmac.digest(
+        key, b"S" + struct.pack("<Q", 8) + seq2 + struct.pack("<9Q", 100, *lengths) + header, "sha256") + \
+        struct.pack("<8Q", *lengths)

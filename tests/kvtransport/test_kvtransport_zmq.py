@@ -266,7 +266,7 @@ def test_backpressure_raises_when_receiver_stops_draining():
 
 
 @pytest.mark.parametrize("queue_bytes, batch_bytes, hwm, want", [
-    (256 << 20, 16 << 20, 64, 16),        # the default budget: 16 messages of 16 MiB, not 64
+    (256 << 20, 16 << 20, 64, 16),        # 256 MiB as 16 messages of 16 MiB, not 64
     (256 << 20, 4 << 20, 64, 64),         # small batches: hwm is the bound
     (8 << 20, 16 << 20, 64, 1),           # a budget below one message: one message
     (3 * BLOCK_NBYTES, BLOCK_NBYTES // 4, 64, 3),   # a message carries one block at least

@@ -17,16 +17,19 @@ def test_a_wire_rid_names_its_request_id():
     assert request_id("cmpl-ab12-3~2") == "cmpl-ab12"
 
 
-def test_read_takes_each_requests_first_decode_request_and_attach_joins_by_response_id(tmp_path):
-    """Only DecodeRequests count; a retry's later one (~1) does not replace the first; a request the
-    router never sent to a decode node gets ""."""
+def test_read_takes_the_node_that_took_each_requests_first_attempt_and_attach_joins_by_response_id(tmp_path):
+    """Only DecodeRequests count; a retry's later one (~1) does not replace the first attempt's; a
+    node that answered Busy is not where the request went: the attempt's next ask is; a request
+    the router never sent to a decode node gets ""."""
     lines = [{"t": 1.0, "p": "router", "e": "send", "node": "decode-1", "m": "DecodeRequest", "rid": "cmpl-a-0"},
              {"t": 1.1, "p": "router", "e": "send", "node": "prefill-0", "m": "PrefillRequest", "rid": "cmpl-a-0"},
              {"t": 1.2, "p": "router", "e": "send", "node": "decode-0", "m": "DecodeRequest", "rid": "cmpl-b-0"},
-             {"t": 2.0, "p": "router", "e": "send", "node": "decode-1", "m": "DecodeRequest", "rid": "cmpl-b-0~1"}]
+             {"t": 2.0, "p": "router", "e": "send", "node": "decode-1", "m": "DecodeRequest", "rid": "cmpl-b-0~1"},
+             {"t": 2.1, "p": "router", "e": "send", "node": "decode-0", "m": "DecodeRequest", "rid": "cmpl-d-0"},
+             {"t": 2.2, "p": "router", "e": "send", "node": "decode-1", "m": "DecodeRequest", "rid": "cmpl-d-0"}]
     (tmp_path / "123.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     where = read(str(tmp_path))
-    assert where == {"cmpl-a": "decode-1", "cmpl-b": "decode-0"}
+    assert where == {"cmpl-a": "decode-1", "cmpl-b": "decode-0", "cmpl-d": "decode-1"}
     records = [{"id": "cmpl-b"}, {"id": "cmpl-a"}, {"id": "cmpl-c"}, {}]
     assert attach(records, where) == 2
     assert [r["decode_node"] for r in records] == ["decode-0", "decode-1", "", ""]

@@ -2,13 +2,15 @@
 measures a real engine (the built-in model) and a real socket."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
-from pdplan.profile import Profile, StepCost, StepSample, Transfer
+from pdplan.profile import FEATURES, Profile, StepCost, StepSample, Transfer
 
-TRUE = StepCost(fixed=0.02, per_token=4e-4, per_seq=1e-4, per_decode_ctx=2e-6, per_prefill_pair=1e-7)
+TRUE = StepCost(fixed=0.02, per_token=4e-4, per_seq=1e-4, per_decode_ctx=2e-6, per_prefill_pair=1e-7,
+                per_prefill_ctx=3e-6)
 
 
 def synthetic_samples() -> list[StepSample]:
@@ -25,9 +27,9 @@ def synthetic_samples() -> list[StepSample]:
 
 
 def test_fit_recovers_the_coefficients_of_noise_free_steps():
-    """Least squares over exact step times gives back the five coefficients."""
+    """Least squares over exact step times gives back the six coefficients."""
     fit = StepCost.fit(synthetic_samples())
-    for name in ("fixed", "per_token", "per_seq", "per_decode_ctx", "per_prefill_pair"):
+    for name in FEATURES:
         assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
 
 
@@ -38,7 +40,26 @@ def test_fit_never_returns_a_negative_coefficient():
 
 
 def vars_of(cost: StepCost) -> list[float]:
-    return [cost.fixed, cost.per_token, cost.per_seq, cost.per_decode_ctx, cost.per_prefill_pair]
+    return [getattr(cost, name) for name in FEATURES]
+
+
+def test_a_prefill_chunk_pays_for_the_cached_context_it_reads():
+    """A 16-token chunk over 1,000 cached tokens costs its pairs plus 1,000 context reads; a
+    decode step and a chunk with no context pay no context term."""
+    ctx_only = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, per_prefill_ctx=1e-6)
+    assert ctx_only.of([(16, 1000)]) == pytest.approx(1e-3)
+    assert ctx_only.of([(1, 1000), (64, 0)]) == 0.0
+    assert TRUE.of([(16, 1000)]) - TRUE.of([(16, 0)]) == pytest.approx(16 * 1000 * 1e-7 + 1000 * 3e-6)
+
+
+def test_a_profile_written_before_the_context_term_loads_with_it_at_zero():
+    """An older file's step has five coefficients: it loads, prices as it did, and refits to six."""
+    p = Profile({"cpu": "x"}, {"name": "m"}, 16, 100, 8, 256, TRUE, Transfer(1e-4, 1e-5, 4096))
+    d = json.loads(p.to_json())
+    del d["step"]["per_prefill_ctx"]
+    old = Profile.from_dict(d)
+    assert old.step.per_prefill_ctx == 0.0
+    assert old.step.of([(16, 1000)]) == pytest.approx(0.02 + 16 * 4e-4 + 1e-4 + 16 * 1008.5 * 1e-7)
 
 
 def test_profile_json_round_trip(tmp_path):
@@ -54,13 +75,15 @@ def test_profiler_measures_the_builtin_engine_and_a_socket():
     transfer of a block takes a positive time, and the machine is recorded."""
     from engine.args import EngineArgs
     from pdplan.profiler import ProfileGrid, Profiler
-    grid = ProfileGrid(prompt_lens=(16, 96), chunk_sizes=(64,), cached_prefixes=(32,), batch_sizes=(1, 3),
+    grid = ProfileGrid(prompt_lens=(16, 96), chunk_sizes=(64,), cached_prefixes=(32,), warm_documents=(32,),
+                       warm_tails=(8,), warm_repeats=2, batch_sizes=(1, 3),
                        contexts=(24,), decode_steps=2, mixed=(3, 24, 200),
                        transfer_blocks=8)
     p = Profiler(EngineArgs(dtype="float32", num_blocks=256, max_num_seqs=8, max_num_batched_tokens=128),
                  grid, log=lambda *_: None).run()
     kinds = {s.kind for s in p.samples}
-    assert kinds == {"prefill", "prefill_cached", "decode", "mixed"}
+    assert kinds == {"prefill", "prefill_cached", "prefill_warm", "decode", "mixed"}
+    assert [s.shapes for s in p.samples if s.kind == "prefill_warm"] == [[(8, 32)]] * 2    # the 32 cached
     assert [s.shapes for s in p.samples if s.kind == "prefill"][1:3] == [[(64, 0)], [(32, 64)]]   # 96 in chunks of 64
     assert p.transfer.per_block_s > 0 and p.transfer.block_bytes == p.model["kv_bytes_per_token"] * 16
     assert p.step.fixed + p.step.per_token > 0 and "device" in p.machine and p.num_blocks == 256
@@ -80,3 +103,22 @@ def test_the_decode_grid_skips_contexts_past_the_model_and_keeps_the_rest():
     assert {c for s in samples for _, c in s.shapes} <= set(range(24, 24 + 8))
     assert {len(s.shapes) for s in samples} == {1, 2}
     assert sum("context 200 skipped" in line for line in said) == 2
+
+
+def test_pool_only_adds_the_named_kinds_of_the_earlier_runs(tmp_path):
+    """`pool new old --only prefill_warm`: old's steps all, new's warm steps only, old's other
+    fields; the step is refitted over them."""
+    from bench.simulate.__main__ import main
+    steps = synthetic_samples()
+    warm = [StepSample([(16, c)], TRUE.of([(16, c)]), "prefill_warm") for c in (1024, 2048)]
+    new = Profile({"cpu": "new"}, {"name": "m"}, 16, 100, 8, 256, TRUE, Transfer(1e-4, 1e-5, 4096),
+                  samples=steps[:2] + warm)
+    old = Profile({"cpu": "old"}, {"name": "m"}, 16, 100, 8, 256, TRUE, Transfer(1e-4, 1e-5, 4096),
+                  samples=steps)
+    new.save(tmp_path / "new.json")
+    old.save(tmp_path / "old.json")
+    main(["pool", str(tmp_path / "new.json"), str(tmp_path / "old.json"), "--only", "prefill_warm",
+          "--out", str(tmp_path / "p.json")])
+    p = Profile.load(tmp_path / "p.json")
+    assert p.samples == warm + steps and p.machine["cpu"] == "old"
+    assert p.step.per_prefill_ctx == pytest.approx(TRUE.per_prefill_ctx, rel=1e-6)

@@ -67,6 +67,18 @@ def test_a_cached_prefix_is_not_computed_again():
     assert second.ttft == pytest.approx(STEP.of([(20, 64)]))
 
 
+def test_a_question_on_a_cached_document_pays_for_reading_it():
+    """With a context term, the second prompt's step costs its 20 tokens, their pairs and one
+    read of the 64 cached tokens: fixed + 20 x token + seq + 20 x (64 + 10.5) pairs + 64 x ctx."""
+    doc = tokens(64)
+    step = StepCost(fixed=0.010, per_token=0.001, per_seq=0.0005, per_decode_ctx=1e-5, per_prefill_pair=1e-7,
+                    per_prefill_ctx=2e-5)
+    p = Profile({}, {}, 16, 1024, 64, 512, step, Transfer(0.002, 0.0005, 1 << 19))
+    first, second = request(0, doc + tokens(20, 500), 1), request(1, doc + tokens(20, 900), 1, at=1.0)
+    simulate(p, [first, second], Topology(colocated=1))
+    assert second.ttft == pytest.approx(0.010 + 20 * 0.001 + 0.0005 + 20 * 74.5 * 1e-7 + 64 * 2e-5)
+
+
 def test_kv_exhaustion_preempts_and_every_request_still_completes():
     """A pool of 24 blocks for 6 growing sequences: preemption by recompute, all finish, nothing leaks."""
     reqs = [request(i, tokens(40, 3 + 100 * i), 60) for i in range(6)]

@@ -279,6 +279,24 @@ def test_node_with_another_block_size_is_refused():
     run(test)
 
 
+@pytest.mark.parametrize("kv_endpoint", ["", "tcp://no such host:5", "tcp://127.0.0.1", "tcp://d0:70000",
+                                         "tcp://[::1:5", "udp://127.0.0.1:5", "tcp://127.0.0.1:5/decode-0"])
+def test_decode_node_with_a_malformed_kv_endpoint_is_refused(kv_endpoint):
+    """A decode node whose kv_endpoint no prefill node could connect to is told to leave, counted as
+    incompatible, not registered: no prefill node is ever sent to it."""
+    async def test():
+        async with Cluster() as c:
+            await c.node("prefill-0", "prefill")
+            odd = ScriptedNode(c.ctx, c.backend.control_endpoint, "decode-9", "decode")
+            c.nodes["decode-9"], odd.kv_endpoint = odd, kv_endpoint
+            await odd.connect()
+            await odd.hello()
+            assert odd.commands == ["leave"]
+            assert c.backend.server.count(NodeRole.DECODE) == 0
+            assert counter(c.backend.server.dropped, {"reason": "incompatible"}) == 1
+    run(test)
+
+
 def test_max_model_len_is_the_smallest_of_model_and_nodes():
     """max_model_len comes from the model folder, lowered by what the nodes can hold."""
     async def test():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 from typing import Callable
 
 import pytest
@@ -28,27 +29,59 @@ TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach
 
 
 class DrainMidStream:
-    """Once every stream has at_tokens tokens (all decoding), drains (deadline ~0) the decode node
-    serving the most of them, from that output's callback: its streams are then mid-generation.
-    take_out(node), when given, acts on the node instead of the drain."""
+    """Once every stream has at_tokens tokens (all decoding), holds the decode nodes (SIGSTOP) until
+    the router has merged everything they sent, then drains (deadline ~0) the decode node with the
+    most unfinished streams, and lets the nodes go on: its streams are then mid-generation whatever
+    the load (a router descheduled while its nodes run may see a stream's 4th token when the node
+    has finished it; held, the nodes wait for its view to catch up). take_out(node), when given,
+    acts on the node instead of the drain."""
 
-    def __init__(self, backend, rids: list[str], at_tokens: int, take_out: Callable[[str], None] | None = None):
+    def __init__(self, backend, nodes, rids: list[str], at_tokens: int,
+                 take_out: Callable[[str], None] | None = None):
         self.backend, self.at_tokens = backend, at_tokens
         self.take_out = take_out or (lambda node: backend.operator.drain(node, deadline_s=0.001))
+        self.processes = {n.node_id: n.process for n in nodes if n.node_id.startswith("decode")}
         self.counts = dict.fromkeys(rids, 0)
+        self.finished: set[str] = set()
         self.node: str | None = None
-        self.moved: set[str] = set()         # the streams on that node then
+        self.moved: set[str] = set()         # the streams unfinished on that node then
+        self.task: asyncio.Task | None = None
 
     def watch(self, rid: str):
         def on_output(out) -> None:
             self.counts[rid] = len(out.outputs[0].token_ids)
-            if self.node is None and min(self.counts.values()) >= self.at_tokens and not out.finished:
-                where = {r: self.backend.placement(r)[0][1] for r in self.counts}
-                self.node = max(sorted(set(where.values())), key=list(where.values()).count)
-                self.moved = {r for r, node in where.items() if node == self.node}
-                self.take_out(self.node)
-            assert self.node is not None or not out.finished, "a stream ended before the drain"
+            if out.finished:
+                self.finished.add(rid)
+            if self.task is None and min(self.counts.values()) >= self.at_tokens and not out.finished:
+                for process in self.processes.values():
+                    process.send_signal(signal.SIGSTOP)
+                self.task = asyncio.get_running_loop().create_task(self._take_out())
+            assert self.task is not None or not out.finished, "a stream ended before the drain"
         return on_output
+
+    async def _take_out(self) -> None:
+        try:
+            await self._caught_up()
+            where = {r: self.backend.placement(r)[0][1] for r in self.counts if r not in self.finished}
+            assert where, "every stream finished before the drain"
+            self.node = max(sorted(set(where.values())), key=list(where.values()).count)
+            self.moved = {r for r, node in where.items() if node == self.node}
+            self.take_out(self.node)
+            await asyncio.sleep(0.2)         # its PauseRequests are sent to the held node
+        finally:
+            for process in self.processes.values():
+                process.send_signal(signal.SIGCONT)
+
+    async def _caught_up(self, quiet_s: float = 0.3, timeout_s: float = 30.0) -> None:
+        """Returns once no stream has changed for quiet_s: the router has merged all the held
+        nodes sent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            seen = (dict(self.counts), set(self.finished))
+            await asyncio.sleep(quiet_s)
+            if seen == (self.counts, self.finished):
+                return
 
 
 async def _warm(backend) -> None:
@@ -80,9 +113,10 @@ def test_drain_deadline_moves_running_streams_with_their_kv_blocks(model_dir, tr
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
         await _warm(backend)
         rids, prompts = [f"s{i}" for i in range(STREAMS)], [PROMPTS[i % 2] for i in range(STREAMS)]
-        drain = DrainMidStream(backend, rids, 4)
+        drain = DrainMidStream(backend, nodes, rids, 4)
         outs = await asyncio.gather(*(_collect(backend, rid, p, params, drain.watch(rid))
                                       for rid, p in zip(rids, prompts)))
+        await drain.task
         expected = {i: hf_greedy(hf_model, PROMPTS[i], MAX_TOKENS) for i in (0, 1)}
         for i, out in enumerate(outs):
             assert out.finished and out.outputs[0].finish_reason == "length"
@@ -119,10 +153,11 @@ def test_a_remove_is_answered_once_the_node_is_out_after_its_streams_moved_with_
             reply = await http.post(f"/admin/nodes/{node}/remove")
             answer.update(reply=reply, listed=[v.id for v in backend.operator.nodes()], seen=membership(backend))
         posted: list[asyncio.Task] = []
-        drain = DrainMidStream(backend, rids, 4, lambda node: posted.append(asyncio.create_task(remove(node))))
+        drain = DrainMidStream(backend, nodes, rids, 4, lambda node: posted.append(asyncio.create_task(remove(node))))
         async with http:
             outs = await asyncio.gather(*(_collect(backend, rid, PROMPTS[0], params, drain.watch(rid))
                                           for rid in rids))
+            await drain.task
             await posted[0]
         assert (answer["reply"].status_code, answer["reply"].json()["state"]) == (200, "removed")
         assert drain.node not in answer["listed"]
@@ -151,8 +186,9 @@ def test_a_failed_kv_move_falls_back_to_re_prefilling(model_dir):
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
         await _warm(backend)
         rids = [f"s{i}" for i in range(STREAMS)]
-        drain = DrainMidStream(backend, rids, 4)
+        drain = DrainMidStream(backend, nodes, rids, 4)
         outs = await asyncio.gather(*(_collect(backend, rid, PROMPTS[0], params, drain.watch(rid)) for rid in rids))
+        await drain.task
         expected = hf_greedy(hf_model, PROMPTS[0], MAX_TOKENS)
         for out in outs:
             assert list(out.outputs[0].token_ids) == expected
@@ -177,9 +213,10 @@ def test_greedy_streams_moved_in_bfloat16_equal_them_unmoved():
         unmoved = await asyncio.gather(*(_collect(backend, f"u{i}", t, params) for i, t in enumerate(TEXTS)))
         await _warm(backend)
         rids = [f"m{i}" for i in range(len(TEXTS))]
-        drain = DrainMidStream(backend, rids, 40)
+        drain = DrainMidStream(backend, nodes, rids, 40)
         moved = await asyncio.gather(*(_collect(backend, rid, t, params, drain.watch(rid))
                                        for rid, t in zip(rids, TEXTS)))
+        await drain.task
         kv_moves = _migrations(backend)
         assert list(kv_moves) == ['pdserve_router_migrations_total{cause="drained",how="kv_move"}'], kv_moves
         for a, b in zip(unmoved, moved):

@@ -316,7 +316,8 @@ def test_a_remove_landing_on_a_drain_deadlines_take_out_is_answered_drained_not_
 def test_the_cluster_ends_a_remove_still_under_way_and_raises_one_that_failed():
     """Cluster's exit cancels and awaits a remove still waiting for its node's request to move
     (none is left pending); a remove that failed by itself (an unknown node) raises at the exit
-    of a test that passed, not as an exception nobody retrieved."""
+    of a test that passed, not as an exception nobody retrieved, and the exit still closes the
+    router's socket, the nodes and the ZMQ context."""
     async def test():
         async with mid_stream(max_tokens=4) as (c, p, d1, _, out, http):
             removing = c.remove(d1.node_id)
@@ -325,5 +326,7 @@ def test_the_cluster_ends_a_remove_still_under_way_and_raises_one_that_failed():
         assert removing.cancelled()
         with pytest.raises(KeyError, match="decode-9"):
             async with Cluster() as c:
+                node = await c.node("prefill-0", "prefill")
                 await until(c.remove("decode-9").done)
+        assert c.backend.server._sock is None and node.sock.closed and c.ctx.closed   # closed all the same
     run(test)
