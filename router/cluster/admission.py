@@ -220,9 +220,12 @@ class Admission:
 
     def _book(self, att: Attempt, decode: Node, hashes: list[bytes], prefill: PrefillChoice | None) -> None:
         """Books the attempt on its nodes now, before either has heard of it (no prefill node:
-        D computes the prompt): on D the blocks it allocates, on P those it computes."""
+        D computes the prompt): on D the blocks it allocates, and when it prefills them itself
+        (att.local) as its queued prefill work too (routing_cost.py queued(D)); on P the blocks it
+        computes."""
         att.prefill = prefill
-        att.bookings[decode.node_id] = self._registry.book(decode.node_id, self._decode_blocks(att, decode, hashes))
+        blocks = self._decode_blocks(att, decode, hashes)
+        att.bookings[decode.node_id] = self._registry.book(decode.node_id, blocks, blocks if att.local else 0)
         if prefill is not None:
             att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
 

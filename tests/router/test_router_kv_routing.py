@@ -8,6 +8,7 @@ import dataclasses
 from pdwire.block_hash import chain_hashes
 from pdwire.control import AbortRequest, DecodeRequest, KVEvents, PrefillRequest, TokenDelta
 from pdwire.messages import Reserved
+from router.cluster.registry import NodeRole
 from tests.disagg_harness import BLOCK, CONFIG, END, Cluster, counter, run, until, view
 
 PROMPT = list(range(20, 36))                  # 4 blocks of 4; 3 usable (the last token is computed)
@@ -150,6 +151,38 @@ def test_a_burst_on_a_document_one_decode_node_holds_stays_on_it():
                 out.task.cancel()
             await until(lambda: all(n.inflight_requests == 0 for n in reg.nodes()))
             assert [(n.inflight_blocks, n.pending_requests, n.pending_blocks) for n in reg.nodes()] == [(0, 0, 0)] * 3
+    run(test)
+
+
+def test_a_burst_on_a_document_both_decode_nodes_hold_spreads_by_their_queued_prefills():
+    """Both nodes hold the document; d2 reports 3 blocks in use, d1 none. 4 questions of 6 tokens
+    (10 blocks, 2 past the 8 held: each prefilled on its decode node) arrive before either node
+    answers: each booking adds 2 blocks in use and 2 of queued prefill on its node, so d1 costs
+    2 + 4k, d2 5 + 4j, and they go d1, d2, d1, d2 (without the queued prefill, 2 + 2k against
+    5 + 2j: d1, d1, d2, d1); once they end, no prefill work stays booked on either."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, local_prefill_tokens=8)) as c:
+            await c.node("prefill-0", "prefill")
+            d1, d2 = await c.node("decode-1", "decode"), await c.node("decode-2", "decode")
+            d2.free_blocks = 61
+            for d in (d1, d2):
+                await _publish(c, d, chain_hashes(DOC, BLOCK))
+            await until(lambda: c.backend.server.info("decode-2").status.num_free_blocks == 61)
+            outs, placed = [], []
+            for i in range(4):
+                before = d1.inbox.qsize()
+                outs.append(c.generate(f"r{i}", prompt=DOC + list(range(300 + 6 * i, 306 + 6 * i)), max_tokens=3))
+                await until(lambda: d1.inbox.qsize() + d2.inbox.qsize() == i + 1)
+                placed.append("d1" if d1.inbox.qsize() > before else "d2")
+            assert placed == ["d1", "d2", "d1", "d2"]
+            reqs = [d.inbox.get_nowait() for d in (d1, d1, d2, d2)]
+            assert all(isinstance(r, DecodeRequest) and r.local_prefill for r in reqs)
+            reg = c.backend.server.registry
+            assert [n.unreported_prefill_blocks for n in reg.nodes(NodeRole.DECODE)] == [4, 4]
+            for out in outs:
+                out.task.cancel()
+            await until(lambda: all(n.inflight_requests == 0 for n in reg.nodes()))
+            assert [n.unreported_prefill_blocks for n in reg.nodes()] == [0, 0, 0]
     run(test)
 
 
