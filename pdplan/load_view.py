@@ -8,12 +8,16 @@ on the node's state this instant, and so does the simulated one (decode_pool.py)
                 the bookings since are reset: the heartbeat shows them
     book        a reservation: + the prompt blocks the node allocates (the prompt's less the leading
                 ones it holds: router/cluster/admission.py _decode_blocks) and one sequence,
-                until the next heartbeat
+                until the next heartbeat; when the node prefills them itself (a local prefill),
+                + those blocks of queued prefill work too, until the next heartbeat
     release     the request ended: - the blocks its booking counted and one sequence, until the next
-                heartbeat (what it had grown by shows only then)
+                heartbeat (what it had grown by shows only then); - its queued prefill blocks
+                only if no heartbeat came since it was booked (that one took them off already)
 
-    used_blocks = heartbeat's blocks in use + bookings' blocks since
-    sequences   = heartbeat's running + waiting + bookings' sequences since
+    used_blocks   = heartbeat's blocks in use + bookings' blocks since
+    sequences     = heartbeat's running + waiting + bookings' sequences since
+    queued_blocks = local prefills' blocks booked since the heartbeat (router/cluster/registry.py
+                    unreported_prefill_blocks; routing_cost.py queued(D))
 
 The heartbeats stop while the node is idle and its last one showed it so (a simulation then ends);
 they resume on its next booking, at the same phase.
@@ -21,10 +25,17 @@ they resume on its next booking, at the same phase.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from pdplan.events import EventLoop
 
 HEARTBEAT_S = 0.5       # node_shell/config.py NodeConfig.heartbeat_s (tests/planner/test_load_view.py)
+
+
+class _Booking(NamedTuple):
+    blocks: int             # prompt blocks the node allocates
+    prefill_blocks: int     # of those, the ones it computes itself (a local prefill; else 0)
+    beat: int               # heartbeats before it: a later one has taken its prefill blocks off
 
 
 class LoadView:
@@ -33,8 +44,9 @@ class LoadView:
         self.engine, self.loop, self.phase, self.period = engine, loop, phase, period
         self.beat_used = self.beat_seqs = 0
         self.beat_waiting = False
-        self.since_blocks = self.since_seqs = 0
-        self._booked: dict[int, int] = {}      # request id -> the blocks its booking counted
+        self.since_blocks = self.since_seqs = self.queued_blocks = 0
+        self._booked: dict[int, _Booking] = {}     # request id -> what its booking counted
+        self._beats = 0
         self._beating = False
 
     @property
@@ -45,25 +57,32 @@ class LoadView:
     def sequences(self) -> int:
         return self.beat_seqs + self.since_seqs
 
-    def book(self, rid: int, blocks: int) -> None:
-        """Request `rid` reserved here, allocating `blocks` blocks for its prompt."""
-        self._booked[rid] = blocks
+    def book(self, rid: int, blocks: int, prefill_blocks: int = 0) -> None:
+        """Request `rid` reserved here, allocating `blocks` blocks for its prompt, `prefill_blocks`
+        of which it computes itself."""
+        self._booked[rid] = _Booking(blocks, prefill_blocks, self._beats)
         self.since_blocks += blocks
         self.since_seqs += 1
+        self.queued_blocks += prefill_blocks
         if not self._beating:
             self._beating = True
             k = math.floor((self.loop.now - self.phase) / self.period) + 1
             self.loop.at(self.phase + k * self.period, self._beat)
 
     def release(self, rid: int) -> None:
-        """Request `rid` ended: its booking's blocks and sequence come off (router/cluster/registry.py)."""
-        self.since_blocks -= self._booked.pop(rid)
+        """Request `rid` ended: its booking's blocks and sequence come off, and its queued prefill
+        blocks if no heartbeat has yet (router/cluster/registry.py)."""
+        booking = self._booked.pop(rid)
+        self.since_blocks -= booking.blocks
         self.since_seqs -= 1
+        if booking.beat == self._beats:
+            self.queued_blocks -= booking.prefill_blocks
 
     def _beat(self) -> None:
         e = self.engine
         self.beat_used, self.beat_seqs, self.beat_waiting = e.pool.used, e.load(), bool(e.waiting)
-        self.since_blocks = self.since_seqs = 0
+        self.since_blocks = self.since_seqs = self.queued_blocks = 0
+        self._beats += 1
         if e.running or e.waiting or e.reserved:
             self.loop.after(self.period, self._beat)
         else:
