@@ -12,8 +12,9 @@ One admission, round by round:
     3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
        ending) or a timer (from retry_after_ms, doubling up to ADMISSION_MAX_WAIT_S, with jitter); when the
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
-    4. DecodeRequest to D (local_prefill: D computes the prompt): Reserved ends admission, and
-       sends P its PrefillRequest unless D prefills; Busy releases the bookings and goes to 1
+    4. DecodeRequest to D (local_prefill: D computes the prompt): Reserved ends admission (D's
+       booking now counts the blocks D says it took), and sends P its PrefillRequest unless D
+       prefills; Busy releases the bookings and goes to 1
        (a KV move's reservation, reserve_move, is one round of 2 and 4: its writer is a decode node)
     5. past admission_timeout_s: 503 naming why (no live node, every decode node busy or full,
        or a decode node that did not answer)
@@ -229,10 +230,18 @@ class Admission:
         if prefill is not None:
             att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
 
-    def _taken(self, att: Attempt, node_id: str) -> None:
+    def _taken(self, att: Attempt, node_id: str, reserved: Reserved | None = None) -> None:
+        """The node has the attempt's work; D's `reserved` reply re-books it with the blocks D
+        took (a D from before Reserved.taken_blocks: the table's less its cached ones) and, for
+        a local prefill, the blocks it computes: its true uncached tail."""
         booking = att.bookings.get(node_id)
-        if booking is not None:
-            self._registry.taken(booking)
+        if booking is None:
+            return
+        if reserved is None:
+            return self._registry.taken(booking)
+        uncached = len(reserved.dst_block_ids) - reserved.cached_prefix_blocks
+        taken = uncached if reserved.taken_blocks is None else reserved.taken_blocks
+        self._registry.taken(booking, taken, uncached if att.local else 0)
 
     def _release_all(self, att: Attempt) -> None:
         for booking in att.bookings.values():
@@ -265,7 +274,7 @@ class Admission:
                 return msg
             if isinstance(msg, Reserved):
                 att.cached_blocks = msg.cached_prefix_blocks
-                self._taken(att, node_id)
+                self._taken(att, node_id, msg)
                 if att.writer:                  # a KV move: the writer ships (router/cluster/kv_move.py)
                     return msg
                 self.prefills.labels("local" if att.local else "remote").inc()
@@ -292,19 +301,18 @@ class Admission:
         return Pool(info.hello.num_blocks, info.hello.num_blocks if status is None else status.num_free_blocks)
 
     def _decode_blocks(self, att: Attempt, decode: Node, hashes: list[bytes]) -> int:
-        """Blocks D allocates at once: the prompt's, less the leading ones its prefix cache holds by
-        the KV index (routing cost: the overlap the ranking used), which D shares rather than
-        allocates again; a request with prompt logprobs computes, and allocates, every block.
+        """Blocks D allocates at once, as the router estimates them before D answers: the
+        prompt's, less the leading ones its prefix cache holds by the KV index (routing cost: the
+        overlap the ranking used), which D shares rather than allocates again; a request with
+        prompt logprobs computes, and allocates, every block.
 
-        A held block that no running request references is counted free by D until one does: the
-        first booking on it then undercounts D's blocks in use by the overlap, until D's next
-        heartbeat shows them (at most heartbeat_s), once per prefix (later bookings share them).
-        Chosen over booking the overlap too: the router cannot tell idle held blocks from
-        referenced ones (neither the KV events nor the heartbeat say), and in a burst on one
-        document they are referenced (its earlier questions still run), where booking them would
-        count the document once per request, making the node that holds it look as dear as one
-        that lacks it after a single booking. The error leans toward the node that holds the
-        prefix, and D's own check (Busy) still guards its room."""
+        A held block that no running request references is counted free by D until one does, so
+        this undercounts what D takes by such blocks, and a stale index errs either way. D's
+        Reserved says what it took (taken_blocks), and _taken re-books that: the view is exact
+        from the reply on. The estimate does not book the overlap: the router cannot tell idle
+        held blocks from referenced ones, and in a burst on one document they are referenced
+        (its earlier questions still run), where booking them would count the document once per
+        request, making the node that holds it look as dear as one that lacks it."""
         held = 0
         if self._cost is not None and att.params.prompt_logprobs is None:
             held = self._cost.overlap(decode, hashes, len(att.prompt_ids), self._server.block_size)

@@ -18,6 +18,10 @@ Life of a booking (what a node's load shows of it, `unreported` = what its last 
       │  unreported += b    │  (the node has it)        unreported -= b (the heartbeat shows it)
       └──release()──────────┴──release(): unreported -= b   (gone from the node, or never there)
 
+b is the router's estimate until taken(), which may replace it with what the node says it took
+(a decode node's Reserved.taken_blocks): from then on b is that figure, and release() takes off
+that, once.
+
 A decode node's booking may carry prefill work too (p: the prompt blocks it computes itself, a
 local prefill). A heartbeat reports sequences and blocks, not a queue of prefills, so p counts
 (unreported_prefill_blocks) from book() until release() or the first heartbeat after taken(),
@@ -183,8 +187,10 @@ class NodeRegistry:
         node.pending_prefill_blocks += prefill_blocks
         return Booking(node, blocks, prefill_blocks)
 
-    def taken(self, booking: Booking) -> None:
-        """The node has the work: its next heartbeat shows it. Idempotent."""
+    def taken(self, booking: Booking, blocks: int | None = None, prefill_blocks: int | None = None) -> None:
+        """The node has the work: its next heartbeat shows it. `blocks`, `prefill_blocks` (None:
+        the booking's own): what the node says it took and must compute, which replace what was
+        booked from then on (release() takes these off). Idempotent."""
         node = booking.node
         if booking.taken or booking.released:
             return
@@ -192,9 +198,17 @@ class NodeRegistry:
         node.pending_requests -= 1
         node.pending_blocks -= booking.blocks
         node.pending_prefill_blocks -= booking.prefill_blocks
+        fewer = blocks is not None and blocks < booking.blocks
+        if blocks is not None:
+            node.inflight_blocks += blocks - booking.blocks
+            booking.blocks = blocks
+        if prefill_blocks is not None:
+            booking.prefill_blocks = prefill_blocks
         node.since_beat_requests += 1
         node.since_beat_blocks += booking.blocks
         node.since_beat_prefill_blocks += booking.prefill_blocks
+        if fewer:
+            self._on_capacity(node)
 
     def release(self, booking: Booking) -> None:
         """Undoes book(); idempotent, and a no-op for a node removed (or re-registered) since."""

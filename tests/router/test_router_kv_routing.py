@@ -6,21 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 from pdwire.block_hash import chain_hashes
-from pdwire.control import AbortRequest, DecodeRequest, KVEvents, PrefillRequest, TokenDelta
+from pdwire.control import AbortRequest, DecodeRequest, PrefillRequest, TokenDelta
 from pdwire.messages import Reserved
 from router.cluster.registry import NodeRole
-from tests.disagg_harness import BLOCK, CONFIG, END, Cluster, counter, run, until, view
+from tests.disagg_harness import BLOCK, CONFIG, END, Cluster, counter, publish_kv, run, until, view
 
 PROMPT = list(range(20, 36))                  # 4 blocks of 4; 3 usable (the last token is computed)
 HASHES = chain_hashes(PROMPT, BLOCK)
 LOCAL = dataclasses.replace(CONFIG, local_prefill_tokens=4)
-
-
-async def _publish(c: Cluster, node, hashes, epoch: str | None = None, reset: bool = False) -> None:
-    dropped = lambda: counter(c.backend.server.dropped, {"reason": "unexpected"})    # noqa: E731
-    before = dropped()
-    node.send(KVEvents(node.node_id, epoch or node.epoch, tuple(hashes), (), reset))
-    await until(lambda: c.backend.kv_index.size(node.node_id) == len(hashes) or dropped() > before)
 
 
 def test_a_short_uncached_tail_is_prefilled_on_the_decode_node_that_holds_the_rest():
@@ -30,7 +23,7 @@ def test_a_short_uncached_tail_is_prefilled_on_the_decode_node_that_holds_the_re
         async with Cluster(LOCAL) as c:
             p = await c.node("prefill-0", "prefill")
             d1, d2 = await c.node("decode-1", "decode"), await c.node("decode-2", "decode")
-            await _publish(c, d2, HASHES)
+            await publish_kv(c, d2, HASHES)
             out = c.generate(prompt=PROMPT, max_tokens=3)
             req = await d2.expect(DecodeRequest)
             assert req.local_prefill and req.prefill_node_id == "decode-2"
@@ -56,7 +49,7 @@ def test_a_longer_tail_goes_to_the_prefill_node_whose_events_hold_most():
             p1, p2 = await c.node("prefill-1", "prefill"), await c.node("prefill-2", "prefill")
             await c.node("decode-1", "decode")
             d2 = await c.node("decode-2", "decode")
-            await _publish(c, d2, HASHES), await _publish(c, p2, HASHES[:2])
+            await publish_kv(c, d2, HASHES), await publish_kv(c, p2, HASHES[:2])
             out = c.generate(prompt=PROMPT, max_tokens=3)
             req = await d2.expect(DecodeRequest)
             assert not req.local_prefill and req.prefill_node_id == "prefill-2"
@@ -76,12 +69,12 @@ def test_events_of_a_stale_epoch_are_dropped_and_a_new_epoch_clears_the_nodes_en
         async with Cluster(LOCAL) as c:
             await c.node("prefill-0", "prefill")
             d = await c.node("decode-0", "decode")
-            await _publish(c, d, HASHES, epoch="old")
+            await publish_kv(c, d, HASHES, epoch="old")
             assert c.backend.kv_index.size("decode-0") == 0
-            await _publish(c, d, HASHES)
+            await publish_kv(c, d, HASHES)
             await d.hello(epoch="e2")
             assert c.backend.kv_index.size("decode-0") == 0
-            await _publish(c, d, HASHES[:2], reset=True)
+            await publish_kv(c, d, HASHES[:2], reset=True)
             assert c.backend.kv_index.matched_blocks("decode-0", HASHES) == 2
     run(test)
 
@@ -92,7 +85,7 @@ def test_aborting_a_local_prefill_tells_only_the_decode_node():
         async with Cluster(LOCAL) as c:
             p = await c.node("prefill-0", "prefill")
             d = await c.node("decode-0", "decode")
-            await _publish(c, d, HASHES)
+            await publish_kv(c, d, HASHES)
             c.generate(prompt=PROMPT, max_tokens=3)
             await d.expect(DecodeRequest)
             d.send(Reserved("r1", "local", (5, 6, 7, 8), 3))
@@ -109,7 +102,7 @@ def test_affinity_routing_ignores_kv_events_and_always_uses_a_prefill_node():
         async with Cluster(dataclasses.replace(LOCAL, routing="affinity")) as c:
             p = await c.node("prefill-0", "prefill")
             d = await c.node("decode-0", "decode")
-            await _publish(c, d, HASHES)
+            await publish_kv(c, d, HASHES)
             c.generate(prompt=PROMPT, max_tokens=3)
             req = await d.expect(DecodeRequest)
             assert not req.local_prefill and req.prefill_node_id == "prefill-0"
@@ -136,7 +129,7 @@ def test_a_burst_on_a_document_one_decode_node_holds_stays_on_it():
         async with Cluster() as c:
             await c.node("prefill-0", "prefill")
             d1, d2 = await c.node("decode-1", "decode"), await c.node("decode-2", "decode")
-            await _publish(c, d1, chain_hashes(DOC, BLOCK))
+            await publish_kv(c, d1, chain_hashes(DOC, BLOCK))
             outs = [c.generate(f"r{i}", prompt=q, max_tokens=3) for i, q in enumerate(_questions())]
             await until(lambda: d1.inbox.qsize() + d2.inbox.qsize() == BURST)
             assert (d1.inbox.qsize(), d2.inbox.qsize()) == (BURST, 0)
@@ -166,7 +159,7 @@ def test_a_burst_on_a_document_both_decode_nodes_hold_spreads_by_their_queued_pr
             d1, d2 = await c.node("decode-1", "decode"), await c.node("decode-2", "decode")
             d2.free_blocks = 61
             for d in (d1, d2):
-                await _publish(c, d, chain_hashes(DOC, BLOCK))
+                await publish_kv(c, d, chain_hashes(DOC, BLOCK))
             await until(lambda: c.backend.server.info("decode-2").status.num_free_blocks == 61)
             outs, placed = [], []
             for i in range(4):
@@ -193,7 +186,7 @@ def test_a_request_with_prompt_logprobs_is_booked_with_every_prompt_block():
         async with Cluster() as c:
             await c.node("prefill-0", "prefill")
             d1 = await c.node("decode-1", "decode")
-            await _publish(c, d1, chain_hashes(DOC, BLOCK))
+            await publish_kv(c, d1, chain_hashes(DOC, BLOCK))
             out = c.generate(prompt=_questions()[0], max_tokens=3, prompt_logprobs=1)
             await d1.expect(DecodeRequest)
             assert c.backend.server.registry.get("decode-1").inflight_blocks == 9
