@@ -73,12 +73,12 @@ class DecodePool:
                                                        _cost(n, blocks, usable), coin[id(n)]))
         for node in ranked:
             seq = SimSeq(req, req.prompt_len, target=req.output_len)
-            hits = node.engine.reserve(seq, req.output_len)
-            if hits is not None:
-                local = req.prompt_len - hits * node.engine.bs <= self.local_prefill_tokens
-                node.view.book(req.rid, blocks - hits, blocks - hits if local else 0)     # admission.py _book
+            got = node.engine.reserve(seq, req.output_len)
+            if got is not None:
+                local = req.prompt_len - got.hits * node.engine.bs <= self.local_prefill_tokens
+                node.view.book(req.rid, got.taken, blocks - got.hits if local else 0)     # admission.py _taken
                 req.decode_node = node.engine.name
-                return node, hits
+                return node, got.hits
         return None
 
     def busy_s(self) -> float:

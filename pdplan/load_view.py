@@ -6,10 +6,12 @@ on the node's state this instant, and so does the simulated one (decode_pool.py)
                 node's own: blocks in use (allocated, reservations included), sequences running
                 and waiting (a reservation waiting for its blocks is neither), whether any wait;
                 the bookings since are reset: the heartbeat shows them
-    book        a reservation: + the prompt blocks the node allocates (the prompt's less the leading
-                ones it holds: router/cluster/admission.py _decode_blocks) and one sequence,
-                until the next heartbeat; when the node prefills them itself (a local prefill),
-                + those blocks of queued prefill work too, until the next heartbeat
+    book        a reservation: + the blocks the node took for the prompt (its reply's
+                Reserved.taken_blocks, which the router books from the reply on: the prompt's less
+                the leading ones it holds and other requests use, router/cluster/admission.py
+                _taken; a simulated reply is instant) and one sequence, until the next heartbeat;
+                when the node prefills its uncached blocks itself (a local prefill), + those blocks
+                of queued prefill work too, until the next heartbeat
     release     the request ended: - the blocks its booking counted and one sequence, until the next
                 heartbeat (what it had grown by shows only then); - its queued prefill blocks
                 only if no heartbeat came since it was booked (that one took them off already)
@@ -33,8 +35,8 @@ HEARTBEAT_S = 0.5       # node_shell/config.py NodeConfig.heartbeat_s (tests/pla
 
 
 class _Booking(NamedTuple):
-    blocks: int             # prompt blocks the node allocates
-    prefill_blocks: int     # of those, the ones it computes itself (a local prefill; else 0)
+    blocks: int             # blocks the node took for the prompt
+    prefill_blocks: int     # prompt blocks it computes itself (a local prefill; else 0)
     beat: int               # heartbeats before it: a later one has taken its prefill blocks off
 
 
@@ -58,8 +60,8 @@ class LoadView:
         return self.beat_seqs + self.since_seqs
 
     def book(self, rid: int, blocks: int, prefill_blocks: int = 0) -> None:
-        """Request `rid` reserved here, allocating `blocks` blocks for its prompt, `prefill_blocks`
-        of which it computes itself."""
+        """Request `rid` reserved here, taking `blocks` blocks from the node's available ones for
+        its prompt, and computing `prefill_blocks` of the prompt's blocks itself."""
         self._booked[rid] = _Booking(blocks, prefill_blocks, self._beats)
         self.since_blocks += blocks
         self.since_seqs += 1

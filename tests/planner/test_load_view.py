@@ -97,10 +97,11 @@ def test_the_view_counts_a_sequence_of_bookings_as_the_routers_registry_does():
 
 def test_a_simulated_burst_on_a_document_both_nodes_hold_spreads_by_their_queued_prefills():
     """As the router's (tests/router/test_router_kv_routing.py): both nodes hold a 200-block
-    document, decode-1's heartbeat shows 3 blocks in use; 4 questions of 24 tokens (2 blocks past
-    the document, each prefilled on its decode node) within one heartbeat book 2 blocks in use and
-    2 queued each, so decode-0 costs 2 + 4k, decode-1 5 + 4j: they alternate (without the queued
-    prefill, 2 + 2k against 5 + 2j: decode-0, decode-0, decode-1, decode-0)."""
+    document that no request uses, decode-1's heartbeat shows 3 blocks in use; 4 questions of 24
+    tokens (2 blocks past the document, each prefilled on its decode node) within one heartbeat
+    book 2 queued blocks each and the blocks their node takes: 202 for the first on a node (the
+    document's idle blocks too), 2 after. decode-0 costs 2, then 2 + 2 + 202 = 206 and 210;
+    decode-1 5, then 2 + 2 + 205 = 209: they alternate."""
     pool = DecodePool(2, profile(num_blocks=4096), EventLoop(), lambda: None)
     doc = tokens(3200)
     reqs = [request(i, doc + tokens(24, 10_000 + 24 * i), 40) for i in range(4)]
@@ -110,6 +111,20 @@ def test_a_simulated_burst_on_a_document_both_nodes_hold_spreads_by_their_queued
     pool.nodes[1].view.beat_used = 3
     assert [pool.reserve(r)[0].engine.name for r in reqs] == ["decode-0", "decode-1", "decode-0", "decode-1"]
     assert [n.view.queued_blocks for n in pool.nodes] == [4, 4]
+    assert [n.view.used_blocks for n in pool.nodes] == [204, 207]
+
+
+def test_the_view_counts_the_unused_cached_blocks_a_reservation_takes():
+    """As the router's (tests/router/test_router_decode_booking.py): one node holds 6 documents of
+    10 blocks that no request uses (free to take); a question on each takes 11 blocks (1 new, 10
+    cached), and the view counts 66, the blocks in use on the node, not 6."""
+    pool = DecodePool(1, profile(num_blocks=200), EventLoop(), lambda: None)
+    reqs = [request(i, tokens(160, 1000 * (i + 1)) + tokens(8, 500), 4) for i in range(6)]
+    for r in reqs:
+        for h in r.block_hashes[:10]:
+            pool.nodes[0].engine.pool.cached[h] = None
+    assert [pool.reserve(r)[1] for r in reqs] == [10] * 6
+    assert pool.nodes[0].view.used_blocks == pool.nodes[0].engine.pool.used == 66
 
 
 def test_a_tie_goes_where_the_routers_coin_sends_it_after_the_requests_ranked_before():
