@@ -87,7 +87,7 @@ def decode_process(conn, path: str, chunk: int) -> None:
         if (cmd := conn.recv()) is None:
             break
         rid, prompt = cmd
-        table, cached = engine.reserve(rid, prompt, SamplingParams(max_tokens=2, temperature=0.0), 2)
+        table, cached, _ = engine.reserve(rid, prompt, SamplingParams(max_tokens=2, temperature=0.0), 2)
         recv.register(Reservation(rid, tuple(table), cached, lease_s=PEER_TIMEOUT, num_tokens=len(prompt)))
         conn.send((tuple(table), cached))
         timeline, base, event = [], recv.metrics.blocks_written, None

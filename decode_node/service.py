@@ -3,8 +3,8 @@
 Request lifecycle:
   1. the router sends DecodeRequest(rid, prompt, params, P); the engine reserves blocks for the
      prompt if there is room for it and its growth, reusing blocks its prefix cache holds;
-     the answer is Reserved(xfer_id, block table, cached leading blocks) or Busy (backpressure:
-     nothing is prefilled in vain)
+     the answer is Reserved(xfer_id, block table, cached leading blocks, blocks taken from the
+     free ones) or Busy (backpressure: nothing is prefilled in vain)
   2. the KV receiver writes each arriving block straight into its reserved block, after checking
      it against the reservation (only P may write it, only those blocks, right size and dtype);
      a block arrives with every kv head, so at tp > 1 rank 0 keeps its heads and the other
@@ -142,21 +142,21 @@ class DecodeService(NodeService):
         if reserved is None:
             self.link.send(Busy(req.rid, "no free KV blocks", BUSY_RETRY_MS))
             return
-        table, cached = reserved
+        table, cached, taken = reserved
         if req.local_prefill:
-            return self._prefill_here(req, table, cached)
+            return self._prefill_here(req, table, cached, taken)
         xfer_id = secrets.token_hex(16)      # unguessable; only req.prefill_node_id may write it
         self.receiver.register(Reservation(xfer_id, tuple(table), cached, self.config.lease_s,
                                            sender_node_id=req.prefill_node_id, num_tokens=len(prompt)))
         self.xfer_rid[xfer_id] = req.rid
         self.streamer.open(req.rid)
-        self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached))
+        self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached, taken))
 
-    def _prefill_here(self, req: DecodeRequest, table: list[int], cached: int) -> None:
+    def _prefill_here(self, req: DecodeRequest, table: list[int], cached: int, taken: int) -> None:
         """Step 1's reservation, computed here: no transfer is registered, so no peer may write it."""
         self.engine.prefill_reserved(req.rid)
         self.streamer.open(req.rid)
-        self.link.send(Reserved(req.rid, LOCAL_XFER_ID, tuple(table), cached))
+        self.link.send(Reserved(req.rid, LOCAL_XFER_ID, tuple(table), cached, taken))
 
     def fail(self, rid: str, reason: str) -> None:
         self.streamer.drop(rid)

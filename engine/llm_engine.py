@@ -26,7 +26,7 @@ from pdwire.outputs import CompletionOutput, EngineMetrics, RequestOutput
 from engine.parallel import make_runner
 from engine.sampler import Sampler, SampledToken, SamplingRow
 from pdwire.sampling_params import SamplingParams, choice_seed
-from engine.scheduler import ScheduledSeq, Scheduler
+from engine.scheduler import ReservedPrompt, ScheduledSeq, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
 from engine.step_observer import StepObserver
 from engine.swap import PreemptionMode, SwapPool
@@ -89,18 +89,18 @@ class LLMEngine:
         self.scheduler.add(self._new_group(request_id, prompt, params, prior_outputs))
 
     def reserve(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                growth_tokens: int, prior_outputs: int = 0) -> tuple[list[int], int] | None:
+                growth_tokens: int, prior_outputs: int = 0) -> ReservedPrompt | None:
         """Decode side of a disaggregated request: hold blocks for a prompt another node
-        prefills. Returns (block table, leading blocks already cached here), or None when there
-        is no room for the prompt plus `growth_tokens` (busy). Raises ValueError like add_request."""
+        prefills. Returns its block table, the leading blocks already cached here and the blocks
+        it took from the free ones, or None when there is no room for the prompt plus
+        `growth_tokens` (busy). Raises ValueError like add_request."""
         if params.n != 1 or params.use_beam_search:
             raise ValueError("a disaggregated request carries one completion (n = 1, no beam search)")
         group = self._new_group(request_id, prompt_ids, params, prior_outputs)
-        cached = self.scheduler.reserve(group, growth_tokens)
-        if cached is None:
+        reserved = self.scheduler.reserve(group, growth_tokens)
+        if reserved is None:
             self._forget(group)
-            return None
-        return list(group.seqs[0].block_table), cached
+        return reserved
 
     def prefill_reserved(self, request_id: str) -> None:
         """A reserved prompt is computed by this engine instead of another node: its uncached

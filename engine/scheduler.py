@@ -19,11 +19,20 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.block_manager import BlockCopy, BlockManager
 from engine.config import SchedulerConfig
 from engine.sequence import FinishReason, Sequence, SequenceGroup, SequenceStatus
 from engine.swap import BlockMove, SwapPool
+
+
+class ReservedPrompt(NamedTuple):
+    """Blocks held for a prompt another node computes (Scheduler.reserve)."""
+    block_table: list[int]      # the prompt's whole block table
+    cached_blocks: int          # leading blocks found cached: their K/V need not be sent
+    taken_blocks: int           # blocks it took from the free count (num_free_blocks): new ones
+                                #   and cached hits no one was using, not hits already in use
 
 
 PROMPT_LOGPROBS_CHUNK = 256     # prompt tokens a step computes for a prompt-logprobs request: each
@@ -83,17 +92,20 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def reserve(self, group: SequenceGroup, growth_tokens: int) -> int | None:
+    def reserve(self, group: SequenceGroup, growth_tokens: int) -> ReservedPrompt | None:
         """Allocate blocks for a prompt whose K/V another node computes, keeping room for
-        `growth_tokens` more. Returns the number of leading blocks found cached (their K/V
-        need not be sent), or None when the blocks are not there (the caller says busy)."""
+        `growth_tokens` more. Returns its block table, its leading blocks found cached and the
+        blocks it took from the free count, or None when the blocks are not there (the caller
+        says busy)."""
         seq = group.seqs[0]
         if not self.bm.can_allocate(seq, reserve_tokens=growth_tokens + self.watermark * self.bm.block_size):
             return None
+        free = self.bm.num_free_blocks
         self.bm.allocate(seq)
         seq.status = SequenceStatus.RUNNING
         self.reserved[group.request_id] = group
-        return seq.num_computed_tokens // self.bm.block_size
+        return ReservedPrompt(list(seq.block_table), seq.num_computed_tokens // self.bm.block_size,
+                              free - self.bm.num_free_blocks)
 
     def adopt(self, request_id: str) -> SequenceGroup:
         """The reserved prompt's K/V have all arrived: it is computed and joins the batch."""

@@ -13,6 +13,7 @@ from pdplan.sim_core import CoreMap, FloatingWork, SimCore
 from pdplan.sim_engine import SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 from router.cluster.routing_cost import BALANCE, imbalanced
+from router.config import LOCAL_PREFILL_TOKENS
 
 
 class DecodeNode:
@@ -31,7 +32,7 @@ class DecodeNode:
         pass                            # streamed by the engine
 
     def finished(self, seq: SimSeq, t: float) -> None:
-        self.view.release(self.engine.profile.blocks(seq.req.prompt_len))
+        self.view.release(seq.req.rid)
         self.on_room()
 
     def free_fraction(self) -> float:
@@ -40,10 +41,14 @@ class DecodeNode:
 
 class DecodePool:
     def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
-                 cores: CoreMap | None = None, seed: int = 0, ranked_before: int = 0):
+                 cores: CoreMap | None = None, seed: int = 0, ranked_before: int = 0,
+                 local_prefill_tokens: int = LOCAL_PREFILL_TOKENS):
         """ranked_before: requests the router ranked before these (a measured run's warm-up and
-        earlier points): its coin drew once per node for each, so this one starts where it stood."""
+        earlier points): its coin drew once per node for each, so this one starts where it stood.
+        local_prefill_tokens: the router's (sim_router.py's): a prompt with at most this many
+        tokens uncached on its node is booked there as queued prefill work too."""
         cores = cores or CoreMap(loop)
+        self.local_prefill_tokens = local_prefill_tokens
         self._rng = random.Random(seed)     # ties go to a seeded coin, as the router's (RoutingCost)
         for _ in range(ranked_before * count):
             self._rng.random()
@@ -54,9 +59,9 @@ class DecodePool:
     def reserve(self, req: SimRequest) -> tuple[DecodeNode, int] | None:
         """The cheapest node with room reserves the prompt's blocks (router/cluster/routing_cost.py,
         the router's default: no waiting requests first, then the prompt blocks it lacks plus its
-        blocks in use, ties by a seeded coin, not by node order; by sequences first when the load
-        guard holds; load as the router knows it, load_view.py), or the node req.replay_decode
-        names; None when none has room (the router waits for some)."""
+        queued local prefills' plus its blocks in use, ties by a seeded coin, not by node order;
+        by sequences first when the load guard holds; load as the router knows it, load_view.py),
+        or the node req.replay_decode names; None when none has room (the router waits for some)."""
         blocks = self.nodes[0].engine.profile.blocks(req.prompt_len)
         usable = req.block_hashes[:(req.prompt_len - 1) // self.nodes[0].engine.bs]
         guard = imbalanced([n.view.sequences for n in self.nodes], BALANCE)
@@ -65,15 +70,15 @@ class DecodePool:
             ranked = [n for n in self.nodes if n.engine.name == req.replay_decode]
         else:
             ranked = sorted(self.nodes, key=lambda n: (n.view.sequences if guard else 0, n.view.beat_waiting,
-                                                       blocks - n.engine.pool.hits(usable) + n.view.used_blocks,
-                                                       coin[id(n)]))
+                                                       _cost(n, blocks, usable), coin[id(n)]))
         for node in ranked:
             seq = SimSeq(req, req.prompt_len, target=req.output_len)
-            hits = node.engine.reserve(seq, req.output_len)
-            if hits is not None:
-                node.view.book(blocks)
+            got = node.engine.reserve(seq, req.output_len)
+            if got is not None:
+                local = req.prompt_len - got.hits * node.engine.bs <= self.local_prefill_tokens
+                node.view.book(req.rid, got.taken, blocks - got.hits if local else 0)     # admission.py _taken
                 req.decode_node = node.engine.name
-                return node, hits
+                return node, got.hits
         return None
 
     def busy_s(self) -> float:
@@ -81,3 +86,8 @@ class DecodePool:
 
     def preemptions(self) -> int:
         return sum(n.engine.preemptions for n in self.nodes)
+
+
+def _cost(node: DecodeNode, blocks: int, usable: tuple[int, ...]) -> int:
+    """routing_cost.py cost(D): uncached(D) + queued(D) + used(D) (decode_load_weight 1)."""
+    return blocks - node.engine.pool.hits(usable) + node.view.queued_blocks + node.view.used_blocks

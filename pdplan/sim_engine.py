@@ -18,13 +18,18 @@ message does until the running step ends.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pdplan.block_pool import BlockPool
 from pdplan.events import EventLoop
 from pdplan.profile import Profile
 from pdplan.sim_core import FloatingWork, SimCore
 from pdplan.sim_request import SimRequest
+
+
+class SimReserved(NamedTuple):
+    hits: int       # leading prompt blocks found cached
+    taken: int      # blocks taken from the available ones: new ones and cached hits no one held
 
 
 @dataclass(slots=True, eq=False)
@@ -96,16 +101,17 @@ class SimEngine:
         self.waiting.append(seq)
         self.kick()
 
-    def reserve(self, seq: SimSeq, growth: int) -> int | None:
+    def reserve(self, seq: SimSeq, growth: int) -> SimReserved | None:
         """Blocks for the prompt, if they fit with room for `growth` more tokens; returns the
-        leading blocks found cached here (not shipped), or None (Busy)."""
+        leading blocks found cached here (not shipped) and the blocks taken from the available
+        ones (engine/scheduler.py ReservedPrompt), or None (Busy)."""
         hits = self._hits(seq)
         need = self._blocks(seq.length) - hits + self._evictable(seq, hits)
         if need + -(-growth // self.bs) + self.watermark > self.pool.available:
             return None
         self._allocate(seq, hits)
         self.reserved[seq.req.rid] = seq
-        return hits
+        return SimReserved(hits, need)
 
     def prefill_here(self, rid: int) -> None:
         """A reserved prompt computed by this node itself (the router's local prefill): it runs as

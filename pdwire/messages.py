@@ -228,6 +228,10 @@ class Reserved:
     xfer_id: str
     dst_block_ids: tuple[int, ...]   # the prompt's whole block table in D's pool
     cached_prefix_blocks: int        # leading blocks D already holds (prefix cache hit)
+    taken_blocks: int | None = None  # blocks the reservation took from D's free ones: the table's
+                                     # less the cached ones other requests were using (cached blocks
+                                     # no one used count free on D until taken); None: a D from
+                                     # before this field (the router books the uncached ones)
 
     def __post_init__(self) -> None:
         check_str(self.rid, "rid", max_len=MAX_RID_LEN, min_len=1)
@@ -235,6 +239,8 @@ class Reserved:
         ids = check_ints(self.dst_block_ids, "dst_block_ids", MAX_BLOCKS, hi=(1 << 31) - 1)
         object.__setattr__(self, "dst_block_ids", ids)
         check_int(self.cached_prefix_blocks, "cached_prefix_blocks", hi=len(ids))
+        if self.taken_blocks is not None:
+            check_int(self.taken_blocks, "taken_blocks", lo=len(ids) - self.cached_prefix_blocks, hi=len(ids))
 
 
 @dataclass(frozen=True, slots=True)

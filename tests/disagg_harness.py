@@ -10,7 +10,7 @@ import zmq
 import zmq.asyncio
 
 from pdwire.sampling_params import SamplingParams
-from pdwire.control import (DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus,
+from pdwire.control import (DecodeRequest, FirstToken, KVEvents, NodeCommand, NodeHello, NodeStatus,
                             PrefillRequest, TokenDelta)
 from pdwire.messages import Reserved
 from kvtransport.testing import TEST_SECRET
@@ -205,6 +205,15 @@ async def until(ok, timeout: float = 5.0) -> None:
         while not ok():
             await asyncio.sleep(0.005)
     await asyncio.wait_for(poll(), timeout)
+
+
+async def publish_kv(c: Cluster, node: ScriptedNode, hashes, epoch: str | None = None, reset: bool = False) -> None:
+    """The node's KV events store `hashes` (of its `epoch`); returns once the router's index has
+    them, or has dropped the events."""
+    dropped = lambda: counter(c.backend.server.dropped, {"reason": "unexpected"})    # noqa: E731
+    before = dropped()
+    node.send(KVEvents(node.node_id, epoch or node.epoch, tuple(hashes), (), reset))
+    await until(lambda: c.backend.kv_index.size(node.node_id) == len(hashes) or dropped() > before)
 
 
 async def first_of(nodes: list[ScriptedNode], cls: type, timeout: float = 5.0):

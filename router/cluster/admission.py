@@ -12,8 +12,9 @@ One admission, round by round:
     3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
        ending) or a timer (from retry_after_ms, doubling up to ADMISSION_MAX_WAIT_S, with jitter); when the
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
-    4. DecodeRequest to D (local_prefill: D computes the prompt): Reserved ends admission, and
-       sends P its PrefillRequest unless D prefills; Busy releases the bookings and goes to 1
+    4. DecodeRequest to D (local_prefill: D computes the prompt): Reserved ends admission (D's
+       booking now counts the blocks D says it took), and sends P its PrefillRequest unless D
+       prefills; Busy releases the bookings and goes to 1
        (a KV move's reservation, reserve_move, is one round of 2 and 4: its writer is a decode node)
     5. past admission_timeout_s: 503 naming why (no live node, every decode node busy or full,
        or a decode node that did not answer)
@@ -108,7 +109,7 @@ class Admission:
                 await self._wait_for_room(rounds)
                 continue
             att.local = self._prefill_here(decode, att, hashes)
-            self._book(att, decode, None if att.local else self._choose_prefill(choice, att, hashes))
+            self._book(att, decode, hashes, None if att.local else self._choose_prefill(choice, att, hashes))
             reply = await self._reserve(att, decode, rounds.deadline)
             if not isinstance(reply, Busy):
                 return reply
@@ -121,10 +122,11 @@ class Admission:
         Raises NoNodeAvailable if the node does not answer in time."""
         loop = asyncio.get_running_loop()
         rounds = _Rounds(loop.time() + self._config.kv_move_timeout_s, self._need_blocks(att))
-        decode = self._choose_decode(choice, rounds, att, chain_hashes(att.prompt_ids, self._server.block_size))
+        hashes = chain_hashes(att.prompt_ids, self._server.block_size)
+        decode = self._choose_decode(choice, rounds, att, hashes)
         if decode is None or decode.node_id == att.writer:
             return None
-        self._book(att, decode, None)
+        self._book(att, decode, hashes, None)
         reply = await self._reserve(att, decode, rounds.deadline)
         if isinstance(reply, Busy):
             self._on_busy(att, decode, reply, rounds)
@@ -217,18 +219,29 @@ class Admission:
             return att.prefill
         return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // self._server.block_size))
 
-    def _book(self, att: Attempt, decode: Node, prefill: PrefillChoice | None) -> None:
+    def _book(self, att: Attempt, decode: Node, hashes: list[bytes], prefill: PrefillChoice | None) -> None:
         """Books the attempt on its nodes now, before either has heard of it (no prefill node:
-        D computes the prompt)."""
+        D computes the prompt): on D the blocks it allocates, and when it prefills them itself
+        (att.local) as its queued prefill work too (routing_cost.py queued(D)); on P the blocks it
+        computes."""
         att.prefill = prefill
-        att.bookings[decode.node_id] = self._registry.book(decode.node_id, self._prompt_blocks(att))
+        blocks = self._decode_blocks(att, decode, hashes)
+        att.bookings[decode.node_id] = self._registry.book(decode.node_id, blocks, blocks if att.local else 0)
         if prefill is not None:
             att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
 
-    def _taken(self, att: Attempt, node_id: str) -> None:
+    def _taken(self, att: Attempt, node_id: str, reserved: Reserved | None = None) -> None:
+        """The node has the attempt's work; D's `reserved` reply re-books it with the blocks D
+        took (a D from before Reserved.taken_blocks: the table's less its cached ones) and, for
+        a local prefill, the blocks it computes: its true uncached tail."""
         booking = att.bookings.get(node_id)
-        if booking is not None:
-            self._registry.taken(booking)
+        if booking is None:
+            return
+        if reserved is None:
+            return self._registry.taken(booking)
+        uncached = len(reserved.dst_block_ids) - reserved.cached_prefix_blocks
+        taken = uncached if reserved.taken_blocks is None else reserved.taken_blocks
+        self._registry.taken(booking, taken, uncached if att.local else 0)
 
     def _release_all(self, att: Attempt) -> None:
         for booking in att.bookings.values():
@@ -261,7 +274,7 @@ class Admission:
                 return msg
             if isinstance(msg, Reserved):
                 att.cached_blocks = msg.cached_prefix_blocks
-                self._taken(att, node_id)
+                self._taken(att, node_id, msg)
                 if att.writer:                  # a KV move: the writer ships (router/cluster/kv_move.py)
                     return msg
                 self.prefills.labels("local" if att.local else "remote").inc()
@@ -287,9 +300,23 @@ class Admission:
         status = info.status
         return Pool(info.hello.num_blocks, info.hello.num_blocks if status is None else status.num_free_blocks)
 
-    def _prompt_blocks(self, att: Attempt) -> int:
-        """Blocks D allocates at once: the prompt's."""
-        return -(-len(att.prompt_ids) // self._server.block_size)
+    def _decode_blocks(self, att: Attempt, decode: Node, hashes: list[bytes]) -> int:
+        """Blocks D allocates at once, as the router estimates them before D answers: the
+        prompt's, less the leading ones its prefix cache holds by the KV index (routing cost: the
+        overlap the ranking used), which D shares rather than allocates again; a request with
+        prompt logprobs computes, and allocates, every block.
+
+        A held block that no running request references is counted free by D until one does, so
+        this undercounts what D takes by such blocks, and a stale index errs either way. D's
+        Reserved says what it took (taken_blocks), and _taken re-books that: the view is exact
+        from the reply on. The estimate does not book the overlap: the router cannot tell idle
+        held blocks from referenced ones, and in a burst on one document they are referenced
+        (its earlier questions still run), where booking them would count the document once per
+        request, making the node that holds it look as dear as one that lacks it."""
+        held = 0
+        if self._cost is not None and att.params.prompt_logprobs is None:
+            held = self._cost.overlap(decode, hashes, len(att.prompt_ids), self._server.block_size)
+        return -(-len(att.prompt_ids) // self._server.block_size) - held
 
     def _need_blocks(self, att: Attempt) -> int:
         """Blocks D must have free to take the request: the prompt's and its growth's."""

@@ -17,6 +17,16 @@ Life of a booking (what a node's load shows of it, `unreported` = what its last 
     book() ──▶ PENDING ──taken()──▶ TAKEN ──the node's next heartbeat──▶ shown in its load
       │  unreported += b    │  (the node has it)        unreported -= b (the heartbeat shows it)
       └──release()──────────┴──release(): unreported -= b   (gone from the node, or never there)
+
+b is the router's estimate until taken(), which may replace it with what the node says it took
+(a decode node's Reserved.taken_blocks): from then on b is that figure, and release() takes off
+that, once.
+
+A decode node's booking may carry prefill work too (p: the prompt blocks it computes itself, a
+local prefill). A heartbeat reports sequences and blocks, not a queue of prefills, so p counts
+(unreported_prefill_blocks) from book() until release() or the first heartbeat after taken(),
+whichever comes first, and comes off exactly once: a release after that heartbeat takes off the
+blocks and the sequence (freed since), not p again.
 """
 from __future__ import annotations
 
@@ -62,11 +72,15 @@ class Node:
     state: NodeState = NodeState.ACTIVE
     load: NodeLoad = field(default_factory=NodeLoad)
     inflight_requests: int = 0      # requests booked here that have not ended
-    inflight_blocks: int = 0        # KV blocks of work those requests carry (prefill: uncached blocks)
+    inflight_blocks: int = 0        # KV blocks of work those requests carry (decode: the prompt blocks it
+                                    #   allocates, its cached overlap not; prefill: uncached blocks)
     pending_requests: int = 0       # booked, not yet taken by the node: no heartbeat shows them
     pending_blocks: int = 0
     since_beat_requests: int = 0    # taken less released since the last heartbeat (may be < 0):
     since_beat_blocks: int = 0      #   what the next heartbeat will show that the last did not
+    pending_prefill_blocks: int = 0     # prefill work (Booking.prefill_blocks) booked, not yet taken
+    since_beat_prefill_blocks: int = 0  # taken since the last heartbeat and not released (>= 0)
+    beats: int = 0                  # heartbeats received: which one a taken booking's prefill work went with
 
     @property
     def unreported_requests(self) -> int:
@@ -78,14 +92,21 @@ class Node:
         """Blocks to add to the last heartbeat's usage (negative: blocks freed since)."""
         return self.pending_blocks + self.since_beat_blocks
 
+    @property
+    def unreported_prefill_blocks(self) -> int:
+        """Prompt blocks the node must still compute itself that its last heartbeat does not show."""
+        return self.pending_prefill_blocks + self.since_beat_prefill_blocks
+
 
 @dataclass(slots=True, eq=False)
 class Booking:
     """One request's work on one node, from the moment the router chose the node until it ends."""
     node: Node
     blocks: int
+    prefill_blocks: int = 0         # of its prompt, the blocks a decode node computes itself (local prefill)
     taken: bool = False             # the node has the work (it answered, or was sent it)
     released: bool = False
+    taken_beat: int = 0             # node.beats when taken: a later heartbeat has shown its prefill work
 
 
 class NodeRegistry:
@@ -116,7 +137,8 @@ class NodeRegistry:
         if node is None:
             return HeartbeatReply.UNKNOWN
         node.load, node.last_seen = load, self._clock()
-        node.since_beat_requests = node.since_beat_blocks = 0
+        node.since_beat_requests = node.since_beat_blocks = node.since_beat_prefill_blocks = 0
+        node.beats += 1
         if node.state is NodeState.DRAINING and load.idle and node.inflight_requests == 0:
             del self._nodes[node_id]
             return HeartbeatReply.LEAVE
@@ -154,25 +176,39 @@ class NodeRegistry:
         """Seconds since the node's last heartbeat or registration."""
         return self._clock() - node.last_seen
 
-    def book(self, node_id: str, blocks: int) -> Booking:
-        """Counts one request of `blocks` blocks of work on the node, from now until release()."""
+    def book(self, node_id: str, blocks: int, prefill_blocks: int = 0) -> Booking:
+        """Counts one request of `blocks` blocks of work on the node, from now until release(), and
+        `prefill_blocks` prompt blocks it computes itself until a heartbeat shows the request."""
         node = self._get(node_id)
         node.inflight_requests += 1
         node.inflight_blocks += blocks
         node.pending_requests += 1
         node.pending_blocks += blocks
-        return Booking(node, blocks)
+        node.pending_prefill_blocks += prefill_blocks
+        return Booking(node, blocks, prefill_blocks)
 
-    def taken(self, booking: Booking) -> None:
-        """The node has the work: its next heartbeat shows it. Idempotent."""
+    def taken(self, booking: Booking, blocks: int | None = None, prefill_blocks: int | None = None) -> None:
+        """The node has the work: its next heartbeat shows it. `blocks`, `prefill_blocks` (None:
+        the booking's own): what the node says it took and must compute, which replace what was
+        booked from then on (release() takes these off). Idempotent."""
         node = booking.node
         if booking.taken or booking.released:
             return
-        booking.taken = True
+        booking.taken, booking.taken_beat = True, node.beats
         node.pending_requests -= 1
         node.pending_blocks -= booking.blocks
+        node.pending_prefill_blocks -= booking.prefill_blocks
+        fewer = blocks is not None and blocks < booking.blocks
+        if blocks is not None:
+            node.inflight_blocks += blocks - booking.blocks
+            booking.blocks = blocks
+        if prefill_blocks is not None:
+            booking.prefill_blocks = prefill_blocks
         node.since_beat_requests += 1
         node.since_beat_blocks += booking.blocks
+        node.since_beat_prefill_blocks += booking.prefill_blocks
+        if fewer:
+            self._on_capacity(node)
 
     def release(self, booking: Booking) -> None:
         """Undoes book(); idempotent, and a no-op for a node removed (or re-registered) since."""
@@ -187,10 +223,13 @@ class NodeRegistry:
         if booking.taken:
             node.since_beat_requests -= 1
             node.since_beat_blocks -= booking.blocks
+            if booking.taken_beat == node.beats:        # no heartbeat since it was taken
+                node.since_beat_prefill_blocks -= booking.prefill_blocks
             self._on_capacity(node)
         else:
             node.pending_requests -= 1
             node.pending_blocks -= booking.blocks
+            node.pending_prefill_blocks -= booking.prefill_blocks
 
     def _fresh(self, node: Node) -> bool:
         return self._clock() - node.last_seen <= self._timeout

@@ -4,8 +4,12 @@ prefix cache already holds and its load; then where the prompt's uncached tail i
     overlap(D)   = leading prompt blocks D's prefix cache holds (kv_index.py: D's own KV events),
                    at most (prompt tokens - 1) // block_size: the last token is always computed
     uncached(D)  = prompt blocks - overlap(D)                  blocks D must receive or compute
-    cost(D)      = uncached(D) + decode_load_weight * used(D)  used: blocks in use by D's last
-                                                               heartbeat and the bookings since
+    queued(D)    = uncached blocks of the prompts booked to be prefilled on D itself (local
+                   prefills) that D's last heartbeat does not show (registry.py): work queued ahead
+                   of this prompt there, which a heartbeat shows only as sequences
+    cost(D)      = uncached(D) + queued(D)                     used: blocks in use by D's last
+                   + decode_load_weight * used(D)              heartbeat and the bookings since
+                                                               (each: uncached(D), admission.py)
     rank         = (has waiting requests, cost, coin)          admission takes the first with room
     load guard   when the busiest node runs more than `balance` = (abs, rel) sequences above the
                  idlest, and more than rel x as many (running + waiting + booked since its last
@@ -18,7 +22,8 @@ prefix cache already holds and its load; then where the prompt's uncached tail i
                                 the blocks of this prompt it must compute)
 
 Dynamo scores workers the same way (`prefill_load_scale * max(active_prefill + prompt_blocks -
-overlap, 0) + decode_blocks`) and prefills locally when the uncached part is short ("conditional
+overlap, 0) + decode_blocks`, active_prefill: the uncached tokens of the prompts a worker has yet
+to prefill, queued(D) here) and prefills locally when the uncached part is short ("conditional
 disaggregation"); llm-d picks the decode node first and sends work to a prefill node only past a
 threshold of uncached tokens. A local prefill skips the prefill hop (a round trip, a transfer
 setup, a queue on P) and ships nothing.
@@ -62,15 +67,19 @@ class RoutingCost:
 
     def _key(self, node: Node, usable: Sequence[BlockHash], prompt_blocks: int) -> tuple:
         uncached = prompt_blocks - self._index.matched_blocks(node.node_id, usable)
-        return node.load.num_waiting > 0, uncached + self._weight * self.used_blocks(node), self._rng.random()
+        queued = node.unreported_prefill_blocks
+        return node.load.num_waiting > 0, uncached + queued + self._weight * self.used_blocks(node), self._rng.random()
 
     def used_blocks(self, node: Node) -> int:
         return self._decode.num_blocks(node) - self._decode.free_blocks(node)
 
+    def overlap(self, node: Node, hashes: Sequence[BlockHash], prompt_len: int, block_size: int) -> int:
+        """overlap(D): the leading prompt blocks the node's prefix cache holds, by the KV index."""
+        return self._index.matched_blocks(node.node_id, _usable(hashes, prompt_len, block_size))
+
     def prefill_here(self, node: Node, hashes: Sequence[BlockHash], prompt_len: int, block_size: int) -> bool:
         """Whether the decode node computes the prompt's uncached tail itself."""
-        matched = self._index.matched_blocks(node.node_id, _usable(hashes, prompt_len, block_size))
-        return prompt_len - matched * block_size <= self._local_tokens
+        return prompt_len - self.overlap(node, hashes, prompt_len, block_size) * block_size <= self._local_tokens
 
 
 def sequences(node: Node) -> int:

@@ -28,6 +28,7 @@ EXAMPLES = [
     Heartbeat("a1b2c3d4e5f60718", ("d0-1f-7", "d0-1f-8")),
     Reserve("req-" + "x" * 124, 40, (b"\x00" * 16, b"\xff" * 16), 256),
     Reserved("req-1", "d0-1f-7", (4, 9, 2), 1),
+    Reserved("req-1", "d0-1f-7", (4, 9, 2), 1, 3),          # the cached block was used by no request
     Busy("req-1", "no free blocks", 50),
     HelloAck(IDENT, True, "", 16 << 20, True, True),     # a receiver that reads the seal first
 ]
@@ -85,6 +86,9 @@ def _batch_fields(**over):
     _envelope("reserve", ["r" * 129, 10, [], 5]),            # rid over 128 chars
     _envelope("reserve", ["r", 10, [b"\x00" * 15], 5]),      # hash of 15 bytes
     _envelope("reserved", ["r", "x", [1, 2], 3]),            # cached prefix > blocks
+    _envelope("reserved", ["r", "x", [1, 2], 1, 0]),         # took fewer blocks than its uncached ones
+    _envelope("reserved", ["r", "x", [1, 2], 0, 3]),         # took more blocks than its table
+    _envelope("reserved", ["r", "x", [1, 2], 0, True]),      # bool as int
     _envelope("hello", [["n", "e", "zmq", ["m", "float32", 16, 1, 1]]]),  # short layout
     _envelope("hello", [[1, 2, 3, 4]]),                       # identity of wrong types
     _envelope("layers", ["x1", [0, 1], [3, 3], 0, 64, "float32", [1, 2, 4]]),   # a block twice
@@ -107,6 +111,12 @@ def test_hello_ack_from_before_max_batch_bytes_takes_the_old_cap():
     ack = decode(_envelope("hello_ack", [IDENT.to_wire(), True, ""]))
     assert ack == HelloAck(IDENT, True) and ack.max_batch_bytes == OLD_ACK_BATCH_BYTES == 4 << 20
     assert not ack.sealed_first            # nor the seal: a sender puts payloads first
+
+
+def test_reserved_from_before_taken_blocks_reports_none():
+    """A Reserved without taken_blocks (a decode node from before it) decodes with None."""
+    msg = decode(_envelope("reserved", ["r", "x", [1, 2], 1]))
+    assert msg == Reserved("r", "x", (1, 2), 1) and msg.taken_blocks is None
 
 
 def test_constructing_an_invalid_message_raises():

@@ -50,7 +50,7 @@ def test_decode_prefix_cache_skips_shipping_cached_blocks(harness, model_dir):
     before = harness.decode.receiver.metrics.blocks_written
     harness.submit("b", shared + [7, 8, 9, 10], GREEDY)
     (b,) = harness.wait(["b"])
-    assert b.reserved.cached_prefix_blocks == 3
+    assert (b.reserved.cached_prefix_blocks, b.reserved.taken_blocks) == (3, 4)     # a's 3 were unused: taken
     assert harness.decode.receiver.metrics.blocks_written - before == 1
     assert _tokens(b) == hf_greedy(hf, shared + [7, 8, 9, 10], 12)
 

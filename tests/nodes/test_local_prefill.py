@@ -38,6 +38,7 @@ def test_local_prefill_beside_decodes_equals_transformers_and_ships_nothing(harn
     harness.submit("b", local, GREEDY, local=True)
     b, c = harness.wait(["b", "c"])
     assert b.failed is None and b.first is None and b.reserved.cached_prefix_blocks == 4
+    assert b.reserved.taken_blocks == 9             # a's 4 cached blocks were used by no request: taken
     assert _tokens(b) == hf_greedy(hf, local, 12)
     assert _tokens(c) == hf_greedy(hf, running, 40)
     assert harness.decode.receiver.metrics.blocks_written - written == -(-len(running) // 8)   # c's only

@@ -136,6 +136,28 @@ def test_decode_nodes_rank_by_uncached_blocks_plus_weighted_use():
     assert rank(0.05) == ["d2", "d1", "d3"] and rank(1.0) == ["d2", "d1", "d3"]
 
 
+def test_prefill_work_booked_on_a_decode_node_since_its_heartbeat_counts_in_its_cost():
+    """Both nodes hold the prompt's 3 usable blocks (1 uncached on each); d1 has 10 blocks in use,
+    d2 13. A booking of 2 blocks on d1 that a prefill node computes leaves d1 cheaper (1 + 12 < 1 +
+    13); booked as d1's own local prefill, its 2 blocks of queued work make d1 dearer (1 + 2 + 12 >
+    14), until d1's heartbeat shows the request (1 + 10, the fixed pool standing for its report)."""
+    reg, decode = _cluster({"d1": 90, "d2": 87})
+    index = KVIndex(100)
+    hashes = chain_hashes(list(range(64)), 16)
+    for node_id in ("d1", "d2"):
+        index.apply(node_id, hashes[:3], [])
+    rank = lambda: [n.node_id for n in RoutingCost(index, decode).rank(reg.nodes(), hashes, 64, 16)]
+    remote = reg.book("d1", 2)
+    assert rank() == ["d1", "d2"]
+    reg.release(remote)
+    local = reg.book("d1", 2, 2)
+    assert rank() == ["d2", "d1"]
+    reg.taken(local)
+    assert rank() == ["d2", "d1"]
+    reg.heartbeat("d1", NodeLoad(2))
+    assert rank() == ["d1", "d2"]
+
+
 def test_the_decode_node_prefills_when_few_uncached_tokens_remain():
     """prefill_here when prompt tokens - cached blocks x block size <= the threshold; the
     prompt's last token is always computed, so a fully cached prompt still has one to compute."""

@@ -137,6 +137,31 @@ def test_unreported_work_until_the_heartbeat_after_it_was_taken(reg):
     assert seen == ["d1", "d1", "d1", "d1", "d1"]   # register, 3 heartbeats, release of taken work
 
 
+def test_prefill_work_counts_until_released_or_shown_and_comes_off_once(reg):
+    """A local prefill's blocks count as the node's unreported prefill work from book() until
+    release() or the first heartbeat after the node took it, whichever is first, and come off once:
+    pending then released, taken then released, taken then shown then released all end at 0."""
+    node = reg.register("d1", D, "tcp://d")
+    a, b, c = reg.book("d1", 3, 3), reg.book("d1", 2, 2), reg.book("d1", 5)     # c: prefilled on P
+    assert node.unreported_prefill_blocks == 5
+    reg.heartbeat("d1", NodeLoad())             # none taken: the heartbeat shows none
+    assert node.unreported_prefill_blocks == 5
+    reg.release(a)                              # pending, released
+    assert node.unreported_prefill_blocks == 2
+    reg.taken(b), reg.taken(c)
+    assert node.unreported_prefill_blocks == 2
+    reg.heartbeat("d1", NodeLoad(2))            # shows b (a sequence): its prefill work is off
+    assert node.unreported_prefill_blocks == 0
+    reg.release(b), reg.release(b)              # neither taken off again nor twice
+    assert (node.unreported_prefill_blocks, node.unreported_blocks) == (0, -2)
+    d = reg.book("d1", 4, 4)
+    reg.taken(d)
+    assert node.unreported_prefill_blocks == 4
+    reg.release(d)                              # taken, released before a heartbeat
+    reg.release(c)
+    assert (node.pending_prefill_blocks, node.since_beat_prefill_blocks, node.inflight_requests) == (0, 0, 0)
+
+
 def test_registry_rejects_bad_timeout():
     """The heartbeat timeout must be positive."""
     with pytest.raises(ValueError):
