@@ -309,7 +309,8 @@ class Admission:
         A held block that no running request references is counted free by D until one does, so
         this undercounts what D takes by such blocks, and a stale index errs either way. D's
         Reserved says what it took (taken_blocks), and _taken re-books that: the view is exact
-        from the reply on. The estimate does not book the overlap: the router cannot tell idle
+        from the reply on, until a release (registry.py: a request ending frees only its blocks no
+        other request shares, while the release takes off all it took). The estimate does not book the overlap: the router cannot tell idle
         held blocks from referenced ones, and in a burst on one document they are referenced
         (its earlier questions still run), where booking them would count the document once per
         request, making the node that holds it look as dear as one that lacks it."""

@@ -20,7 +20,9 @@ Life of a booking (what a node's load shows of it, `unreported` = what its last 
 
 b is the router's estimate until taken(), which may replace it with what the node says it took
 (a decode node's Reserved.taken_blocks): from then on b is that figure, and release() takes off
-that, once.
+that, once. Until the next heartbeat a release can overstate the room it frees: a request that
+pulled idle cached blocks into use (its b counts them) and ends while later requests share them
+frees only its own tail on the node. Bounded by one heartbeat; the node's Busy guards it.
 
 A decode node's booking may carry prefill work too (p: the prompt blocks it computes itself, a
 local prefill). A heartbeat reports sequences and blocks, not a queue of prefills, so p counts
