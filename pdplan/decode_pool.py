@@ -60,7 +60,9 @@ class DecodePool:
         blocks = self.nodes[0].engine.profile.blocks(req.prompt_len)
         usable = req.block_hashes[:(req.prompt_len - 1) // self.nodes[0].engine.bs]
         guard = imbalanced([n.view.sequences for n in self.nodes], BALANCE)
-        coin = {id(n): self._rng.random() for n in self.nodes}     # drawn even when replayed: the coin keeps step
+        # drawn even when replayed (the coin keeps step), in the router's order: its registry lists
+        # nodes by id as text, so decode-10 draws before decode-2
+        coin = {id(n): self._rng.random() for n in sorted(self.nodes, key=lambda n: n.engine.name)}
         if req.replay_decode:           # where the measured run's router sent it, room or not
             ranked = [n for n in self.nodes if n.engine.name == req.replay_decode]
         else:

@@ -7,7 +7,6 @@ pinning.py's PINS): on this 2-core machine 1P+2D's decode nodes share core 1, an
 simulation (pdplan/sim_core.py)."""
 from __future__ import annotations
 
-import itertools
 import json
 import os
 
@@ -90,15 +89,14 @@ def ranked_before(out: dict, point: int) -> int:
 
 
 def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None:
-    """(requests simulated on the decode node the router chose, requests it recorded), under the
-    naming of the nodes that agrees best: the nodes are alike, so which one a first coin calls
-    decode-0 is no difference; None when the run recorded none (colocated, or an older file)."""
+    """(requests simulated on the decode node the router chose, requests it recorded), node by node
+    name: the simulated pool names its nodes as `pdserve up` does and draws the router's coin in
+    the router's order (decode_pool.py), so decode-0 is the same node in both; None when the run
+    recorded none (colocated, or an older file)."""
     known = [(r.decode_node, node) for r, node in zip(reqs, placed) if node]
     if not known or len(placed) != len(reqs):
         return None
-    names = sorted({n for pair in known for n in pair})
-    return max(sum(1 for sim, node in known if rename.get(sim) == node)
-               for rename in (dict(zip(names, p)) for p in itertools.permutations(names))), len(known)
+    return sum(1 for sim, node in known if sim == node), len(known)
 
 
 def markdown(rows: list[dict]) -> str:
