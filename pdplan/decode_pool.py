@@ -11,7 +11,7 @@ from pdplan.events import EventLoop
 from pdplan.load_view import HEARTBEAT_S, LoadView
 from pdplan.profile import Profile
 from pdplan.sim_core import CoreMap, FloatingWork, SimCore
-from pdplan.sim_engine import SimEngine, SimSeq
+from pdplan.sim_engine import LoopCost, SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 from router.cluster.routing_cost import BALANCE, imbalanced
 
@@ -20,7 +20,7 @@ class DecodeNode:
     def __init__(self, name: str, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
                  core: SimCore | None = None, floating: FloatingWork | None = None, phase: float = 0.0):
         o = profile.overheads      # the router and the client float: neither runs on this node's core
-        self.engine = SimEngine(name, profile, loop, self, True, o.token_s, core, floating,
+        self.engine = SimEngine(name, profile, loop, self, True, LoopCost(per_sample_s=o.token_s), core, floating,
                                 o.router_token_s + o.client_token_s)
         self.view = LoadView(self.engine, loop, phase)     # the router's view of it: heartbeats + bookings
         self.on_room = on_room

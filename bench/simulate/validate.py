@@ -13,6 +13,7 @@ import os
 from bench.serving import record as rec
 from bench.simulate.contention import fit_background, measured_wait
 from bench.simulate.pinning import PINS
+from bench.simulate.sensitivity import spread, verdict
 from bench.simulate.trace import OLD_CLIENT_WARMUP
 from pdplan.profile import Profile
 from pdplan.simulation import SLOTargets, Topology, simulate
@@ -37,12 +38,15 @@ def topology(system: str, measured: dict, machine_cores: int = 0) -> Topology:
     return TOPOLOGY[system].pinned({node: set(c) for node, c in cores.items()}, machine_cores)
 
 
-def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False) -> list[dict]:
+def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False, jitter: int = 0) -> list[dict]:
     """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
     the point's schedstat), also simulated under the machine's load fitted per core (contention.py);
     with `replay`, each request decoded on the node the measured run's router chose (placement.py),
-    where the file records it. A row of a run that recorded placement counts the requests whose
-    simulated decode node is the measured one (`placement`: agreed, recorded)."""
+    where the file records it; with `jitter`, each figure's spread over that many runs with the
+    requests sent a fraction of a ms late and the steps priced 1% higher or lower (sensitivity.py). A row of a run that recorded placement
+    counts the requests whose simulated decode node is the measured one (`placement`: agreed,
+    recorded); `cpu_per_price`: each pinned node's measured CPU time over the time its simulated
+    steps were priced at (how fast its engine ran against the profile, its loop's work included)."""
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
@@ -70,10 +74,14 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],
                    "sim_utilization": sim.utilization, "sim_preemptions": sim.preemptions,
                    "measured_wait_per_run": waits, "background": background,
-                   "placement": placement_agreement(reqs, placed)}
+                   "placement": placement_agreement(reqs, placed), "cpu_per_price": cpu_per_price(point, sim)}
+            spreads = spread(lambda rs, p: simulate(p, rs, topo, slo, ranked_before=before), reqs, profile, FIGURES,
+                             jitter, i) if jitter else {}
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
+                if spreads:
+                    row[label]["spread"] = (min(spreads[label][0], pred), max(spreads[label][1], pred))
                 if loaded is not None:
                     pred = getattr(getattr(loaded, f"{metric}_ms"), pct)
                     row[label] |= {"loaded": pred, "loaded_error": (pred - real) / real if real else None}
@@ -86,6 +94,12 @@ def ranked_before(out: dict, point: int) -> int:
     before point `point`: the launcher's, the warm-up's and the earlier points'."""
     return LAUNCHER_REQUESTS + out.get("warmup_requests", OLD_CLIENT_WARMUP) \
         + sum(len(q.get("requests", ())) for q in out["points"][:point])
+
+
+def cpu_per_price(point: dict, sim) -> dict[str, float]:
+    """Pinned node -> its measured CPU time (schedstat, the point's `cpu`) over its simulated busy time."""
+    return {node: round(c["run_s"] / sim.node_times[node][0], 2) for node, c in point.get("cpu", {}).items()
+            if sim.node_times.get(node, (0.0,))[0] > 0}
 
 
 def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None:
@@ -108,12 +122,21 @@ def markdown(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * (5 + len(FIGURES))]
     for r in rows:
         cells = [" / ".join([_ms(r[f]["measured"])] + [f"{_ms(r[f][k])} ({r[f][k + '_error'] if k != 'simulated' else r[f]['error']:+.0%})"
-                                                       for k in ("simulated", "loaded") if k in r[f]])
+                                                       for k in ("simulated", "loaded") if k in r[f]]) + _spread(r[f])
                  for f, _, _ in FIGURES]
-        ok = [_ok(r, "error")] + ([_ok(r, "loaded_error")] if "loaded" in r[FIGURES[0][0]] else [])
+        ok = [verdict(r, FIGURES, TOLERANCE) if "spread" in r[FIGURES[0][0]] else _ok(r, "error")] \
+            + ([_ok(r, "loaded_error")] if "loaded" in r[FIGURES[0][0]] else [])
         lines.append(f"| {r['workload']} | {r['system']} | {r['rate']:g} | {r['loadavg']:.1f} | " + " | ".join(cells)
                      + f" | {' / '.join(ok)} |")
     return "\n".join(lines)
+
+
+def _spread(figure: dict) -> str:
+    """' [-31%..-27%]': the error's range over the jittered runs, when there were any."""
+    if "spread" not in figure:
+        return ""
+    lo, hi = ((v - figure["measured"]) / figure["measured"] for v in figure["spread"])
+    return f" [{lo:+.0%}..{hi:+.0%}]"
 
 
 def _ms(v: float) -> str:
@@ -124,19 +147,23 @@ def _ok(row: dict, key: str) -> str:
     return "yes" if all(abs(row[f][key]) <= TOLERANCE for f, _, _ in FIGURES) else "no"
 
 
-def validate(paths: list[str], profile_path: str, contention: bool = False, replay: bool = False) -> str:
+def validate(paths: list[str], profile_path: str, contention: bool = False, replay: bool = False,
+             jitter: int = 0) -> str:
     profile = Profile.load(profile_path)
     rows = []
     for path in paths:
         with open(path) as f:
-            rows += predict(json.load(f), profile, contention, replay)
+            rows += predict(json.load(f), profile, contention, replay, jitter)
     table = markdown(rows)
+    table += "\n\nmeasured CPU / simulated busy: " + "; ".join(
+        f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.2f}" for n, v in r["cpu_per_price"].items())
+        for r in rows if r["cpu_per_price"])
     agreed = [f"{r['workload']} {r['system']} {r['rate']:g}: {r['placement'][0]}/{r['placement'][1]}"
               for r in rows if r["placement"]]
     if agreed:
         table += "\n\nrequests decoded where the router put them" + (" (replayed)" if replay else "") \
             + ": " + "; ".join(agreed)
     out = rec.write({"bench": "simulate_validation", "profile": profile_path, "measured": paths, "rows": rows,
-                     "replay_placement": replay}, "simulate_validation")
+                     "replay_placement": replay, "jitter_runs": jitter}, "simulate_validation")
     print(table + f"\n\nwrote {out}")
     return os.path.abspath(out)
