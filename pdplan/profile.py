@@ -65,6 +65,10 @@ class StepCost:
         """Seconds for one step that schedules `shapes`: [(new tokens, context before them), ...]."""
         return sum(getattr(self, name) * x for name, x in zip(FEATURES, step_features(shapes)))
 
+    def scaled(self, k: float) -> "StepCost":
+        """Every step k times as dear (an engine running slower or faster than when profiled)."""
+        return StepCost(*(getattr(self, name) * k for name in FEATURES))
+
     @classmethod
     def fit(cls, samples: list["StepSample"]) -> "StepCost":
         """Non-negative least squares over the median of each group of like steps (same kind,

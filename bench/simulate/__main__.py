@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also simulate each point RUNS times with its requests sent up to 0.5 ms late and its steps priced "
                         "up to 1%% off: each error's range, and 'maybe' where every figure's range reaches the 20%% band "
                         "(sensitivity.py)")
+    v.add_argument("--speed", action="store_true",
+                   help="also simulate each colocated point with its steps priced at the run's measured CPU / simulated "
+                        "busy (how fast its engine ran: a diagnostic that reads the run it predicts)")
     v.set_defaults(func=_validate)
     r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
     r.add_argument("profiles", nargs="+")
@@ -137,7 +140,7 @@ def _trace(args) -> None:
 
 def _validate(args) -> None:
     from bench.simulate.validate import validate
-    validate(args.measured, args.profile, args.contention, args.replay_placement, args.jitter)
+    validate(args.measured, args.profile, args.contention, args.replay_placement, args.jitter, args.speed)
 
 
 def _pool(args) -> None:

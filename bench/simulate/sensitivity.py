@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from pdplan.profile import FEATURES, Profile, StepCost
+from pdplan.profile import Profile
 
 JITTER_S = 0.0005
 PRICE_JITTER = 0.01
@@ -30,7 +30,7 @@ def spread(run, requests: list, profile: Profile, figures, runs: int, seed: int 
     for _ in range(runs):
         late = [replace(r, arrival=r.arrival + rng.uniform(0.0, JITTER_S), token_times=[]) for r in requests]
         k = 1.0 + rng.uniform(-PRICE_JITTER, PRICE_JITTER)
-        priced = replace(profile, step=StepCost(*(getattr(profile.step, f) * k for f in FEATURES)))
+        priced = replace(profile, step=profile.step.scaled(k))
         summary = run(late, priced)
         for label, metric, pct in figures:
             seen[label].append(getattr(getattr(summary, f"{metric}_ms"), pct))

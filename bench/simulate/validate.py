@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 from bench.serving import record as rec
 from bench.simulate.contention import fit_background, measured_wait
@@ -28,6 +29,7 @@ TOLERANCE = 0.2
 # and the simulated one draws as many (placement.py's records: 51 DecodeRequests in a run of
 # 2 x 24 requests with 2 warm-up requests)
 LAUNCHER_REQUESTS = 1
+COLOCATED = "colocated-0"       # the colocated server's node name (PINS, the simulated pool)
 FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
 
 
@@ -38,7 +40,8 @@ def topology(system: str, measured: dict, machine_cores: int = 0) -> Topology:
     return TOPOLOGY[system].pinned({node: set(c) for node, c in cores.items()}, machine_cores)
 
 
-def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False, jitter: int = 0) -> list[dict]:
+def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False, jitter: int = 0,
+            speed: bool = False) -> list[dict]:
     """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
     the point's schedstat), also simulated under the machine's load fitted per core (contention.py);
     with `replay`, each request decoded on the node the measured run's router chose (placement.py),
@@ -46,7 +49,9 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     requests sent a fraction of a ms late and the steps priced 1% higher or lower (sensitivity.py). A row of a run that recorded placement
     counts the requests whose simulated decode node is the measured one (`placement`: agreed,
     recorded); `cpu_per_price`: each pinned node's measured CPU time over the time its simulated
-    steps were priced at (how fast its engine ran against the profile, its loop's work included)."""
+    steps were priced at (how fast its engine ran against the profile, its loop's work included);
+    with `speed`, a colocated point is also simulated with every step priced at that ratio
+    (`at_speed`: each figure's error; it reads the run it predicts, as `contention` does)."""
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
@@ -77,9 +82,13 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                    "placement": placement_agreement(reqs, placed), "cpu_per_price": cpu_per_price(point, sim)}
             spreads = spread(lambda rs, p: simulate(p, rs, topo, slo, ranked_before=before), reqs, profile, FIGURES,
                              jitter, i) if jitter else {}
+            fast = simulate(replace(profile, step=profile.step.scaled(row["cpu_per_price"][COLOCATED])), reqs, topo, slo) \
+                if speed and COLOCATED in row["cpu_per_price"] else None
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
+                if fast is not None:
+                    row[label]["at_speed"] = getattr(getattr(fast, f"{metric}_ms"), pct) / real - 1
                 if spreads:
                     row[label]["spread"] = (min(spreads[label][0], pred), max(spreads[label][1], pred))
                 if loaded is not None:
@@ -148,22 +157,26 @@ def _ok(row: dict, key: str) -> str:
 
 
 def validate(paths: list[str], profile_path: str, contention: bool = False, replay: bool = False,
-             jitter: int = 0) -> str:
+             jitter: int = 0, speed: bool = False) -> str:
     profile = Profile.load(profile_path)
     rows = []
     for path in paths:
         with open(path) as f:
-            rows += predict(json.load(f), profile, contention, replay, jitter)
+            rows += predict(json.load(f), profile, contention, replay, jitter, speed)
     table = markdown(rows)
     table += "\n\nmeasured CPU / simulated busy: " + "; ".join(
         f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.2f}" for n, v in r["cpu_per_price"].items())
         for r in rows if r["cpu_per_price"])
+    fast = [r for r in rows if "at_speed" in r[FIGURES[0][0]]]
+    if fast:
+        table += "\n\ncolocated, every step priced at the run's CPU / simulated busy (errors): " + "; ".join(
+            f"{r['workload']} {r['rate']:g}: " + " ".join(f"{r[f]['at_speed']:+.0%}" for f, _, _ in FIGURES) for r in fast)
     agreed = [f"{r['workload']} {r['system']} {r['rate']:g}: {r['placement'][0]}/{r['placement'][1]}"
               for r in rows if r["placement"]]
     if agreed:
         table += "\n\nrequests decoded where the router put them" + (" (replayed)" if replay else "") \
             + ": " + "; ".join(agreed)
     out = rec.write({"bench": "simulate_validation", "profile": profile_path, "measured": paths, "rows": rows,
-                     "replay_placement": replay, "jitter_runs": jitter}, "simulate_validation")
+                     "replay_placement": replay, "jitter_runs": jitter, "at_speed": speed}, "simulate_validation")
     print(table + f"\n\nwrote {out}")
     return os.path.abspath(out)
