@@ -5,7 +5,8 @@
     python -m bench.simulate pool new.json old.json --only prefill_warm --out P.json   # old's, plus new's warm steps
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
         [--front-from TRACES...] [--loop-from COLOCATED_TRACE DECODE_TRACE ...]
-    python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention] [--jitter 10]
+    python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention] [--jitter 10] [--speed]
+    python -m bench.simulate repeat bench/validation/quiet3/simulate_measured_rag_*.json --profile C.json
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
     python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
     python -m bench.simulate trace --workload sharegpt --rates 0.25,0.5 --systems 1p1d  # one request's path, timed
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="also simulate each colocated point with its steps priced at the run's measured CPU / simulated "
                         "busy (how fast its engine ran: a diagnostic that reads the run it predicts)")
     v.set_defaults(func=_validate)
+    rp = sub.add_parser("repeat", help="warm RAG questions measured on every system: simulated against the lowest")
+    rp.add_argument("measured", nargs="+")
+    rp.add_argument("--profile", required=True)
+    rp.set_defaults(func=_repeat)
     r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
     r.add_argument("profiles", nargs="+")
     r.add_argument("--out", required=True)
@@ -141,6 +146,11 @@ def _trace(args) -> None:
 def _validate(args) -> None:
     from bench.simulate.validate import validate
     validate(args.measured, args.profile, args.contention, args.replay_placement, args.jitter, args.speed)
+
+
+def _repeat(args) -> None:
+    from bench.simulate.repeat import repeat
+    repeat(args.measured, args.profile)
 
 
 def _pool(args) -> None:

@@ -55,3 +55,19 @@ def test_each_figures_jitter_range_holds_the_unjittered_figure():
             assert lo <= row[label]["simulated"] <= hi
             widths.append(hi - lo)
     assert max(widths) > 0
+
+
+def test_a_warm_question_is_measured_once_a_system_and_held_against_the_lowest():
+    """The committed quiet3 RAG run: 16 warm questions a point, each with three measured TTFTs (one
+    per system, as the file records them) and three simulated; the summary's figures come from them."""
+    from bench.simulate.repeat import summary, warm_questions
+    path = MEASURED.replace("sharegpt_20261202-004112", "rag_20261202-010216")
+    with open(path) as f:
+        measured = json.load(f)
+    points = warm_questions(measured, Profile.load(PROFILE))
+    assert [len(p["questions"]) for p in points] == [16, 16]
+    q = points[0]["questions"][0]
+    i = next(j for j, r in enumerate(measured["systems"]["colocated"]["points"][0]["requests"]) if r["kind"] == "rag")
+    assert q["measured"] == [measured["systems"][s]["points"][0]["requests"][i]["ttft_ms"] for s in ("colocated", "1p1d", "1p2d")]
+    assert len(q["simulated"]) == 3 and min(q["simulated"]) > 0
+    assert summary(points[0]).startswith("rag 0.15: 16 warm questions")
