@@ -88,7 +88,7 @@ class DecodePool:
         while True:
             ranked = self._rank(req)
             if req.replay_decode:
-                yield next(n for n in ranked if n.engine.name == req.replay_decode)
+                yield from [n for n in ranked if n.engine.name == req.replay_decode][:1]
                 return
             fit = [n for n in ranked if self._beat_free(n) > refused.get(n.engine.name, -1) and self._room(n, need)]
             if not fit and not probe:

@@ -47,3 +47,27 @@ def test_when_the_timer_fires_first_the_router_asks_the_node_anyway():
     _, second, beat = _after_a_grown_request(-0.001)
     assert beat - second.arrival > FIRST_WAIT_S
     assert second.ttft == pytest.approx(FIRST_WAIT_S + PREFILL_600)
+
+
+def test_a_node_that_says_busy_is_skipped_and_the_router_asks_the_next_its_view_shows_room_on():
+    """decode-0 is truly full (a 50-block reservation its view has not seen yet), decode-1 truly
+    empty but booked 30 blocks by the view: decode-0 ranks first and has room by the view, answers
+    Busy, and the next ask goes to decode-1. With decode-1 booked past its room (60 of 64), none is
+    left to ask; the timer's probe asks the first ranked one anyway (decode-0: Busy again)."""
+    from pdplan.decode_pool import DecodePool
+    from pdplan.events import EventLoop
+    from pdplan.sim_engine import SimSeq
+    for booked, expected in ((30, "decode-1"), (60, None)):
+        loop = EventLoop()
+        pool = DecodePool(2, profile(num_blocks=64), loop, lambda: None)
+        hog = request(99, tokens(800, 50_000), 0)
+        assert pool.nodes[0].engine.reserve(SimSeq(hog, 800, 1), 0) == 0       # 50 blocks, unseen
+        pool.nodes[1].view.since_blocks = booked
+        req = request(1, tokens(320, 90_000), 16)
+        got = pool.reserve(req)
+        assert (got[0].engine.name if got else None) == expected
+        if expected is None:
+            assert pool._refused[1] == {"decode-0": 64}
+            assert pool.reserve(req, probe=True) is None and req.decode_node == ""
+        else:
+            assert req.decode_node == "decode-1" and 1 not in pool._refused
