@@ -126,8 +126,10 @@ class DecodePool:
         (admission.py CapacityWatch), after the view has taken it in (scheduled later, it runs
         after the heartbeat of the same instant)."""
         for node in self.nodes:
-            view = node.view
-            t = view.phase + (math.floor((self.loop.now - view.phase) / view.period) + 1) * view.period
+            view, now = node.view, self.loop.now
+            t = view.phase + (math.floor((now - view.phase) / view.period) + 1) * view.period
+            if t <= now:                # now is a heartbeat's instant, rounded below it: the one after
+                t += view.period
             if t not in self._wakes:
                 self._wakes.add(t)
                 self.loop.at(t, lambda t=t: (self._wakes.discard(t), self.on_room()))

@@ -71,3 +71,21 @@ def test_a_node_that_says_busy_is_skipped_and_the_router_asks_the_next_its_view_
             assert pool.reserve(req, probe=True) is None and req.decode_node == ""
         else:
             assert req.decode_node == "decode-1" and 1 not in pool._refused
+
+
+def test_a_waiting_request_is_woken_at_a_later_heartbeat_even_at_a_heartbeats_instant():
+    """Woken at a heartbeat's instant (phase + k x period, as the view computes it), a request that
+    still finds no room is woken again at a later instant, never at the same one (a planner search
+    once spun forever there: now - phase rounded below k periods)."""
+    from pdplan.decode_pool import DecodePool
+    from pdplan.events import EventLoop
+    loop = EventLoop()
+    pool = DecodePool(3, profile(), loop, lambda: None)
+    for k in range(1, 400):
+        for node in pool.nodes:
+            loop.now = node.view.phase + k * node.view.period
+            pool._wakes.clear()
+            before = len(loop._heap)
+            pool._wake_at_heartbeats()
+            assert all(t > loop.now for t, _, _ in loop._heap[before:])
+            loop._heap.clear()
