@@ -9,7 +9,7 @@ process held the GIL or the core, and the loop's work between steps. Two figures
 
     per step      the median lost of the busy steps that start no request
     admission     lost of the steps that start one request against its prompt's tokens: the line
-                  through the medians of the shortest and the longest third (trace.py _line),
+                  through the medians of the shortest and the longest third (trace.py thirds_line),
                   less the per-step figure (what starting a request adds to a step)
 
 A colocated server (router/colocated.py) runs its HTTP front end in the engine's process, on the
@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from bench.simulate.trace import _line, load, warmup_requests
+from bench.simulate.trace import load, thirds_line, warmup_requests
 
 BUSY_GAP_S = 0.05       # a longer gap between two steps: the loop was waiting for work
 COLOCATED_ROLE = "router"   # trace_points' role of the colocated server's process (`python -m router`)
@@ -52,7 +52,7 @@ def loop_cost(out_dirs: list[str], role: str) -> LoopCost:
             (admitted if prompt else plain).append((prompt, lost))
     if len(plain) < 3 or len(admitted) < 3:
         raise ValueError(f"{len(plain)} busy and {len(admitted)} admitting {role} steps in {out_dirs}: too few")
-    start, per_token = _line(admitted)
+    start, per_token = thirds_line(admitted)
     per_step = statistics.median(lost for _, lost in plain)
     return LoopCost(per_step, start - per_step, per_token, len(plain) + len(admitted), len(admitted))
 
