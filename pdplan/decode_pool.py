@@ -49,7 +49,8 @@ class DecodePool:
         for _ in range(ranked_before * count):
             self._rng.random()
         self.loop, self.on_room = loop, on_room
-        self._refused: dict[int, dict[str, int]] = {}   # request -> node -> its heartbeat's free blocks when it said Busy
+        # request -> node -> the free blocks of the node's last heartbeat when it said Busy to it
+        self._refused: dict[int, dict[str, int]] = {}
         self._wakes: set[float] = set()                 # heartbeat times a waiting request is woken at
         phases = random.Random(seed)        # each node's heartbeats fall at a phase of its own
         self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room, cores.of(f"decode-{i}"), cores.floating,

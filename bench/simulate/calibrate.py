@@ -30,7 +30,8 @@ TOKEN_S = (0.0, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3)
 HANDOFF_S = tuple(i * 5e-3 for i in range(21))
 
 
-def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (), traced: Overheads = Overheads()) -> Profile:
+def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (),
+              traced: Overheads = Overheads()) -> Profile:
     """traced: the overheads measured from traces (prompt_token_s, admit_token_s, colocated_*), kept
     as they are; the rest are measured (router_token_s, client_token_s) or fitted here."""
     measured = [json.load(open(p)) for p in paths]

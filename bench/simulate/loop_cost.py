@@ -76,7 +76,8 @@ def _steps(out_dir: str, role: str) -> list[tuple[int, float]]:
     out = []
     for node in sorted({e["p"] for e in events if e["e"] == "step" and e["p"].startswith(role)}):
         steps = sorted((e for e in events if e["e"] == "step" and e["p"] == node and "cpu" in e), key=lambda e: e["t0"])
-        prompt = {rid: n + c for s in steps for (n, c), (rid, _) in zip([x for x in s["shapes"] if x[0] > 1], s["chunks"])}
+        prompt = {rid: n + c for s in steps
+                  for (n, c), (rid, _) in zip([x for x in s["shapes"] if x[0] > 1], s["chunks"])}
         seen: set[str] = set()
         for a, b in zip(steps, steps[1:]):
             started = {rid for rid, _ in a["chunks"]} - seen

@@ -29,7 +29,8 @@ def warm_questions(measured: dict, profile: Profile) -> list[dict]:
         simulated = {}
         for system, run in systems.items():
             reqs = sim_requests(sweep["workload"], sweep["num_requests"], rate, sweep["seed"] + i, profile.block_size,
-                                sweep["knobs"]["max_model_len"], burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
+                                sweep["knobs"]["max_model_len"], burstiness=sweep["burstiness"],
+                                output_cap=sweep["output_cap"])
             simulate(profile, reqs, topology(system, run, measured.get("machine", {}).get("nproc", 0)),
                      SLOTargets(), ranked_before=ranked_before(run, i))
             simulated[system] = [r.ttft * 1e3 for r in reqs]
