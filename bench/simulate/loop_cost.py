@@ -35,7 +35,8 @@ COLOCATED_ROLE = "router"   # trace_points' role of the colocated server's proce
 
 
 @dataclass(frozen=True, slots=True)
-class LoopCost:
+class LoopLoss:
+    """What a traced server loop lost around its engine's steps (pdplan's LoopCost charges it in a simulation)."""
     per_step_s: float           # a busy step that starts no request
     admit_s: float              # a step that starts a request, beyond a plain step: at 0 prompt tokens ...
     admit_token_s: float        # ... and per prompt token
@@ -43,7 +44,7 @@ class LoopCost:
     admissions: int             # of which starting one request
 
 
-def loop_cost(out_dirs: list[str], role: str) -> LoopCost:
+def loop_cost(out_dirs: list[str], role: str) -> LoopLoss:
     """The loop cost of the processes whose trace role starts with `role` (COLOCATED_ROLE, or
     "decode") over the traced points of `out_dirs`."""
     plain, admitted = [], []
@@ -54,7 +55,7 @@ def loop_cost(out_dirs: list[str], role: str) -> LoopCost:
         raise ValueError(f"{len(plain)} busy and {len(admitted)} admitting {role} steps in {out_dirs}: too few")
     start, per_token = thirds_line(admitted)
     per_step = statistics.median(lost for _, lost in plain)
-    return LoopCost(per_step, start - per_step, per_token, len(plain) + len(admitted), len(admitted))
+    return LoopLoss(per_step, start - per_step, per_token, len(plain) + len(admitted), len(admitted))
 
 
 def colocated_extra(colocated_dirs: list[str], decode_dirs: list[str]) -> tuple[float, float, float]:
