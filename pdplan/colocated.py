@@ -8,16 +8,19 @@ from pdplan.events import EventLoop
 from pdplan.profile import Profile
 from pdplan.sim_affinity import PrefixAffinity
 from pdplan.sim_core import CoreMap, FloatingWork, SimCore
-from pdplan.sim_engine import SimEngine, SimSeq
+from pdplan.sim_engine import LoopCost, SimEngine, SimSeq
 from pdplan.sim_request import SimRequest
 
 
 class ColocatedNode:
     def __init__(self, name: str, profile: Profile, loop: EventLoop, core: SimCore | None = None,
                  floating: FloatingWork | None = None):
-        # the router is the engine's own process (its core); only the client floats
-        self.engine = SimEngine(name, profile, loop, self, True, profile.overheads.token_s, core, floating,
-                                profile.overheads.client_token_s)
+        # the router is the engine's own process (its core, its GIL): what it costs the engine's loop
+        # beyond a decode node's is the colocated_* overheads; only the client floats
+        o = profile.overheads
+        self.engine = SimEngine(name, profile, loop, self, True,
+                                LoopCost(o.colocated_step_s, o.token_s, o.colocated_admit_s, o.colocated_admit_token_s),
+                                core, floating, o.client_token_s)
         self.on_first_token: dict[int, Callable[[], None]] = {}
 
     def computed(self, seq: SimSeq, before: int, t: float) -> None:

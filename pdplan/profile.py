@@ -65,6 +65,10 @@ class StepCost:
         """Seconds for one step that schedules `shapes`: [(new tokens, context before them), ...]."""
         return sum(getattr(self, name) * x for name, x in zip(FEATURES, step_features(shapes)))
 
+    def scaled(self, k: float) -> "StepCost":
+        """Every step k times as dear (an engine running slower or faster than when profiled)."""
+        return StepCost(*(getattr(self, name) * k for name in FEATURES))
+
     @classmethod
     def fit(cls, samples: list["StepSample"]) -> "StepCost":
         """Non-negative least squares over the median of each group of like steps (same kind,
@@ -125,6 +129,12 @@ class Overheads:
     # idle (pdplan/sim_core.py FloatingWork); in a plan (separate hosts) they cost nothing
     router_token_s: float = 0.0     # a disaggregated router (a colocated one is its engine's process)
     client_token_s: float = 0.0     # the load generator
+    # wall time a colocated server's engine loses beyond a decode node's, per step and per request it
+    # starts (and per prompt token of it): its HTTP front end runs in the engine's process (GIL) and on
+    # its core; measured from traces of both (bench/simulate/loop_cost.py); added to its simulated steps
+    colocated_step_s: float = 0.0
+    colocated_admit_s: float = 0.0
+    colocated_admit_token_s: float = 0.0
 
     def front_s(self, prompt_len: int) -> float:
         """Arrival to the first engine admission, for a prompt of prompt_len tokens."""

@@ -32,6 +32,19 @@ class SimReserved(NamedTuple):
     taken: int      # blocks taken from the available ones: new ones and cached hits no one held
 
 
+@dataclass(frozen=True, slots=True)
+class LoopCost:
+    """Wall time the node's step loop adds to each step beyond the profile's price."""
+    per_step_s: float = 0.0
+    per_sample_s: float = 0.0       # per token the step samples (streaming it: node -> router -> client)
+    admit_s: float = 0.0            # per request whose first chunk the step runs ...
+    admit_token_s: float = 0.0      # ... and per prompt token of it
+
+    def of(self, sampled: int, admitted: list[SimRequest]) -> float:
+        return self.per_step_s + self.per_sample_s * sampled \
+            + sum(self.admit_s + self.admit_token_s * r.prompt_len for r in admitted)
+
+
 @dataclass(slots=True, eq=False)
 class SimSeq:
     req: SimRequest
@@ -41,6 +54,7 @@ class SimSeq:
     computed: int = 0               # tokens whose K/V this node holds
     hashes: list[int] = field(default_factory=list)     # shared blocks held
     private: int = 0                # private blocks held
+    started: bool = False           # a step has run some of it here
 
     @property
     def held(self) -> int:
@@ -64,19 +78,20 @@ class Owner(Protocol):
 
 class SimEngine:
     def __init__(self, name: str, profile: Profile, loop: EventLoop, owner: Owner, streams: bool,
-                 per_sample_s: float = 0.0, core: SimCore | None = None,
+                 loop_cost: LoopCost = LoopCost(), core: SimCore | None = None,
                  floating: FloatingWork | None = None, float_per_token_s: float = 0.0):
         """streams: each sampled token goes to the client at the step's end (decode, colocated);
-        otherwise the owner hears of it (a prefill node's first token). core: what the steps run
-        on (default: a core of its own); a shared one stretches them (sim_core.py). Each streamed
-        token gives `floating` float_per_token_s of work (the router's and the client's)."""
+        otherwise the owner hears of it (a prefill node's first token). loop_cost: what the node's
+        loop adds to each step. core: what the steps run on (default: a core of its own); a shared
+        one stretches them (sim_core.py). Each streamed token gives `floating` float_per_token_s of
+        work (the router's and the client's)."""
         self.name, self.profile, self.loop, self.owner = name, profile, loop, owner
         self.core = core or SimCore(loop)
         self.streams = streams
         self.bs = profile.block_size
         self.pool = BlockPool(profile.num_blocks)
         self.watermark = max(1, profile.num_blocks // 100)
-        self.per_sample_s = per_sample_s
+        self.loop_cost = loop_cost
         self.waiting: list[SimSeq] = []
         self.running: list[SimSeq] = []
         self.reserved: dict[int, SimSeq] = {}
@@ -143,7 +158,10 @@ class SimEngine:
         if not plan:
             return
         sampled = sum(seq.computed + n == seq.length for seq, n in plan)
-        dt = self.profile.step.of([(n, seq.computed) for seq, n in plan]) + self.per_sample_s * sampled
+        admitted = [seq.req for seq, _ in plan if not seq.started]
+        for seq, _ in plan:
+            seq.started = True
+        dt = self.profile.step.of([(n, seq.computed) for seq, n in plan]) + self.loop_cost.of(sampled, admitted)
         self.stepping, self._step_start = True, self.loop.now
         self.busy_s += dt             # core time: a step stretched by sharing counts its own work only
         self.core.run(dt, lambda: self._end_step(plan))

@@ -3,9 +3,9 @@
   1. a request arrives; after the serving path's own cost (overheads.request_s, and
      overheads.prompt_token_s + admit_token_s per prompt token) it is admitted:
      the least loaded decode node with room reserves its blocks
-  2. no decode node has room: it waits, in arrival order, until a decode request ends somewhere
-     (the real router wakes on a heartbeat reporting more free blocks) or its timer fires (50 ms
-     doubling to 1 s)
+  2. no decode node has room by the router's view (decode_pool.py): it waits, in arrival order,
+     until a decode request ends somewhere or a decode node's heartbeat comes, or its timer
+     fires (50 ms doubling to 1 s: then the first ranked node is asked whatever the view says)
   3. reserved: when at most local_prefill_tokens of the prompt are not cached on the decode node,
      the decode node prefills it itself (routing_cost.py's local prefill: no hop, nothing shipped);
      otherwise, once the decode node's running step has ended (it reads its control messages
@@ -49,20 +49,21 @@ class SimRouter:
                 return
             self.pending.popleft()
 
-    def _admit(self, req: SimRequest, wait_s: float) -> None:
+    def _admit(self, req: SimRequest, wait_s: float, probe: bool = False) -> None:
+        """probe: the request's timer fired (admission.py: ask the first ranked node anyway)."""
         if req in self.pending and self.pending[0] is not req:
             return                                  # FCFS: the oldest waiting one goes first
-        if self._try(req):
+        if self._try(req, probe):
             if req in self.pending:
                 self.pending.remove(req)
             return
         if req not in self.pending:
             self.pending.append(req)
             self.waits += 1
-        self.loop.after(wait_s, lambda: req in self.pending and self._admit(req, min(2 * wait_s, MAX_WAIT_S)))
+        self.loop.after(wait_s, lambda: req in self.pending and self._admit(req, min(2 * wait_s, MAX_WAIT_S), True))
 
-    def _try(self, req: SimRequest) -> bool:
-        got = self.decode.reserve(req)
+    def _try(self, req: SimRequest, probe: bool = False) -> bool:
+        got = self.decode.reserve(req, probe)
         if got is None:
             return False
         node, hits = got

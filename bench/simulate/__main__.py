@@ -4,7 +4,9 @@
     python -m bench.simulate pool run1.json run2.json --out P.json          # several profile runs, one fit
     python -m bench.simulate pool new.json old.json --only prefill_warm --out P.json   # old's, plus new's warm steps
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
-    python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention]
+        [--front-from TRACES...] [--loop-from COLOCATED_TRACE DECODE_TRACE ...]
+    python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention] [--jitter 10] [--speed]
+    python -m bench.simulate repeat bench/validation/quiet3/simulate_measured_rag_*.json --profile C.json
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
     python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
     python -m bench.simulate trace --workload sharegpt --rates 0.25,0.5 --systems 1p1d  # one request's path, timed
@@ -36,7 +38,18 @@ def main(argv: list[str] | None = None) -> None:
                    help="also simulate each point under its measured load, fitted per core (contention.py)")
     v.add_argument("--replay-placement", action="store_true",
                    help="decode each request on the node the measured run's router chose (recorded by measure)")
+    v.add_argument("--jitter", type=int, default=0, metavar="RUNS",
+                   help="also simulate each point RUNS times with its requests sent up to 0.5 ms late and its steps priced "
+                        "up to 1%% off: each error's range, and 'maybe' where every figure's range reaches the 20%% band "
+                        "(sensitivity.py)")
+    v.add_argument("--speed", action="store_true",
+                   help="also simulate each colocated point with its steps priced at the run's measured CPU / simulated "
+                        "busy (how fast its engine ran: a diagnostic that reads the run it predicts)")
     v.set_defaults(func=_validate)
+    rp = sub.add_parser("repeat", help="warm RAG questions measured on every system: simulated against the lowest")
+    rp.add_argument("measured", nargs="+")
+    rp.add_argument("--profile", required=True)
+    rp.set_defaults(func=_repeat)
     r = sub.add_parser("pool", help="one profile from several runs' steps (refitted); the last run's other fields")
     r.add_argument("profiles", nargs="+")
     r.add_argument("--out", required=True)
@@ -54,6 +67,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="trace folders (python -m bench.simulate trace) whose requests' arrival at the router "
                         "and reservation on the decode node give the front end's and a disaggregated router's "
                         "cost per prompt token (trace.py front_end, admission); default: none")
+    c.add_argument("--loop-from", nargs=2, action="append", default=[], metavar=("COLOCATED", "DECODE"),
+                   help="a colocated trace folder and a disaggregated one made under the same conditions (repeatable): "
+                        "what the colocated server's loop costs its engine beyond a decode node's (loop_cost.py)")
     c.set_defaults(func=_calibrate)
     s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
     s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
@@ -129,7 +145,12 @@ def _trace(args) -> None:
 
 def _validate(args) -> None:
     from bench.simulate.validate import validate
-    validate(args.measured, args.profile, args.contention, args.replay_placement)
+    validate(args.measured, args.profile, args.contention, args.replay_placement, args.jitter, args.speed)
+
+
+def _repeat(args) -> None:
+    from bench.simulate.repeat import repeat
+    repeat(args.measured, args.profile)
 
 
 def _pool(args) -> None:
@@ -147,10 +168,15 @@ def _pool(args) -> None:
 def _calibrate(args) -> None:
     from bench.simulate.calibrate import calibrate
     from pdplan.profile import Profile
+    from bench.simulate.loop_cost import colocated_extra
+    from pdplan.profile import Overheads
     from bench.simulate.trace import admission, front_end
     per_token = front_end(args.front_from)[1] if args.front_from else 0.0
     admit = admission(args.front_from)[1] if args.front_from else 0.0
-    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, per_token, admit)
+    loop = colocated_extra([c for c, _ in args.loop_from], [d for _, d in args.loop_from]) if args.loop_from else (0.0, 0.0, 0.0)
+    traced = Overheads(prompt_token_s=per_token, admit_token_s=admit, colocated_step_s=loop[0], colocated_admit_s=loop[1],
+                       colocated_admit_token_s=loop[2])
+    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, traced)
     profile.save(args.out)
     print(f"wrote {args.out}: {profile.overheads}")
 

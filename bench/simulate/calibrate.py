@@ -11,7 +11,9 @@ the engine-only profile also prices HTTP, tokenizing, control messages and strea
      points' float_cpu (measure.py), or from `float_from` files when the runs predate it; and
      prompt_token_s, the front end's cost per prompt token, from traces (trace.py front_end), so
      that request_s is what is left of it, and admit_token_s, a disaggregated router's per prompt
-     token from its backend to the decode node's reservation (trace.py admission)
+     token from its backend to the decode node's reservation (trace.py admission); and what a
+     colocated server's loop costs its engine beyond a decode node's (loop_cost.py colocated_extra,
+     from traces of both), which the colocated TTFT p50 gap of step 1 then no longer holds
 
 Calibrate on one workload and validate on the others (held out): validate.py reports both.
 """
@@ -28,12 +30,14 @@ TOKEN_S = (0.0, 0.5e-3, 1e-3, 2e-3, 4e-3, 8e-3)
 HANDOFF_S = tuple(i * 5e-3 for i in range(21))
 
 
-def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (), prompt_token_s: float = 0.0,
-              admit_token_s: float = 0.0) -> Profile:
+def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (),
+              traced: Overheads = Overheads()) -> Profile:
+    """traced: the overheads measured from traces (prompt_token_s, admit_token_s, colocated_*), kept
+    as they are; the rest are measured (router_token_s, client_token_s) or fitted here."""
     measured = [json.load(open(p)) for p in paths]
     router_s, client_s = floating_per_token([json.load(open(p)) for p in float_from] or measured)
-    p = replace(profile, overheads=Overheads(router_token_s=router_s, client_token_s=client_s,
-                                             prompt_token_s=prompt_token_s, admit_token_s=admit_token_s))
+    p = replace(profile, overheads=replace(traced, router_token_s=router_s, client_token_s=client_s, request_s=0.0,
+                                           handoff_s=0.0, token_s=0.0))
     p = replace(p, overheads=replace(p.overheads, token_s=_best_token_s(measured, p)))
     rows = _rows(measured, p)
     colocated = [r["TTFT p50"]["measured"] - r["TTFT p50"]["simulated"] for r in rows if r["system"] == "colocated"]

@@ -165,7 +165,7 @@ def front_end(out_dirs: list[str]) -> tuple[float, float]:
     """(seconds, seconds per prompt token): the client's send -> the router's backend has the request
     (HTTP, the body, tokenizing), over the traced requests of `out_dirs` (trace_<workload>_<system>_<rate>_<stamp>,
     whose prompts are regenerated from the workload, seeds as `trace` ran them)."""
-    return _line([(n, r["arrive"] / 1e3) for n, r in _by_prompt(out_dirs)])
+    return thirds_line([(n, r["arrive"] / 1e3) for n, r in _by_prompt(out_dirs)])
 
 
 def admission(out_dirs: list[str]) -> tuple[float, float]:
@@ -173,7 +173,7 @@ def admission(out_dirs: list[str]) -> tuple[float, float]:
     decode node has reserved its blocks (the router's hashing and ranking, DecodeRequest with every
     prompt token to D, D's own hashing and prefix match, its Reserved), over the traced requests
     that found D between steps (the wait for D's step is simulated apart: SimEngine.between_steps)."""
-    return _line([(n, (r["admitted"] - r["arrive"]) / 1e3) for n, r in _by_prompt(out_dirs) if "admitted" in r])
+    return thirds_line([(n, (r["admitted"] - r["arrive"]) / 1e3) for n, r in _by_prompt(out_dirs) if "admitted" in r])
 
 
 def _by_prompt(out_dirs: list[str]) -> list[tuple[int, dict]]:
@@ -198,7 +198,7 @@ def warmup_requests(out_dir: str) -> int:
         return OLD_CLIENT_WARMUP
 
 
-def _line(pts: list[tuple[int, float]]) -> tuple[float, float]:
+def thirds_line(pts: list[tuple[int, float]]) -> tuple[float, float]:
     """Robust to a few requests a busy process took late: the line through the medians of the
     shortest and the longest third of the prompts (a slope below 0 is 0)."""
     pts = sorted(pts)

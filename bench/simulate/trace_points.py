@@ -4,7 +4,10 @@
 $PDSERVE_TRACE_DIR/<pid>.jsonl; nothing in pdserve itself changes.
 
     router   gen_start (request id), yield (tokens, the delta's text length), send / recv (message, rid, node)
-    nodes    recv / send (message, rid), step (start, end, sequences, tokens, prompt chunks)
+    nodes    recv / send (message, rid), step (start, end, sequences, tokens, prompt chunks; its thread's
+             CPU and the process's CPU at its end)
+    colocated  gen_start, the engine thread's turn (its CPU: the step, adding requests, cutting and
+             handing over deltas), work (an HTTP worker thread's call: tokenizing, its CPU)
     client   c_req (send time, TTFT, first gaps), the load generator's own record
 
 Times are time.monotonic() (CLOCK_MONOTONIC: one clock for every process on the machine).
@@ -82,7 +85,7 @@ def _engine(mod) -> None:
         if ship is not None:
             engine.observer._traced_cpu = {}
         return {"seqs": len(shapes), "tokens": sum(n for n, _ in shapes), "shapes": shapes, "chunks": chunks,
-                "out": [o.request_id for o in outputs], "ship_cpu": ship}
+                "out": [o.request_id for o in outputs], "ship_cpu": ship, "proc": time.process_time()}
     _timed(mod.LLMEngine, "step", "step", fields)
 
 
@@ -130,6 +133,37 @@ def _backend(mod) -> None:
             n += 1
             yield out
     cls.on_request_message, cls.generate = traced_on_msg, traced_generate
+
+
+def _colocated(mod) -> None:
+    """The colocated server (router/colocated.py): its requests' start, and each turn of its engine
+    thread (the step, the requests it added, the deltas it cut: all on the engine's core)."""
+    cls = mod.ColocatedBackend
+    generate = cls.generate
+
+    @functools.wraps(generate)
+    async def traced_generate(self, request_id, prompt, params):
+        emit("gen_start", rid=request_id, n=len(prompt))
+        async for out in generate(self, request_id, prompt, params):
+            yield out
+    cls.generate = traced_generate
+    _timed(cls, "_serve_once", "turn", lambda self, out: {"proc": time.process_time()})
+
+
+def _workers(mod) -> None:
+    """The HTTP worker threads' calls (tokenizing a prompt, building a large response): each one's
+    function, start, CPU and, for prompts, their tokens."""
+    cls = mod.Workers
+    call = cls._call
+
+    @functools.wraps(call)
+    def traced_call(self, fn, args, large):
+        t0, c0 = time.monotonic(), time.thread_time()
+        out = call(self, fn, args, large)
+        tokens = sum(len(p) for p in out if isinstance(p, list)) if isinstance(out, list) else 0
+        emit("work", t0=t0, cpu=time.thread_time() - c0, fn=getattr(fn, "__name__", ""), tokens=tokens)
+        return out
+    cls._call = traced_call
 
 
 def _client(mod, loadgen) -> None:
@@ -200,7 +234,8 @@ def _scraper(mod) -> None:
 
 
 PATCHES = {"node_shell.shipper": _shipper, "router.http.metrics": _metrics, "node_shell.router_link": _router_link, "engine.llm_engine": _engine, "engine.scheduler": _scheduler,
-           "router.cluster.control_server": _control_server, "router.cluster.disaggregated": _backend}
+           "router.cluster.control_server": _control_server, "router.cluster.disaggregated": _backend,
+           "router.colocated": _colocated, "router.http.workers": _workers}
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -7,13 +7,14 @@ pinning.py's PINS): on this 2-core machine 1P+2D's decode nodes share core 1, an
 simulation (pdplan/sim_core.py)."""
 from __future__ import annotations
 
-import itertools
 import json
 import os
+from dataclasses import replace
 
 from bench.serving import record as rec
 from bench.simulate.contention import fit_background, measured_wait
 from bench.simulate.pinning import PINS
+from bench.simulate.sensitivity import spread, verdict
 from bench.simulate.trace import OLD_CLIENT_WARMUP
 from pdplan.profile import Profile
 from pdplan.simulation import SLOTargets, Topology, simulate
@@ -28,6 +29,7 @@ TOLERANCE = 0.2
 # and the simulated one draws as many (placement.py's records: 51 DecodeRequests in a run of
 # 2 x 24 requests with 2 warm-up requests)
 LAUNCHER_REQUESTS = 1
+COLOCATED = "colocated-0"       # the colocated server's node name (PINS, the simulated pool)
 FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
 
 
@@ -38,12 +40,18 @@ def topology(system: str, measured: dict, machine_cores: int = 0) -> Topology:
     return TOPOLOGY[system].pinned({node: set(c) for node, c in cores.items()}, machine_cores)
 
 
-def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False) -> list[dict]:
+def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False, jitter: int = 0,
+            speed: bool = False) -> list[dict]:
     """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
     the point's schedstat), also simulated under the machine's load fitted per core (contention.py);
     with `replay`, each request decoded on the node the measured run's router chose (placement.py),
-    where the file records it. A row of a run that recorded placement counts the requests whose
-    simulated decode node is the measured one (`placement`: agreed, recorded)."""
+    where the file records it; with `jitter`, each figure's spread over that many runs with the
+    requests sent a fraction of a ms late and the steps priced 1% higher or lower (sensitivity.py). A row of a run that recorded placement
+    counts the requests whose simulated decode node is the measured one (`placement`: agreed,
+    recorded); `cpu_per_price`: each pinned node's measured CPU time over the time its simulated
+    steps were priced at (how fast its engine ran against the profile, its loop's work included);
+    with `speed`, a colocated point is also simulated with every step priced at that ratio
+    (`at_speed`: each figure's error; it reads the run it predicts, as `contention` does)."""
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
@@ -71,10 +79,18 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],
                    "sim_utilization": sim.utilization, "sim_preemptions": sim.preemptions,
                    "measured_wait_per_run": waits, "background": background,
-                   "placement": placement_agreement(reqs, placed)}
+                   "placement": placement_agreement(reqs, placed), "cpu_per_price": cpu_per_price(point, sim)}
+            spreads = spread(lambda rs, p: simulate(p, rs, topo, slo, ranked_before=before), reqs, profile, FIGURES,
+                             jitter, i) if jitter else {}
+            fast = simulate(replace(profile, step=profile.step.scaled(row["cpu_per_price"][COLOCATED])), reqs, topo, slo) \
+                if speed and COLOCATED in row["cpu_per_price"] else None
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
+                if fast is not None:
+                    row[label]["at_speed"] = getattr(getattr(fast, f"{metric}_ms"), pct) / real - 1
+                if spreads:
+                    row[label]["spread"] = (min(spreads[label][0], pred), max(spreads[label][1], pred))
                 if loaded is not None:
                     pred = getattr(getattr(loaded, f"{metric}_ms"), pct)
                     row[label] |= {"loaded": pred, "loaded_error": (pred - real) / real if real else None}
@@ -89,16 +105,21 @@ def ranked_before(out: dict, point: int) -> int:
         + sum(len(q.get("requests", ())) for q in out["points"][:point])
 
 
+def cpu_per_price(point: dict, sim) -> dict[str, float]:
+    """Pinned node -> its measured CPU time (schedstat, the point's `cpu`) over its simulated busy time."""
+    return {node: round(c["run_s"] / sim.node_times[node][0], 2) for node, c in point.get("cpu", {}).items()
+            if sim.node_times.get(node, (0.0,))[0] > 0}
+
+
 def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None:
-    """(requests simulated on the decode node the router chose, requests it recorded), under the
-    naming of the nodes that agrees best: the nodes are alike, so which one a first coin calls
-    decode-0 is no difference; None when the run recorded none (colocated, or an older file)."""
+    """(requests simulated on the decode node the router chose, requests it recorded), node by node
+    name: the simulated pool names its nodes as `pdserve up` does and draws the router's coin in
+    the router's order (decode_pool.py), so decode-0 is the same node in both; None when the run
+    recorded none (colocated, or an older file)."""
     known = [(r.decode_node, node) for r, node in zip(reqs, placed) if node]
     if not known or len(placed) != len(reqs):
         return None
-    names = sorted({n for pair in known for n in pair})
-    return max(sum(1 for sim, node in known if rename.get(sim) == node)
-               for rename in (dict(zip(names, p)) for p in itertools.permutations(names))), len(known)
+    return sum(1 for sim, node in known if sim == node), len(known)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -110,12 +131,21 @@ def markdown(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * (5 + len(FIGURES))]
     for r in rows:
         cells = [" / ".join([_ms(r[f]["measured"])] + [f"{_ms(r[f][k])} ({r[f][k + '_error'] if k != 'simulated' else r[f]['error']:+.0%})"
-                                                       for k in ("simulated", "loaded") if k in r[f]])
+                                                       for k in ("simulated", "loaded") if k in r[f]]) + _spread(r[f])
                  for f, _, _ in FIGURES]
-        ok = [_ok(r, "error")] + ([_ok(r, "loaded_error")] if "loaded" in r[FIGURES[0][0]] else [])
+        ok = [verdict(r, FIGURES, TOLERANCE) if "spread" in r[FIGURES[0][0]] else _ok(r, "error")] \
+            + ([_ok(r, "loaded_error")] if "loaded" in r[FIGURES[0][0]] else [])
         lines.append(f"| {r['workload']} | {r['system']} | {r['rate']:g} | {r['loadavg']:.1f} | " + " | ".join(cells)
                      + f" | {' / '.join(ok)} |")
     return "\n".join(lines)
+
+
+def _spread(figure: dict) -> str:
+    """' [-31%..-27%]': the error's range over the jittered runs, when there were any."""
+    if "spread" not in figure:
+        return ""
+    lo, hi = ((v - figure["measured"]) / figure["measured"] for v in figure["spread"])
+    return f" [{lo:+.0%}..{hi:+.0%}]"
 
 
 def _ms(v: float) -> str:
@@ -126,19 +156,27 @@ def _ok(row: dict, key: str) -> str:
     return "yes" if all(abs(row[f][key]) <= TOLERANCE for f, _, _ in FIGURES) else "no"
 
 
-def validate(paths: list[str], profile_path: str, contention: bool = False, replay: bool = False) -> str:
+def validate(paths: list[str], profile_path: str, contention: bool = False, replay: bool = False,
+             jitter: int = 0, speed: bool = False) -> str:
     profile = Profile.load(profile_path)
     rows = []
     for path in paths:
         with open(path) as f:
-            rows += predict(json.load(f), profile, contention, replay)
+            rows += predict(json.load(f), profile, contention, replay, jitter, speed)
     table = markdown(rows)
+    table += "\n\nmeasured CPU / simulated busy: " + "; ".join(
+        f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.2f}" for n, v in r["cpu_per_price"].items())
+        for r in rows if r["cpu_per_price"])
+    fast = [r for r in rows if "at_speed" in r[FIGURES[0][0]]]
+    if fast:
+        table += "\n\ncolocated, every step priced at the run's CPU / simulated busy (errors): " + "; ".join(
+            f"{r['workload']} {r['rate']:g}: " + " ".join(f"{r[f]['at_speed']:+.0%}" for f, _, _ in FIGURES) for r in fast)
     agreed = [f"{r['workload']} {r['system']} {r['rate']:g}: {r['placement'][0]}/{r['placement'][1]}"
               for r in rows if r["placement"]]
     if agreed:
         table += "\n\nrequests decoded where the router put them" + (" (replayed)" if replay else "") \
             + ": " + "; ".join(agreed)
     out = rec.write({"bench": "simulate_validation", "profile": profile_path, "measured": paths, "rows": rows,
-                     "replay_placement": replay}, "simulate_validation")
+                     "replay_placement": replay, "jitter_runs": jitter, "at_speed": speed}, "simulate_validation")
     print(table + f"\n\nwrote {out}")
     return os.path.abspath(out)

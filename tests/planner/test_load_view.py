@@ -138,3 +138,23 @@ def test_a_tie_goes_where_the_routers_coin_sends_it_after_the_requests_ranked_be
         req = request(0, tokens(40), 4)
         simulate(profile(), [req], Topology.disaggregated(1, 2), ranked_before=k)
         assert req.decode_node == ("decode-0" if draws[2 * k] < draws[2 * k + 1] else "decode-1")
+
+
+def test_the_coin_is_drawn_in_the_routers_node_order_which_sorts_names_as_text():
+    """Twelve empty nodes (equal cost): the router's registry lists them by id as text (decode-0,
+    decode-1, decode-10, decode-11, decode-2, ...) and draws one coin each in that order; the lowest
+    wins. The simulated router sends the prompt to the same node after each k earlier rankings, and
+    for some k that is not the node drawn in numeric order (decode-10 is not the third)."""
+    names = [f"decode-{i}" for i in range(12)]
+    routers, numeric = [], []
+    for k in range(8):
+        rng = random.Random(0)
+        for _ in range(12 * k):
+            rng.random()
+        draws = [rng.random() for _ in names]
+        routers.append(min(zip(draws, sorted(names)))[1])
+        numeric.append(min(zip(draws, names))[1])
+        req = request(0, tokens(40), 4)
+        simulate(profile(), [req], Topology.disaggregated(1, 12), ranked_before=k)
+        assert req.decode_node == routers[-1]
+    assert routers != numeric

@@ -46,8 +46,23 @@ def test_a_replayed_placement_decides_the_decode_node_and_is_recorded():
     simulate(profile(), reqs, Topology.disaggregated(1, 2))
     assert [r.decode_node for r in reqs] == ["decode-1"] * 4
     assert placement_agreement(reqs, ["decode-1", "decode-0", "", "decode-1"]) == (2, 3)
-    assert placement_agreement(reqs, ["decode-0", "decode-0", "", "decode-1"]) == (2, 3)   # renamed
+    assert placement_agreement(reqs, ["decode-0", "decode-0", "", "decode-1"]) == (1, 3)   # by name, not renamed
     assert placement_agreement(reqs, ["", "", "", ""]) is None
+
+
+def test_placement_agrees_node_by_node_name_with_many_nodes():
+    """Eleven decode nodes, each request simulated on the node the router chose: 11 of 11 agree;
+    two swapped, 9; every name shifted by one, none. By name: a renaming would make any one-to-one
+    mismatch agree (and 11 nodes have 11! namings to try)."""
+    reqs = [request(i, tokens(40), 4) for i in range(11)]
+    for i, r in enumerate(reqs):
+        r.decode_node = f"decode-{i}"
+    placed = [f"decode-{i}" for i in range(11)]
+    assert placement_agreement(reqs, placed) == (11, 11)
+    placed[3], placed[4] = "decode-4", "decode-3"
+    assert placement_agreement(reqs, placed) == (9, 11)
+    shifted = [f"decode-{(i + 1) % 11}" for i in range(11)]
+    assert placement_agreement(reqs, shifted) == (0, 11)
 
 
 def test_the_requests_ranked_before_a_point_count_the_launchers_the_warm_ups_and_earlier_points():

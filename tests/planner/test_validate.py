@@ -1,0 +1,73 @@
+"""bench/simulate/validate.py's diagnostics on a committed measured run (the quiet3 ShareGPT-like
+set, its colocated part): each node's measured CPU over its simulated busy time, the point
+simulated at that speed, and each figure's range under jitter."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import pytest
+
+from bench.simulate.validate import FIGURES, predict, topology
+from pdplan.profile import Profile
+from pdplan.simulation import SLOTargets, simulate
+from pdplan.workload import sim_requests
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MEASURED = os.path.join(HERE, "..", "..", "bench", "validation", "quiet3", "simulate_measured_sharegpt_20261202-004112.json")
+PROFILE = os.path.join(HERE, "..", "..", "bench", "profiles", "cpu_1core_llama58m_quiet3_warm_calibrated.json")
+
+
+def _colocated() -> dict:
+    with open(MEASURED) as f:
+        measured = json.load(f)
+    return measured | {"systems": {"colocated": measured["systems"]["colocated"]}}
+
+
+def test_a_colocated_point_is_also_simulated_at_the_speed_its_engine_ran():
+    """cpu_per_price is the point's schedstat run time over the simulated busy time; at_speed is the
+    error of the same point simulated with every step priced that many times its profile price."""
+    measured, profile = _colocated(), Profile.load(PROFILE)
+    rows = predict(measured, profile, speed=True)
+    assert len(rows) == 2
+    sweep, out = measured["sweep"], measured["systems"]["colocated"]
+    for i, row in enumerate(rows):
+        point = out["points"][i]
+        reqs = sim_requests("sharegpt", sweep["num_requests"], point["rate"], sweep["seed"] + i, 16, 4096,
+                            output_cap=sweep["output_cap"])
+        slo, topo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"]), topology("colocated", out, 2)
+        busy = simulate(profile, reqs, topo, slo).node_times["colocated-0"][0]
+        k = row["cpu_per_price"]["colocated-0"]
+        assert k == pytest.approx(point["cpu"]["colocated-0"]["run_s"] / busy, abs=0.005)
+        fast = simulate(replace(profile, step=profile.step.scaled(k)), reqs, topo, slo)
+        assert row["TPOT p50"]["at_speed"] == pytest.approx(fast.tpot_ms.p50 / point["metrics"]["tpot"]["p50"] - 1)
+
+
+def test_each_figures_jitter_range_holds_the_unjittered_figure():
+    """With jitter, every figure has a (low, high) range over the runs that includes the unjittered
+    simulation's value, and the runs are not all alike at some figure."""
+    rows = predict(_colocated(), Profile.load(PROFILE), jitter=4)
+    widths = []
+    for row in rows:
+        for label, _, _ in FIGURES:
+            lo, hi = row[label]["spread"]
+            assert lo <= row[label]["simulated"] <= hi
+            widths.append(hi - lo)
+    assert max(widths) > 0
+
+
+def test_a_warm_question_is_measured_once_a_system_and_held_against_the_lowest():
+    """The committed quiet3 RAG run: 16 warm questions a point, each with three measured TTFTs (one
+    per system, as the file records them) and three simulated; the summary's figures come from them."""
+    from bench.simulate.repeat import summary, warm_questions
+    path = MEASURED.replace("sharegpt_20261202-004112", "rag_20261202-010216")
+    with open(path) as f:
+        measured = json.load(f)
+    points = warm_questions(measured, Profile.load(PROFILE))
+    assert [len(p["questions"]) for p in points] == [16, 16]
+    q = points[0]["questions"][0]
+    i = next(j for j, r in enumerate(measured["systems"]["colocated"]["points"][0]["requests"]) if r["kind"] == "rag")
+    assert q["measured"] == [measured["systems"][s]["points"][0]["requests"][i]["ttft_ms"] for s in ("colocated", "1p1d", "1p2d")]
+    assert len(q["simulated"]) == 3 and min(q["simulated"]) > 0
+    assert summary(points[0]).startswith("rag 0.15: 16 warm questions")
