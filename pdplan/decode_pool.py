@@ -148,5 +148,6 @@ class DecodePool:
 
 
 def _cost(node: DecodeNode, blocks: int, usable: tuple[int, ...]) -> int:
-    """routing_cost.py cost(D): uncached(D) + queued(D) + used(D) (decode_load_weight 1)."""
-    return blocks - node.engine.pool.hits(usable) + node.view.queued_blocks + node.view.used_blocks
+    """routing_cost.py cost(D): uncached(D) + queued(D) + used(D) + uncached(D) (decode_load_weight 1)."""
+    uncached = blocks - node.engine.pool.hits(usable)
+    return uncached + node.view.queued_blocks + node.view.used_blocks + uncached

@@ -7,9 +7,12 @@ prefix cache already holds and its load; then where the prompt's uncached tail i
     queued(D)    = uncached blocks of the prompts booked to be prefilled on D itself (local
                    prefills) that D's last heartbeat does not show (registry.py): work queued ahead
                    of this prompt there, which a heartbeat shows only as sequences
-    cost(D)      = uncached(D) + queued(D)                     used: blocks in use by D's last
-                   + decode_load_weight * used(D)              heartbeat and the bookings since
-                                                               (each: uncached(D), admission.py)
+    used(D)      = blocks in use by D's last heartbeat and the bookings since (admission.py)
+    cost(D)      = uncached(D) + queued(D)                     prefill work: this prompt's and
+                                                               the prompts queued ahead of it
+                   + decode_load_weight * (used(D) + uncached(D))   D's blocks in use once it
+                                                               holds this prompt: the blocks it
+                                                               adds are the ones it lacks
     rank         = (has waiting requests, cost, coin)          admission takes the first with room
     load guard   when the busiest node runs more than `balance` = (abs, rel) sequences above the
                  idlest, and more than rel x as many (running + waiting + booked since its last
@@ -23,7 +26,10 @@ prefix cache already holds and its load; then where the prompt's uncached tail i
 
 Dynamo scores workers the same way (`prefill_load_scale * max(active_prefill + prompt_blocks -
 overlap, 0) + decode_blocks`, active_prefill: the uncached tokens of the prompts a worker has yet
-to prefill, queued(D) here) and prefills locally when the uncached part is short ("conditional
+to prefill, queued(D) here; decode_blocks: the worker's active blocks with the request's new ones,
+its "potential" blocks). Counting the blocks the prompt adds matters where a node holds a document
+that running requests use: its used(D) counts the document, and without the blocks another node
+would add, that node (lacking it) looked as cheap as the holder after one question and prefills locally when the uncached part is short ("conditional
 disaggregation"); llm-d picks the decode node first and sends work to a prefill node only past a
 threshold of uncached tokens. A local prefill skips the prefill hop (a round trip, a transfer
 setup, a queue on P) and ships nothing.
@@ -68,7 +74,8 @@ class RoutingCost:
     def _key(self, node: Node, usable: Sequence[BlockHash], prompt_blocks: int) -> tuple:
         uncached = prompt_blocks - self._index.matched_blocks(node.node_id, usable)
         queued = node.unreported_prefill_blocks
-        return node.load.num_waiting > 0, uncached + queued + self._weight * self.used_blocks(node), self._rng.random()
+        load = self._weight * (self.used_blocks(node) + uncached)
+        return node.load.num_waiting > 0, uncached + queued + load, self._rng.random()
 
     def used_blocks(self, node: Node) -> int:
         return self._decode.num_blocks(node) - self._decode.free_blocks(node)

@@ -120,19 +120,19 @@ def test_the_simulated_decode_choice_has_the_routers_load_guard(monkeypatch):
     assert (chosen(False), chosen(True)) == ("decode-0", "decode-1")
 
 
-def test_a_burst_on_one_idle_document_leaves_the_node_holding_it_once():
+def test_a_burst_on_one_idle_document_stays_on_the_node_holding_it():
     """The router books a request on its decode node with the blocks the node takes, as its reply
-    says (router/cluster/admission.py _taken): 10 requests on one 200-block document cached on one
-    node, which no request uses there, arrive within 10 ms. The first goes to the holder (1 block
-    uncached against 201) and takes the document's 200 idle blocks too (201 in use); so the second
-    goes to the other node (1 + 1 queued + 201 in use against 201 uncached), which then has 201 in
-    use as well; the other 8 stay on the holder (1 + k + 201 + k against 201 + 201): 9 of 10."""
+    says (router/cluster/admission.py _taken), and prices a node with the blocks the request would
+    add there (routing_cost.py): 10 requests on one 200-block document cached on one node, which no
+    request uses there, arrive within 10 ms. The first goes to the holder and takes the document's
+    200 idle blocks too (201 in use); the rest stay there (1 + k queued + 201 + k in use + 1 added,
+    against 201 uncached + 201 added on the other node): 10 of 10."""
     doc = tokens(3200)
     reqs = [request(0, doc + tokens(8, 9_000), 2)]                  # puts the document on one decode node
     reqs += [request(i, doc + tokens(8, 10_000 + 8 * i), 40, at=10 + 0.001 * i) for i in range(1, 11)]
     simulate(profile(num_blocks=4096, max_seqs=64), reqs, Topology.disaggregated(1, 2))
     holder = reqs[0].decode_node
-    assert [r.decode_node == holder for r in reqs[1:]] == [True, False] + [True] * 8
+    assert [r.decode_node == holder for r in reqs[1:]] == [True] * 10
 
 
 def test_calibrate_takes_the_unpinned_cpu_per_token_from_measured_points():

@@ -147,12 +147,35 @@ def test_a_burst_on_a_document_one_decode_node_holds_stays_on_it():
     run(test)
 
 
+def test_questions_on_a_document_one_node_holds_idle_stay_there_once_it_is_in_use():
+    """d1 holds the document, idle (no request uses it); the first question takes it into use
+    (d1's Reserved: 9 blocks taken). The next questions still go to d1: its cost counts the
+    document as in use (1 uncached + 9 used + the 1 block it adds, then 1 more a question), d2's
+    the 9 blocks it would compute and the 9 it would add (18). Without the blocks a node adds,
+    d2 (9) undercut d1 (1 + 9) and received a question whose whole document it had to compute."""
+    async def test():
+        async with Cluster() as c:
+            await c.node("prefill-0", "prefill")
+            d1, d2 = await c.node("decode-1", "decode"), await c.node("decode-2", "decode")
+            await publish_kv(c, d1, chain_hashes(DOC, BLOCK))
+            outs = []
+            for i, q in enumerate(_questions()[:4]):
+                outs.append(c.generate(f"r{i}", prompt=q, max_tokens=3))
+                req = await d1.expect(DecodeRequest)
+                d1.send(Reserved(req.rid, f"x{i}", tuple(range(9 * i, 9 * i + 9)), 8, 9 if i == 0 else 1))
+                await until(lambda: c.backend.server.registry.get("decode-1").pending_requests == 0)
+            await d2.assert_silent()
+            for out in outs:
+                out.task.cancel()
+    run(test)
+
+
 def test_a_burst_on_a_document_both_decode_nodes_hold_spreads_by_their_queued_prefills():
     """Both nodes hold the document; d2 reports 3 blocks in use, d1 none. 4 questions of 6 tokens
     (10 blocks, 2 past the 8 held: each prefilled on its decode node) arrive before either node
     answers: each booking adds 2 blocks in use and 2 of queued prefill on its node, so d1 costs
-    2 + 4k, d2 5 + 4j, and they go d1, d2, d1, d2 (without the queued prefill, 2 + 2k against
-    5 + 2j: d1, d1, d2, d1); once they end, no prefill work stays booked on either."""
+    4 + 4k, d2 7 + 4j (2 uncached, the 2 blocks the node adds, its queued and used), and they go
+    d1, d2, d1, d2 (without the queued prefill, 4 + 2k against 7 + 2j: d1, d1, d2, d1); once they end, no prefill work stays booked on either."""
     async def test():
         async with Cluster(dataclasses.replace(CONFIG, local_prefill_tokens=8)) as c:
             await c.node("prefill-0", "prefill")
