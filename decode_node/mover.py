@@ -45,13 +45,12 @@ from typing import Callable
 from engine.block_manager import PinHandle
 from engine.llm_engine import LLMEngine
 from kvtransport.base import KVSender, TransportError
-from node_shell.shipper import BlockShipper, Shipment
+from node_shell.shipper import SEND_TIMEOUT_S, BlockShipper, Shipment
 from pdwire.control import Paused, RequestFailed, ShipRequest
 from pdwire.handshake import HandshakeError
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 3.0     # pairing with the receiving decode node, on this node's loop
-SEND_TIMEOUT_S = 2.0        # a send into a receiving node whose queue is full (its high-water mark)
 # A whole ship's hold of the loop. The node cannot know the router's --heartbeat-timeout-s (default
 # 10 s): a heartbeat goes out before each ship, and after the ship the loop runs an engine step before
 # its next poll beats, so the router's timeout must exceed this plus the longest step; 7 s leaves 3 s

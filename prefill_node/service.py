@@ -27,7 +27,7 @@ from pdwire.schema import ProtocolError
 from node_shell.config import NodeConfig
 from node_shell.service import NodeService
 from kvtransport.factory import make_sender
-from node_shell.shipper import BlockShipper, Shipment
+from node_shell.shipper import SEND_TIMEOUT_S, BlockShipper, Shipment
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,9 @@ class PrefillService(NodeService):
         super().__init__(config, observer=self.shipper)
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
-        self.sender = make_sender(self.config.kv_transport, identity, secret,
+        self.sender = make_sender(self.config.kv_transport, identity, secret,   # sends on the loop: bounded
                                   device=str(self.engine.runner.kv_cache.device), p2p_host=self.config.p2p_host,
-                                  max_batch_bytes=self.config.kv_batch_bytes)
+                                  max_batch_bytes=self.config.kv_batch_bytes, send_timeout=SEND_TIMEOUT_S)
         self.shipper.bind(self.engine, self.sender)
 
     @property
