@@ -30,7 +30,8 @@ so a peer that drains slowly fails the move (retryably: the router re-prefills t
 before the router would take this node out; any failure on the way (TransportError, a RuntimeError
 from the tp > 1 gather, a ValueError) fails the move, never the node. Over ZeroMQ a slice is one
 message; the gather's own time is not reserved, only checked after it;
-torch_dist's pairing also builds a process group, bounded by the transport's peer timeout. Why not
+torch_dist's pairing also joins a process group within CONNECT_TIMEOUT_S (its TCPStore connect may
+overrun that by a retry delay: kvtransport.torch_dist.MAX_JOIN_S), checked after it too. Why not
 a slice per engine step instead, the loop serving between them: the ship would outlive
 ShipRequest's handling (its failure reported from tick, a hold in flight across AbortRequest and
 the lease), more state than the bound needs.
