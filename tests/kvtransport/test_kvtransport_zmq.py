@@ -249,7 +249,9 @@ def test_dead_receiver_fails_open_transfers_on_sender():
 
 
 def test_backpressure_raises_when_receiver_stops_draining():
-    """With the queues full (high-water marks), send_block raises TransportError, not hangs."""
+    """With the queues full (high-water marks), send_block raises TransportError, not hangs; the
+    receiver is lost with it: its other transfer fails (PEER_DEAD) without a send into the full
+    queue (the caller is not held for the send timeout again), and no Commit or Abort goes there."""
     geom = dict(GEOM, num_blocks=64, block_size=256)                      # 256 KiB blocks
     src, dst = make_pool(seed=1, **geom), make_pool(seed=None, **geom)
     recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=2)
@@ -258,9 +260,17 @@ def test_backpressure_raises_when_receiver_stops_draining():
         _connect(send, recv)
         recv.register(Reservation("x1", tuple(range(64))))
         send.begin("x1", recv.endpoint)
+        send.begin("x2", recv.endpoint)
         with pytest.raises(TransportError, match="not draining"):
             for i in range(64):                                          # nobody polls recv
                 send.send_block("x1", i, i, src, i)
+        sent = send.metrics.blocks_sent
+        send.send_block("x2", 0, 0, src, 0)
+        send.commit("x2", 7, 1)
+        send.abort("x1")
+        assert (send.metrics.blocks_sent, send.metrics.commits_sent, send.metrics.aborts_sent) == (sent, 0, 0)
+        assert sorted((e.xfer_id, e.reason) for e in send.poll(0.0)) == [("x1", FailReason.PEER_DEAD),
+                                                                          ("x2", FailReason.PEER_DEAD)]
     finally:
         send.close()
         recv.close()
