@@ -11,7 +11,8 @@
             blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel,
             within this sender's max_batch_bytes and the receiver's (its HelloAck); a layer group's
             slices of blocks (send_layers) go as LayerBatch messages the same way, to receivers
-            whose HelloAck says they take them
+            whose HelloAck says they take them; a send that times out (a receiver that stopped
+            draining) loses that receiver: its transfers fail, none waits on its queue again
   poll      broken channels lose their link; replies go to the core; due heartbeats leave;
             connections of lost links are closed
 
