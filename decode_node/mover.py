@@ -30,7 +30,8 @@ so a peer that drains slowly fails the move (retryably: the router re-prefills t
 before the router would take this node out; any failure on the way (TransportError, a RuntimeError
 from the tp > 1 gather, a ValueError) fails the move, never the node. Over ZeroMQ a slice is one
 message; the gather's own time is not reserved, only checked after it;
-torch_dist's pairing also builds a process group, bounded by the transport's peer timeout. Why not
+torch_dist's pairing also joins a process group within CONNECT_TIMEOUT_S (its TCPStore connect may
+overrun that by a retry delay: kvtransport.torch_dist.MAX_JOIN_S), checked after it too. Why not
 a slice per engine step instead, the loop serving between them: the ship would outlive
 ShipRequest's handling (its failure reported from tick, a hold in flight across AbortRequest and
 the lease), more state than the bound needs.
@@ -45,13 +46,12 @@ from typing import Callable
 from engine.block_manager import PinHandle
 from engine.llm_engine import LLMEngine
 from kvtransport.base import KVSender, TransportError
-from node_shell.shipper import BlockShipper, Shipment
+from node_shell.shipper import SEND_TIMEOUT_S, BlockShipper, Shipment
 from pdwire.control import Paused, RequestFailed, ShipRequest
 from pdwire.handshake import HandshakeError
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 3.0     # pairing with the receiving decode node, on this node's loop
-SEND_TIMEOUT_S = 2.0        # a send into a receiving node whose queue is full (its high-water mark)
 # A whole ship's hold of the loop. The node cannot know the router's --heartbeat-timeout-s (default
 # 10 s): a heartbeat goes out before each ship, and after the ship the loop runs an engine step before
 # its next poll beats, so the router's timeout must exceed this plus the longest step; 7 s leaves 3 s

@@ -38,7 +38,8 @@ import secrets
 from decode_node.streamer import Streamer
 from pdwire.outputs import RequestOutput
 from pdwire.control import AbortRequest, DecodeRequest, Paused, PauseRequest, RequestFailed, ShipRequest
-from decode_node.mover import SEND_TIMEOUT_S, KVMover
+from decode_node.mover import KVMover
+from node_shell.shipper import SEND_TIMEOUT_S
 from kvtransport.events import TransferCommitted, TransferFailed
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import Busy, Reserved, batch_blocks

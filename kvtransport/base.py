@@ -78,8 +78,9 @@ class KVSender(ABC):
 
         Does not copy on CPU: the source block must stay unchanged until is_sent(xfer_id).
         Blocks only while the transport's high-water mark is reached, then raises
-        TransportError after the send timeout. A no-op if xfer_id already failed (its
-        TransferFailed event was or will be returned by poll); KeyError if never begun.
+        TransportError after the send timeout: that receiver is lost, its open transfers fail
+        (poll returns them). A no-op if xfer_id already failed (its TransferFailed event was or
+        will be returned by poll); KeyError if never begun.
         """
 
     def send_blocks(self, xfer_id: str, indices: list[int], dst_block_ids: list[int],
@@ -102,11 +103,13 @@ class KVSender(ABC):
 
     @abstractmethod
     def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
-        """Send the Commit after the last block; the transfer is closed on this side."""
+        """Send the Commit after the last block; the transfer is closed on this side. A no-op if
+        xfer_id failed; TransportError as send_block's, if the receiver's queue is full."""
 
     @abstractmethod
     def abort(self, xfer_id: str, reason: str = "") -> None:
-        """Tell the receiver to fail xfer_id; closed on this side. No-op if not open."""
+        """Tell the receiver to fail xfer_id; closed on this side. No-op if not open;
+        TransportError as send_block's, if the receiver's queue is full."""
 
     @abstractmethod
     def is_sent(self, xfer_id: str) -> bool:

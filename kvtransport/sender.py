@@ -11,7 +11,8 @@
             blocks ready together go up to batch_blocks() to a BlockBatch on a batching channel,
             within this sender's max_batch_bytes and the receiver's (its HelloAck); a layer group's
             slices of blocks (send_layers) go as LayerBatch messages the same way, to receivers
-            whose HelloAck says they take them
+            whose HelloAck says they take them; a send that times out (a receiver that stopped
+            draining) loses that receiver: its transfers fail, none waits on its queue again
   poll      broken channels lose their link; replies go to the core; due heartbeats leave;
             connections of lost links are closed
 
@@ -127,9 +128,9 @@ class Sender(KVSender):
             header, payloads = make(k, min(n, k + step))
             frames = self._core.pack(endpoint, header, *payloads)
             if k + step >= n:    # a link releases its messages in order: one tracker covers all
-                self._pending[xfer_id].append(self._link.send_tracked(endpoint, frames))
+                self._pending[xfer_id].append(self._send(endpoint, frames, tracked=True))
             else:
-                self._link.send(endpoint, frames)
+                self._send(endpoint, frames)
             if type(header) is BlockBatch or header.first_layer == 0:   # a sliced block counts once
                 self.metrics.blocks_sent += len(header.indices)
             self.metrics.bytes_sent += header.nbytes * len(header.indices)
@@ -144,12 +145,12 @@ class Sender(KVSender):
     def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
         endpoint = self._core.endpoint_of(xfer_id)
         if endpoint is not None:
-            self._link.send(endpoint, self._core.commit_frames(xfer_id, first_token, num_tokens))
+            self._send(endpoint, self._core.commit_frames(xfer_id, first_token, num_tokens))
 
     def abort(self, xfer_id: str, reason: str = "") -> None:
         if self._core.is_open(xfer_id):
             endpoint = self._core.endpoint_of(xfer_id)
-            self._link.send(endpoint, self._core.abort_frames(xfer_id, reason))
+            self._send(endpoint, self._core.abort_frames(xfer_id, reason))
 
     def is_sent(self, xfer_id: str) -> bool:
         pending = [d for d in self._pending.get(xfer_id, ()) if not d.done]
@@ -226,9 +227,21 @@ class Sender(KVSender):
     def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int) -> Completion:
         payload = self._channel.inline(kv_cache, src)
         if payload is not None:
-            return self._link.send_tracked(endpoint, self._core.pack(endpoint, header, payload))
-        self._link.send(endpoint, self._core.pack(endpoint, header))
+            return self._send(endpoint, self._core.pack(endpoint, header, payload), tracked=True)
+        self._send(endpoint, self._core.pack(endpoint, header))
         return self._channel.send(endpoint, kv_cache, src)
+
+    def _send(self, endpoint: str, frames: list, tracked: bool = False) -> Completion | None:
+        """frames to the paired endpoint (tracked: the Completion of their release). A send that
+        times out (the receiver stopped draining) raises TransportError and loses endpoint: its
+        other transfers fail at once (PEER_DEAD) instead of each holding the caller for the send
+        timeout again, and their Aborts are not sent into the full queue."""
+        try:
+            return self._link.send_tracked(endpoint, frames) if tracked else self._link.send(endpoint, frames)
+        except TransportError as err:
+            if self._core.is_connected(endpoint):
+                self._core.lost(endpoint, FailReason.PEER_DEAD, str(err))
+            raise
 
     def _close(self, endpoint: str, linger: float = 0.0) -> None:
         self._remotes.pop(endpoint, None)

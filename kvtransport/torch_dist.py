@@ -5,7 +5,8 @@ CUDA pools and gloo for CPU pools, so one decode node can pair with many prefill
 
   1. P -> D  Hello over ZMQ            D checks the layout, answers HelloAck
   2. D -> P  P2PJoin(group, store)     D hosts a TCPStore (listening on loopback unless
-                                       p2p_host is given); both build the pair's group on it
+                                       p2p_host is given); both build the pair's group on it,
+                                       D on a thread (_PairJoin) while its loop goes on
   3. P -> D  BlockFrame header (ZMQ), then the block as a tensor send (group)
      D       checks the header against the reservation, then recv()s straight into the
              reserved block; a checked-and-dropped header still has its payload drained
@@ -52,6 +53,7 @@ _RECV_RANK, _SEND_RANK = 0, 1
 # the first send, bounded by the store's timeout, not by this.)
 MAX_JOIN_S = 3.0
 _CLOSE_WAIT_S = 0.5     # a dropped pair's send thread: once its sends are done it ends at once
+MAX_PENDING_JOINS = 64  # a decode node's group joins under way at once (each ends by its timeout)
 
 
 def _left(deadline: float) -> datetime.timedelta:
@@ -127,6 +129,56 @@ class _SendWaiter:
         _close_group(self.pg)
 
 
+class _PairJoin:
+    """The receive side's join of one pair's group on a thread of its own: gloo's rendezvous
+    waits for the peer to join (up to the timeout), and the decode node's loop must go on
+    meanwhile. The thread talks to the node's TCPStore over a connection of its own: a TCPStore
+    client runs one operation at a time, so a join hanging on a shared one would hold up the rest."""
+
+    def __init__(self, host: str, port: int, group: str, device: torch.device, timeout: float) -> None:
+        self.deadline = time.monotonic() + timeout
+        self._lock = threading.Lock()
+        self._pg: dist.ProcessGroup | None = None
+        self._error: str | None = None
+        self._dropped = False
+        self._thread = threading.Thread(target=self._run, args=(host, port, group, device, timeout),
+                                        name="kvtransport-pair-join", daemon=True)
+        self._thread.start()
+
+    def _run(self, host: str, port: int, group: str, device: torch.device, timeout: float) -> None:
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=_left(self.deadline))
+            pg = make_pair_group(store, group, _RECV_RANK, device, host, timeout,
+                                 _left(self.deadline).total_seconds())
+        except Exception as e:   # gloo raises RuntimeError subclasses of many kinds
+            self._error = str(e)[:200]
+            return
+        with self._lock:
+            if not self._dropped:
+                self._pg = pg
+                return
+        _close_group(pg)
+
+    def pending(self) -> bool:
+        return self._thread.is_alive()
+
+    def group(self) -> dist.ProcessGroup:
+        """The joined group, waiting for the join at most until its deadline (the peer sends its
+        first header once its own join is done, and D's ends with it); TransportError if it failed."""
+        self._thread.join(max(0.0, self.deadline - time.monotonic()))
+        if self._pg is None:
+            raise TransportError(f"the pair's group join failed: {self._error or 'timed out'}")
+        return self._pg
+
+    def drop(self) -> None:
+        """Close the group, now if joined, else once the join ends (a rendezvous cannot be cut short)."""
+        with self._lock:
+            self._dropped = True
+            pg, self._pg = self._pg, None
+        if pg is not None:
+            _close_group(pg)
+
+
 class _DistSink(PayloadSink):
     """Receives payloads over each pair's process group: straight into the pool, or, for a pool
     holding some of the heads (tensor parallelism), into one block of scratch that
@@ -142,36 +194,42 @@ class _DistSink(PayloadSink):
         self._store = dist.TCPStore(host, self.store_port, is_master=True, wait_for_workers=False,
                                     master_listen_fd=sock.detach(),
                                     timeout=datetime.timedelta(seconds=timeout))
-        self._groups: dict[str, dist.ProcessGroup] = {}
+        self._groups: dict[str, _PairJoin] = {}
+        self._pairings = 0      # a fresh group name per pairing: no rendezvous reads an older one's keys
         self._scratch = torch.empty(layout.block_nbytes, dtype=torch.uint8, device=kv_cache.device)
         self._scratch_block = self._scratch.view(TORCH_DTYPES[layout.kv_dtype]).view(layout.block_shape)[None]
 
     def paired(self, peer: str, identity: PeerIdentity, reply: Callable[[Message], None]) -> None:
+        """Sends peer its P2PJoin and starts joining the group; returns at once."""
         self.forget(peer)
-        group = f"{identity.node_id}/{identity.epoch}"
+        if sum(j.pending() for j in self._groups.values()) >= MAX_PENDING_JOINS:
+            raise TransportError(f"{MAX_PENDING_JOINS} group joins already under way")
+        self._pairings += 1
+        group = f"{identity.epoch}/{self._pairings}"
         reply(P2PJoin(group, self._host, self.store_port))
-        self._groups[peer] = make_pair_group(self._store, group, _RECV_RANK, self._kv_cache.device,
-                                             self._host, self._timeout)
+        self._groups[peer] = _PairJoin(self._host, self.store_port, group, self._kv_cache.device,
+                                       self._timeout)
 
     def forget(self, peer: str) -> None:
-        pg = self._groups.pop(peer, None)
-        if pg is not None:
-            _close_group(pg)
+        join = self._groups.pop(peer, None)
+        if join is not None:
+            join.drop()
 
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
+        pg = self._groups[peer].group()
         if self._write_blocks is None:
-            self._groups[peer].recv([block_view(self._kv_cache, dst)], _SEND_RANK, 0).wait()
+            pg.recv([block_view(self._kv_cache, dst)], _SEND_RANK, 0).wait()
             return
-        self._groups[peer].recv([self._scratch], _SEND_RANK, 0).wait()
+        pg.recv([self._scratch], _SEND_RANK, 0).wait()
         self._write_blocks([dst], self._scratch_block)      # copies before it returns
 
     def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
-        pg = self._groups.get(peer)
-        if pg is None:
+        join = self._groups.get(peer)
+        if join is None:
             return True
         if frame.nbytes != self._scratch.numel():
             return False
-        pg.recv([self._scratch], _SEND_RANK, 0).wait()
+        join.group().recv([self._scratch], _SEND_RANK, 0).wait()
         return True
 
     def unreadable(self, peer: str) -> bool:

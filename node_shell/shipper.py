@@ -36,6 +36,12 @@ from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence, SequenceGroup
 from kvtransport.base import KVSender, TransportError
 
+# A send into a receiver whose queue is full (it stopped draining) holds the node's loop until the
+# sender gives up, after this (a TransportError: that transfer fails). Every node that ships passes
+# it to its sender: the router's heartbeat timeout (default 10 s) must exceed a stall by it plus
+# the longest engine step (see decode_node/mover.py's MAX_LOOP_STALL_S for a KV move's sends).
+SEND_TIMEOUT_S = 2.0
+
 
 @dataclass(slots=True)
 class Shipment:

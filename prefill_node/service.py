@@ -22,12 +22,13 @@ from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire.control import AbortRequest, FirstToken, PrefillRequest, RequestFailed
 from pdwire.handshake import HandshakeError, PeerIdentity
+from kvtransport.base import TransportError
 from kvtransport.metrics import SenderMetrics
 from pdwire.schema import ProtocolError
 from node_shell.config import NodeConfig
 from node_shell.service import NodeService
 from kvtransport.factory import make_sender
-from node_shell.shipper import BlockShipper, Shipment
+from node_shell.shipper import SEND_TIMEOUT_S, BlockShipper, Shipment
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,9 @@ class PrefillService(NodeService):
         super().__init__(config, observer=self.shipper)
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
-        self.sender = make_sender(self.config.kv_transport, identity, secret,
+        self.sender = make_sender(self.config.kv_transport, identity, secret,   # sends on the loop: bounded
                                   device=str(self.engine.runner.kv_cache.device), p2p_host=self.config.p2p_host,
-                                  max_batch_bytes=self.config.kv_batch_bytes)
+                                  max_batch_bytes=self.config.kv_batch_bytes, send_timeout=SEND_TIMEOUT_S)
         self.shipper.bind(self.engine, self.sender)
 
     @property
@@ -59,15 +60,22 @@ class PrefillService(NodeService):
             elif isinstance(msg, AbortRequest):
                 self._abort(msg.rid, "aborted by the router", notify=False)
         self._pair()
+        self._fail_lost_transfers()
+        self.shipper.release_sent()
+
+    def _fail_lost_transfers(self) -> None:
+        """Fail the requests whose transfers the sender lost (once: not those closed, already
+        failed or committed)."""
         for failed in self.sender.poll(0.0):
-            rid = next((r for r, s in self.shipper.shipments.items() if s.xfer_id == failed.xfer_id), None)
+            rid = next((r for r, s in self.shipper.shipments.items()
+                        if s.xfer_id == failed.xfer_id and not s.closed), None)
             if rid is not None:
                 self._abort(rid, f"transfer failed: {failed.reason.value} {failed.detail}", notify=True)
-        self.shipper.release_sent()
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
         for rid, why in self.shipper.take_failed().items():     # a send failed inside the step
             self._abort(rid, why, notify=True)
+        self._fail_lost_transfers()         # e.g. with that send's receiver: before their first tokens
         for out in outputs:
             shipment = self.shipper.shipments.get(out.request_id)
             if not out.finished or shipment is None or shipment.closed:
@@ -85,7 +93,7 @@ class PrefillService(NodeService):
             except ProtocolError as err:    # (not retryable: no node could send them)
                 self._abort(out.request_id, f"cannot send the first token: {err}", notify=True, retryable=False)
                 continue
-            self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
+            self._send_or_lose(lambda: self.sender.commit(shipment.xfer_id, token, shipment.prompt_len))
             self.shipper.close(out.request_id)
             self._params.pop(out.request_id, None)
 
@@ -149,8 +157,18 @@ class PrefillService(NodeService):
         self.engine.abort_request(rid)
         shipment = self.shipper.close(rid)
         if shipment is not None:
-            self.sender.abort(shipment.xfer_id, reason[:200])
+            self._send_or_lose(lambda: self.sender.abort(shipment.xfer_id, reason[:200]))
         self._params.pop(rid, None)
+
+    @staticmethod
+    def _send_or_lose(send) -> None:
+        """A Commit or an Abort; one into a decode node that stopped draining times out (the sender
+        loses it, failing its other transfers): that node fails the transfer itself, when this
+        node's silence or the lease runs out."""
+        try:
+            send()
+        except TransportError as err:
+            log.warning("%s", err)
 
     def _finish_reason(self, rid: str, local: str | None) -> str:
         """The request's own finish reason if its first token already ends it, else ""."""

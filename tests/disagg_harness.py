@@ -30,6 +30,9 @@ CONFIG = RouterConfig(heartbeat_timeout_s=5.0, admission_timeout_s=5.0, local_pr
 # 2-core CI machine does not lose the live nodes too (0.5 s did, now and then)
 LOSSY = RouterConfig(heartbeat_timeout_s=1.0, admission_timeout_s=5.0, local_prefill_tokens=0)
 BEAT_S = 0.05
+# Waits for a message or a state only bound a hang: a starved 2-core CI machine may take many times
+# what it takes here.
+HANG_S = 30.0
 END = object()
 
 
@@ -73,7 +76,7 @@ class ScriptedNode:
     def send(self, msg) -> None:
         self.sock.send_multipart(self.end.seal(msg))
 
-    async def expect(self, cls: type, timeout: float = 5.0):
+    async def expect(self, cls: type, timeout: float = HANG_S):
         msg = await asyncio.wait_for(self.inbox.get(), timeout)
         assert isinstance(msg, cls), f"{self.node_id} expected {cls.__name__}, got {msg!r}"
         return msg
@@ -127,7 +130,7 @@ class Consumer:
         except Exception as err:    # noqa: BLE001 -- the test asserts on it
             self.items.put_nowait(err)
 
-    async def next(self, timeout: float = 5.0):
+    async def next(self, timeout: float = HANG_S):
         return await asyncio.wait_for(self.items.get(), timeout)
 
 
@@ -187,20 +190,20 @@ class Cluster:
 
 
 def run(test, loop: str = "asyncio"):
-    """Runs the test on a fresh loop (20 s at most); fails it if anything reached the loop's
+    """Runs the test on a fresh loop (120 s at most: a hang); fails it if anything reached the loop's
     exception handler (e.g. a task's exception nobody retrieved)."""
     unhandled: list[dict] = []
 
     async def bounded():
         asyncio.get_running_loop().set_exception_handler(lambda _, context: unhandled.append(context))
-        return await asyncio.wait_for(test(), 20)
+        return await asyncio.wait_for(test(), 120)
     result = uvloop.run(bounded()) if loop == "uvloop" else asyncio.run(bounded())
     gc.collect()        # a task in a reference cycle reports its exception when collected
     assert not unhandled, f"unhandled on the loop: {[c.get('exception') or c['message'] for c in unhandled]}"
     return result
 
 
-async def until(ok, timeout: float = 5.0) -> None:
+async def until(ok, timeout: float = HANG_S) -> None:
     async def poll():
         while not ok():
             await asyncio.sleep(0.005)
@@ -216,7 +219,7 @@ async def publish_kv(c: Cluster, node: ScriptedNode, hashes, epoch: str | None =
     await until(lambda: c.backend.kv_index.size(node.node_id) == len(hashes) or dropped() > before)
 
 
-async def first_of(nodes: list[ScriptedNode], cls: type, timeout: float = 5.0):
+async def first_of(nodes: list[ScriptedNode], cls: type, timeout: float = HANG_S):
     """(node, message) from whichever node gets a message first; asserts its type."""
     got: list = []
 

@@ -26,6 +26,9 @@ from prefill_node.service import PrefillService
 from tests.control_peer import RouterEnd
 
 _SECRET_DIR = tempfile.mkdtemp(prefix="pdserve-test-")
+# Only bounds a hang (a node that never answers): waits are for events, and a starved 2-core CI
+# machine may take minutes for what takes seconds here. Under pytest's own 600 s per test.
+HANG_S = 300.0
 
 
 def secret_file() -> str:
@@ -78,7 +81,7 @@ class NodeHarness:
     def send(self, node_id: str, msg) -> None:
         self.sock.send_multipart(self.end.seal(node_id, msg))
 
-    def pump(self, until, timeout: float = 60.0) -> None:
+    def pump(self, until, timeout: float = HANG_S) -> None:
         deadline = time.monotonic() + timeout
         while not until():
             assert time.monotonic() < deadline, "timed out waiting for the nodes"
@@ -132,20 +135,20 @@ class NodeHarness:
         self.pending[rid] = DecodeRequest(rid, tuple(prompt), params, "prefill-0", prior_outputs, local)
         self.send("decode-0", self.pending[rid])
 
-    def wait(self, rids: list[str], timeout: float = 120.0) -> list[Result]:
+    def wait(self, rids: list[str], timeout: float = HANG_S) -> list[Result]:
         self.pump(lambda: all(self.results[r].finish or self.results[r].failed for r in rids), timeout)
         return [self.results[r] for r in rids]
 
     def idle(self) -> None:
         """Wait until both nodes are idle and every pinned block is released."""
         self.pump(lambda: not self.prefill.busy() and not self.decode.busy()
-                  and not self.decode.engine.has_unfinished_requests(), 30.0)
+                  and not self.decode.engine.has_unfinished_requests())
 
     def close(self) -> None:
         for node in ("prefill-0", "decode-0"):
             self.send(node, NodeCommand("leave"))
         for t in self.threads:
-            t.join(timeout=10)
+            t.join(timeout=HANG_S)
         self.sock.close(linger=0)
         self.guard.stop()
         self.ctx.term()

@@ -15,10 +15,10 @@ from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_byte
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
 from kvtransport.zmtp_auth import plain_password
-from tests.kvtransport.test_kvtransport_zmq import _until
+from tests.kvtransport.test_kvtransport_zmq import HANG_S, _until
 from tests.zmtp_flood import MIB, flood, rss
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(600)
 
 # one block = 2 * 4 layers * 16 tokens * 16 heads * 128 dims * 4 bytes = 1 MiB: a flood frame of
 # 1 MiB is under the receiver's MAXMSGSIZE, so only the handshake keeps it out
@@ -38,7 +38,7 @@ def _ship_one(recv, dst):
     send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET)
     try:
         out = []
-        t = threading.Thread(target=lambda: out.append(send.connect(recv.endpoint, 10.0)))
+        t = threading.Thread(target=lambda: out.append(send.connect(recv.endpoint, HANG_S)))
         t.start()
         while t.is_alive():
             recv.poll(0.02)
@@ -62,7 +62,7 @@ def test_a_flood_without_the_password_is_refused_before_it_is_buffered():
     try:
         before = rss()
         with flood(recv.endpoint, "0" * 64, ROUNDS), flood(recv.endpoint, None, ROUNDS // 2):
-            _until(recv, lambda: recv.metrics.drops[DropReason.ZMTP_REFUSED] >= ROUNDS, 20.0)
+            _until(recv, lambda: recv.metrics.drops[DropReason.ZMTP_REFUSED] >= ROUNDS)
             time.sleep(0.5)                               # what libzmq would read, it has read now
             recv.poll(0.1)
             grown = rss() - before
@@ -85,11 +85,9 @@ def test_the_same_flood_fills_a_router_socket_without_zmtp_auth():
     try:
         before = rss()
         with flood(f"tcp://127.0.0.1:{port}", None, 2):
-            deadline = time.monotonic() + 20
-            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN == 0 and time.monotonic() < deadline:
+            deadline = time.monotonic() + HANG_S          # only bounds a hang: libzmq reads on
+            while (grown := rss() - before) <= 96 * MIB and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(0.5)
-            grown = rss() - before
         assert grown > 96 * MIB, f"the unguarded socket grew only {grown / MIB:.0f} MiB"
     finally:
         sock.close(0)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+import engine.parallel.runner as parallel_runner
 from engine import SamplingParams
 from node_shell.identity import kv_identity
 from tests.model_factory import hf_greedy
-from tests.node_harness import NodeHarness
+from tests.node_harness import HANG_S, NodeHarness
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 # shorter than a block, exactly one block, several blocks and a partial one (block_size 8)
@@ -17,10 +18,11 @@ PROMPTS = [[1, 17, 99, 4, 250], list(range(10, 18)), [(i * 37) % 500 + 3 for i i
 
 @pytest.mark.parametrize("prefill_tp, decode_tp, transport", [
     (2, 1, "zmq"), (1, 2, "zmq"), (2, 2, "zmq"), (1, 1, "torch_dist"), (2, 2, "torch_dist")])
-def test_nodes_of_any_tp_decode_what_transformers_decodes(model_dir, prefill_tp, decode_tp, transport):
+def test_nodes_of_any_tp_decode_what_transformers_decodes(model_dir, prefill_tp, decode_tp, transport, monkeypatch):
     """P(tp = a) -> D(tp = b), over ZeroMQ frames or torch.distributed sends (gloo here, NCCL on
     GPUs): both announce the same full-head layout (2 kv heads), every prompt block is shipped
     once (chunked prefill, 7-token steps), greedy output equals transformers'."""
+    monkeypatch.setattr(parallel_runner, "SHUTDOWN_TIMEOUT_S", HANG_S)   # a starved worker exits slowly, not killed
     path, hf = model_dir
     h = NodeHarness(path, prefill_tp, decode_tp, block_size=8, num_blocks=48, max_num_batched_tokens=7,
                     kv_transport=transport)

@@ -22,7 +22,7 @@ from pdwire.control import (AbortRequest, DecodeRequest, NodeCommand, Paused, Pa
                             ShipRequest)
 from pdwire.messages import Reserved
 from tests.model_factory import hf_greedy
-from tests.node_harness import NodeHarness, Result, secret_file, tokens
+from tests.node_harness import HANG_S, NodeHarness, Result, secret_file, tokens
 
 PROMPT = [(i * 37) % 500 + 3 for i in range(21)]       # 2 full blocks of 8 and a partial one
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -154,7 +154,7 @@ def test_what_cannot_move_is_refused_and_a_hold_is_freed_once(harness):
         assert harness.pause(rid).num_tokens > 0 and harness.decode.engine.block_manager.num_pins == 1
         if rid == "aborted":
             harness.send("decode-0", AbortRequest(rid))
-        harness.pump(lambda: not harness.decode.mover.held, timeout=10.0)
+        harness.pump(lambda: not harness.decode.mover.held)
         assert harness.decode.engine.block_manager.num_pins == 0
 
 
@@ -164,7 +164,7 @@ def test_only_the_named_writer_may_write_a_moved_reservation(harness):
     decode-0's hold is then released by the router's abort."""
     _running(harness, "r")
     paused = harness.pause("r")
-    (m,) = harness.wait([harness.reserve_moved("r", paused, shipper="prefill-0")], timeout=30.0)
+    (m,) = harness.wait([harness.reserve_moved("r", paused, shipper="prefill-0")])
     assert m.failed is not None and m.failed.retryable and "transfer failed" in m.failed.reason
     assert harness.decode1.receiver.metrics.drops[DropReason.WRONG_PEER] > 0
     assert not harness.decode1.engine.has_unfinished_requests()
@@ -331,32 +331,33 @@ def test_two_ships_in_one_poll_have_a_heartbeat_between_them(harness):
     mover, link = node.mover, node.link
     peer = _SlowPeer(events, link.heartbeat_s)
     mover._make_sender, mover.slice_blocks = (lambda: peer), 64        # one send a ship
-    mover.lease_s = 60.0        # the holds outlast the test's waits on a loaded machine
+    mover.lease_s = HANG_S      # the holds outlast the test's waits on a loaded machine
     mover.clock = lambda: time.monotonic() + peer.now
     status, poll, ships_per_poll = link._status, link.poll, []
     link._status = lambda epoch: events.append("beat") or status(epoch)
-    link.poll = lambda timeout: ships_per_poll.append(0) or _counted(poll(timeout), ships_per_poll)
     blocks = {}
     for rid in ("r", "s"):
         _running(harness, rid)
         blocks[rid] = -(-(len(PROMPT) + harness.pause(rid).num_tokens - 1) // 8)
-    entered, release, tick = threading.Event(), threading.Event(), mover.tick
+    entered = threading.Event()
 
-    def gated() -> None:        # the node's loop waits here while both ShipRequests are queued
+    def held(timeout: float) -> list:
+        """One poll that returns once both ShipRequests have come (a loop busy while they arrive)."""
         entered.set()
-        release.wait(10.0)
-        tick()
-    mover.tick = gated
-    assert entered.wait(10.0)
+        deadline, got = time.monotonic() + HANG_S, []
+        while sum(isinstance(m, ShipRequest) for m in got) < 2:
+            assert time.monotonic() < deadline, "the ShipRequests did not come"
+            got += poll(0.01)
+        link.poll = lambda timeout: _counted(poll(timeout), ships_per_poll)
+        return _counted(got, ships_per_poll)
+    link.poll = held
+    assert entered.wait(HANG_S)         # no poll before this one takes a ShipRequest
     for rid in ("r", "s"):
         harness.results[f"{rid}~1"] = Result()
         harness.send("decode-0", ShipRequest(f"{rid}~1", rid, "tcp://127.0.0.1:9", rid * 32,
                                              tuple(range(1, blocks[rid] + 1)), 0))
-    time.sleep(0.5)             # both delivered to decode-0's socket before its next poll
-    mover.tick = tick
-    release.set()
     harness.pump(lambda: len(peer.commits) == 2)
-    assert 2 in ships_per_poll, "the two ShipRequests did not arrive in one poll"
+    assert ships_per_poll[0] == 2, "the two ShipRequests did not arrive in one poll"
     first_commit, second_connect = events.index("commit"), len(events) - 1 - events[::-1].index("connect")
     assert events.count("connect") == 2 and first_commit < second_connect
     assert "beat" in events[first_commit:second_connect], events
@@ -364,6 +365,6 @@ def test_two_ships_in_one_poll_have_a_heartbeat_between_them(harness):
 
 
 def _counted(messages: list, counts: list[int]) -> list:
-    """messages, with the number of ShipRequests among them stored as counts' last entry."""
-    counts[-1] = sum(isinstance(m, ShipRequest) for m in messages)
+    """messages, with the number of ShipRequests among them appended to counts."""
+    counts.append(sum(isinstance(m, ShipRequest) for m in messages))
     return messages

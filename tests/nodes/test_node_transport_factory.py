@@ -6,7 +6,7 @@ import pytest
 
 import decode_node.service as decode_service
 from kvtransport.sender import Sender
-from decode_node.mover import SEND_TIMEOUT_S
+from node_shell.shipper import SEND_TIMEOUT_S
 import prefill_node.service as prefill_service
 
 
@@ -21,7 +21,8 @@ def _stub(transport):
 @pytest.mark.parametrize("transport", ["zmq", "torch_dist"])
 def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     """open_transport passes config.kv_transport and its whole option set to the factory (a decode
-    node's sender, for KV moves, is made at the first move, the same way)."""
+    node's sender, for KV moves, is made at the first move, the same way); each sender's sends,
+    made on the node's loop, give up after SEND_TIMEOUT_S, not the transport's 10 s default."""
     calls = []
     monkeypatch.setattr(prefill_service, "make_sender", lambda *a, **kw: calls.append((a, kw)) or "S")
     monkeypatch.setattr(decode_service, "make_sender", lambda *a, **kw: calls.append((a, kw)) or "S")
@@ -33,11 +34,11 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     assert (p.sender, d.receiver, d.mover.sender) == ("S", "R", None)
     assert d.mover.slice_blocks == 8        # a KV move sends one message (8 MiB) at a time
     assert d.mover._make_sender() == "S"
-    sender = ((transport, identity, b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9", "max_batch_bytes": 8 << 20})
-    mover = (sender[0], {**sender[1], "send_timeout": SEND_TIMEOUT_S})     # bounded: it sends on the loop
+    sender = ((transport, identity, b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9", "max_batch_bytes": 8 << 20,
+                                                 "send_timeout": SEND_TIMEOUT_S})   # bounded: both send on the loop
     assert calls == [sender, ((transport, d.engine.runner.kv_cache, identity, b"secret"),
                               {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None,
-                               "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20}), mover]
+                               "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20}), sender]
 
 
 def test_a_kv_move_slices_to_the_smaller_of_both_nodes_batches(monkeypatch):

@@ -10,6 +10,7 @@ Ray's CPUs are logical here: the machine's two cores are shared by every process
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -28,6 +29,32 @@ ADMIN_KEY = "ray-test-admin-key"
 NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "64", "--max-num-seqs", "8", "--block-size", "16"]
 # A lost host is noticed in ~3 s rather than Ray's default ~30 s, so its actors move soon.
 _HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+# Only bounds a hang: three raylets starting on a starved 2-core machine may take minutes.
+START_S = 300.0
+
+
+@contextlib.contextmanager
+def _patient_registration(wait_s: float) -> Iterator[None]:
+    """Ray gives a new raylet 30 s (hard-coded) to register with the GCS; each lookup it makes
+    meanwhile waits here up to wait_s for the registration instead."""
+    from ray._private import services
+
+    get_node = services.get_node
+
+    def patient(gcs_address: str, node_id: str) -> Any:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return get_node(gcs_address, node_id)
+            except RuntimeError:        # not registered yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    services.get_node = patient
+    try:
+        yield
+    finally:
+        services.get_node = get_node
 
 
 def start_cluster() -> Any:
@@ -38,11 +65,12 @@ def start_cluster() -> Any:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, saved) if p)     # the raylets pass it on
     cluster = None
     try:
-        cluster = Cluster(initialize_head=True, head_node_args=dict(
-            num_cpus=2, resources={"prefill": 2}, node_ip_address=HOSTS["head"], _system_config=_HEALTH_CHECK))
-        for name in ("decode-a", "decode-b"):
-            cluster.add_node(num_cpus=2, resources={"decode": 2}, node_ip_address=HOSTS[name])
-        cluster.wait_for_nodes()
+        with _patient_registration(START_S):
+            cluster = Cluster(initialize_head=True, head_node_args=dict(
+                num_cpus=2, resources={"prefill": 2}, node_ip_address=HOSTS["head"], _system_config=_HEALTH_CHECK))
+            for name in ("decode-a", "decode-b"):
+                cluster.add_node(num_cpus=2, resources={"decode": 2}, node_ip_address=HOSTS[name])
+        cluster.wait_for_nodes(START_S)
     except BaseException:
         if cluster is not None:
             cluster.shutdown()

@@ -212,21 +212,26 @@ def test_busy_decode_node_is_skipped_for_another():
 
 
 def test_all_busy_waits_retry_after_then_times_out():
-    """With every D busy the router asks again after retry_after_ms; past the admission deadline: 503."""
+    """With every D busy the router asks again after retry_after_ms (200 ms), not sooner; past the
+    admission deadline (3 s: room for two asks on a starved machine): 503."""
     async def test():
-        async with Cluster(dataclasses.replace(CONFIG, admission_timeout_s=0.6)) as c:
+        async with Cluster(dataclasses.replace(CONFIG, admission_timeout_s=3.0)) as c:
             await c.node("prefill-0", "prefill")
             d = await c.node("decode-0", "decode")
             loop = asyncio.get_running_loop()
             out = c.generate()
             asked = []
-            for _ in range(2):
-                await d.expect(DecodeRequest)
-                asked.append(loop.time())
-                d.send(Busy("r1", "full", 200))
-            assert asked[1] - asked[0] >= 0.19
-            err = await out.next(timeout=2.0)
+
+            async def busy() -> None:       # every ask answered Busy, until the router gives up
+                while True:
+                    ask = await d.expect(DecodeRequest, timeout=60.0)
+                    asked.append(loop.time())
+                    d.send(Busy(ask.rid, "full", 200))
+            answering = asyncio.create_task(busy())
+            err = await out.next(timeout=60.0)
+            answering.cancel()
             assert isinstance(err, NoNodeAvailable)
+            assert len(asked) >= 2 and min(b - a for a, b in zip(asked, asked[1:])) >= 0.19
     run(test)
 
 

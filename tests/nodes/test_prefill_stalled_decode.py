@@ -1,0 +1,71 @@
+"""A decode node that stops draining its KV queue: the prefill node's send times out once, that
+decode node is lost with every transfer to it (no send waits on its full queue again, no Commit or
+Abort goes there), each of its requests fails once, retryably, and the prefill node serves on."""
+from __future__ import annotations
+
+import threading
+
+from engine import SamplingParams
+from kvtransport.base import TransportError
+from pdwire.control import AbortRequest, PrefillRequest
+from tests.node_harness import HANG_S, serving, tokens
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+PROMPT = list(range(3, 40))         # 5 blocks of 8
+
+
+def _stall(link, endpoint: str) -> list[str]:
+    """Make sends on link's present connection to endpoint time out, as into a full queue (a new
+    connection is another queue); the endpoints tried."""
+    tried, send, send_tracked, stalled = [], link.send, link.send_tracked, link._socks[endpoint]
+
+    def check(to: str) -> None:
+        if link._socks.get(to) is stalled:
+            tried.append(to)
+            raise TransportError(f"{to} not draining: send blocked 2.0s")
+    link.send = lambda to, frames: check(to) or send(to, frames)
+    link.send_tracked = lambda to, frames: check(to) or send_tracked(to, frames)
+    return tried
+
+
+def _hold_polls_until(link, rids: set[str]) -> threading.Event:
+    """link's next poll returns once PrefillRequests for every rid have come: both start at once.
+    The event is set once that poll has begun (an earlier poll may take a PrefillRequest)."""
+    poll, entered = link.poll, threading.Event()
+
+    def held(timeout: float) -> list:
+        entered.set()
+        got = []
+        while not rids <= {getattr(m, "rid", None) for m in got if isinstance(m, PrefillRequest)}:
+            got += poll(0.01)
+        link.poll = poll
+        return got
+    link.poll = held
+    return entered
+
+
+def test_a_decode_node_that_stops_draining_fails_its_requests_once_each(model_dir):
+    """Two requests in flight to a decode node whose queue is full: one send times out, and only
+    one (no second send, Commit or Abort into the full queue); each request fails once, retryably,
+    with no first token sent for it; the prefill node then pairs with the decode node afresh and
+    serves a request token for token as before."""
+    with serving(model_dir[0], block_size=8, num_blocks=64) as h:
+        h.submit("warm", PROMPT, GREEDY)
+        (warm,) = h.wait(["warm"])
+        tried = _stall(h.prefill.sender._link, h.hellos["decode-0"].kv_endpoint)
+        assert _hold_polls_until(h.prefill.link, {"a", "b"}).wait(HANG_S)
+        for rid in ("a", "b"):
+            h.submit(rid, PROMPT, GREEDY)
+        h.pump(lambda: all(any(n == "prefill-0" for n, _ in h.results[r].failures) for r in ("a", "b")))
+        for rid in ("a", "b"):      # as the router does on a failed attempt (unless decode-0 saw
+            h.send("decode-0", AbortRequest(rid))   # the prefill node's connection fall silent first)
+        beats = h.beats["prefill-0"]
+        h.pump(lambda: h.beats["prefill-0"] >= beats + 3)
+        assert len(tried) == 1
+        for rid in ("a", "b"):
+            (failed,) = [f for node, f in h.results[rid].failures if node == "prefill-0"]
+            assert failed.retryable and "transfer failed" in failed.reason
+            assert h.results[rid].first is None         # its transfer was lost before its first token
+        h.submit("after", PROMPT, GREEDY)
+        (after,) = h.wait(["after"])
+        assert after.failed is None and tokens(after) == tokens(warm) and len(tokens(warm)) == 3
