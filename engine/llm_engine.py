@@ -323,17 +323,17 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, group: SequenceGroup, sample: SampledToken) -> None:
         p, token = group.params, sample.token_id
+        grammar = self._grammar.get(seq.seq_id)
+        if grammar is not None and not grammar.accept(token):   # a grammar that allows no token, or
+            log.warning("request %s: token %d does not follow its grammar", group.request_id, token)
+            return self.scheduler.finish_seq(seq, FinishReason.ABORT)   # a first token another node sent
         seq.token_ids.append(token)
         if sample.logprobs is not None:
             seq.logprobs.append(sample.logprobs)
         new_text = self.detokenizer.step(self._decode[seq.seq_id], token)
         seq.text += new_text
         reason = None
-        grammar = self._grammar.get(seq.seq_id)
-        if grammar is not None and not grammar.accept(token):   # only a first token sent by another node
-            log.warning("request %s: token %d does not follow its grammar", group.request_id, token)
-            reason = FinishReason.ABORT
-        elif grammar is not None and grammar.terminated:
+        if grammar is not None and grammar.terminated:
             reason = FinishReason.STOP
         elif (not p.ignore_eos and token in self.model_config.eos_token_ids) or token in p.stop_token_ids:
             reason = FinishReason.STOP

@@ -68,6 +68,7 @@ class Sampler:
                                                                 for r in rows) else None
         if edits:
             self._edit(logits, rows)
+            _open_dead_ends(logits, rows)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if len(random_rows) == len(rows):
             chosen = self._sample(rows, logits)                         # [R]
@@ -127,6 +128,18 @@ def draw_seed(seed: int, draw: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+def _open_dead_ends(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """A row whose grammar allows no token (its language is empty, `root ::= root "a"`, or this
+    vocabulary cannot spell it) gets every token back, so the draw is defined: the engine's grammar
+    check refuses the token drawn and aborts that request alone, not the whole step (logits:
+    [R, vocab] float32, edited in place)."""
+    gated = [i for i, r in enumerate(rows) if r.grammar is not None]
+    if gated:
+        dead = torch.isneginf(logits[gated]).all(dim=-1).tolist()
+        for i in (i for i, d in zip(gated, dead) if d):
+            logits[i] = 0.0
 
 
 def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:

@@ -145,3 +145,21 @@ def test_a_grammar_that_does_not_compile_is_refused_before_any_work(chat_dir, ma
         with pytest.raises(ValueError, match=f"invalid {spec.kind.value}"):
             engine.add_request("r", [5, 6], SamplingParams(structured=spec))
     assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_a_grammar_that_allows_no_token_aborts_its_request_alone(chat_dir, make_llm, temperature):
+    """An empty-language grammar (any client can send one) aborts its own request with no token
+    out; the step goes on and the request beside it finishes (it used to fail the whole step, and
+    three such requests in a row ended the engine)."""
+    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
+    dead_end = StructuredOutput(GrammarKind.GRAMMAR, 'root ::= root "a"')
+    for i in range(3):
+        engine.add_request(f"dead-{i}", [5, 6], SamplingParams(temperature=temperature, structured=dead_end))
+    engine.add_request("ok", [5, 7], SamplingParams(temperature=1.0, seed=1, max_tokens=4, ignore_eos=True))
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update((o.request_id, o.outputs[0]) for o in engine.step() if o.finished)
+    for i in range(3):
+        assert (finals[f"dead-{i}"].finish_reason, finals[f"dead-{i}"].token_ids) == ("abort", [])
+    assert (finals["ok"].finish_reason, len(finals["ok"].token_ids)) == ("length", 4)
