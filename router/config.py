@@ -41,6 +41,7 @@ class RouterConfig:
     max_n: int = 128                        # HTTP: completions per prompt
     max_logit_bias: int = 300               # HTTP: logit_bias entries (OpenAI's cap)
     max_grammar_chars: int = 1 << 16        # HTTP: characters of a structured output's schema, regex, choices or grammar
+    max_grammar_depth: int = 64             # HTTP: how deep a JSON schema's arrays and objects nest (its compile time grows with the cube; the wire's cap is 128)
     max_logprobs: int = 20                  # HTTP: completions `logprobs` / chat `top_logprobs`
     max_logprob_cells: int = 1 << 20        # HTTP: prompts x n x (logprobs + 1) x tokens scored, per request
     metrics_api_key: str | None = None      # when set, /metrics needs `Authorization: Bearer <metrics_api_key>`
@@ -94,7 +95,7 @@ class RouterConfig:
 
 
 _POSITIVE = ("max_body_bytes", "max_prompt_chars", "max_prompt_token_ids", "max_stop_strings",
-             "max_stop_chars", "max_grammar_chars", "max_n", "max_logprob_cells", "tokenizer_workers", "max_stream_buffer_bytes",
+             "max_stop_chars", "max_grammar_chars", "max_grammar_depth", "max_n", "max_logprob_cells", "tokenizer_workers", "max_stream_buffer_bytes",
              "stream_stall_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s",
              "max_connections", "shutdown_grace_s")
 

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from router.config import RouterConfig
 from router.http.errors import OpenAIError, bad_request, error_body, invalid_api_key
 from router.http.protocol import ChatCompletionRequest, CompletionRequest
-from pdwire.structured_output import StructuredOutput
+from pdwire.structured_output import GrammarKind, StructuredOutput, json_depth
 
 
 def over_limit(what: str, given: int, limit: int, flag: str, param: str | None) -> OpenAIError:
@@ -47,12 +47,14 @@ def check_request(body: CompletionRequest | ChatCompletionRequest, config: Route
 
 
 def check_grammar(spec: StructuredOutput | None, config: RouterConfig, param: str) -> None:
-    """A 400 for a spec over --max-grammar-chars, or one the grammar library cannot parse."""
+    """A 400 for a spec over --max-grammar-chars or --max-grammar-depth, or one the grammar
+    library cannot parse."""
     if spec is None:
         return
-    if len(spec.spec) > config.max_grammar_chars:
-        raise bad_request(f"{spec.kind.value} (characters): {len(spec.spec)} is over the limit of "
-                          f"{config.max_grammar_chars} (--max-grammar-chars)", param)
+    _at_most(f"{spec.kind.value} (characters)", len(spec.spec), config.max_grammar_chars, "max_grammar_chars", param)
+    if spec.kind is GrammarKind.JSON_SCHEMA:
+        _at_most("json_schema (nesting depth)", json_depth(spec.spec), config.max_grammar_depth, "max_grammar_depth",
+                 param)
     from engine.grammar import parse_grammar      # the library loads with the first structured request
     try:
         parse_grammar(spec)

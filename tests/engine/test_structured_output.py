@@ -163,3 +163,15 @@ def test_a_grammar_that_allows_no_token_aborts_its_request_alone(chat_dir, make_
     for i in range(3):
         assert (finals[f"dead-{i}"].finish_reason, finals[f"dead-{i}"].token_ids) == ("abort", [])
     assert (finals["ok"].finish_reason, len(finals["ok"].token_ids)) == ("length", 4)
+
+
+def test_a_spec_nested_past_the_wire_cap_is_a_value_error():
+    """A JSON spec deeper than MAX_SPEC_DEPTH is refused before json.loads (RecursionError past
+    ~1,000) and before xgrammar (time cubic in the depth), from the wire as from a caller."""
+    from pdwire.structured_output import MAX_SPEC_DEPTH, json_depth
+    assert json_depth('{"a": [1, {"b": "[[{"}], "c": "\\\\"}') == 3
+    deep = "[" * (MAX_SPEC_DEPTH + 1) + "]" * (MAX_SPEC_DEPTH + 1)
+    for kind in (GrammarKind.JSON_SCHEMA, GrammarKind.CHOICE):
+        with pytest.raises(ValueError, match=f"nests {MAX_SPEC_DEPTH + 1} deep"):
+            StructuredOutput.from_wire([kind.value, deep])
+    assert StructuredOutput.json_schema({"type": "array", "items": {"type": "string"}}).spec
