@@ -28,6 +28,7 @@ class EngineArgs:
     enable_chunked_prefill: bool = True   # split long prompts over steps; off: the context is at most max_num_batched_tokens
     preemption_mode: str = "auto"         # recompute | swap | auto (swap long sequences when swap space allows)
     tensor_parallel_size: int = 1         # processes the heads and MLP are split over
+    grammar_compile_timeout_s: float = 5.0  # a structured output's grammar not compiled in this long is refused (a node's loop waits no longer; below the router's heartbeat timeout)
 
     def engine_config(self) -> EngineConfig:
         from engine.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -37,4 +38,4 @@ class EngineArgs:
         scheduler = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
                                     self.preemption_mode)
         return EngineConfig(self.model, self.dtype, self.max_model_len, self.device, self.seed, cache, scheduler,
-                            self.tensor_parallel_size)
+                            self.tensor_parallel_size, self.grammar_compile_timeout_s)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import Any, Iterable
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -26,6 +27,7 @@ from pdwire.structured_output import GrammarKind, StructuredOutput
 # small or unsure model spend its whole max_tokens on tabs and newlines (vLLM's
 # disable-any-whitespace, for the same reason); strict JSON output reads the same to every parser.
 JSON_LAYOUT = dict(any_whitespace=False)
+COMPILE_TIMEOUT_S = 5.0     # the longest a caller waits for a compile: below a node's heartbeat timeout (10 s)
 
 
 def parse_grammar(spec: StructuredOutput) -> None:
@@ -61,9 +63,15 @@ class GrammarMatcher:
 
 
 class GrammarCompiler:
-    """Compiles StructuredOutputs for one tokenizer (compiled grammars cached by spec)."""
+    """Compiles StructuredOutputs for one tokenizer (compiled grammars cached by spec), each on a
+    thread of its own (xgrammar lets go of the GIL) that the caller waits for at most
+    `compile_timeout_s`: a short grammar can take minutes to compile (`r ::= [a-z]{1,1000}
+    [0-9]{0,900}`, twenty such rules: 80 s), and the caller is a node's loop, whose heartbeats
+    would stop. A compile past its deadline goes on to the end, its result cached; until it ends
+    every compile is refused at once."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]):
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int],
+                 compile_timeout_s: float = COMPILE_TIMEOUT_S):
         import xgrammar as xgr
         self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
@@ -72,9 +80,26 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._lock = threading.Lock()       # the bitmask buffer is shared by one engine's steps
+        self._timeout_s = compile_timeout_s
+        self._overdue: Future | None = None     # a compile past its deadline, still running
 
     def compile(self, spec: StructuredOutput) -> Any:
-        """Raises ValueError for a grammar that does not compile."""
+        """Raises ValueError for a grammar that does not compile, or not within compile_timeout_s,
+        or while an earlier one that did not is still compiling."""
+        if self._overdue is not None and not self._overdue.done():
+            raise ValueError(f"the grammar compiler is busy with a grammar that took over {self._timeout_s} s "
+                             "(--grammar-compile-timeout-s) to compile: try again later")
+        future: Future = Future()
+        threading.Thread(target=_settle, args=(future, self._compile, spec), name="grammar-compile",
+                         daemon=True).start()
+        try:
+            return future.result(timeout=self._timeout_s)
+        except FutureTimeout:
+            self._overdue = future
+            raise ValueError(f"invalid {spec.kind.value}: it did not compile within {self._timeout_s} s "
+                             "(--grammar-compile-timeout-s)") from None
+
+    def _compile(self, spec: StructuredOutput) -> Any:
         c = self._compiler
         try:
             if spec.kind is GrammarKind.JSON_SCHEMA:
@@ -128,6 +153,13 @@ def _json_ebnf(xgr: Any, schema: str) -> str:
 
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
 _REGEX_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _settle(future: Future, work: Callable[..., Any], *args: Any) -> None:
+    try:
+        future.set_result(work(*args))
+    except BaseException as err:     # noqa: BLE001 -- handed to whoever waits on the future
+        future.set_exception(err)
 
 
 def _regex_literal(text: str) -> str:

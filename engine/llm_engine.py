@@ -147,7 +147,8 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError("this model folder has no tokenizer: structured outputs need one")
             self.sampler.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
-                                                    self.model_config.eos_token_ids)
+                                                    self.model_config.eos_token_ids,
+                                                    self.config.grammar_compile_timeout_s)
         return self.sampler.grammars
 
     def _check_request(self, params: SamplingParams, prompt_len: int, prior_outputs: int) -> None:

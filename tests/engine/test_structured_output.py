@@ -175,3 +175,19 @@ def test_a_spec_nested_past_the_wire_cap_is_a_value_error():
         with pytest.raises(ValueError, match=f"nests {MAX_SPEC_DEPTH + 1} deep"):
             StructuredOutput.from_wire([kind.value, deep])
     assert StructuredOutput.json_schema({"type": "array", "items": {"type": "string"}}).spec
+
+
+def test_a_grammar_slow_to_compile_is_refused_after_the_timeout_and_the_engine_serves_on(chat_dir, make_llm):
+    """A grammar that compiles for longer than grammar_compile_timeout_s is a ValueError at
+    add_request (a node's loop waited minutes: twenty `[a-z]{1,1000} [0-9]{0,900}` rules, 768
+    characters, compiled for 80 s on a 32k vocabulary, and the router lost the node); while it
+    compiles on, other grammars are refused at once and plain requests run."""
+    engine = make_llm(chat_dir, block_size=16, num_blocks=32, grammar_compile_timeout_s=0.01).engine
+    slow = "root ::= r0 r1 r2 r3 r4 r5\n" + "\n".join(f"r{i} ::= [a-z]{{1,{1000 + i}}} [0-9]{{0,{900 + i}}}"
+                                                       for i in range(6))
+    with pytest.raises(ValueError, match="did not compile within 0.01 s"):
+        engine.add_request("slow", [5, 6], SamplingParams(structured=StructuredOutput(GrammarKind.GRAMMAR, slow)))
+    with pytest.raises(ValueError, match="busy"):
+        engine.add_request("next", [5, 6], SamplingParams(structured=StructuredOutput(GrammarKind.REGEX, "a")))
+    out = _run(engine, "plain", [5, 7], SamplingParams(max_tokens=3, ignore_eos=True), 0)
+    assert len(out.token_ids) == 3 and not engine.has_unfinished_requests()
