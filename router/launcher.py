@@ -11,7 +11,7 @@
     pdserve ray up --address auto [up flags]     the same deployment on a Ray cluster (ray_deploy/)
     pdserve profile [--model DIR] [node flags] | plan --profile P --workload W --rate R   (pdplan/cli.py)
 
-A multi-host deployment: `pdserve secret > secret && chmod 600 secret`, copy the file to every
+A multi-host deployment: `(umask 077; pdserve secret > secret)`, copy the file to every
 host, then `pdserve router --cluster-secret-file secret --host 0.0.0.0 --control-endpoint
 tcp://0.0.0.0:7100` on host A, and on hosts B, C: `pdserve prefill|decode --router tcp://A:7100
 --node-id ... --cluster-secret-file secret` (decode nodes: `--kv-bind tcp://0.0.0.0:7200
