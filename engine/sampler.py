@@ -81,14 +81,21 @@ class Sampler:
                 for i, t in enumerate(chosen_list)]
 
     def _edit(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-        """Penalties, banned ids, then the grammars' mask, in place (logits: [R, vocab] float32)."""
+        """Penalties, the grammars' mask, then banned ids, in place (logits: [R, vocab] float32).
+        The grammar wins over min_tokens: a row whose grammar allows only what is banned (a
+        finished JSON allows only EOS) keeps those tokens."""
         for i, r in enumerate(rows):
             if r.params.needs_penalties:
                 _apply_penalties(logits[i], r)
-            if r.banned_ids:
-                logits[i, list(r.banned_ids)] = float("-inf")
         if self.grammars is not None and any(r.grammar is not None for r in rows):
             self.grammars.mask(logits, [r.grammar for r in rows])     # one bitmask for the batch
+        for i, r in enumerate(rows):
+            if r.banned_ids:
+                banned = list(r.banned_ids)
+                kept = logits[i, banned].clone() if r.grammar is not None else None
+                logits[i, banned] = float("-inf")
+                if kept is not None and bool(torch.isneginf(logits[i]).all()):
+                    logits[i, banned] = kept
 
     def _sample(self, rows: list[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
         """One draw per row by inverting its CDF with a single uniform number: exact, and one
