@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.context import context_length
+from engine.grammar_limits import GrammarLimits
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -119,11 +120,9 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     tensor_parallel_size: int = 1        # ranks the heads and MLP are split over (engine.parallel)
-    grammar_compile_timeout_s: float = 5.0   # longest wait for a structured output's grammar to compile (engine/grammar.py)
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)   # structured outputs' compiles
 
     def __post_init__(self) -> None:
-        if not self.grammar_compile_timeout_s > 0:
-            raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.grammar_compile_timeout_s!r}")
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
                 or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {self.tensor_parallel_size!r}")

@@ -16,18 +16,20 @@ from __future__ import annotations
 import json
 import re
 import threading
-from concurrent.futures import Future, TimeoutError as FutureTimeout
-from typing import Any, Callable, Iterable
+import time
+from concurrent.futures import wait
+from typing import Any, Iterable
 
 import torch
 
+from engine.grammar_jobs import CompileJob, CompileJobs
+from engine.grammar_limits import GrammarLimits
 from pdwire.structured_output import GrammarKind, StructuredOutput
 
 # JSON is held to one layout, `{"a": 1, "b": [2, 3]}` (json.dumps' own): free whitespace lets a
 # small or unsure model spend its whole max_tokens on tabs and newlines (vLLM's
 # disable-any-whitespace, for the same reason); strict JSON output reads the same to every parser.
 JSON_LAYOUT = dict(any_whitespace=False)
-COMPILE_TIMEOUT_S = 5.0     # the longest a caller waits for a compile: below a node's heartbeat timeout (10 s)
 
 
 def parse_grammar(spec: StructuredOutput) -> None:
@@ -63,41 +65,39 @@ class GrammarMatcher:
 
 
 class GrammarCompiler:
-    """Compiles StructuredOutputs for one tokenizer (compiled grammars cached by spec), each on a
-    thread of its own (xgrammar lets go of the GIL) that the caller waits for at most
-    `compile_timeout_s`: a short grammar can take minutes to compile (`r ::= [a-z]{1,1000}
-    [0-9]{0,900}`, twenty such rules: 80 s), and the caller is a node's loop, whose heartbeats
-    would stop. A compile past its deadline goes on to the end, its result cached; until it ends
-    every compile is refused at once."""
+    """Compiles StructuredOutputs for one tokenizer, off the caller's thread (engine/grammar_jobs.py:
+    bounded in time, in threads and in queue by GrammarLimits), and makes matchers from the
+    compiled grammars, which a request keeps (its n sequences' matchers come from it)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int],
-                 compile_timeout_s: float = COMPILE_TIMEOUT_S):
+                 limits: GrammarLimits = GrammarLimits()):
         import xgrammar as xgr
         self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=list(stop_token_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=256 << 20)
         self.vocab_size = vocab_size
+        self.limits = limits
+        self._jobs = CompileJobs(self._compile, limits)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._lock = threading.Lock()       # the bitmask buffer is shared by one engine's steps
-        self._timeout_s = compile_timeout_s
-        self._overdue: Future | None = None     # a compile past its deadline, still running
 
-    def compile(self, spec: StructuredOutput) -> Any:
-        """Raises ValueError for a grammar that does not compile, or not within compile_timeout_s,
-        or while an earlier one that did not is still compiling."""
-        if self._overdue is not None and not self._overdue.done():
-            raise ValueError(f"the grammar compiler is busy with a grammar that took over {self._timeout_s} s "
-                             "(--grammar-compile-timeout-s) to compile: try again later")
-        future: Future = Future()
-        threading.Thread(target=_settle, args=(future, self._compile, spec), name="grammar-compile",
-                         daemon=True).start()
-        try:
-            return future.result(timeout=self._timeout_s)
-        except FutureTimeout:
-            self._overdue = future
-            raise ValueError(f"invalid {spec.kind.value}: it did not compile within {self._timeout_s} s "
-                             "(--grammar-compile-timeout-s)") from None
+    def submit(self, spec: StructuredOutput) -> CompileJob:
+        """Start compiling `spec` (or find it compiled or compiling); never waits. Raises
+        GrammarBusy when too many compiles are pending."""
+        return self._jobs.submit((spec.kind, spec.spec), spec)
+
+    def compiled(self, spec: StructuredOutput) -> Any:
+        """`spec` compiled: at once if its job is done, else waiting for it at most the time limit
+        (a caller that must not wait parks its request on submit()'s job first). Raises
+        ValueError for a grammar that does not compile, or not in time; GrammarBusy when too many
+        compiles are pending, or it waited the time limit for a thread."""
+        job, since = self.submit(spec), time.monotonic()
+        while not job.done:
+            if (error := job.expired(since)) is not None:
+                raise error
+            wait([job.future], timeout=0.01)
+        return job.future.result()
 
     def _compile(self, spec: StructuredOutput) -> Any:
         c = self._compiler
@@ -114,14 +114,23 @@ class GrammarCompiler:
         except Exception as err:    # noqa: BLE001 -- xgrammar raises RuntimeError and its own types
             raise _library_error(spec, err) from err
 
-    def matcher(self, spec: StructuredOutput, prior_tokens: list[int]) -> GrammarMatcher:
-        """A matcher past `prior_tokens` (the tokens generated before this node took the request).
-        Raises ValueError if the grammar does not compile or refuses one of them."""
-        m = GrammarMatcher(self._xgr.GrammarMatcher(self.compile(spec)))
+    def matcher(self, compiled: Any, prior_tokens: list[int] = ()) -> GrammarMatcher:
+        """A matcher of a compiled grammar past `prior_tokens` (the tokens generated before this
+        node took the request). Raises ValueError if it refuses one of them, or allows no token
+        after them (its language is empty, or this vocabulary cannot spell it)."""
+        m = GrammarMatcher(self._xgr.GrammarMatcher(compiled))
         for i, token in enumerate(prior_tokens):
             if not m.accept(token):
-                raise ValueError(f"prior output token {i} ({token}) does not follow the request's {spec.kind.value}")
+                raise ValueError(f"prior output token {i} ({token}) does not follow the request's grammar")
+        if not m.terminated and not self._allows_any(m):
+            raise ValueError("invalid grammar: it allows no token (its language is empty, or this model's "
+                             "vocabulary cannot spell it)")
         return m
+
+    def _allows_any(self, m: GrammarMatcher) -> bool:
+        with self._lock:
+            m.fill(self._bitmask, 0)
+            return bool(self._bitmask[0].any())
 
     def mask(self, logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
         """Set to -inf, in place, every token a row's grammar forbids. logits: [R, vocab], one row
@@ -153,13 +162,6 @@ def _json_ebnf(xgr: Any, schema: str) -> str:
 
 _REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
 _REGEX_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _settle(future: Future, work: Callable[..., Any], *args: Any) -> None:
-    try:
-        future.set_result(work(*args))
-    except BaseException as err:     # noqa: BLE001 -- handed to whoever waits on the future
-        future.set_exception(err)
 
 
 def _regex_literal(text: str) -> str:

@@ -111,11 +111,12 @@ def test_what_cannot_be_honoured_is_a_400(served):
     """A grammar that does not parse, one over --max-grammar-chars or --max-grammar-depth (a
     schema 1,000 deep, 25 kB, held the event loop for a minute in xgrammar), two asks at once, a tool
     choice naming no given tool, "auto" tools with a template that cannot show them, logprobs
-    with tools, and a whitespace pattern: each a 400 naming the cause."""
+    with tools, a whitespace pattern, and a grammar that allows no token: each a 400 naming the cause."""
     client, engine = served
     cases = [
         ({"guided_regex": "[a-"}, "invalid regex"),
         ({"guided_grammar": "root ::= x"}, "invalid grammar"),
+        ({"guided_grammar": 'root ::= root "a"'}, "allows no token"),    # an empty language: no abort, a 400
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
          "invalid json_schema"),
         ({"guided_regex": "a" * 5000}, "--max-grammar-chars"),
