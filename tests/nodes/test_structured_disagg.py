@@ -103,7 +103,8 @@ def test_an_empty_language_grammar_is_refused_on_both_nodes_and_leaks_nothing(ha
 
 @pytest.fixture
 def slow_harness(chat_dir):
-    h = NodeHarness(chat_dir, block_size=8, num_blocks=160, heartbeat_s=0.05, grammar_compile_timeout_s=120)
+    h = NodeHarness(chat_dir, block_size=8, num_blocks=160, heartbeat_s=0.05, grammar_compile_timeout_s=120,
+                    grammar_max_compiles=4)
     yield h
     h.idle()
     h.close()
@@ -112,8 +113,9 @@ def slow_harness(chat_dir):
 
 
 def test_grammars_compiling_do_not_hold_a_nodes_loop(slow_harness, held):
-    """Three grammars compiling (two running, one queued) hold no node's loop: while they compile,
-    both nodes keep heartbeating and a plain request runs from start to end; once they compile,
+    """Three grammars compiling (of four threads) hold no node's loop: while they compile,
+    both nodes keep heartbeating, and a plain request and one with a grammar of its own run from
+    start to end; once they compile,
     their parked requests are reserved, prefilled and decoded, each output following its grammar
     (the decode node used to reserve each within its loop, up to the compile time limit apiece)."""
     h = slow_harness
@@ -123,9 +125,11 @@ def test_grammars_compiling_do_not_hold_a_nodes_loop(slow_harness, held):
         h.submit(f"g{i}", prompt, SamplingParams(temperature=0.0, max_tokens=20, structured=spec))
     beats = dict(h.beats)
     h.submit("plain", prompt, SamplingParams(temperature=1.0, seed=2, max_tokens=5, ignore_eos=True))
-    plain, = h.wait(["plain"])
+    h.submit("free", prompt, SamplingParams(temperature=0.0, max_tokens=20, structured=SPECS[1]))
+    plain, free = h.wait(["plain", "free"])
     h.pump(lambda: all(h.beats[n] >= beats[n] + 5 for n in beats))
     assert plain.failed is None and len(plain.tokens) == 5
+    assert free.failed is None and free.finish == "stop"     # a grammar of its own compiles beside them
     assert all(h.results[f"g{i}"].reserved is None and h.results[f"g{i}"].failed is None for i in range(3))
     held.set()
     for spec, r in zip(specs, h.wait([f"g{i}" for i in range(3)])):
