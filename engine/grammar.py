@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import torch
 
-from engine.grammar_jobs import CompileJob, CompileJobs
+from engine.grammar_jobs import CLOSE_WAIT_S, RECENT_BYTES, CompileJob, CompileJobs
 from engine.grammar_limits import GrammarLimits
 from pdwire.structured_output import GrammarKind, StructuredOutput
 
@@ -75,7 +75,7 @@ class GrammarCompiler:
         self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=list(stop_token_ids))
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=256 << 20)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=RECENT_BYTES)
         self.vocab_size = vocab_size
         self.limits = limits
         self._jobs = CompileJobs(self._compile, limits)
@@ -93,11 +93,20 @@ class GrammarCompiler:
         ValueError for a grammar that does not compile, or not in time; GrammarBusy when too many
         compiles are pending, or it waited the time limit for a thread."""
         job, since = self.submit(spec), time.monotonic()
-        while not job.done:
-            if (error := job.expired(since)) is not None:
-                raise error
-            wait([job.future], timeout=0.01)
+        job.join()
+        try:
+            while not job.done:
+                if (error := job.expired(since)) is not None:
+                    raise error
+                wait([job.future], timeout=0.01)
+        finally:
+            job.leave()     # the last waiter of a job still queued cancels it
         return job.future.result()
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
+        """Cancel the queued compiles, wait at most `wait_s` for the running ones; True if none runs
+        any more (engine/grammar_jobs.py: a caller that cannot wait longer leaves with os._exit)."""
+        return self._jobs.close(wait_s)
 
     def _compile(self, spec: StructuredOutput) -> Any:
         c = self._compiler
