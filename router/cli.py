@@ -35,5 +35,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         Server(create_app(backend, config), config, loop="uvloop").run(sockets=[sock])
     finally:
-        backend.close()
+        ended = backend.close()
         sock.close()
+    if not ended:   # a grammar compile still runs inside xgrammar: leave without it
+        leave_now(0)
+
+
+def leave_now(status: int) -> None:
+    """End the process at once with `status`, output flushed: no interpreter exit, which would
+    wait for every compile thread, and no finalization, in which a compile thread ending inside
+    C++ aborts the process (engine/grammar_jobs.py)."""
+    import logging
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -151,10 +151,15 @@ class ColocatedBackend(Backend):
     def is_healthy(self) -> bool:
         return self._error is None and self._thread.is_alive()
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop the engine thread, cancel the queued grammar compiles and wait a bounded time for the
+        running ones (engine/grammar_jobs.py); False if one still runs: the process should leave
+        with os._exit (router/cli.py), not wait for it at interpreter exit."""
         if self._thread.is_alive():
             self._inbox.put(_Stop())
             self._thread.join()
+        grammars = self._engine.sampler.grammars
+        return grammars is None or grammars.close()
 
     # ------------------------------------------------------------ engine thread
 

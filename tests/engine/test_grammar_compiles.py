@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -95,12 +96,14 @@ def test_too_many_compiles_is_busy_never_a_400(chat_dir, make_llm, held):
     queued = StructuredOutput.choice(["queued"])
     with pytest.raises(GrammarBusy, match="waited 0.3 s"):
         engine.add_request("queued", [5, 6], SamplingParams(structured=queued))
+    # the queued compile, its only request gone, was cancelled: its place goes to the next grammar
+    assert not engine.grammar_job(SamplingParams(structured=StructuredOutput.choice(["third"]))).done
     with pytest.raises(GrammarBusy, match="--grammar-max-queued"):
-        engine.grammar_job(SamplingParams(structured=StructuredOutput.choice(["third"])))
+        engine.grammar_job(SamplingParams(structured=StructuredOutput.choice(["fourth"])))
     backend, collect = _colocated(engine)
     try:
         with pytest.raises(NoNodeAvailable, match="--grammar-max-queued"):
-            asyncio.run(collect("busy", SamplingParams(structured=StructuredOutput.choice(["third"]))))
+            asyncio.run(collect("busy", SamplingParams(structured=StructuredOutput.choice(["fifth"]))))
         out = asyncio.run(collect("cached", SamplingParams(temperature=0, max_tokens=30, structured=OTHER)))
         _check(out[0], OTHER)
     finally:
@@ -144,3 +147,17 @@ def test_a_process_exits_cleanly_while_a_grammar_compiles():
                           timeout=600, env=env)
     assert (done.returncode, done.stdout) == (0, "compiling\ndone\n"), done.stderr[-2000:]
     assert "terminate called" not in done.stderr
+
+
+def test_closing_the_colocated_backend_cancels_queued_compiles_and_does_not_wait_on_a_held_one(
+        chat_dir, make_llm, held):
+    """close() stops the engine thread, cancels the queued compile and says the held one still
+    runs (False: router/cli.py then leaves with os._exit instead of waiting at interpreter exit)."""
+    engine = make_llm(chat_dir, block_size=16, num_blocks=64, grammar_max_compiles=1).engine
+    backend, _ = _colocated(engine)
+    running = engine.grammar_job(SamplingParams(structured=HELD))
+    queued = engine.grammar_job(SamplingParams(structured=StructuredOutput.choice(["queued"])))
+    while running.started is None:
+        time.sleep(0.001)
+    assert backend.close() is False
+    assert queued.future.cancelled() and not running.done and not backend.is_healthy()
