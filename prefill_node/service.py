@@ -24,6 +24,7 @@ import logging
 
 from engine.grammar_jobs import GrammarBusy
 from engine.grammar_waits import GrammarWaits
+from pdwire.messages import Busy
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire.control import AbortRequest, FirstToken, PrefillRequest, RequestFailed
@@ -36,6 +37,7 @@ from kvtransport.factory import make_sender
 from node_shell.shipper import BlockShipper, Shipment
 
 log = logging.getLogger(__name__)
+BUSY_RETRY_MS = 50     # a Busy's retry-after (its grammar compiler)
 
 
 class PrefillService(NodeService):
@@ -70,7 +72,7 @@ class PrefillService(NodeService):
             if error is None:
                 self._start(req)
             else:
-                self.link.send(RequestFailed(rid, str(error)[:500], isinstance(error, GrammarBusy)))
+                self._refuse(rid, error)
         for failed in self.sender.poll(0.0):
             rid = next((r for r, s in self.shipper.shipments.items() if s.xfer_id == failed.xfer_id), None)
             if rid is not None:
@@ -131,8 +133,7 @@ class PrefillService(NodeService):
         try:
             job = self.engine.grammar_job(req.params)
         except (GrammarBusy, ValueError) as e:
-            self.link.send(RequestFailed(req.rid, str(e)[:500], isinstance(e, GrammarBusy)))
-            return
+            return self._refuse(req.rid, e)
         if job is not None and not job.done:
             return self._compiling.park(req.rid, job, req)
         try:
@@ -146,11 +147,17 @@ class PrefillService(NodeService):
             self.engine.add_request(req.rid, list(req.prompt_ids), prefill_params, req.prior_outputs)
         except (GrammarBusy, ValueError) as e:
             self.sender.abort(req.xfer_id, "bad request")
-            self.link.send(RequestFailed(req.rid, str(e)[:500], isinstance(e, GrammarBusy)))
-            return
+            return self._refuse(req.rid, e)
         self._params[req.rid] = req.params
         self.shipper.track(Shipment(req.rid, req.xfer_id, tuple(req.dst_block_ids), len(req.prompt_ids),
                                     req.cached_prefix_blocks))
+
+    def _refuse(self, rid: str, error: Exception) -> None:
+        """Busy (the grammar compiler is: the router answers a 503) or RequestFailed (a 400)."""
+        if isinstance(error, GrammarBusy):
+            self.link.send(Busy(rid, str(error)[:200], BUSY_RETRY_MS))
+        else:
+            self.link.send(RequestFailed(rid, str(error)[:500], False))
 
     def fail(self, rid: str, reason: str) -> None:
         self._abort(rid, reason, notify=True)

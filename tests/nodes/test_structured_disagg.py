@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from engine import SamplingParams
-from pdwire.control import PrefillRequest
+from engine.grammar_jobs import GrammarBusy
+from pdwire.control import PrefillRequest, RequestFailed
+from pdwire.messages import Busy
+from prefill_node.service import PrefillService
 from pdwire.structured_output import GrammarKind, StructuredOutput
 from tests.engine.test_structured_output import SCHEMA, SPECS, _check
 from tests.node_harness import NodeHarness, Result
@@ -135,3 +139,15 @@ def test_grammars_compiling_do_not_hold_a_nodes_loop(slow_harness, held):
     for spec, r in zip(specs, h.wait([f"g{i}" for i in range(3)])):
         assert r.failed is None and r.finish == "stop"
         _check(h.decode.engine.tokenizer.decode(_tokens(r), skip_special_tokens=True), spec)
+
+
+def test_a_prefill_nodes_busy_grammar_compiler_answers_busy():
+    """GrammarBusy on a prefill node is a Busy (the router answers a 503), not a retryable
+    RequestFailed (the router retried it, each time taking a decode reservation, then a 500); a
+    grammar that cannot compile stays a non-retryable failure (a 400)."""
+    service, sent = PrefillService.__new__(PrefillService), []
+    service.link = SimpleNamespace(send=sent.append)
+    service._refuse("r1", GrammarBusy("too many compiles"))
+    service._refuse("r2", ValueError("invalid regex"))
+    assert isinstance(sent[0], Busy) and (sent[0].rid, sent[0].reason) == ("r1", "too many compiles")
+    assert sent[1] == RequestFailed("r2", "invalid regex", False)
