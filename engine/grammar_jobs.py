@@ -44,6 +44,12 @@ class GrammarBusy(Exception):
     """Too many grammars compile or wait here: try another node (retryable: a Busy, a 503)."""
 
 
+class GrammarTimeout(ValueError):
+    """A compile ran past its time limit: a 400 where a grammar is judged (the decode node, the
+    colocated engine); a prefill node only compiles what its decode node compiled in time, so
+    there it is its load, a Busy (the compile goes on, cached for the retry)."""
+
+
 @dataclass(slots=True, eq=False)
 class CompileJob:
     """One grammar's compile: its result (or error) to come, when a thread took it up, and how many
@@ -75,7 +81,7 @@ class CompileJob:
         that long for a thread (GrammarBusy: another node may be free)."""
         now, limit_s = time.monotonic(), self.limit_s
         if self.started is not None:
-            return ValueError(f"invalid grammar: it did not compile within {limit_s} s "
+            return GrammarTimeout(f"invalid grammar: it did not compile within {limit_s} s "
                               "(--grammar-compile-timeout-s)") if now - self.started >= limit_s else None
         return GrammarBusy(f"the grammar waited {limit_s} s for this node's compiler, busy with "
                            "others: try again") if now - since >= limit_s else None

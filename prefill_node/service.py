@@ -15,14 +15,16 @@ Request lifecycle:
 
 A structured output's grammar compiles off the loop (engine/grammar_jobs.py): before step 2's
 queueing, a request whose grammar is not compiled yet is parked (engine/grammar_waits.py) and
-started once it is; the loop heartbeats and serves the others meanwhile.
+started once it is; the loop heartbeats and serves the others meanwhile. Too many compiles, or
+one past the time limit (the decode node compiled it in time: this node's load), is a Busy, which
+the router answers with a 503; a grammar that does not compile is a RequestFailed (a 400).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 
-from engine.grammar_jobs import GrammarBusy
+from engine.grammar_jobs import GrammarBusy, GrammarTimeout
 from engine.grammar_waits import GrammarWaits
 from pdwire.messages import Busy
 from pdwire.outputs import RequestOutput
@@ -153,8 +155,10 @@ class PrefillService(NodeService):
                                     req.cached_prefix_blocks))
 
     def _refuse(self, rid: str, error: Exception) -> None:
-        """Busy (the grammar compiler is: the router answers a 503) or RequestFailed (a 400)."""
-        if isinstance(error, GrammarBusy):
+        """Busy (the router answers a 503) or RequestFailed (a 400). A grammar here compiled in time
+        on the decode node already: past this node's time limit it is this node's load, a Busy
+        (its compile goes on and is cached for the retry), not a grammar too costly (a 400)."""
+        if isinstance(error, (GrammarBusy, GrammarTimeout)):
             self.link.send(Busy(rid, str(error)[:200], BUSY_RETRY_MS))
         else:
             self.link.send(RequestFailed(rid, str(error)[:500], False))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine import SamplingParams
-from engine.grammar_jobs import GrammarBusy
+from engine.grammar_jobs import GrammarBusy, GrammarTimeout
 from pdwire.control import PrefillRequest, RequestFailed
 from pdwire.messages import Busy
 from prefill_node.service import PrefillService
@@ -144,10 +144,13 @@ def test_grammars_compiling_do_not_hold_a_nodes_loop(slow_harness, held):
 def test_a_prefill_nodes_busy_grammar_compiler_answers_busy():
     """GrammarBusy on a prefill node is a Busy (the router answers a 503), not a retryable
     RequestFailed (the router retried it, each time taking a decode reservation, then a 500); a
-    grammar that cannot compile stays a non-retryable failure (a 400)."""
+    grammar that cannot compile stays a non-retryable failure (a 400); one past this node's time
+    limit, which its decode node compiled in time, is this node's load: a Busy, not a 400."""
     service, sent = PrefillService.__new__(PrefillService), []
     service.link = SimpleNamespace(send=sent.append)
     service._refuse("r1", GrammarBusy("too many compiles"))
     service._refuse("r2", ValueError("invalid regex"))
+    service._refuse("r3", GrammarTimeout("it did not compile within 5.0 s"))
     assert isinstance(sent[0], Busy) and (sent[0].rid, sent[0].reason) == ("r1", "too many compiles")
     assert sent[1] == RequestFailed("r2", "invalid regex", False)
+    assert isinstance(sent[2], Busy) and sent[2].rid == "r3"    # the decode node compiled it in time
