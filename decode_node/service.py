@@ -29,6 +29,10 @@ A DecodeRequest with local_prefill (the router found all but a few of the prompt
 here) skips steps 2-3: the reservation joins the batch at once, the engine prefills the uncached
 tail in chunks beside its decodes and samples the first token itself, which goes out as the first
 TokenDelta (index 0); no prefill node takes part and nothing is shipped.
+
+A structured output's grammar compiles off the loop (engine/grammar_jobs.py): a DecodeRequest
+whose grammar is not compiled yet is parked (engine/grammar_waits.py) and reserved (step 1) once
+it is; the loop heartbeats and serves the others meanwhile. Too many compiles: Busy.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ import logging
 import secrets
 
 from decode_node.streamer import Streamer
+from engine.grammar_jobs import GrammarBusy
+from engine.grammar_waits import GrammarWaits
 from pdwire.outputs import RequestOutput
 from pdwire.control import AbortRequest, DecodeRequest, Paused, PauseRequest, RequestFailed, ShipRequest
 from decode_node.mover import KVMover
@@ -62,6 +68,7 @@ class DecodeService(NodeService):
         self.xfer_rid: dict[str, str] = {}          # open transfers: xfer_id -> rid
         self.aborted: set[str] = set()              # rids the router aborted mid-transfer
         super().__init__(config)
+        self._compiling: GrammarWaits[DecodeRequest] = GrammarWaits()
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
         runner, config = self.engine.runner, self.config
@@ -98,6 +105,11 @@ class DecodeService(NodeService):
                 self.link.beat_if_due()     # each ship may hold the loop MAX_LOOP_STALL_S: a beat between two
                 if (failed := self.mover.ship(msg)) is not None:
                     self.link.send(failed)
+        for rid, req, error in self._compiling.settled():
+            if error is None:
+                self._reserve(req)
+            else:
+                self._refuse(rid, error)
         self.mover.tick()
         for event in self.receiver.poll(0.0):
             rid = self.xfer_rid.pop(event.xfer_id, None)
@@ -132,14 +144,19 @@ class DecodeService(NodeService):
 
     # -- requests ---------------------------------------------------------------------------
     def _reserve(self, req: DecodeRequest) -> None:
+        try:
+            job = self.engine.grammar_job(req.params)
+        except (GrammarBusy, ValueError) as e:
+            return self._refuse(req.rid, e)
+        if job is not None and not job.done:
+            return self._compiling.park(req.rid, job, req)
         prompt = list(req.prompt_ids)
         room = self.engine.max_model_len - len(prompt)
         growth = min(room, req.params.max_tokens or room)
         try:
             reserved = self.engine.reserve(req.rid, prompt, req.params, max(growth, 0), req.prior_outputs)
-        except ValueError as e:
-            self.link.send(RequestFailed(req.rid, str(e)[:500], False))
-            return
+        except (GrammarBusy, ValueError) as e:
+            return self._refuse(req.rid, e)
         if reserved is None:
             self.link.send(Busy(req.rid, "no free KV blocks", BUSY_RETRY_MS))
             return
@@ -152,6 +169,13 @@ class DecodeService(NodeService):
         self.xfer_rid[xfer_id] = req.rid
         self.streamer.open(req.rid)
         self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached, taken))
+
+    def _refuse(self, rid: str, error: Exception) -> None:
+        """Busy (another node may take it) or RequestFailed (no node would: a 400)."""
+        if isinstance(error, GrammarBusy):
+            self.link.send(Busy(rid, str(error)[:200], BUSY_RETRY_MS))
+        else:
+            self.link.send(RequestFailed(rid, str(error)[:500], False))
 
     def _prefill_here(self, req: DecodeRequest, table: list[int], cached: int, taken: int) -> None:
         """Step 1's reservation, computed here: no transfer is registered, so no peer may write it."""
@@ -167,6 +191,7 @@ class DecodeService(NodeService):
         """The router's session was lost: every request here is the router's to run again."""
         for rid in list(self.streamer.streams):
             self._abort(rid)
+        self._compiling.clear()
         self.mover.drop_all()
 
     def _pause(self, rid: str) -> Paused:
@@ -179,6 +204,8 @@ class DecodeService(NodeService):
         return self.mover.pause(rid, state.tokens, state.before_last)
 
     def _abort(self, rid: str) -> None:
+        if self._compiling.drop(rid) is not None:
+            return
         xfer_id = next((x for x, r in self.xfer_rid.items() if r == rid), None)
         if xfer_id is not None:
             self.aborted.add(rid)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine.grammar_limits import COMPILE_TIMEOUT_S, MAX_COMPILES, MAX_QUEUED
+
 if TYPE_CHECKING:
     from engine.config import EngineConfig
 
@@ -28,13 +30,19 @@ class EngineArgs:
     enable_chunked_prefill: bool = True   # split long prompts over steps; off: the context is at most max_num_batched_tokens
     preemption_mode: str = "auto"         # recompute | swap | auto (swap long sequences when swap space allows)
     tensor_parallel_size: int = 1         # processes the heads and MLP are split over
+    grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S  # a structured output's grammar compiling this long fails its requests (a 400); one queued this long is busy (retried elsewhere). A node's loop never waits for a compile
+    grammar_max_compiles: int = MAX_COMPILES  # grammars compiling at once (a thread each)
+    grammar_max_queued: int = MAX_QUEUED      # grammars waiting to compile; past them a new one is busy (retried on another node)
 
     def engine_config(self) -> EngineConfig:
         from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+        from engine.grammar_limits import GrammarLimits
 
         cache = CacheConfig(self.block_size, self.num_blocks, self.kv_cache_gib, self.enable_prefix_caching,
                             self.swap_space_gib)
         scheduler = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
                                     self.preemption_mode)
         return EngineConfig(self.model, self.dtype, self.max_model_len, self.device, self.seed, cache, scheduler,
-                            self.tensor_parallel_size)
+                            self.tensor_parallel_size,
+                            GrammarLimits(self.grammar_compile_timeout_s, self.grammar_max_compiles,
+                                          self.grammar_max_queued))

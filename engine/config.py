@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.context import context_length
+from engine.grammar_limits import GrammarLimits
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -119,6 +120,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     tensor_parallel_size: int = 1        # ranks the heads and MLP are split over (engine.parallel)
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)   # structured outputs' compiles
 
     def __post_init__(self) -> None:
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \

@@ -16,10 +16,14 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
+from concurrent.futures import wait
 from typing import Any, Iterable
 
 import torch
 
+from engine.grammar_jobs import CLOSE_WAIT_S, RECENT_BYTES, CompileJob, CompileJobs
+from engine.grammar_limits import GrammarLimits
 from pdwire.structured_output import GrammarKind, StructuredOutput
 
 # JSON is held to one layout, `{"a": 1, "b": [2, 3]}` (json.dumps' own): free whitespace lets a
@@ -61,20 +65,50 @@ class GrammarMatcher:
 
 
 class GrammarCompiler:
-    """Compiles StructuredOutputs for one tokenizer (compiled grammars cached by spec)."""
+    """Compiles StructuredOutputs for one tokenizer, off the caller's thread (engine/grammar_jobs.py:
+    bounded in time, in threads and in queue by GrammarLimits), and makes matchers from the
+    compiled grammars, which a request keeps (its n sequences' matchers come from it)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]):
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int],
+                 limits: GrammarLimits = GrammarLimits()):
         import xgrammar as xgr
         self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=list(stop_token_ids))
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=256 << 20)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=RECENT_BYTES)
         self.vocab_size = vocab_size
+        self.limits = limits
+        self._jobs = CompileJobs(self._compile, limits)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._lock = threading.Lock()       # the bitmask buffer is shared by one engine's steps
 
-    def compile(self, spec: StructuredOutput) -> Any:
-        """Raises ValueError for a grammar that does not compile."""
+    def submit(self, spec: StructuredOutput) -> CompileJob:
+        """Start compiling `spec` (or find it compiled or compiling); never waits. Raises
+        GrammarBusy when too many compiles are pending."""
+        return self._jobs.submit((spec.kind, spec.spec), spec)
+
+    def compiled(self, spec: StructuredOutput) -> Any:
+        """`spec` compiled: at once if its job is done, else waiting for it at most the time limit
+        (a caller that must not wait parks its request on submit()'s job first). Raises
+        ValueError for a grammar that does not compile, or not in time; GrammarBusy when too many
+        compiles are pending, or it waited the time limit for a thread."""
+        job, since = self.submit(spec), time.monotonic()
+        job.join()
+        try:
+            while not job.done:
+                if (error := job.expired(since)) is not None:
+                    raise error
+                wait([job.future], timeout=0.01)
+        finally:
+            job.leave()     # the last waiter of a job still queued cancels it
+        return job.future.result()
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
+        """Cancel the queued compiles, wait at most `wait_s` for the running ones; True if none runs
+        any more (engine/grammar_jobs.py: a caller that cannot wait longer leaves with os._exit)."""
+        return self._jobs.close(wait_s)
+
+    def _compile(self, spec: StructuredOutput) -> Any:
         c = self._compiler
         try:
             if spec.kind is GrammarKind.JSON_SCHEMA:
@@ -89,14 +123,23 @@ class GrammarCompiler:
         except Exception as err:    # noqa: BLE001 -- xgrammar raises RuntimeError and its own types
             raise _library_error(spec, err) from err
 
-    def matcher(self, spec: StructuredOutput, prior_tokens: list[int]) -> GrammarMatcher:
-        """A matcher past `prior_tokens` (the tokens generated before this node took the request).
-        Raises ValueError if the grammar does not compile or refuses one of them."""
-        m = GrammarMatcher(self._xgr.GrammarMatcher(self.compile(spec)))
+    def matcher(self, compiled: Any, prior_tokens: list[int] = ()) -> GrammarMatcher:
+        """A matcher of a compiled grammar past `prior_tokens` (the tokens generated before this
+        node took the request). Raises ValueError if it refuses one of them, or allows no token
+        after them (its language is empty, or this vocabulary cannot spell it)."""
+        m = GrammarMatcher(self._xgr.GrammarMatcher(compiled))
         for i, token in enumerate(prior_tokens):
             if not m.accept(token):
-                raise ValueError(f"prior output token {i} ({token}) does not follow the request's {spec.kind.value}")
+                raise ValueError(f"prior output token {i} ({token}) does not follow the request's grammar")
+        if not m.terminated and not self._allows_any(m):
+            raise ValueError("invalid grammar: it allows no token (its language is empty, or this model's "
+                             "vocabulary cannot spell it)")
         return m
+
+    def _allows_any(self, m: GrammarMatcher) -> bool:
+        with self._lock:
+            m.fill(self._bitmask, 0)
+            return bool(self._bitmask[0].any())
 
     def mask(self, logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
         """Set to -inf, in place, every token a row's grammar forbids. logits: [R, vocab], one row

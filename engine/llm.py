@@ -25,9 +25,13 @@ class LLM:
         self.engine = LLMEngine(EngineArgs(model=model, **engine_args).engine_config())
         self._ids = itertools.count()
 
-    def close(self) -> None:
-        """Stop the tensor-parallel worker processes, if any (idempotent); no generate after."""
+    def close(self) -> bool:
+        """Stop the tensor-parallel worker processes, if any (idempotent); no generate after. The
+        queued grammar compiles are cancelled and the running ones waited for a bounded time:
+        False if one still runs (the interpreter's exit waits for it; os._exit does not)."""
         close_runner(self.engine.runner)
+        grammars = self.engine.sampler.grammars
+        return grammars is None or grammars.close()
 
     def __enter__(self) -> "LLM":
         return self

@@ -21,9 +21,11 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import DecodeState, Detokenizer, find_stop
 from engine.grammar import GrammarCompiler, GrammarMatcher
+from engine.grammar_jobs import CompileJob
 from engine.kv_pool import block_bytes, num_blocks_for
 from pdwire.outputs import CompletionOutput, EngineMetrics, RequestOutput
 from engine.parallel import make_runner
+from engine.prompt_logprobs import record_prompt_logprobs
 from engine.sampler import Sampler, SampledToken, SamplingRow
 from pdwire.sampling_params import SamplingParams, choice_seed
 from engine.scheduler import ReservedPrompt, ScheduledSeq, Scheduler
@@ -135,11 +137,19 @@ class LLMEngine:
         group = SequenceGroup(request_id, [seq], params, time.monotonic())
         if params.use_beam_search:
             group.beam = new_beam_state(params, len(ids), self.max_model_len, self.model_config.eos_token_ids)
-        if params.structured is not None:     # replays the tokens generated on another node
-            self._grammar[seq.seq_id] = self._grammars().matcher(params.structured, seq.generated_token_ids)
+        if params.structured is not None:     # done at once for a caller that parked on grammar_job
+            group.grammar = self._grammars().compiled(params.structured)
+            # replays the tokens generated on another node; refuses a grammar that allows no token
+            self._grammar[seq.seq_id] = self._grammars().matcher(group.grammar, seq.generated_token_ids)
         self._groups[request_id] = group
         self._decode[seq.seq_id] = self.detokenizer.start(ids)
         return group
+
+    def grammar_job(self, params: SamplingParams) -> CompileJob | None:
+        """Start compiling a request's grammar, without waiting (None: it has none). A loop that
+        must not wait parks the request until the job is done (engine/grammar_waits.py), then
+        calls add_request or reserve. Raises ValueError (no tokenizer) or GrammarBusy."""
+        return None if params.structured is None else self._grammars().submit(params.structured)
 
     def _grammars(self) -> GrammarCompiler:
         """The grammar compiler, made when the first request asks for a structured output."""
@@ -147,7 +157,8 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError("this model folder has no tokenizer: structured outputs need one")
             self.sampler.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
-                                                    self.model_config.eos_token_ids)
+                                                    self.model_config.eos_token_ids,
+                                                    self.config.grammar)
         return self.sampler.grammars
 
     def _check_request(self, params: SamplingParams, prompt_len: int, prior_outputs: int) -> None:
@@ -235,7 +246,7 @@ class LLMEngine:
             logits = self.runner.execute(plan.scheduled)
             sampling = [s for s in plan.scheduled if s.samples]
             if logits.shape[0] > len(sampling):
-                self._record_prompt_logprobs(logits[len(sampling):], plan.scheduled)
+                record_prompt_logprobs(logits[len(sampling):], plan.scheduled)
                 logits = logits[:len(sampling)]
             for item in plan.scheduled:
                 item.seq.num_computed_tokens += item.num_new_tokens
@@ -249,28 +260,6 @@ class LLMEngine:
             if group.is_finished:
                 self._forget(group)
         return outputs
-
-    def _record_prompt_logprobs(self, logits: torch.Tensor, scheduled: list[ScheduledSeq]) -> None:
-        """logits [P, vocab]: one row per prompt_logprob_positions entry, in order. The row of
-        position p scores prompt token p + 1: its logprob and the top-n of the distribution."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        row = 0
-        for item in scheduled:
-            positions = item.prompt_logprob_positions
-            if not positions:
-                continue
-            seq, n = item.seq, item.group.params.prompt_logprobs
-            if seq.prompt_logprobs is None:
-                seq.prompt_logprobs = [None] * seq.num_prompt_tokens
-            block = logprobs[row:row + len(positions)]
-            actual = seq.token_ids[positions.start + 1:positions.stop + 1]
-            index = torch.tensor(actual, device=block.device)[:, None]
-            chosen = block.gather(1, index)[:, 0].tolist()
-            top = block.topk(min(n, block.shape[1]), dim=-1)            # n = 0: empty rows
-            for p, token, lp, ids, values in zip(positions, actual, chosen, top.indices.tolist(),
-                                                 top.values.tolist()):
-                seq.prompt_logprobs[p + 1] = {token: lp, **dict(zip(ids, values))}
-            row += len(positions)
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq],
                 touched: dict[str, SequenceGroup]) -> None:
@@ -299,16 +288,19 @@ class LLMEngine:
             touched[group.request_id] = group
 
     def _fork(self, group: SequenceGroup) -> list[Sequence]:
-        """After the prompt's prefill: the group's n sequences, sharing the prompt's blocks."""
-        parent = group.seqs[0]
-        for i in range(1, group.params.n):
+        """After the prompt's prefill: the group's n sequences, sharing the prompt's blocks. The
+        children's matchers come from the group's compiled grammar (nothing compiles in a step),
+        made before anything changes: the fork is whole or not at all."""
+        parent, grammar = group.seqs[0], group.grammar
+        matchers = [None if grammar is None else self._grammars().matcher(grammar) for _ in range(1, group.params.n)]
+        for i, matcher in enumerate(matchers, 1):
             child = parent.fork(i)
             if group.params.seed is not None:
                 child.seed = choice_seed(group.params.seed, i)
             self.block_manager.fork(parent, child)
             self._decode[child.seq_id] = self.detokenizer.start(group.prompt_token_ids)
-            if group.params.structured is not None:
-                self._grammar[child.seq_id] = self._grammars().matcher(group.params.structured, [])
+            if matcher is not None:
+                self._grammar[child.seq_id] = matcher
             group.seqs.append(child)
         group.forked = True
         return list(group.seqs)
@@ -323,17 +315,17 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, group: SequenceGroup, sample: SampledToken) -> None:
         p, token = group.params, sample.token_id
+        grammar = self._grammar.get(seq.seq_id)
+        if grammar is not None and not grammar.accept(token):   # a grammar that allows no token, or
+            log.warning("request %s: token %d does not follow its grammar", group.request_id, token)
+            return self.scheduler.finish_seq(seq, FinishReason.ABORT)   # a first token another node sent
         seq.token_ids.append(token)
         if sample.logprobs is not None:
             seq.logprobs.append(sample.logprobs)
         new_text = self.detokenizer.step(self._decode[seq.seq_id], token)
         seq.text += new_text
         reason = None
-        grammar = self._grammar.get(seq.seq_id)
-        if grammar is not None and not grammar.accept(token):   # only a first token sent by another node
-            log.warning("request %s: token %d does not follow its grammar", group.request_id, token)
-            reason = FinishReason.ABORT
-        elif grammar is not None and grammar.terminated:
+        if grammar is not None and grammar.terminated:
             reason = FinishReason.STOP
         elif (not p.ignore_eos and token in self.model_config.eos_token_ids) or token in p.stop_token_ids:
             reason = FinishReason.STOP

@@ -68,6 +68,7 @@ class Sampler:
                                                                 for r in rows) else None
         if edits:
             self._edit(logits, rows)
+            _open_dead_ends(logits, rows)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
         if len(random_rows) == len(rows):
             chosen = self._sample(rows, logits)                         # [R]
@@ -80,14 +81,21 @@ class Sampler:
                 for i, t in enumerate(chosen_list)]
 
     def _edit(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-        """Penalties, banned ids, then the grammars' mask, in place (logits: [R, vocab] float32)."""
+        """Penalties, the grammars' mask, then banned ids, in place (logits: [R, vocab] float32).
+        The grammar wins over min_tokens: a row whose grammar allows only what is banned (a
+        finished JSON allows only EOS) keeps those tokens."""
         for i, r in enumerate(rows):
             if r.params.needs_penalties:
                 _apply_penalties(logits[i], r)
-            if r.banned_ids:
-                logits[i, list(r.banned_ids)] = float("-inf")
         if self.grammars is not None and any(r.grammar is not None for r in rows):
             self.grammars.mask(logits, [r.grammar for r in rows])     # one bitmask for the batch
+        for i, r in enumerate(rows):
+            if r.banned_ids:
+                banned = list(r.banned_ids)
+                kept = logits[i, banned].clone() if r.grammar is not None else None
+                logits[i, banned] = float("-inf")
+                if kept is not None and bool(torch.isneginf(logits[i]).all()):
+                    logits[i, banned] = kept
 
     def _sample(self, rows: list[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
         """One draw per row by inverting its CDF with a single uniform number: exact, and one
@@ -127,6 +135,18 @@ def draw_seed(seed: int, draw: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+def _open_dead_ends(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """A row whose grammar allows no token (its language is empty, `root ::= root "a"`, or this
+    vocabulary cannot spell it) gets every token back, so the draw is defined: the engine's grammar
+    check refuses the token drawn and aborts that request alone, not the whole step (logits:
+    [R, vocab] float32, edited in place)."""
+    gated = [i for i, r in enumerate(rows) if r.grammar is not None]
+    if gated:
+        dead = torch.isneginf(logits[gated]).all(dim=-1).tolist()
+        for i in (i for i, d in zip(gated, dead) if d):
+            logits[i] = 0.0
 
 
 def _apply_penalties(row: torch.Tensor, r: SamplingRow) -> None:

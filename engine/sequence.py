@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pdwire.sampling_params import SamplingParams
 
@@ -100,6 +100,7 @@ class SequenceGroup:
     arrival: float                                # monotonic seconds, for FCFS order
     forked: bool = False                          # n > 1 groups fork once after the prefill
     beam: "BeamState | None" = None               # beam search state (engine/beam_search.py)
+    grammar: Any = None                           # structured output: its compiled grammar (engine/grammar.py)
     num_cached_tokens: int | None = None          # prefix-cache hit tokens at its first admission
     queue_time: float | None = None               # seconds from arrival to its first admission
 

@@ -49,6 +49,7 @@ PLAIN_LABEL = b"pdserve zmtp plain v1"
 MAX_REFUSALS = 1024     # refused handshakes held until their owner's loop counts them (take_refused)
 USER_ID = "User-Id"     # the message property that holds the User-Id the ZAP handler gave a connection
 USER_ID_SLOTS = 1       # receive high-water mark slots a connection's User-Id holds for good (protect)
+HANDSHAKE_MS = 5000     # a connection silent past this is closed: libzmq's default, 30 s, let one local process hold every fd
 
 
 def plain_password(secret: bytes) -> str:
@@ -101,9 +102,11 @@ class ThreadGuard(ThreadAuthenticator):
         """Makes sock (before bind, on this guard's context) accept only PLAIN peers this guard
         admits, and queue recv_hwm messages (0: no limit) from each connection. libzmq queues a
         connection's User-Id as a message ahead of its first, which the pipe counts as written and
-        never as read: it holds one slot of the receive high-water mark for good, added here."""
+        never as read: it holds one slot of the receive high-water mark for good, added here. A
+        connection not through the handshake within HANDSHAKE_MS is closed."""
         sock.plain_server = True
         sock.zap_domain = ZAP_DOMAIN.encode()
+        sock.handshake_ivl = HANDSHAKE_MS
         sock.rcvhwm = recv_hwm + USER_ID_SLOTS if recv_hwm > 0 else 0
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:

@@ -8,10 +8,16 @@ far into a fresh matcher, so a request moved to another node continues from the 
 from __future__ import annotations
 
 import enum
+import itertools
 import json
+import re
 from dataclasses import dataclass
 
 MAX_SPEC_CHARS = 1 << 20     # the wire's hard cap; the router's --max-grammar-chars is lower
+MAX_SPEC_DEPTH = 128         # the wire's cap on a JSON spec's nesting; the router's --max-grammar-depth is lower
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"')     # possessive: linear on an unclosed string
+_NOT_BRACKET = re.compile(r"[^\[\]{}]")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 class GrammarKind(str, enum.Enum):
@@ -62,7 +68,17 @@ class StructuredOutput:
         return cls(*value)
 
 
+def json_depth(text: str) -> int:
+    """How deep a JSON text's arrays and objects nest (brackets outside strings), without parsing
+    it: xgrammar's time on a JSON schema grows with the cube of its depth (1,000 nested `items`,
+    25 kB, held a thread for a minute), and json.loads raises RecursionError past ~1,000."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
 def _loads(text: str, what: str) -> object:
+    if (depth := json_depth(text)) > MAX_SPEC_DEPTH:
+        raise ValueError(f"{what} nests {depth} deep, over the limit of {MAX_SPEC_DEPTH}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:

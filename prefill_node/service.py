@@ -12,12 +12,21 @@ Request lifecycle:
      Commit to D; the prompt's full blocks stay in this node's prefix cache
   5. AbortRequest, a bad request or a failed transfer: the engine drops the request, the
      transfer is aborted, the router hears RequestFailed; blocks are freed exactly once
+
+A structured output's grammar compiles off the loop (engine/grammar_jobs.py): before step 2's
+queueing, a request whose grammar is not compiled yet is parked (engine/grammar_waits.py) and
+started once it is; the loop heartbeats and serves the others meanwhile. Too many compiles, or
+one past the time limit (the decode node compiled it in time: this node's load), is a Busy, which
+the router answers with a 503; a grammar that does not compile is a RequestFailed (a 400).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 
+from engine.grammar_jobs import GrammarBusy, GrammarTimeout
+from engine.grammar_waits import GrammarWaits
+from pdwire.messages import Busy
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire.control import AbortRequest, FirstToken, PrefillRequest, RequestFailed
@@ -31,6 +40,7 @@ from kvtransport.factory import make_sender
 from node_shell.shipper import SEND_TIMEOUT_S, BlockShipper, Shipment
 
 log = logging.getLogger(__name__)
+BUSY_RETRY_MS = 50     # a Busy's retry-after (its grammar compiler)
 
 
 class PrefillService(NodeService):
@@ -41,6 +51,7 @@ class PrefillService(NodeService):
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
         self._unpaired: dict[str, list[PrefillRequest]] = {}   # D's endpoint -> requests waiting for its pairing
         super().__init__(config, observer=self.shipper)
+        self._compiling: GrammarWaits[PrefillRequest] = GrammarWaits()
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
         self.sender = make_sender(self.config.kv_transport, identity, secret,   # sends on the loop: bounded
@@ -60,6 +71,11 @@ class PrefillService(NodeService):
             elif isinstance(msg, AbortRequest):
                 self._abort(msg.rid, "aborted by the router", notify=False)
         self._pair()
+        for rid, req, error in self._compiling.settled():
+            if error is None:
+                self._start(req)
+            else:
+                self._refuse(rid, error)
         self._fail_lost_transfers()
         self.shipper.release_sent()
 
@@ -81,7 +97,9 @@ class PrefillService(NodeService):
             if not out.finished or shipment is None or shipment.closed:
                 continue
             first = out.outputs[0]
-            if first.finish_reason == "abort" or not first.token_ids:
+            if first.finish_reason == "abort" or not first.token_ids:     # (its grammar refused every token)
+                self._abort(out.request_id, "the request ended with no first token (aborted)", notify=True,
+                            retryable=False)
                 continue
             token = first.token_ids[0]
             logprobs = [list(kv) for kv in first.logprobs[0].items()] if first.logprobs else None
@@ -123,6 +141,12 @@ class PrefillService(NodeService):
 
     def _start(self, req: PrefillRequest) -> None:
         try:
+            job = self.engine.grammar_job(req.params)
+        except (GrammarBusy, ValueError) as e:
+            return self._refuse(req.rid, e)
+        if job is not None and not job.done:
+            return self._compiling.park(req.rid, job, req)
+        try:
             self.sender.begin(req.xfer_id, req.kv_endpoint)
         except (HandshakeError, RuntimeError, ValueError) as e:
             self.link.send(RequestFailed(req.rid, f"cannot reach decode node: {e}"[:500], True))
@@ -131,13 +155,21 @@ class PrefillService(NodeService):
             prefill_params = dataclasses.replace(req.params, max_tokens=1, n=1,
                                                  min_tokens=min(req.params.min_tokens, 1))
             self.engine.add_request(req.rid, list(req.prompt_ids), prefill_params, req.prior_outputs)
-        except ValueError as e:
+        except (GrammarBusy, ValueError) as e:
             self.sender.abort(req.xfer_id, "bad request")
-            self.link.send(RequestFailed(req.rid, str(e)[:500], False))
-            return
+            return self._refuse(req.rid, e)
         self._params[req.rid] = req.params
         self.shipper.track(Shipment(req.rid, req.xfer_id, tuple(req.dst_block_ids), len(req.prompt_ids),
                                     req.cached_prefix_blocks))
+
+    def _refuse(self, rid: str, error: Exception) -> None:
+        """Busy (the router answers a 503) or RequestFailed (a 400). A grammar here compiled in time
+        on the decode node already: past this node's time limit it is this node's load, a Busy
+        (its compile goes on and is cached for the retry), not a grammar too costly (a 400)."""
+        if isinstance(error, (GrammarBusy, GrammarTimeout)):
+            self.link.send(Busy(rid, str(error)[:200], BUSY_RETRY_MS))
+        else:
+            self.link.send(RequestFailed(rid, str(error)[:500], False))
 
     def fail(self, rid: str, reason: str) -> None:
         self._abort(rid, reason, notify=True)
@@ -146,6 +178,7 @@ class PrefillService(NodeService):
         """The router's session was lost: every request here is the router's to run again."""
         for rid in list(self.shipper.shipments):
             self._abort(rid, "the router's session was lost", notify=False)
+        self._compiling.clear()
         for waiting in self._unpaired.values():     # their pairings go on (a later request may use them)
             waiting.clear()
 
@@ -154,6 +187,7 @@ class PrefillService(NodeService):
             self.link.send(RequestFailed(rid, reason[:500], retryable))
         for waiting in self._unpaired.values():
             waiting[:] = [r for r in waiting if r.rid != rid]
+        self._compiling.drop(rid)
         self.engine.abort_request(rid)
         shipment = self.shipper.close(rid)
         if shipment is not None:

@@ -12,7 +12,7 @@ router's control plane binds this host's Ray address (unless --control-endpoint 
 each node binds and advertises the address of the host it landed on. The model folder must be at
 the same path on every host, and pdserve installed in the same Python environment.
 `ray scale` and `ray pools` are `pdserve scale` and `pdserve pools`: the operator API
-(/admin/pools, needs --admin-api-key on the router), which resizes pools through its FleetScaler (router/fleet_scaler.py).
+(/admin/pools, needs the router's admin key, $PDSERVE_ADMIN_KEY), which resizes pools through its FleetScaler (router/fleet_scaler.py).
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ RouterConfig's fields as `--port`, `--api-key`, ...; EngineArgs' as `--model`, `
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -18,14 +19,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     from engine.llm_engine import LLMEngine
     from router.http.app import create_app
     from router.colocated import ColocatedBackend
-    from router.config import RouterConfig
+    from router.config import RouterConfig, keys_from_environment
     from router.http.server import PortInUse, Server, bind_http
 
     parser = argparse.ArgumentParser(prog="python -m router", description=__doc__.splitlines()[0])
     add_dataclass_args(parser, RouterConfig)
     add_dataclass_args(parser, EngineArgs)
     args = vars(parser.parse_args(argv))
-    config = build_dataclass(RouterConfig, args)
+    config = build_dataclass(RouterConfig, keys_from_environment(args, os.environ))
     try:
         sock = bind_http(config)
     except PortInUse as err:
@@ -34,5 +35,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         Server(create_app(backend, config), config, loop="uvloop").run(sockets=[sock])
     finally:
-        backend.close()
+        ended = backend.close()
         sock.close()
+    if not ended:   # a grammar compile still runs inside xgrammar: leave without it
+        leave_now(0)
+
+
+def leave_now(status: int) -> None:
+    """End the process at once with `status`, output flushed: no interpreter exit, which would
+    wait for every compile thread, and no finalization, in which a compile thread ending inside
+    C++ aborts the process (engine/grammar_jobs.py)."""
+    import logging
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

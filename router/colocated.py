@@ -11,6 +11,10 @@ The engine is synchronous and not thread-safe, so only the engine thread touches
                                       via loop.call_soon_threadsafe
                                    4. refresh the metrics snapshot; block on the inbox when idle
 
+A structured output whose grammar is not compiled yet waits parked (engine/grammar_waits.py) while
+its grammar compiles on a thread of its own: the engine thread serves the other requests, and
+adds it once compiled. Too many compiles pending: a 503 (NoNodeAvailable), never a 400.
+
 The engine's outputs are cumulative (its nodes' streamers need that); only their deltas leave the
 engine thread. Beam search revises its beams until the end, so the engine outputs them once,
 finished, and that one output goes whole.
@@ -24,6 +28,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from engine.grammar_jobs import GrammarBusy
+from engine.grammar_waits import GrammarWaits
 from pdwire.figures import PrefixCounters
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
@@ -33,6 +39,7 @@ from router.request_deltas import RequestDeltas
 from router.stop_hold import StopHold
 
 _END = object()     # sentinel: the request was aborted, its stream ends
+_PARKED_POLL_S = 0.005  # while requests wait for their grammar: how often an idle engine thread looks
 
 
 class _Sink:
@@ -97,6 +104,7 @@ class ColocatedBackend(Backend):
         self._max_model_len: int = engine.max_model_len
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}      # engine thread only
+        self._compiling: GrammarWaits[_Add] = GrammarWaits()       # engine thread only
         self._error: BaseException | None = None
         self._metrics = self._snapshot()
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
@@ -143,10 +151,15 @@ class ColocatedBackend(Backend):
     def is_healthy(self) -> bool:
         return self._error is None and self._thread.is_alive()
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop the engine thread, cancel the queued grammar compiles and wait a bounded time for the
+        running ones (engine/grammar_jobs.py); False if one still runs: the process should leave
+        with os._exit (router/cli.py), not wait for it at interpreter exit."""
         if self._thread.is_alive():
             self._inbox.put(_Stop())
             self._thread.join()
+        grammars = self._engine.sampler.grammars
+        return grammars is None or grammars.close()
 
     # ------------------------------------------------------------ engine thread
 
@@ -162,10 +175,13 @@ class ColocatedBackend(Backend):
 
     def _serve_once(self) -> bool:
         """One loop turn; False when asked to stop."""
-        for command in self._drain_inbox(block=not self._engine.has_unfinished_requests()):
+        idle = not self._engine.has_unfinished_requests()
+        for command in self._drain_inbox(block=idle, timeout=_PARKED_POLL_S if self._compiling else None):
             if isinstance(command, _Stop):
                 return False
             self._apply(command)
+        for _, command, error in self._compiling.settled():
+            self._add(command, error)
         if self._engine.has_unfinished_requests():
             outputs, failed = self._engine.safe_step()        # a broken engine raises: see _run
             for rid, reason in failed.items():
@@ -176,8 +192,13 @@ class ColocatedBackend(Backend):
         self._metrics = self._snapshot()
         return True
 
-    def _drain_inbox(self, block: bool) -> list:
-        commands = [self._inbox.get()] if block else []
+    def _drain_inbox(self, block: bool, timeout: float | None) -> list:
+        commands = []
+        if block:
+            try:
+                commands.append(self._inbox.get(timeout=timeout))
+            except queue.Empty:
+                return commands
         while True:
             try:
                 commands.append(self._inbox.get_nowait())
@@ -188,18 +209,36 @@ class ColocatedBackend(Backend):
         if isinstance(command, _Abort):
             sink = self._sinks.pop(command.request_id, None)
             if sink is not None:
+                self._compiling.drop(command.request_id)
                 self._engine.abort_request(command.request_id)
                 sink.push(_END)
             return
         if command.request_id in self._sinks:
             command.sink.push(ValueError(f"duplicate request id {command.request_id!r}"))
             return
-        try:
-            self._engine.add_request(command.request_id, command.prompt, command.params)
-        except ValueError as err:
-            command.sink.push(err)
-            return
         self._sinks[command.request_id] = command.sink
+        try:
+            job = None if command.params.structured is None else self._engine.grammar_job(command.params)
+        except (GrammarBusy, ValueError) as err:
+            return self._add(command, err)
+        if job is not None and not job.done:
+            return self._compiling.park(command.request_id, job, command)
+        self._add(command, None)
+
+    def _add(self, command: _Add, error: Exception | None) -> None:
+        """Queue a request in the engine, or fail it with `error` (GrammarBusy: a 503)."""
+        try:
+            if error is not None:
+                raise error
+            self._engine.add_request(command.request_id, command.prompt, command.params)
+        except GrammarBusy as err:
+            self._fail(command, NoNodeAvailable(str(err)))
+        except ValueError as err:
+            self._fail(command, err)
+
+    def _fail(self, command: _Add, err: Exception) -> None:
+        self._sinks.pop(command.request_id, None)
+        command.sink.push(err)
 
     def _deliver(self, output: RequestOutput) -> None:
         sink = self._sinks.get(output.request_id)

@@ -1,7 +1,9 @@
 """Router configuration: one frozen dataclass, validated on construction."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 ROUTINGS = ("cost", "affinity")
 LOCAL_PREFILL_TOKENS = 64       # the threshold sweep in bench/README.md: all of RAG's gain (its questions are
@@ -15,7 +17,7 @@ MAX_KV_MOVE_TIMEOUT_S = 60.0    # a remove waits up to 2 x kv_move_timeout_s: `p
 class RouterConfig:
     host: str = "127.0.0.1"                 # loopback unless an address is given
     port: int = 8000                        # the HTTP port of the OpenAI API, /health and /metrics
-    api_key: str | None = None              # when set, /v1/* needs `Authorization: Bearer <api_key>`
+    api_key: str | None = None              # when set, /v1/* needs `Authorization: Bearer <api_key>`; else $PDSERVE_API_KEY (a flag is visible in ps)
     served_model_name: str | None = None    # name clients use; None: the backend's model name
     default_max_tokens: int = 16            # /v1/completions default (OpenAI's); chat defaults to the context
     heartbeat_timeout_s: float = 10.0       # a node silent this long is taken out: > the longest engine step (a 2048-token CPU prefill chunk takes seconds), and on a decode node > a KV move's ship (up to 7 s, decode_node/mover.py MAX_LOOP_STALL_S) plus a step
@@ -41,9 +43,10 @@ class RouterConfig:
     max_n: int = 128                        # HTTP: completions per prompt
     max_logit_bias: int = 300               # HTTP: logit_bias entries (OpenAI's cap)
     max_grammar_chars: int = 1 << 16        # HTTP: characters of a structured output's schema, regex, choices or grammar
+    max_grammar_depth: int = 64             # HTTP: how deep a JSON schema's arrays and objects nest (its compile time grows with the cube; the wire's cap is 128)
     max_logprobs: int = 20                  # HTTP: completions `logprobs` / chat `top_logprobs`
     max_logprob_cells: int = 1 << 20        # HTTP: prompts x n x (logprobs + 1) x tokens scored, per request
-    metrics_api_key: str | None = None      # when set, /metrics needs `Authorization: Bearer <metrics_api_key>`
+    metrics_api_key: str | None = None      # when set, /metrics needs `Authorization: Bearer <metrics_api_key>`; else $PDSERVE_METRICS_KEY
     tokenizer_workers: int = 2              # HTTP: threads that tokenize and build large responses off the event loop
     max_stream_buffer_bytes: int = 4 << 20  # HTTP: unsent output one request may buffer; beyond it the request ends
     stream_stall_timeout_s: float = 30.0    # HTTP: a client that accepts no data this long is cut and its request aborted
@@ -53,7 +56,7 @@ class RouterConfig:
     max_connections: int = 512              # HTTP: open connections; requests beyond them get a 503
     shutdown_grace_s: float = 30.0          # SIGTERM: open streams get this long, then end with an error event
     trust_chat_control_tokens: bool = False  # chat: parse special tokens typed in messages (trusted clients only)
-    admin_api_key: str | None = None        # /admin/* (drain, remove, list nodes) needs `Authorization: Bearer <admin_api_key>`; unset: /admin/* answers 403
+    admin_api_key: str | None = None        # /admin/* (drain, remove, list nodes) needs `Authorization: Bearer <admin_api_key>`; else $PDSERVE_ADMIN_KEY; unset: /admin/* answers 403
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host must be a non-empty string")
@@ -94,7 +97,7 @@ class RouterConfig:
 
 
 _POSITIVE = ("max_body_bytes", "max_prompt_chars", "max_prompt_token_ids", "max_stop_strings",
-             "max_stop_chars", "max_grammar_chars", "max_n", "max_logprob_cells", "tokenizer_workers", "max_stream_buffer_bytes",
+             "max_stop_chars", "max_grammar_chars", "max_grammar_depth", "max_n", "max_logprob_cells", "tokenizer_workers", "max_stream_buffer_bytes",
              "stream_stall_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s",
              "max_connections", "shutdown_grace_s")
 
@@ -102,3 +105,20 @@ _POSITIVE = ("max_body_bytes", "max_prompt_chars", "max_prompt_token_ids", "max_
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+# Where a router's keys come from when no flag gives them: a flag's value stays in /proc/PID/cmdline,
+# which every local user can read (`ps -ef`); a process's environment only its own user and root.
+KEY_VARIABLES = {"api_key": "PDSERVE_API_KEY", "admin_api_key": "PDSERVE_ADMIN_KEY",
+                 "metrics_api_key": "PDSERVE_METRICS_KEY"}
+
+
+def keys_from_environment(args: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The parsed flags, with each key no flag gave taken from its variable in KEY_VARIABLES; a
+    warning for each key given as a flag."""
+    for field in KEY_VARIABLES.keys() & args.keys():
+        logging.getLogger(__name__).warning(
+            "--%s on the command line is visible to every user of this machine (ps); set $%s instead",
+            field.replace("_", "-"), KEY_VARIABLES[field])
+    return {**{f: environ[v] for f, v in KEY_VARIABLES.items() if environ.get(v)}, **args}
+

@@ -11,7 +11,7 @@
     pdserve ray up --address auto [up flags]     the same deployment on a Ray cluster (ray_deploy/)
     pdserve profile [--model DIR] [node flags] | plan --profile P --workload W --rate R   (pdplan/cli.py)
 
-A multi-host deployment: `pdserve secret > secret && chmod 600 secret`, copy the file to every
+A multi-host deployment: `(umask 077; pdserve secret > secret)`, copy the file to every
 host, then `pdserve router --cluster-secret-file secret --host 0.0.0.0 --control-endpoint
 tcp://0.0.0.0:7100` on host A, and on hosts B, C: `pdserve prefill|decode --router tcp://A:7100
 --node-id ... --cluster-secret-file secret` (decode nodes: `--kv-bind tcp://0.0.0.0:7200
@@ -51,7 +51,7 @@ from typing import Any, NamedTuple, Sequence
 from kvtransport.secret import ENV_VAR, SecretError, encode_secret, load_secret, new_secret
 from engine.flags import add_dataclass_args, build_dataclass
 from pdplan.autoscale_config import AutoscaleConfig
-from router.config import RouterConfig
+from router.config import RouterConfig, keys_from_environment
 from router.node_fleet import NodeFleet
 from router.node_processes import ClusterConfig, LocalFleet
 
@@ -98,7 +98,7 @@ def parse_up(argv: Sequence[str]) -> UpArgs:
     parser = _parser()
     args = vars(parser.parse_args(argv))
     try:
-        router = build_dataclass(RouterConfig, args)
+        router = build_dataclass(RouterConfig, keys_from_environment(args, os.environ))
         cluster = build_dataclass(ClusterConfig, args)
         autoscale = build_dataclass(AutoscaleConfig, args)
     except ValueError as err:
@@ -236,7 +236,7 @@ async def _first_request(config: RouterConfig, model_name: str) -> None:
 
 def _print_ready(config: RouterConfig, model_name: str) -> None:
     url = f"http://{config.host}:{config.port}"
-    auth = f" -H 'Authorization: Bearer {config.api_key}'" if config.api_key else ""
+    auth = ' -H "Authorization: Bearer $PDSERVE_API_KEY"' if config.api_key else ""     # not the key: logs are read
     body = f'{{"model": "{config.served_model_name or model_name}", "prompt": "ROMEO:", "max_tokens": 32}}'
     print(f"\npdserve is up at {url}  (Ctrl-C stops it and its nodes)\n"
           f"  curl {url}/v1/completions -H 'Content-Type: application/json'{auth} -d '{body}'\n",

@@ -2,6 +2,8 @@
 after every test that builds one."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from engine import LLM
@@ -34,3 +36,20 @@ def make_llm():
     finally:
         for llm in built:
             llm.close()
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """Compiles of a grammar whose spec starts with "held-" wait until the test sets this event: a
+    compile as slow as the test wants, with no clock in the test (engines whose compiler is made
+    after this fixture). Set at the end, so no compile outlives the test."""
+    from engine.grammar import GrammarCompiler
+    gate, real = threading.Event(), GrammarCompiler._compile
+
+    def compile_(self, spec):
+        if spec.spec.startswith("held-"):
+            gate.wait(60)
+        return real(self, spec)
+    monkeypatch.setattr(GrammarCompiler, "_compile", compile_)
+    yield gate
+    gate.set()

@@ -14,6 +14,7 @@ from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
 from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
+from pdwire.messages import Busy
 from router.cluster.membership import NODE_FAILURE, OPERATOR_CAUSES, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
@@ -41,6 +42,7 @@ class Failure(NamedTuple):
     reason: str
     retryable: bool
     cause: str = NODE_FAILURE   # a LossCause's value when a node was lost: the retry's metric label
+    busy: bool = False      # the prefill node's grammar compiler was busy: a 503 at once, not a retry
 
     @property
     def uses_retry(self) -> bool:
@@ -227,6 +229,8 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
                      node_id, msg.reason)
             return None
         return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
+    if isinstance(msg, Busy) and node_id == att.prefill_id and not att.first_token:
+        return Failure(node_id, f"{node_id}: {msg.reason}", True, busy=True)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
         att.first_token = True
         if msg.prompt_logprobs is not None and request.prompt_logprobs is None:

@@ -42,7 +42,7 @@ from pdwire import control
 from pdwire.control import AbortRequest
 from pdwire.schema import MAX_RID_LEN
 from router.cluster.admission import Admission, CapacityWatch
-from router.backend import Backend, NodeMetrics
+from router.backend import Backend, NodeMetrics, NoNodeAvailable
 from router.cluster.disagg_request import (Attempt, Choice, Failure, Lost, PendingRequest, TransferTimer, apply_event,
                                            check_control_size)
 from router.config import RouterConfig
@@ -352,7 +352,11 @@ class DisaggregatedBackend(Backend):
                 self._server.send(node_id, AbortRequest(att.wire_rid))
 
     def _after_failure(self, choice: Choice, failure: Failure) -> None:
-        """Raises if the choice may not run again; else notes the node to avoid."""
+        """Raises if the choice may not run again; else notes the node to avoid. A prefill node's
+        busy grammar compiler is a 503 at once (as a decode node's or the colocated engine's): a
+        retry would take another decode reservation for the same refusal."""
+        if failure.busy:
+            raise NoNodeAvailable(failure.reason)
         if not failure.retryable:
             raise (RuntimeError if choice.token_ids else ValueError)(failure.reason)
         if failure.uses_retry:

@@ -54,7 +54,7 @@ def create_app(backend: Backend, config: RouterConfig = RouterConfig()) -> FastA
     app.state.generations = set()       # every running Generation, for end_all_streams()
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, api_key=config.api_key,
-                       max_token_ids=config.max_prompt_token_ids)
+                       max_token_ids=config.max_prompt_token_ids, admin_key=config.admin_api_key)
     app.include_router(_ops_routes())
     app.include_router(operator_routes())      # /admin/*: its own key (config.admin_api_key)
     app.include_router(_v1_routes(), dependencies=[Depends(_check_api_key)])

@@ -52,6 +52,11 @@ def invalid_api_key() -> OpenAIError:
     return OpenAIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
 
+def admin_disabled() -> OpenAIError:
+    return OpenAIError(403, "no admin key configured: start the router with $PDSERVE_ADMIN_KEY (or --admin-api-key) "
+                       "to use /admin", type="permission_error", code="admin_disabled")
+
+
 def unavailable(message: str) -> OpenAIError:
     return OpenAIError(503, message, type="service_unavailable_error")
 

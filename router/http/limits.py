@@ -15,9 +15,9 @@ import numpy as np
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.config import RouterConfig
-from router.http.errors import OpenAIError, bad_request, error_body, invalid_api_key
+from router.http.errors import OpenAIError, admin_disabled, bad_request, error_body, invalid_api_key
 from router.http.protocol import ChatCompletionRequest, CompletionRequest
-from pdwire.structured_output import StructuredOutput
+from pdwire.structured_output import GrammarKind, StructuredOutput, json_depth
 
 
 def over_limit(what: str, given: int, limit: int, flag: str, param: str | None) -> OpenAIError:
@@ -47,12 +47,14 @@ def check_request(body: CompletionRequest | ChatCompletionRequest, config: Route
 
 
 def check_grammar(spec: StructuredOutput | None, config: RouterConfig, param: str) -> None:
-    """A 400 for a spec over --max-grammar-chars, or one the grammar library cannot parse."""
+    """A 400 for a spec over --max-grammar-chars or --max-grammar-depth, or one the grammar
+    library cannot parse."""
     if spec is None:
         return
-    if len(spec.spec) > config.max_grammar_chars:
-        raise bad_request(f"{spec.kind.value} (characters): {len(spec.spec)} is over the limit of "
-                          f"{config.max_grammar_chars} (--max-grammar-chars)", param)
+    _at_most(f"{spec.kind.value} (characters)", len(spec.spec), config.max_grammar_chars, "max_grammar_chars", param)
+    if spec.kind is GrammarKind.JSON_SCHEMA:
+        _at_most("json_schema (nesting depth)", json_depth(spec.spec), config.max_grammar_depth, "max_grammar_depth",
+                 param)
     from engine.grammar import parse_grammar      # the library loads with the first structured request
     try:
         parse_grammar(spec)
@@ -106,22 +108,23 @@ class BodyLimit:
     """ASGI middleware: reads a request's body up to `max_bytes`, then hands it to the app. A body
     over the limit gets a 400 before it is read (by its Content-Length) or as soon as it grows past
     the limit (chunked bodies); the app never sees it. With an API key, a /v1 request without it
-    gets its 401 here, from its headers, before any of its body is read."""
+    gets its 401 here, from its headers, before any of its body is read; so does a /tokenize or
+    /detokenize request, and an /admin one without the admin key (a 403 if the router has none)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, api_key: str | None = None,
-                 max_token_ids: int = RouterConfig.max_prompt_token_ids):
+                 max_token_ids: int = RouterConfig.max_prompt_token_ids, admin_key: str | None = None):
         self.app = app
         self.max_bytes = max_bytes
         self._max_values = max_token_ids + _OTHER_VALUES
         self._authorization = None if api_key is None else f"Bearer {api_key}".encode()
+        self._admin = None if admin_key is None else f"Bearer {admin_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if (self._authorization is not None and scope["path"].startswith("/v1/")
-                and not hmac.compare_digest(headers.get(b"authorization", b""), self._authorization)):
-            return await self._refuse(send, invalid_api_key())      # from its headers: no body read
+        if (refused := self._unauthorized(scope["path"], headers.get(b"authorization", b""))) is not None:
+            return await self._refuse(send, refused)      # from its headers: no body read
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
             return await self._refuse(send, self._too_big(int(declared)))
@@ -144,6 +147,15 @@ class BodyLimit:
             return replay.pop() if replay else await receive()
         await self.app(scope, replayed, send)
 
+    def _unauthorized(self, path: str, given: bytes) -> OpenAIError | None:
+        if path.startswith("/admin/"):
+            if self._admin is None:
+                return admin_disabled()
+            return None if hmac.compare_digest(given, self._admin) else invalid_api_key()
+        if self._authorization is None or not path.startswith(_API_KEYED):
+            return None
+        return None if hmac.compare_digest(given, self._authorization) else invalid_api_key()
+
     def _too_big(self, size: int) -> OpenAIError:
         return over_limit("request body (bytes)", size, self.max_bytes, "max_body_bytes", None)
 
@@ -153,6 +165,7 @@ class BodyLimit:
         await response({"type": "http"}, _no_receive, send)
 
 
+_API_KEYED = ("/v1/", "/tokenize", "/detokenize")      # the routes behind the API key
 _OTHER_VALUES = 1 << 16      # JSON values a request may hold besides its token ids (messages, stop...)
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Literal
 from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.http.errors import OpenAIError, invalid_api_key
+from router.http.errors import OpenAIError, admin_disabled, invalid_api_key
 from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S, NodeView
 from router.cluster.pool_scaler import NoScaler, PoolView
 
@@ -95,8 +95,7 @@ def operator_routes() -> APIRouter:
 async def _check_admin_key(request: Request) -> None:
     expected = request.app.state.config.admin_api_key
     if expected is None:
-        raise OpenAIError(403, "no admin key configured: start the router with --admin-api-key to use /admin",
-                          type="permission_error", code="admin_disabled")
+        raise admin_disabled()
     given = request.headers.get("authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
         raise invalid_api_key()

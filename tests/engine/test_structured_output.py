@@ -105,7 +105,7 @@ def test_the_mask_touches_only_constrained_rows_and_allows_eos_only_when_complet
     engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
     compiler = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, [2])
     spec = StructuredOutput.choice(["yes"])
-    m = compiler.matcher(spec, [])
+    m = compiler.matcher(compiler.compiled(spec))
     logits = torch.randn(2, engine.model_config.vocab_size)
     logits[:, 2] = 100.0                                        # EOS first by far
     sampler = Sampler()
@@ -145,3 +145,48 @@ def test_a_grammar_that_does_not_compile_is_refused_before_any_work(chat_dir, ma
         with pytest.raises(ValueError, match=f"invalid {spec.kind.value}"):
             engine.add_request("r", [5, 6], SamplingParams(structured=spec))
     assert not engine.has_unfinished_requests()
+
+
+def test_a_grammar_that_allows_no_token_is_refused_at_admission(chat_dir, make_llm):
+    """An empty-language grammar (any client can send one: `root ::= root "a"`, or a regex this
+    vocabulary cannot spell) is a ValueError at add_request, nothing queued (it used to run to an
+    abort with no token, which a prefill node passed on to no one); the engine serves on."""
+    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
+    with pytest.raises(ValueError, match="allows no token"):
+        engine.add_request("dead", [5, 6], SamplingParams(
+            temperature=1.0, structured=StructuredOutput(GrammarKind.GRAMMAR, 'root ::= root "a"')))
+    assert not engine.has_unfinished_requests()
+    out = _run(engine, "ok", [5, 7], SamplingParams(temperature=1.0, seed=1, max_tokens=4, ignore_eos=True), 0)
+    assert (out.finish_reason, len(out.token_ids)) == ("length", 4)
+
+
+def test_the_grammar_wins_over_banned_ids(chat_dir, make_llm):
+    """A row whose grammar allows only what min_tokens bans (a complete answer: only EOS) keeps
+    those tokens, greedy and at random: the grammar wins (SamplingParams refuses min_tokens with a
+    grammar; the sampler holds to it for any row). A row with allowed tokens left keeps its ban."""
+    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
+    compiler = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, [2])
+    done = compiler.matcher(compiler.compiled(StructuredOutput.choice(["yes"])))
+    open_ = compiler.matcher(compiler.compiled(StructuredOutput.choice(["yes", "yes!"])))
+    yes = engine.tokenizer.encode("yes", add_special_tokens=False)
+    assert all(done.accept(t) for t in yes) and all(open_.accept(t) for t in yes)
+    sampler = Sampler()
+    sampler.grammars = compiler
+    rows = [SamplingRow(SamplingParams(temperature=t), [], [], 1, (2,), grammar=m)
+            for t in (0.0, 1.0) for m in (done, open_)]
+    logits = torch.randn(4, engine.model_config.vocab_size)
+    logits[:, 2] = 100.0                                        # EOS first by far
+    bang = engine.tokenizer.encode("!", add_special_tokens=False)
+    assert [s.token_id for s in sampler(logits, rows)] == [2, bang[0], 2, bang[0]]
+
+
+def test_a_spec_nested_past_the_wire_cap_is_a_value_error():
+    """A JSON spec deeper than MAX_SPEC_DEPTH is refused before json.loads (RecursionError past
+    ~1,000) and before xgrammar (time cubic in the depth), from the wire as from a caller."""
+    from pdwire.structured_output import MAX_SPEC_DEPTH, json_depth
+    assert json_depth('{"a": [1, {"b": "[[{"}], "c": "\\\\"}') == 3
+    deep = "[" * (MAX_SPEC_DEPTH + 1) + "]" * (MAX_SPEC_DEPTH + 1)
+    for kind in (GrammarKind.JSON_SCHEMA, GrammarKind.CHOICE):
+        with pytest.raises(ValueError, match=f"nests {MAX_SPEC_DEPTH + 1} deep"):
+            StructuredOutput.from_wire([kind.value, deep])
+    assert StructuredOutput.json_schema({"type": "array", "items": {"type": "string"}}).spec

@@ -1,5 +1,6 @@
 """ZMTP PLAIN on the KV receiver: a local process without the cluster secret is refused at
 ZeroMQ's handshake, so none of its (huge) messages is ever buffered, while real senders are served."""
+import socket
 import threading
 import time
 
@@ -14,7 +15,7 @@ from kvtransport.state import TransferState
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
-from kvtransport.zmtp_auth import plain_password
+from kvtransport.zmtp_auth import HANDSHAKE_MS, plain_password
 from tests.kvtransport.test_kvtransport_zmq import HANG_S, _until
 from tests.zmtp_flood import MIB, flood, rss
 
@@ -112,3 +113,25 @@ def test_closing_the_receiver_stops_its_zap_thread():
     for recv in receivers:
         recv.close()
     assert zap_threads() == already
+
+
+def test_a_connection_that_never_finishes_the_handshake_is_closed():
+    """A TCP connection that sends nothing is closed within HANDSHAKE_MS (libzmq's default, 30 s,
+    let silent connections pile up: 472 of them took a router limited to 400 fds off HTTP, and
+    its I/O thread spun on the refused accepts)."""
+    dst, recv = _receiver()
+    try:
+        host, port = recv.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock.settimeout(HANDSHAKE_MS / 1000 + 5)
+        start = time.monotonic()
+        try:
+            while sock.recv(4096):      # libzmq's greeting, then the close
+                pass
+        except ConnectionResetError:
+            pass
+        assert time.monotonic() - start < HANDSHAKE_MS / 1000 + 5
+        sock.close()
+    finally:
+        recv.close()
+

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from engine import SamplingParams
-from pdwire.structured_output import StructuredOutput
+from engine.grammar_jobs import GrammarBusy, GrammarTimeout
+from pdwire.control import PrefillRequest, RequestFailed
+from pdwire.messages import Busy
+from prefill_node.service import PrefillService
+from pdwire.structured_output import GrammarKind, StructuredOutput
 from tests.engine.test_structured_output import SCHEMA, SPECS, _check
-from tests.node_harness import NodeHarness
+from tests.node_harness import NodeHarness, Result
 from tests.schema_check import validate
 from tests.tiny_chat_model import tiny_chat_model_folder
 
@@ -76,3 +81,76 @@ def test_a_moved_request_continues_its_grammar_on_both_nodes(harness, chat_dir, 
         validate(json.loads(tok.decode(whole[:k] + _tokens(m), skip_special_tokens=True)), SCHEMA)
     assert failed.failed is not None and not failed.failed.retryable and "does not follow" in failed.failed.reason
 
+
+
+EMPTY = StructuredOutput(GrammarKind.GRAMMAR, 'root ::= root "a"')      # its language is empty
+
+
+def test_an_empty_language_grammar_is_refused_on_both_nodes_and_leaks_nothing(harness):
+    """A grammar whose first step allows no token is refused at admission, not retryable (the
+    router's 400), by the decode node's reservation and by the prefill node's add_request, whose
+    transfer is aborted: no shipment stays open, neither node stays busy (it used to end in an
+    abort with no token that the prefill node told no one about, its shipment open, its loop
+    spinning, D's reservation held until its lease)."""
+    prompt = harness.decode.engine.encode("hello world")
+    params = SamplingParams(temperature=1.0, seed=1, max_tokens=20, structured=EMPTY)
+    harness.submit("dead", prompt, params)
+    harness.results["direct"] = Result()
+    harness.send("prefill-0", PrefillRequest("direct", tuple(prompt), params, harness.hellos["decode-0"].kv_endpoint,
+                                             "ab" * 16, (0, 1), 0))
+    for r in harness.wait(["dead", "direct"]):
+        assert not r.failed.retryable and "allows no token" in r.failed.reason and r.first is None
+    assert harness.results["dead"].failures[0][0] == "decode-0" and harness.results["direct"].failures[0][0] == "prefill-0"
+    harness.idle()
+    assert not harness.prefill.shipper.shipments and not harness.decode.xfer_rid
+
+
+@pytest.fixture
+def slow_harness(chat_dir):
+    h = NodeHarness(chat_dir, block_size=8, num_blocks=160, heartbeat_s=0.05, grammar_compile_timeout_s=120,
+                    grammar_max_compiles=4)
+    yield h
+    h.idle()
+    h.close()
+    for service in (h.prefill, h.decode):
+        service.engine.check_integrity()
+
+
+def test_grammars_compiling_do_not_hold_a_nodes_loop(slow_harness, held):
+    """Three grammars compiling (of four threads) hold no node's loop: while they compile,
+    both nodes keep heartbeating, and a plain request and one with a grammar of its own run from
+    start to end; once they compile,
+    their parked requests are reserved, prefilled and decoded, each output following its grammar
+    (the decode node used to reserve each within its loop, up to the compile time limit apiece)."""
+    h = slow_harness
+    prompt = h.decode.engine.encode("hello world")
+    specs = [StructuredOutput(GrammarKind.REGEX, f"held-{i}[0-9]") for i in range(3)]
+    for i, spec in enumerate(specs):
+        h.submit(f"g{i}", prompt, SamplingParams(temperature=0.0, max_tokens=20, structured=spec))
+    beats = dict(h.beats)
+    h.submit("plain", prompt, SamplingParams(temperature=1.0, seed=2, max_tokens=5, ignore_eos=True))
+    h.submit("free", prompt, SamplingParams(temperature=0.0, max_tokens=20, structured=SPECS[1]))
+    plain, free = h.wait(["plain", "free"])
+    h.pump(lambda: all(h.beats[n] >= beats[n] + 5 for n in beats))
+    assert plain.failed is None and len(plain.tokens) == 5
+    assert free.failed is None and free.finish == "stop"     # a grammar of its own compiles beside them
+    assert all(h.results[f"g{i}"].reserved is None and h.results[f"g{i}"].failed is None for i in range(3))
+    held.set()
+    for spec, r in zip(specs, h.wait([f"g{i}" for i in range(3)])):
+        assert r.failed is None and r.finish == "stop"
+        _check(h.decode.engine.tokenizer.decode(_tokens(r), skip_special_tokens=True), spec)
+
+
+def test_a_prefill_nodes_busy_grammar_compiler_answers_busy():
+    """GrammarBusy on a prefill node is a Busy (the router answers a 503), not a retryable
+    RequestFailed (the router retried it, each time taking a decode reservation, then a 500); a
+    grammar that cannot compile stays a non-retryable failure (a 400); one past this node's time
+    limit, which its decode node compiled in time, is this node's load: a Busy, not a 400."""
+    service, sent = PrefillService.__new__(PrefillService), []
+    service.link = SimpleNamespace(send=sent.append)
+    service._refuse("r1", GrammarBusy("too many compiles"))
+    service._refuse("r2", ValueError("invalid regex"))
+    service._refuse("r3", GrammarTimeout("it did not compile within 5.0 s"))
+    assert isinstance(sent[0], Busy) and (sent[0].rid, sent[0].reason) == ("r1", "too many compiles")
+    assert sent[1] == RequestFailed("r2", "invalid regex", False)
+    assert isinstance(sent[2], Busy) and sent[2].rid == "r3"    # the decode node compiled it in time

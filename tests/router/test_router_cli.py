@@ -89,3 +89,18 @@ def test_port_in_use_exits_at_once_with_one_line(monkeypatch):
 
 def _must_not_load(*args, **kwargs):
     raise AssertionError("the model was loaded before the port was checked")
+
+
+def test_keys_come_from_the_environment_not_the_command_line(monkeypatch, caplog):
+    """With no key flags, the router's API, admin and metrics keys come from $PDSERVE_API_KEY,
+    $PDSERVE_ADMIN_KEY and $PDSERVE_METRICS_KEY (a flag's value is in /proc/PID/cmdline, which
+    every local user reads); a key flag still wins, with a warning that names its variable."""
+    from router.launcher import parse_up
+    monkeypatch.setenv("PDSERVE_API_KEY", "api-k")
+    monkeypatch.setenv("PDSERVE_ADMIN_KEY", "admin-k")
+    monkeypatch.setenv("PDSERVE_METRICS_KEY", "metrics-k")
+    router = parse_up(["up"]).router
+    assert (router.api_key, router.admin_api_key, router.metrics_api_key) == ("api-k", "admin-k", "metrics-k")
+    assert not caplog.records
+    assert parse_up(["up", "--admin-api-key", "flag-k"]).router.admin_api_key == "flag-k"
+    assert "$PDSERVE_ADMIN_KEY" in caplog.text

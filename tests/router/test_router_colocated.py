@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,6 +37,7 @@ class FakeEngine:
     tokenizer = None
     model_name = "fake"
     max_model_len = 128
+    sampler = SimpleNamespace(grammars=None)     # no structured output asked: no compiler made
 
     def __init__(self, crash_at_steps: tuple[int, ...] = (), fatal_steps: tuple[int, ...] = ()):
         self.running: dict[str, tuple[list[int], SamplingParams, list[int]]] = {}

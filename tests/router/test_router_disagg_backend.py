@@ -284,6 +284,25 @@ def test_retries_are_bounded():
     run(test)
 
 
+def test_a_prefill_nodes_busy_grammar_compiler_is_a_503_at_once():
+    """P answers Busy (its grammar compiler has too many compiles) before its first token: the
+    request ends NoNodeAvailable (a 503, as with a decode node's busy compiler), D's reservation is
+    aborted and no other is taken (it was a retryable failure: a retry loop ending in a 500)."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate()
+            await d.expect(DecodeRequest)
+            d.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            p.send(Busy("r1", "18 grammars are compiling or queued on this node", 50))
+            err = await out.next()
+            assert isinstance(err, NoNodeAvailable) and "grammars are compiling" in str(err)
+            assert (await d.expect(AbortRequest)).rid == "r1"
+            await d.assert_silent()
+    run(test)
+
+
 def test_non_retryable_failure_before_any_token_is_a_rejection():
     """A node's non-retryable RequestFailed before any output raises ValueError (HTTP 400)."""
     async def test():

@@ -108,16 +108,21 @@ def test_json_schema_json_object_choice_and_regex_answers_validate(served):
 
 
 def test_what_cannot_be_honoured_is_a_400(served):
-    """A grammar that does not parse, one over --max-grammar-chars, two asks at once, a tool
+    """A grammar that does not parse, one over --max-grammar-chars or --max-grammar-depth (a
+    schema 1,000 deep, 25 kB, held the event loop for a minute in xgrammar), two asks at once, a tool
     choice naming no given tool, "auto" tools with a template that cannot show them, logprobs
-    with tools, and a whitespace pattern: each a 400 naming the cause."""
+    with tools, a whitespace pattern, and a grammar that allows no token: each a 400 naming the cause."""
     client, engine = served
     cases = [
         ({"guided_regex": "[a-"}, "invalid regex"),
         ({"guided_grammar": "root ::= x"}, "invalid grammar"),
+        ({"guided_grammar": 'root ::= root "a"'}, "allows no token"),    # an empty language: no abort, a 400
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
          "invalid json_schema"),
         ({"guided_regex": "a" * 5000}, "--max-grammar-chars"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested_items(65)}}},
+         "--max-grammar-depth"),
+        ({"guided_json": "[" * 3000 + "]" * 3000}, "nests 3000 deep"),     # json.loads: RecursionError, a 500
         ({"guided_regex": "a+", "guided_choice": ["a"]}, "give one"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in tools"),
         ({"tools": [WEATHER], "tool_choice": "auto"}, "renders tools"),
@@ -131,6 +136,13 @@ def test_what_cannot_be_honoured_is_a_400(served):
         r = client.post("/v1/chat/completions", json={"messages": ASK, **body})
         assert r.status_code == 400 and message in r.json()["error"]["message"], (body, r.text)
     assert not engine.has_unfinished_requests()
+
+
+def _nested_items(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth - 1):
+        schema = {"type": "array", "items": schema}
+    return schema
 
 
 def test_named_and_required_tool_calls_whole_and_streamed(served):

@@ -1,0 +1,170 @@
+"""Grammar compiles off the caller's thread. A short grammar can compile for minutes (twenty
+`r ::= [a-z]{1,1000} [0-9]{0,900}` rules: 80 s on a 32k vocabulary) and the caller is a node's
+loop, whose heartbeats must not stop: it starts a compile here, parks the request
+(engine/grammar_waits.py) and serves on.
+
+    submit(spec) ──▶ recent (done, LRU) ──▶ CompileJob, done at once
+                 └─▶ pending (same spec: shared) ──▶ CompileJob
+                 └─▶ new job: max_compiles threads, max_queued waiting; past them GrammarBusy
+
+A job counts the requests that wait for it (join, leave): when the last one leaves a job still
+queued (aborted, refused busy, its wait ran out), the job is cancelled and its place freed; no
+thread ever compiles a grammar nobody waits for.
+
+A compile cannot be stopped once it runs (xgrammar's C++ has no cancel): a job past its time limit
+fails its requests (the waits do), runs to its end on its thread and lands in `recent`. Its thread
+and its place stay taken until then: they are truly busy (a second thread for the same slot would
+let a stream of slow grammars take every core). Every compile ends (the router bounds a grammar's
+size and depth); until it does, new grammars queue behind it and are busy past the time limit.
+
+The threads are not daemons: a daemon thread left inside C++ at interpreter exit aborts the
+process (SIGABRT: when its compile ends during finalization, taking the GIL back unwinds it
+through C++ frames that may not unwind). close() cancels the queued compiles and waits at most
+CLOSE_WAIT_S for the running ones; a process that must not wait longer leaves with os._exit
+(router/cli.py), which finalizes nothing, so no thread wakes in a dying interpreter. Nodes end
+with os._exit too.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+from engine.grammar_limits import GrammarLimits
+
+RECENT = 64             # compiled grammars kept (done jobs, their errors too); xgrammar caches more below
+RECENT_BYTES = 256 << 20    # and at most this many bytes of them (CompiledGrammar.memory_size_bytes)
+CLOSE_WAIT_S = 2.0      # close(): how long it waits for the compiles running; past it the caller leaves
+
+
+class GrammarBusy(Exception):
+    """Too many grammars compile or wait here: try another node (retryable: a Busy, a 503)."""
+
+
+class GrammarTimeout(ValueError):
+    """A compile ran past its time limit: a 400 where a grammar is judged (the decode node, the
+    colocated engine); a prefill node only compiles what its decode node compiled in time, so
+    there it is its load, a Busy (the compile goes on, cached for the retry)."""
+
+
+@dataclass(slots=True, eq=False)
+class CompileJob:
+    """One grammar's compile: its result (or error) to come, when a thread took it up, and how many
+    requests wait for it (a queued job nobody waits for is cancelled)."""
+    limit_s: float                                      # the time limit (GrammarLimits.timeout_s)
+    future: Future = field(default_factory=Future)     # the compiled grammar, or its ValueError
+    started: float | None = None                        # monotonic seconds its thread took it up
+    waiters: int = 0                                    # requests parked on it (join, leave)
+    on_idle: Callable[["CompileJob"], None] | None = None   # called when the last waiter leaves
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+    def join(self) -> None:
+        """A request waits for this job (the caller's thread: a node's loop, an engine thread)."""
+        self.waiters += 1
+
+    def leave(self) -> None:
+        """A request waits no more (compiled, aborted, refused, its wait ran out); the last one
+        to leave a job not started yet cancels it."""
+        self.waiters -= 1
+        if self.waiters <= 0 and self.on_idle is not None and not self.done:
+            self.on_idle(self)
+
+    def expired(self, since: float) -> Exception | None:
+        """Why a request waiting for this job since `since` (monotonic) waits no longer, or None:
+        its compile ran the time limit (ValueError: too costly for any node, a 400), or it waited
+        that long for a thread (GrammarBusy: another node may be free)."""
+        now, limit_s = time.monotonic(), self.limit_s
+        if self.started is not None:
+            return GrammarTimeout(f"invalid grammar: it did not compile within {limit_s} s "
+                              "(--grammar-compile-timeout-s)") if now - self.started >= limit_s else None
+        return GrammarBusy(f"the grammar waited {limit_s} s for this node's compiler, busy with "
+                           "others: try again") if now - since >= limit_s else None
+
+
+class CompileJobs:
+    """The compiles of one compiler: at most max_compiles at once on threads of their own, at most
+    max_queued more waiting, the same spec compiled once, the last RECENT results kept."""
+
+    def __init__(self, compile_fn: Callable[[Any], Any], limits: GrammarLimits):
+        self._compile = compile_fn
+        self._limits = limits
+        self._pool = ThreadPoolExecutor(limits.max_compiles, thread_name_prefix="grammar-compile")
+        self._pending: dict[Hashable, CompileJob] = {}     # queued or running
+        self._recent: OrderedDict[Hashable, CompileJob] = OrderedDict()
+        self._recent_bytes = 0
+        self._lock = threading.Lock()       # pending and recent: the caller's thread and the compiles'
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Jobs queued or running."""
+        return len(self._pending)
+
+    def submit(self, key: Hashable, spec: Any) -> CompileJob:
+        """The job compiling `spec` (keyed by `key`): a recent or a pending one, else a new one.
+        Raises GrammarBusy when max_compiles + max_queued jobs are pending, or once closed."""
+        with self._lock:
+            if (job := self._recent.get(key)) is not None:
+                self._recent.move_to_end(key)
+                return job
+            if (job := self._pending.get(key)) is not None:
+                return job
+            if self._closed:
+                raise GrammarBusy("this node's grammar compiler is closing: try again")
+            if len(self._pending) >= self._limits.max_compiles + self._limits.max_queued:
+                raise GrammarBusy(f"{len(self._pending)} grammars are compiling or queued on this node "
+                                  "(--grammar-max-compiles, --grammar-max-queued): try again")
+            job = self._pending[key] = CompileJob(self._limits.timeout_s)
+            job.on_idle = lambda j: self._cancel(key, j)
+        self._pool.submit(self._run, key, job, spec)
+        return job
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
+        """Cancel the queued compiles and wait at most `wait_s` for the running ones; True if none
+        runs any more (else the caller leaves without them: see the module's docstring)."""
+        with self._lock:
+            self._closed = True
+            for key, job in list(self._pending.items()):
+                if job.future.cancel():
+                    del self._pending[key]
+            running = [job.future for job in self._pending.values()]
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        return not wait(running, timeout=wait_s).not_done
+
+    def _cancel(self, key: Hashable, job: CompileJob) -> None:
+        """The last waiter left `job`: drop it if no thread took it up yet."""
+        with self._lock:
+            if job.future.cancel() and self._pending.get(key) is job:
+                del self._pending[key]
+
+    def _run(self, key: Hashable, job: CompileJob, spec: Any) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            return      # cancelled while queued: nobody waits for it
+        job.started = time.monotonic()
+        try:
+            job.future.set_result(self._compile(spec))
+        except BaseException as err:     # noqa: BLE001 -- handed to whoever waits on the job
+            job.future.set_exception(err)
+        with self._lock:
+            self._pending.pop(key, None)
+            self._keep(key, job)
+
+    def _keep(self, key: Hashable, job: CompileJob) -> None:
+        """`job` (done) in `recent`, the oldest dropped past RECENT entries or RECENT_BYTES (held)."""
+        self._recent[key] = job
+        self._recent_bytes += _size(job)
+        while len(self._recent) > RECENT or (self._recent_bytes > RECENT_BYTES and len(self._recent) > 1):
+            self._recent_bytes -= _size(self._recent.popitem(last=False)[1])
+
+
+def _size(job: CompileJob) -> int:
+    """Bytes a done job's compiled grammar holds (0 for an error or a result without a size)."""
+    if job.future.exception() is not None:
+        return 0
+    return int(getattr(job.future.result(), "memory_size_bytes", 0) or 0)

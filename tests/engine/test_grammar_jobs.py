@@ -1,0 +1,132 @@
+"""CompileJobs and GrammarWaits with a stub compile (no model, no xgrammar): a queued compile
+whose requests all left is cancelled and frees its place; close() cancels the queued compiles
+and waits a bounded time for the running ones; a process with a compile that never ends still
+exits, with its own status; the kept results are bounded in bytes as well as in number."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from engine import grammar_jobs
+from engine.grammar_jobs import CompileJobs, GrammarBusy
+from engine.grammar_limits import GrammarLimits
+from engine.grammar_waits import GrammarWaits
+
+
+@pytest.fixture
+def stub():
+    """A compile that records each spec it starts; specs starting "held" wait for the gate."""
+    gate, started = threading.Event(), []
+
+    def compile_(spec):
+        started.append(spec)
+        if spec.startswith("held"):
+            gate.wait(60)
+        return SimpleNamespace(spec=spec, memory_size_bytes=0)
+    yield SimpleNamespace(compile=compile_, gate=gate, started=started)
+    gate.set()
+
+
+def _settle_all(waits: GrammarWaits) -> list:
+    out, deadline = [], time.monotonic() + 60
+    while waits and time.monotonic() < deadline:
+        out += waits.settled()
+        time.sleep(0.005)
+    assert not waits, "a wait never settled"
+    return out
+
+
+def test_queued_compiles_whose_requests_all_left_never_run(stub):
+    """Two running, four queued: two queued requests are aborted, two wait out their time (busy).
+    Then only the two running compiles count: a new grammar is taken, not busy, and none of the
+    four queued ones is ever compiled (they all were, keeping the compiler busy for nobody)."""
+    jobs = CompileJobs(stub.compile, GrammarLimits(timeout_s=0.2, max_compiles=2, max_queued=4))
+    waits: GrammarWaits[str] = GrammarWaits()
+    for name in ("held-a", "held-b", "q1", "q2", "q3", "q4"):
+        waits.park(name, jobs.submit(name, name), name)
+    with pytest.raises(GrammarBusy, match="--grammar-max-queued"):
+        jobs.submit("new", "new")
+    waits.drop("q1")
+    waits.drop("q2")
+    settled = {rid: error for rid, _, error in _settle_all(waits)}
+    assert isinstance(settled["q3"], GrammarBusy) and isinstance(settled["q4"], GrammarBusy)
+    assert isinstance(settled["held-a"], ValueError)        # past its time limit, still running
+    assert jobs.pending == 2
+    new = jobs.submit("new", "new")
+    waits.park("new", new, "new")
+    stub.gate.set()
+    assert _settle_all(waits)[0].error is None and new.future.result().spec == "new"
+    assert sorted(stub.started) == ["held-a", "held-b", "new"]
+
+
+def test_a_queued_compile_shared_by_two_requests_runs_while_one_waits(stub):
+    """The first request to leave a shared queued job does not cancel it; the second one's wait
+    gets the result."""
+    jobs = CompileJobs(stub.compile, GrammarLimits(timeout_s=30, max_compiles=1, max_queued=1))
+    waits: GrammarWaits[str] = GrammarWaits()
+    waits.park("held", jobs.submit("held", "held"), "held")
+    shared = jobs.submit("q", "q")
+    waits.park("r1", shared, "r1")
+    waits.park("r2", jobs.submit("q", "q"), "r2")
+    waits.drop("r1")
+    stub.gate.set()
+    settled = {rid: error for rid, _, error in _settle_all(waits)}
+    assert settled == {"held": None, "r2": None} and shared.future.result().spec == "q"
+
+
+def test_close_cancels_the_queued_compiles_and_waits_a_bounded_time(stub):
+    jobs = CompileJobs(stub.compile, GrammarLimits(max_compiles=1, max_queued=2))
+    running, queued = jobs.submit("held", "held"), jobs.submit("q", "q")
+    while running.started is None:
+        time.sleep(0.001)
+    assert jobs.close(wait_s=0.05) is False and queued.future.cancelled() and not running.done
+    with pytest.raises(GrammarBusy, match="closing"):
+        jobs.submit("later", "later")
+    stub.gate.set()
+    assert jobs.close(wait_s=30) is True and stub.started == ["held"]
+
+
+EXIT_WITH_A_HELD_COMPILE = textwrap.dedent("""
+    import threading, time
+    from engine.grammar_jobs import CompileJobs
+    from engine.grammar_limits import GrammarLimits
+    from router.cli import leave_now
+    jobs = CompileJobs(lambda spec: threading.Event().wait(), GrammarLimits(max_compiles=1))
+    running, queued = jobs.submit("held", 1), jobs.submit("queued", 2)
+    while running.started is None:
+        time.sleep(0.001)
+    print(jobs.close(0.1), queued.future.cancelled(), flush=True)
+    leave_now(0)
+""")
+
+
+def test_a_process_whose_compile_never_ends_exits_with_its_status():
+    """close() gives up on the running compile after its bound and the colocated router's exit
+    (router/cli.py leave_now) ends the process with status 0, without waiting for it (the
+    interpreter's exit used to wait for every compile, the queued ones too)."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_A_HELD_COMPILE], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert (done.returncode, done.stdout) == (0, "False True\n"), done.stderr[-2000:]
+
+
+def test_kept_results_are_bounded_in_bytes(monkeypatch):
+    """Past RECENT_BYTES of compiled grammars, the oldest are dropped (the newest always stays)."""
+    monkeypatch.setattr(grammar_jobs, "RECENT_BYTES", 250)
+    jobs = CompileJobs(lambda spec: SimpleNamespace(memory_size_bytes=100), GrammarLimits(max_compiles=1))
+    firsts = [jobs.submit(k, k) for k in ("a", "b", "c")]
+    for job in firsts:
+        job.future.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while jobs.pending and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert jobs.submit("c", "c") is firsts[2] and jobs.submit("b", "b") is firsts[1]
+    assert jobs.submit("a", "a") is not firsts[0]       # dropped: compiled again
+    jobs.close()
