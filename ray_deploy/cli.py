@@ -17,6 +17,7 @@ the same path on every host, and pdserve installed in the same Python environmen
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from typing import Sequence
@@ -60,10 +61,13 @@ def up(config: RayConfig, up_argv: list[str]) -> int:
     from ray_deploy.fleet import RayFleet
     from ray_deploy.node_actor import tcp_endpoint
     from router import launcher
+    from router.config import KEY_VARIABLES
 
     args = launcher.parse_up(up_argv)
     model = launcher.model_path(args.model)
     node_flags = ["--model", model, *args.node_flags]
+    for variable in KEY_VARIABLES.values():     # read into args.router; a local Ray runtime would inherit them
+        os.environ.pop(variable, None)
     ray.init(address=None if config.address == "local" else config.address, namespace="pdserve",
              log_to_driver=True)
     try:

@@ -96,8 +96,9 @@ def node_argv(launch: NodeLaunch, host: str) -> list[str]:
 
 def _node_env(launch: NodeLaunch) -> dict[str, str]:
     from kvtransport.secret import ENV_VAR
+    from router.config import without_keys
 
-    return dict(os.environ, OMP_NUM_THREADS=str(launch.threads),
+    return dict(without_keys(os.environ), OMP_NUM_THREADS=str(launch.threads),
                 OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **{ENV_VAR: launch.secret_hex})
 
 

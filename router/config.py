@@ -122,3 +122,9 @@ def keys_from_environment(args: dict[str, Any], environ: Mapping[str, str]) -> d
             field.replace("_", "-"), KEY_VARIABLES[field])
     return {**{f: environ[v] for f, v in KEY_VARIABLES.items() if environ.get(v)}, **args}
 
+
+def without_keys(environ: Mapping[str, str]) -> dict[str, str]:
+    """environ less the router's key variables: what a node process (or a Ray runtime the
+    router starts) inherits; no node needs the HTTP keys."""
+    return {k: v for k, v in environ.items() if k not in KEY_VARIABLES.values()}
+

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtransport.secret import ENV_VAR, encode_secret
+from router.config import without_keys
 
 _STOP_GRACE_S = 10.0
 # Run as `python -c SHIM PARENT_PID ARGV...`: ask Linux for SIGTERM when the parent dies, then
@@ -83,7 +84,7 @@ class NodeSpawner:
         # threads. Nodes a scale-up adds later get the same share.
         ranks = cluster.prefill * cluster.prefill_tp + cluster.decode * cluster.decode_tp
         self._per_rank = max(1, (os.cpu_count() or 1) // max(1, ranks))
-        self._base = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        self._base = dict(without_keys(os.environ), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                           **{ENV_VAR: encode_secret(secret)})
 
     def spawn(self, role: str) -> NodeProcess:

@@ -20,9 +20,9 @@ from typing import Sequence
 import httpx
 
 from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S
-from router.config import MAX_KV_MOVE_TIMEOUT_S
+from router.config import KEY_VARIABLES, MAX_KV_MOVE_TIMEOUT_S
 
-ENV_VAR = "PDSERVE_ADMIN_KEY"
+ENV_VAR = KEY_VARIABLES["admin_api_key"]     # the router's own variable for it: one key, both ends
 DEFAULT_URL = "http://127.0.0.1:8000"
 COMMANDS = ("nodes", "drain", "remove", "pools", "scale")
 _TIMEOUT_S = 10.0

@@ -104,3 +104,19 @@ def test_keys_come_from_the_environment_not_the_command_line(monkeypatch, caplog
     assert not caplog.records
     assert parse_up(["up", "--admin-api-key", "flag-k"]).router.admin_api_key == "flag-k"
     assert "$PDSERVE_ADMIN_KEY" in caplog.text
+
+
+def test_nodes_do_not_inherit_the_routers_keys(monkeypatch):
+    """A node process (spawned here or by a Ray actor) gets the cluster secret but none of the
+    router's HTTP keys: no node needs them, and a node's environment is one more place to read them."""
+    from ray_deploy.node_actor import NodeLaunch, _node_env
+    from router.config import KEY_VARIABLES
+    from router.node_processes import ClusterConfig, NodeSpawner
+    for variable in KEY_VARIABLES.values():
+        monkeypatch.setenv(variable, "secret-" + variable)
+    monkeypatch.setenv("PDSERVE_UNRELATED", "kept")
+    local = NodeSpawner("tcp://127.0.0.1:1", ClusterConfig(), [], b"\x01" * 32)._base
+    ray = _node_env(NodeLaunch("decode", "decode-0", "tcp://127.0.0.1:1", (), "01" * 32, 1))
+    for env in (local, ray):
+        assert not set(KEY_VARIABLES.values()) & env.keys()
+        assert env["PDSERVE_UNRELATED"] == "kept"
