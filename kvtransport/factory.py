@@ -30,7 +30,7 @@ _SENDERS: dict[str, tuple[str, str, frozenset[str]]] = {    # transport -> (modu
 _RECEIVERS: dict[str, tuple[str, str, frozenset[str]]] = {
     "zmq": ("kvtransport.zmq_receiver", "ZmqReceiver",
             frozenset({"bind", "peer_timeout", "hwm", "sink", "write_blocks", "max_batch_bytes",
-                       "max_queue_bytes", "retain_heap"})),
+                       "max_queue_bytes", "retain_heap", "split_payloads"})),
     "torch_dist": ("kvtransport.torch_dist", "DistReceiver",
                    frozenset({"bind", "peer_timeout", "hwm", "p2p_host", "write_blocks"})),
     "fake": ("kvtransport.fake", "FakeReceiver",

@@ -127,9 +127,9 @@ class Sender(KVSender):
             header, payloads = make(k, min(n, k + step))
             frames = self._core.pack(endpoint, header, *payloads)
             if k + step >= n:    # a link releases its messages in order: one tracker covers all
-                self._pending[xfer_id].append(self._link.send_tracked(endpoint, frames))
+                self._pending[xfer_id].append(self._post(endpoint, frames, tracked=True))
             else:
-                self._link.send(endpoint, frames)
+                self._post(endpoint, frames)
             if type(header) is BlockBatch or header.first_layer == 0:   # a sliced block counts once
                 self.metrics.blocks_sent += len(header.indices)
             self.metrics.bytes_sent += header.nbytes * len(header.indices)
@@ -226,9 +226,21 @@ class Sender(KVSender):
     def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int) -> Completion:
         payload = self._channel.inline(kv_cache, src)
         if payload is not None:
-            return self._link.send_tracked(endpoint, self._core.pack(endpoint, header, payload))
+            return self._post(endpoint, self._core.pack(endpoint, header, payload), tracked=True)
         self._link.send(endpoint, self._core.pack(endpoint, header))
         return self._channel.send(endpoint, kv_cache, src)
+
+    def _post(self, endpoint: str, frames: list, tracked: bool = False) -> Completion | None:
+        """Send the packed message frames ([header, seal, *payloads] as [header, seal] and a message
+        per payload to a receiver that splits); tracked: its last message, whose completion covers
+        every message before it on the connection."""
+        messages = [frames[:2], *([p] for p in frames[2:])] if self._core.splits(endpoint) else [frames]
+        for message in messages[:-1]:
+            self._link.send(endpoint, message)
+        if tracked:
+            return self._link.send_tracked(endpoint, messages[-1])
+        self._link.send(endpoint, messages[-1])
+        return None
 
     def _close(self, endpoint: str, linger: float = 0.0) -> None:
         self._remotes.pop(endpoint, None)

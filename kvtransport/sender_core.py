@@ -44,6 +44,7 @@ class _Link:
     batch_bytes: int            # payload bytes of one BlockBatch the receiver takes (its HelloAck)
     layer_slices: bool          # the receiver takes LayerBatch (its HelloAck)
     sealed_first: bool          # the receiver reads [header, seal, payload*] (its HelloAck)
+    split: bool                 # ... and [header, seal] then each payload alone (its HelloAck)
 
 
 class SenderCore:
@@ -92,7 +93,7 @@ class SenderCore:
         check_compatible(self.identity, msg.identity)
         now = self._clock()
         self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval, msg.max_batch_bytes,
-                                      msg.layer_slices, msg.sealed_first)
+                                      msg.layer_slices, msg.sealed_first, msg.sealed_first and msg.split_payloads)
         return msg.identity
 
     def forget(self, endpoint: str) -> None:
@@ -109,10 +110,16 @@ class SenderCore:
         """Whether the connected receiver at endpoint takes LayerBatch."""
         return self._links[endpoint].layer_slices
 
+    def splits(self, endpoint: str) -> bool:
+        """Whether the connected receiver at endpoint takes a message's payloads as messages of
+        their own: pack()'s [header, seal, *payloads] then leaves as [header, seal] and a
+        message per payload, on the same connection, in order."""
+        return self._links[endpoint].split
+
     def pack(self, endpoint: str, msg: Message, *payloads: Buffer) -> list[Buffer]:
         """msg (and its payload frames) sealed for the connected receiver at endpoint."""
         link = self._links[endpoint]
-        return self.framer.pack_many(link.session, msg, payloads, link.sealed_first)
+        return self.framer.pack_many(link.session, msg, payloads, link.sealed_first, link.split)
 
     def unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
         """A message from the connected receiver at endpoint; TransportError if it is bad, or if

@@ -13,7 +13,10 @@ is a new peer to the receiver, and no other process can guess it to take the con
 Receive side: peers are told apart by their connection (zmtp_auth.connection_name: the routing id
 and the User-Id the ZAP handler gave the connection, so a connection that reuses a closed one's
 routing id is a new peer, with no session); frames arrive as [routing id, header,
-seal, payload*] (or [routing id, header, payload*, trailer] from a sender before the seal). A
+seal, payload*] (or [routing id, header, payload*, trailer] from a sender before the seal), or,
+to a receiver that announced split payloads, [routing id, header, seal] and then [routing id,
+payload] a message per payload: libzmq hands over a multipart message only once its last frame
+is in, so each payload of a split batch is copied while it is still warm, as it lands. A
 payload is copied once, from libzmq's buffer into its pool block: by recv_into, frame by frame,
 when the Lander (ReceiverCore.landing) names its slot from the header and the seal, whose MAC it
 has checked (each frame's buffer is freed as soon as it is copied, so the next frames libzmq
@@ -35,7 +38,7 @@ import time
 import zmq
 
 from kvtransport.base import TransportError
-from kvtransport.link import Completion, Handler, Lander, ReceiveLink, SendLink
+from kvtransport.link import Completion, Handler, Lander, Landing, ReceiveLink, SendLink
 from kvtransport.session import Buffer
 from kvtransport.zmtp_auth import ThreadGuard, connection_name, plain_client, routing_id
 from pdwire.messages import MAX_HEADER_BYTES
@@ -133,6 +136,7 @@ class ZmqSendLink(SendLink):
 
 
 class ZmqReceiveLink(ReceiveLink):
+    lands = True
     def __init__(self, secret: bytes, bind: str = DEFAULT_BIND, hwm: int = 64,
                  max_payload_bytes: int = 0, recv_hwm: int | None = None) -> None:
         """hwm: messages queued per peer either way; recv_hwm, if given, the incoming ones."""
@@ -169,15 +173,23 @@ class ZmqReceiveLink(ReceiveLink):
 
     def _take(self, peer: str) -> None:
         """The rest of one message from peer (libzmq hands a multipart message over whole: every
-        frame is here). Payload frames go straight into the lander's slots when it has them."""
+        frame is here). Payload frames go straight into the lander's slots when it has them; a
+        peer that owes a split batch a payload has its next message received into the next slot."""
         sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
-        frames: list[Buffer] = [sock.recv(zmq.NOBLOCK)] if more() else []   # the header: small, copied
+        owed = self._lander.owed(peer) if self._lander is not None else None
+        first = self._pay(peer, owed) if owed is not None else sock.recv(zmq.NOBLOCK) if more() else None
+        if owed is not None and first is None:
+            return                              # a payload it owed
+        frames: list[Buffer] = [] if first is None else [first]    # the header: small, copied
         if more():                              # the seal if it is one (else a payload: not copied)
             frames.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
-        landing = self._lander.landing(peer, *frames) if self._lander is not None and more() else None
+        lands = self._lander is not None and len(frames) == 2
+        landing = self._lander.landing(peer, *frames, split=not more()) if lands else None
         if landing is None:
             rest = sock.recv_multipart(zmq.NOBLOCK, copy=False) if more() else []
             return self._handle(peer, [*frames, *(f.buffer for f in rest)])
+        if not more():
+            return                              # split: its payloads come as messages of their own
         sizes: list[int] = []
         start = time.perf_counter()
         for slot in landing.slots:
@@ -187,6 +199,22 @@ class ZmqReceiveLink(ReceiveLink):
         if more():                                                  # frames past the slots: sizes only
             sizes += [len(f) for f in sock.recv_multipart(zmq.NOBLOCK, copy=False)]
         self._lander.landed(peer, landing, sizes, time.perf_counter() - start)
+
+    def _pay(self, peer: str, landing: Landing) -> bytes | None:
+        """peer's next message, owed to landing's split batch, received into its next slot: None
+        if it is a bare payload; else (the batch ends short, dropped) its first frame, for the
+        caller to take the rest of the message after it (b"" if it was longer than the slot, which
+        then fails its MAC: a header that long cannot be received whole any more)."""
+        slot = landing.slots[len(landing.sizes)]
+        start = time.perf_counter()
+        size = self._sock.recv_into(slot, flags=zmq.NOBLOCK)
+        bare = not self._sock.get(zmq.RCVMORE)
+        if bare:
+            landing.sizes.append(size)
+            landing.seconds += time.perf_counter() - start
+        if not bare or len(landing.sizes) == len(landing.slots):
+            self._lander.landed(peer, landing, landing.sizes, landing.seconds)
+        return None if bare else bytes(slot[:size]) if size <= len(slot) else b""
 
     def take_refused(self) -> list[str]:
         return self._guard.take_refused()

@@ -15,7 +15,7 @@ from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink
 from pdwire.handshake import PeerIdentity
-from pdwire.messages import BATCH_BYTES, RECV_QUEUE_BYTES
+from pdwire.messages import BATCH_BYTES, RECV_QUEUE_BYTES, SPLIT_PAYLOADS
 
 __all__ = ["DEFAULT_BIND", "RECV_QUEUE_BYTES", "ZmqReceiver"]
 
@@ -28,12 +28,14 @@ class ZmqReceiver(Receiver):
     max_batch_bytes announced to it, or of one block where that is larger (a message carries one
     block at least), and one message at least: 16 x 16 MiB by default, not 64. retain_heap: keep
     the memory of received frames mapped for the next ones (kvtransport.heap), as much as the
-    queue may hold."""
+    queue may hold. split_payloads: senders may send each payload of a batch as a message of
+    its own, after the batch's [header, seal] (announced in the HelloAck)."""
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
                  sink: PayloadSink | None = None, max_batch_bytes: int = BATCH_BYTES,
-                 max_queue_bytes: int = RECV_QUEUE_BYTES, retain_heap: bool = True) -> None:
+                 max_queue_bytes: int = RECV_QUEUE_BYTES, retain_heap: bool = True,
+                 split_payloads: bool = SPLIT_PAYLOADS) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
         if max_queue_bytes < 1:
             raise ValueError(f"max_queue_bytes must be positive, got {max_queue_bytes}")
@@ -45,4 +47,4 @@ class ZmqReceiver(Receiver):
             retain_freed((recv_hwm + 1) * message_bytes)     # the queue, and the message being read
         link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes, recv_hwm=recv_hwm)
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout,
-                         max_batch_bytes=max_batch_bytes)
+                         max_batch_bytes=max_batch_bytes, split_payloads=split_payloads)

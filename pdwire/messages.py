@@ -35,6 +35,8 @@ BATCH_BYTES = 2 << 20        # what senders pack and receivers take by default (
                              # only once its last frame is in (bench/README.md, "end of the eleventh
                              # session": 0.62-0.86 of the raw ceiling at 16 MiB, 0.77-1.01 at 2 MiB)
 BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce
+SPLIT_PAYLOADS = True           # a ZMQ receiver takes a batch's payloads as messages of their own
+                                # (HelloAck.split_payloads) by default (bench/README.md, twelfth session)
 RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
                                 # announced batch bytes, by default (--kv-recv-queue-mib)
 
@@ -63,6 +65,7 @@ class HelloAck:
     max_batch_bytes: int = OLD_ACK_BATCH_BYTES   # payload bytes of one BlockBatch D takes (one block at least)
     layer_slices: bool = False  # D takes LayerBatch (its pool holds every kv head of a block)
     sealed_first: bool = False  # D reads payload messages as [header, seal, payload*] (kvtransport.session)
+    split_payloads: bool = False  # D also takes [header, seal] then each payload as a message of its own
 
     def __post_init__(self) -> None:
         _coerce_identity(self)
@@ -71,6 +74,7 @@ class HelloAck:
         check_int(self.max_batch_bytes, "max_batch_bytes", lo=1, hi=BATCH_BYTES_LIMIT)
         check_bool(self.layer_slices, "layer_slices")
         check_bool(self.sealed_first, "sealed_first")
+        check_bool(self.split_payloads, "split_payloads")
 
 
 @dataclass(frozen=True, slots=True)
