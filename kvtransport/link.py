@@ -38,6 +38,9 @@ class Lander(Protocol):
 
     def owed(self, peer: str) -> Landing | None: ...
 
+    def owing(self) -> bool:
+        """Whether any peer owes a split batch payloads."""
+
     def landed(self, peer: str, landing: Landing, sizes: list[int], seconds: float) -> None: ...
 
 

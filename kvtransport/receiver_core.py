@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
 from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
-from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
+from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, Abort, announced_batch_bytes, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
                              HelloAck, LayerBatch, Message)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
@@ -116,13 +116,15 @@ class ReceiverCore:
                  clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES,
                  split_payloads: bool = False) -> None:
         """max_batch_bytes: the payload bytes of one BlockBatch this receiver takes (at least one
-        block's), announced to each sender in the HelloAck; split_payloads: announce that payloads
-        may come as messages of their own (for a link that lands them, on a sink with slots)."""
+        block's; WHOLE_BATCH_BYTES at most unless it splits), announced to each sender in the HelloAck;
+        split_payloads: announce that payloads may come as messages of their own (for a link that
+        lands them, on a sink with slots)."""
         self.identity = identity
         self.ledger = ReceiveLedger(identity.layout, num_blocks, ReceiverMetrics(), clock)
         if not 1 <= max_batch_bytes <= BATCH_BYTES_LIMIT:
             raise ValueError(f"max_batch_bytes must be in [1, {BATCH_BYTES_LIMIT}], got {max_batch_bytes}")
-        nbytes = identity.layout.block_nbytes
+        nbytes, self._split = identity.layout.block_nbytes, split_payloads and sink.has_slots
+        max_batch_bytes = announced_batch_bytes(max_batch_bytes, self._split)
         # The announced bytes are the cap: a sender packs whole blocks or layer slices up to them,
         # and slices need not add up to a whole number of blocks (one block, at least, always fits).
         self._framer = Framer(max_payload_bytes=max(nbytes, min(max_batch_bytes, MAX_BATCH_BLOCKS * nbytes)))
@@ -132,7 +134,6 @@ class ReceiverCore:
         self._peer_timeout, self._clock = peer_timeout, clock
         self._sessions: dict[str, _Session] = {}
         self._unlanded: tuple[Buffer, Message] | None = None    # see landing(): (header, its message)
-        self._split = split_payloads and sink.has_slots
         self._owed: dict[str, Landing] = {}     # peer -> its split batch (at most MAX_SEALED_PAYLOADS slots)
 
     @property
@@ -213,6 +214,9 @@ class ReceiverCore:
         del self._owed[peer]
         self._dropped(peer, FrameError(DropReason.FINISHED_XFER, f"{landing.msg.xfer_id}: payloads still owed"))
         return None
+
+    def owing(self) -> bool:
+        return bool(self._owed)
 
     def landed(self, peer: str, landing: Landing, sizes: list[int], seconds: float) -> None:
         """The payload frames after landing's seal went into its slots (frame k: sizes[k] bytes,

@@ -162,14 +162,24 @@ class ZmqReceiveLink(ReceiveLink):
         self._handle, self._lander = handle, lander
 
     def receive(self, timeout: float) -> None:
-        if not self._sock.poll(_ms(timeout), zmq.POLLIN):
-            return
-        for _ in range(_DRAIN_BATCH):
-            try:
-                peer = connection_name(self._sock.recv(zmq.NOBLOCK, copy=False))
-            except zmq.Again:
+        """Drain the waiting messages (the socket's EVENTS tell when none is left: no zmq.Again
+        raised per drain); while a peer owes a split batch payloads, wait on for them, within
+        timeout, rather than return to the caller's loop between two of them."""
+        deadline = time.monotonic() + timeout
+        while self._sock.poll(_ms(timeout), zmq.POLLIN):
+            for _ in range(_DRAIN_BATCH):
+                try:
+                    peer = connection_name(self._sock.recv(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    return
+                self._take(peer)
+                if not self._sock.get(zmq.EVENTS) & zmq.POLLIN:
+                    break
+            else:
+                return                  # a full drain: the caller checks leases and peers
+            timeout = deadline - time.monotonic()
+            if timeout <= 0 or self._lander is None or not self._lander.owing():
                 return
-            self._take(peer)
 
     def _take(self, peer: str) -> None:
         """The rest of one message from peer (libzmq hands a multipart message over whole: every

@@ -30,15 +30,23 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
 MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
 OLD_ACK_BATCH_BYTES = 4 << 20   # what a HelloAck without max_batch_bytes (a receiver from before it) takes
-BATCH_BYTES = 2 << 20        # what senders pack and receivers take by default (--kv-batch-mib): a
-                             # receiver gets each block warm from libzmq, which hands a message over
-                             # only once its last frame is in (bench/README.md, "end of the eleventh
-                             # session": 0.62-0.86 of the raw ceiling at 16 MiB, 0.77-1.01 at 2 MiB)
+BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib), one
+                             # header and MAC a batch, its payloads messages of their own (split)
+WHOLE_BATCH_BYTES = 2 << 20  # the most a receiver takes when a batch's payloads come inside its message:
+                             # libzmq hands a message over only once its last frame is in, so larger
+                             # ones are copied cold (bench/README.md, "end of the eleventh session":
+                             # 0.62-0.86 of the raw ceiling at 16 MiB, 0.77-1.01 at 2 MiB)
 BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce
 SPLIT_PAYLOADS = True           # a ZMQ receiver takes a batch's payloads as messages of their own
                                 # (HelloAck.split_payloads) by default (bench/README.md, twelfth session)
 RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
                                 # announced batch bytes, by default (--kv-recv-queue-mib)
+
+
+def announced_batch_bytes(max_batch_bytes: int, split: bool) -> int:
+    """What a receiver configured for max_batch_bytes announces in its HelloAck: all of it if it
+    takes a batch's payloads as messages of their own (split), else WHOLE_BATCH_BYTES at most."""
+    return max_batch_bytes if split else min(max_batch_bytes, WHOLE_BATCH_BYTES)
 
 
 def batch_blocks(block_nbytes: int, max_bytes: int) -> int:

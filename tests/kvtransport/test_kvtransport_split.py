@@ -16,7 +16,7 @@ from kvtransport.receiver_state import Reservation
 from kvtransport.session import SEQ_LEN
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.zmq_sender import ZmqSender
-from pdwire.messages import Heartbeat, encode
+from pdwire.messages import BATCH_BYTES, WHOLE_BATCH_BYTES, Heartbeat, encode
 from tests.kvtransport.test_kvtransport_zmq import (DST_IDS, GEOM, NUM_TOKENS, SRC_IDS, _connect, _events, _pair,
                                                     _until, _written_exactly)
 
@@ -36,12 +36,14 @@ def _recorded(send, monkeypatch) -> list[list]:
 @pytest.mark.parametrize("split", [True, False])
 def test_both_forms_land_the_same_bytes_and_the_receiver_decides(split, monkeypatch):
     """A receiver built with split_payloads gets [header, seal] and one bare message per payload;
-    one built without gets every payload in its header's message; both commit bit-exactly."""
+    one built without gets every payload in its header's message, and announces batches of
+    WHOLE_BATCH_BYTES at most (they are copied cold past it); both commit bit-exactly."""
     src, dst, recv, send = _pair("tcp", split_payloads=split)
     before = dst.clone()
     try:
         _connect(send, recv)
         assert send._core.splits(recv.endpoint) is split
+        assert send._core.batch_bytes(recv.endpoint) == (BATCH_BYTES if split else WHOLE_BATCH_BYTES)
         recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
         send.begin("x1", recv.endpoint)
         sent = _recorded(send, monkeypatch)
@@ -60,12 +62,13 @@ def test_both_forms_land_the_same_bytes_and_the_receiver_decides(split, monkeypa
 
 def test_a_receiver_without_slots_does_not_announce_the_split():
     """A pool the bytes cannot go straight into (a sink without slots, e.g. tensor parallel's)
-    keeps the one-message form."""
+    keeps the one-message form, in batches of WHOLE_BATCH_BYTES at most."""
     layout = make_identity(make_pool(**GEOM), "d0").layout
     src, dst, recv, send = _pair("tcp", sink=BlockWriterSink(lambda ids, blocks: None, layout))
     try:
         _connect(send, recv)
         assert not send._core.splits(recv.endpoint)
+        assert send._core.batch_bytes(recv.endpoint) == WHOLE_BATCH_BYTES < BATCH_BYTES
     finally:
         send.close()
         recv.close()
