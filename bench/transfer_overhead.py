@@ -115,7 +115,8 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
     dst = make_pool(num_blocks=n, block_size=src.shape[3], seed=None, **LAYOUT)
     ident = make_identity(dst, "d")
     sinks = {True: InlineSink(dst, ident.layout), False: NoCopySink(dst, ident.layout)}
-    core = ReceiverCore(n, ident, SECRET, sinks[True], lambda peer, frames: None, max_batch_bytes=batch_bytes)
+    core = ReceiverCore(n, ident, SECRET, sinks[True], lambda peer, frames: None, max_batch_bytes=batch_bytes,
+                        split_payloads=True)        # as a ZmqReceiver's: it takes batch_bytes either way
     session, framer = Session(SECRET, *NONCES, True), Framer()
     core._auth._sessions["p"] = Session(SECRET, *NONCES, False)
     core._dispatch("p", Hello(make_identity(src, "p")), ())
