@@ -137,6 +137,7 @@ class ZmqSendLink(SendLink):
 
 class ZmqReceiveLink(ReceiveLink):
     lands = True
+
     def __init__(self, secret: bytes, bind: str = DEFAULT_BIND, hwm: int = 64,
                  max_payload_bytes: int = 0, recv_hwm: int | None = None) -> None:
         """hwm: messages queued per peer either way; recv_hwm, if given, the incoming ones."""
@@ -187,8 +188,9 @@ class ZmqReceiveLink(ReceiveLink):
         peer that owes a split batch a payload has its next message received into the next slot."""
         sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
         owed = self._lander.owed(peer) if self._lander is not None else None
-        first = self._pay(peer, owed) if owed is not None else sock.recv(zmq.NOBLOCK) if more() else None
-        if owed is not None and first is None:
+        if owed is None:
+            first = sock.recv(zmq.NOBLOCK) if more() else None
+        elif (first := self._pay(peer, owed)) is None:
             return                              # a payload it owed
         frames: list[Buffer] = [] if first is None else [first]    # the header: small, copied
         if more():                              # the seal if it is one (else a payload: not copied)
