@@ -268,7 +268,8 @@ def main() -> None:
             _print_row(name, row)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"machine": info, "tokens": tokens, "repeats": repeats, "chunk": args.chunk,
-                                   "batch_mib": args.batch_mib, "queue_mib": args.queue_mib, "heap": args.heap, "split_payloads": args.split_payloads, "load_avg_after": os.getloadavg(),
+                                   "batch_mib": args.batch_mib, "queue_mib": args.queue_mib, "heap": args.heap,
+                                   "split_payloads": args.split_payloads, "load_avg_after": os.getloadavg(),
                                    "rows": rows}, indent=1))
     print(f"wrote {RESULTS}")
 

@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
 from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
-from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, Abort, announced_batch_bytes, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
-                             HelloAck, LayerBatch, Message)
+from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, Abort, BlockBatch, BlockFrame, Commit,
+                             Heartbeat, Hello, HelloAck, LayerBatch, Message, announced_batch_bytes)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from kvtransport.session import AuthError, AuthKind, Buffer, Responder, declared_lengths, parse_auth_frame

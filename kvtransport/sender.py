@@ -42,10 +42,13 @@ class Sender(KVSender):
 
     def __init__(self, identity: PeerIdentity, secret: bytes, link: SendLink, channel: PayloadChannel,
                  heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES,
+                 split_payloads: bool = True) -> None:
         """max_batch_bytes: the payload bytes this sender packs into one BlockBatch, at most what
-        each receiver announced in its HelloAck (one block at least)."""
-        self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, clock)
+        each receiver announced in its HelloAck (one block at least); split_payloads: send them as
+        messages of their own to receivers that take them (False: one message a batch, each send
+        one message under one send timeout, as a loop with a deadline needs: decode_node.mover)."""
+        self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, clock, split_payloads)
         self._max_batch_bytes = max_batch_bytes
         self._link, self._channel = link, channel
         self.metrics = self._core.metrics

@@ -19,7 +19,7 @@ class ZmqSender(Sender):
 
     def __init__(self, identity: PeerIdentity, secret: bytes, hwm: int = 64,
                  send_timeout: float = 10.0, heartbeat_interval: float = 1.0,
-                 peer_timeout: float = 10.0, max_batch_bytes: int = BATCH_BYTES) -> None:
+                 peer_timeout: float = 10.0, max_batch_bytes: int = BATCH_BYTES, split_payloads: bool = True) -> None:
         link = ZmqSendLink(identity.node_id, secret, hwm, send_timeout)
         super().__init__(identity, secret, link, InlineChannel(), heartbeat_interval, peer_timeout,
-                         max_batch_bytes=max_batch_bytes)
+                         max_batch_bytes=max_batch_bytes, split_payloads=split_payloads)

@@ -33,12 +33,17 @@ def _recorded(send, monkeypatch) -> list[list]:
     return sent
 
 
-@pytest.mark.parametrize("split", [True, False])
-def test_both_forms_land_the_same_bytes_and_the_receiver_decides(split, monkeypatch):
-    """A receiver built with split_payloads gets [header, seal] and one bare message per payload;
-    one built without gets every payload in its header's message, and announces batches of
-    WHOLE_BATCH_BYTES at most (they are copied cold past it); both commit bit-exactly."""
-    src, dst, recv, send = _pair("tcp", split_payloads=split)
+@pytest.mark.parametrize("recv_split, send_split", [(True, True), (False, True), (True, False)])
+def test_both_forms_land_the_same_bytes_and_both_ends_decide(recv_split, send_split, monkeypatch):
+    """A receiver built with split_payloads gets [header, seal] and one bare message per payload
+    from a sender that splits; one built without, or a sender that does not split (a KV move's),
+    gets every payload in its header's message, in batches of WHOLE_BATCH_BYTES at most (they
+    are copied cold past it); every form commits bit-exactly."""
+    src, dst, recv, send = _pair("tcp", split_payloads=recv_split)
+    split = recv_split and send_split
+    if not send_split:
+        send.close()
+        send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, split_payloads=False)
     before = dst.clone()
     try:
         _connect(send, recv)

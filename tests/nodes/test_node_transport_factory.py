@@ -34,7 +34,8 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     assert d.mover.slice_blocks == 8        # a KV move sends one message (8 MiB) at a time
     assert d.mover._make_sender() == "S"
     sender = ((transport, identity, b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9", "max_batch_bytes": 8 << 20})
-    mover = (sender[0], {**sender[1], "send_timeout": SEND_TIMEOUT_S})     # bounded: it sends on the loop
+    mover = (sender[0], {**sender[1], "send_timeout": SEND_TIMEOUT_S,     # bounded: it sends on the loop,
+                         "split_payloads": False})                        # one message a send
     assert calls == [sender, ((transport, d.engine.runner.kv_cache, identity, b"secret"),
                               {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None,
                                "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20}), mover]
