@@ -170,6 +170,8 @@ class ReceiverCore:
         declared = declared_lengths(seal)
         if declared is None or len(header) > self._framer.max_header_bytes or peer not in self._sessions:
             return None
+        if split and not self._split:
+            return None             # not announced: handle() drops it (UNEXPECTED), its payloads follow
         try:
             msg = self._framer.decode([header]).msg
         except FrameError:
@@ -279,7 +281,7 @@ class ReceiverCore:
         """[header, *payloads] of the sealed message in frames, its sizes and MAC checked."""
         self._framer.check_sizes(frames)
         try:
-            return self._auth.open(peer, frames)[1]
+            return self._auth.open(peer, frames, self._split)[1]
         except AuthError as e:
             if e.reason is DropReason.NOT_AUTHENTICATED and (reset := self._auth.refuse(peer)):
                 self._send(peer, [reset])                   # e.g. this node restarted: start again

@@ -182,11 +182,14 @@ class Session:
         self._check(self._tag(self._recv_mac, bytes(seal[:SEQ_LEN]), header, lengths, form), seal)
         return lengths
 
-    def open(self, frames: Sequence[Buffer]) -> list[Buffer]:
+    def open(self, frames: Sequence[Buffer], split: bool = False) -> list[Buffer]:
         """[header, *payloads] of a sealed message, in either order ([header] of a split seal's
-        [header, seal], whose payloads come apart); raises AuthError if its MAC or sequence is
-        wrong, or (BAD_NBYTES) if its payloads are not those its seal declares."""
+        [header, seal], whose payloads come apart, if this end took the split: else UNEXPECTED);
+        raises AuthError if its MAC or sequence is wrong, or (BAD_NBYTES) if its payloads are not
+        those its seal declares."""
         if len(frames) == 2 and declared_lengths(frames[1]) is not None:
+            if not split:
+                raise AuthError(DropReason.UNEXPECTED, "a split seal, and split payloads were not announced")
             self.open_seal(frames[0], frames[1], split=True)
             return [frames[0]]
         if len(frames) >= 3 and declared_lengths(frames[1]) is not None:
@@ -283,14 +286,15 @@ class Responder:
             self._pending.popitem(last=False)
         return auth_frame(AuthKind.CHALLENGE, nonce_r)
 
-    def open(self, peer: str, frames: Sequence[Buffer]) -> tuple[Session, list[Buffer]]:
-        """The peer's session and [header, payload?] of its sealed message. A message that
-        verifies under the peer's pending handshake establishes (or replaces) its session.
-        Raises AuthError: NOT_AUTHENTICATED if peer has no session, BAD_MAC or REPLAY."""
+    def open(self, peer: str, frames: Sequence[Buffer], split: bool = False) -> tuple[Session, list[Buffer]]:
+        """The peer's session and [header, payload?] of its sealed message (split: a split seal's
+        is taken, Session.open). A message that verifies under the peer's pending handshake
+        establishes (or replaces) its session. Raises AuthError: NOT_AUTHENTICATED if peer has no
+        session, BAD_MAC, REPLAY or UNEXPECTED."""
         pending = self._pending.pop(peer, None)
         if pending is not None and self._clock() - pending[0] <= self._ttl:
             try:
-                opened = pending[1].open(frames)
+                opened = pending[1].open(frames, split)
             except AuthError:
                 self._pending[peer] = pending       # a stray message does not end the handshake
                 if peer not in self._sessions:
@@ -305,7 +309,7 @@ class Responder:
         session = self._sessions.get(peer)
         if session is None:
             raise AuthError(DropReason.NOT_AUTHENTICATED, "no session")
-        opened = session.open(frames)
+        opened = session.open(frames, split)
         self._sessions.move_to_end(peer)
         return session, opened
 

@@ -248,11 +248,12 @@ def test_dead_receiver_fails_open_transfers_on_sender():
 
 
 def test_backpressure_raises_when_receiver_stops_draining():
-    """With the queues full (high-water marks), send_block raises TransportError, not hangs."""
+    """With the queues full (high-water marks: two blocks' bytes here, two messages there),
+    send_block raises TransportError, not hangs."""
     geom = dict(GEOM, num_blocks=64, block_size=256)                      # 256 KiB blocks
     src, dst = make_pool(seed=1, **geom), make_pool(seed=None, **geom)
-    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=2)
-    send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, hwm=2, send_timeout=0.3)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=2, max_queue_bytes=512 << 10)
+    send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, hwm=2, send_timeout=0.3, split_payloads=False)
     try:
         _connect(send, recv)
         recv.register(Reservation("x1", tuple(range(64))))
