@@ -5,6 +5,7 @@ receiver that did not announce the split takes none of it."""
 import time
 from collections import Counter
 
+import msgpack
 import pytest
 import zmq
 
@@ -17,7 +18,7 @@ from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_byte
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
 from kvtransport.zmtp_auth import USER_ID_SLOTS
-from pdwire.messages import RECV_QUEUE_BYTES
+from pdwire.messages import RECV_QUEUE_BYTES, HelloAck, decode, encode
 from tests.kvtransport.test_kvtransport_split import _split_header
 from tests.kvtransport.test_kvtransport_zmq import DST_IDS, GEOM, NUM_TOKENS, _connect, _pair, _until
 
@@ -122,3 +123,15 @@ def test_a_session_opens_a_split_seal_only_when_told_to():
         theirs.open(frames)
     assert e.value.reason is DropReason.UNEXPECTED
     assert theirs.open(frames, split=True) == [b"hdr"]
+
+
+def test_a_hello_ack_without_the_split_is_what_an_older_sender_decodes():
+    """A HelloAck that does not announce the split leaves that last field off (six fields, as
+    before it, which a sender from before it decodes: its codec refuses a seventh); one that
+    does carries it; both decode back to the same message."""
+    identity = make_identity(make_pool(**GEOM), "d0", "zmq")
+    for split, n in [(False, 6), (True, 7)]:
+        ack = HelloAck(identity, True, max_batch_bytes=16 << 20, layer_slices=True, sealed_first=True,
+                       split_payloads=split)
+        assert len(msgpack.unpackb(encode(ack))[2]) == n
+        assert decode(encode(ack)) == ack
