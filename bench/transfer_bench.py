@@ -2,7 +2,7 @@
 the raw-ZeroMQ ceiling in the same run.
 
     .venv/bin/python bench/transfer_bench.py [--tokens 8192] [--repeats 5] [--chunk 2048] [--quick]
-        [--batch-mib 2] [--queue-mib 256] [--heap retain|default]
+        [--batch-mib 2] [--queue-mib 256] [--heap retain|default] [--no-split-payloads]
 
 Layout: the 58.5M Llama (8 layers, 8 KV heads, head_dim 64, fp32), block sizes 16/32/64
 tokens (0.5/1/2 MiB per block). The decode side runs in its own process with a ZmqReceiver;
@@ -16,6 +16,8 @@ Variants, alternating within each repetition (repetition 0 warms up):
   ceiling      raw pyzmq, zero-copy blocks, one memcpy each into a pool (bench/transfer_ceiling.py)
   ceiling_mac  the same with a small header sealed and opened per block (one MAC each)
 
+The decode process takes a batch's payloads as messages of their own unless --no-split-payloads
+(then as frames of the batch's message: the wire before the twelfth session).
 Both receiving processes keep the memory of freed frames (kvtransport.heap, as a ZmqReceiver
 does) unless --heap default runs both with glibc's defaults (the state before the eleventh session).
 
@@ -47,7 +49,7 @@ from kvtransport.receiver_state import Reservation  # noqa: E402
 from kvtransport.testing import make_identity, make_pool  # noqa: E402
 from kvtransport.zmq_receiver import ZmqReceiver  # noqa: E402
 from kvtransport.zmq_sender import ZmqSender  # noqa: E402
-from pdwire.messages import BATCH_BYTES, RECV_QUEUE_BYTES  # noqa: E402
+from pdwire.messages import BATCH_BYTES, RECV_QUEUE_BYTES, SPLIT_PAYLOADS  # noqa: E402
 
 from bench.transfer_ceiling import Ceiling  # noqa: E402
 
@@ -91,12 +93,13 @@ def memcpy_gbps(nbytes: int = 256 << 20) -> float:
 
 
 def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret, batch_bytes: int,
-                   queue_bytes: int, retain_heap: bool) -> None:
+                   queue_bytes: int, retain_heap: bool, split: bool) -> None:
     """Owns a pool and a ZmqReceiver: registers what it is told, reports committed transfers."""
     torch.set_num_threads(1)
     pool = make_pool(num_blocks=num_blocks, block_size=block_size, seed=None, **LAYOUT)
     recv = ZmqReceiver(pool, make_identity(pool, "bench-d", "zmq"), secret, bind, hwm=16, peer_timeout=PEER_TIMEOUT,
-                       max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes, retain_heap=retain_heap)
+                       max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes, retain_heap=retain_heap,
+                       split_payloads=split)
     conn.send(recv.endpoint)
     cpu = 0.0
     while True:
@@ -118,10 +121,10 @@ class Pdserve:
     """pdserve's path: a ZmqSender here, a ZmqReceiver in a spawned decode process."""
 
     def __init__(self, block_size: int, tokens: int, bind: str, secret: bytes, batch_bytes: int,
-                 queue_bytes: int, retain_heap: bool) -> None:
+                 queue_bytes: int, retain_heap: bool, split: bool) -> None:
         self.num_blocks = -(-tokens // block_size)
         self.src = make_pool(num_blocks=self.num_blocks, block_size=block_size, seed=0, **LAYOUT)
-        self._args = (block_size, self.num_blocks, bind, secret, batch_bytes, queue_bytes, retain_heap)
+        self._args = (block_size, self.num_blocks, bind, secret, batch_bytes, queue_bytes, retain_heap, split)
         self._tokens, self._runs = tokens, 0
 
     def start(self) -> None:
@@ -175,9 +178,9 @@ VARIANTS = ("pdserve", "unbatched", "ceiling", "ceiling_mac")
 
 
 def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind: str,
-             secret: bytes, batch_bytes: int, queue_bytes: int, retain_heap: bool) -> dict:
+             secret: bytes, batch_bytes: int, queue_bytes: int, retain_heap: bool, split: bool) -> dict:
     """Every variant on one block size, alternating within each repetition (0 warms up)."""
-    pd = Pdserve(block_size, tokens, bind, secret, batch_bytes, queue_bytes, retain_heap)
+    pd = Pdserve(block_size, tokens, bind, secret, batch_bytes, queue_bytes, retain_heap, split)
     ceiling_bind = bind + "-ceiling" if bind.startswith("ipc://") else bind
     ceiling = Ceiling(pd.src, ceiling_bind, secret, retain_heap)
     for side in (pd, ceiling):
@@ -247,6 +250,9 @@ def main() -> None:
     ap.add_argument("--heap", choices=("retain", "default"), default="retain",
                     help="retain: both receiving processes keep freed frames, as a ZmqReceiver does "
                          "(kvtransport.heap); default: both run with glibc's defaults")
+    ap.add_argument("--split-payloads", action=argparse.BooleanOptionalAction, default=SPLIT_PAYLOADS,
+                    help="the decode process takes a batch's payloads as messages of their own (the nodes' "
+                         "--kv-split-payloads)")
     args = ap.parse_args()
     tokens, repeats = (1024, 2) if args.quick else (args.tokens, args.repeats)
     info = {**machine_info(), "memcpy_gbps": round(memcpy_gbps(), 2), "load_avg": os.getloadavg()}
@@ -256,12 +262,14 @@ def main() -> None:
         for block_size in map(int, args.block_sizes.split(",")):
             bind = {"tcp": "tcp://127.0.0.1:*", "ipc": f"ipc:///tmp/kvt-bench-{os.getpid()}-{block_size}"}[name]
             row = {"transport": name, **run_case(block_size, tokens, repeats, args.chunk, bind, SECRET,
-                                                 args.batch_mib << 20, args.queue_mib << 20, args.heap == "retain")}
+                                                 args.batch_mib << 20, args.queue_mib << 20, args.heap == "retain",
+                                                 args.split_payloads)}
             rows.append(row)
             _print_row(name, row)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"machine": info, "tokens": tokens, "repeats": repeats, "chunk": args.chunk,
-                                   "batch_mib": args.batch_mib, "queue_mib": args.queue_mib, "heap": args.heap, "load_avg_after": os.getloadavg(),
+                                   "batch_mib": args.batch_mib, "queue_mib": args.queue_mib, "heap": args.heap,
+                                   "split_payloads": args.split_payloads, "load_avg_after": os.getloadavg(),
                                    "rows": rows}, indent=1))
     print(f"wrote {RESULTS}")
 

@@ -14,7 +14,9 @@ CPU time (time.process_time, so load on the other core counts less than in wall 
          from the header and seal, each payload copied into its slot as recv_into would, landed());
          and the same handle with the sink's copy left out ("no copy": the software overhead on
          its own, which memory bandwidth taken by other processes does not blur: a copy of
-         70-300 us a block swings by more than the overhead between two runs on a loaded machine)
+         70-300 us a block swings by more than the overhead between two runs on a loaded machine);
+         "split": the same with a batch's payloads as messages of their own (owed(), each into
+         its slot, landed() after the last), as the ZMQ link takes them since the twelfth session
 
 BlockBatch messages carry up to --batch-mib MiB (the nodes' --kv-batch-mib).
 
@@ -64,18 +66,27 @@ def cpu_us(makers: dict, n: int, repeats: int = 7) -> dict[str, float]:
 
 def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket, batch_bytes: int) -> dict[str, float]:
     core = SenderCore(make_identity(src, "p"), SECRET)
-    core._links["e"] = type("L", (), {"session": Session(SECRET, *NONCES, True), "sealed_first": True})()   # paired
+    links = {split: type("L", (), {"session": Session(SECRET, *NONCES, True), "sealed_first": True, "split": split})()
+             for split in (False, True)}                                                # paired, either form
+    core._links["e"] = links[False]
     core.begin("x", "e")
     channel, ids = InlineChannel(), list(range(n))
     step = batch_blocks(src[0].numel() * src.element_size(), batch_bytes)
 
-    def batched():
+    def batched(split: bool = False):
+        core._links["e"] = links[split]
         for k in range(0, n, step):
             frames = core.pack("e", core.batch_header("x", ids[k:k + step], ids[k:k + step], src),
                                *channel.inline_many(src, ids[k:k + step]))
             *head, payload = frames                     # [header, seal, *payloads]
             tracked = zmq.Frame(payload, copy=False, track=k + step >= n)
-            sock.send_multipart([*head, tracked], copy=False)
+            if not split:
+                sock.send_multipart([*head, tracked], copy=False)
+                continue
+            sock.send_multipart(head[:2], copy=False)     # then a message per payload
+            for p in head[2:]:
+                sock.send(p, copy=False)
+            sock.send(tracked, copy=False)
 
     def unbatched():
         for b in ids:
@@ -89,7 +100,8 @@ def sender_paths(src: torch.Tensor, n: int, sock: zmq.Socket, batch_bytes: int) 
         for b in ids:
             sock.send(pool[b * nbytes:(b + 1) * nbytes], copy=False)
 
-    return cpu_us({"ceiling": lambda: ceiling, "batched": lambda: batched, "unbatched": lambda: unbatched}, n)
+    return cpu_us({"ceiling": lambda: ceiling, "batched": lambda: batched, "unbatched": lambda: unbatched,
+                   "split": lambda: lambda: batched(split=True)}, n)
 
 
 class NoCopySink(InlineSink):
@@ -103,7 +115,8 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
     dst = make_pool(num_blocks=n, block_size=src.shape[3], seed=None, **LAYOUT)
     ident = make_identity(dst, "d")
     sinks = {True: InlineSink(dst, ident.layout), False: NoCopySink(dst, ident.layout)}
-    core = ReceiverCore(n, ident, SECRET, sinks[True], lambda peer, frames: None, max_batch_bytes=batch_bytes)
+    core = ReceiverCore(n, ident, SECRET, sinks[True], lambda peer, frames: None, max_batch_bytes=batch_bytes,
+                        split_payloads=True)        # as a ZmqReceiver's: it takes batch_bytes either way
     session, framer = Session(SECRET, *NONCES, True), Framer()
     core._auth._sessions["p"] = Session(SECRET, *NONCES, False)
     core._dispatch("p", Hello(make_identity(src, "p")), ())
@@ -112,13 +125,13 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
     sender = SenderCore(make_identity(src, "p"), SECRET)
     rounds = iter(range(1 << 20))
 
-    def sealed(batch: bool) -> list[list]:
+    def sealed(batch: bool, split: bool = False) -> list[list]:
         xfer = f"x{next(rounds)}"
         core.register(Reservation(xfer, tuple(ids)))
         views = [pool[b * nbytes:(b + 1) * nbytes] for b in ids]
         if batch:
             msgs = [framer.pack_many(session, sender.batch_header(xfer, ids[k:k + step], ids[k:k + step], src),
-                                     views[k:k + step], sealed_first=True) for k in range(0, n, step)]
+                                     views[k:k + step], sealed_first=True, split=split) for k in range(0, n, step)]
         else:
             msgs = [framer.pack_many(session, sender.block_header(xfer, b, b, src), [views[b]], sealed_first=True)
                     for b in ids]
@@ -129,22 +142,26 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
         core._sink = sinks[copy]
         return lambda: [core.handle("p", [memoryview(f) for f in frames]) for frames in msgs]
 
-    def land(copy: bool = True):
+    def land(copy: bool = True, split: bool = False):
         """As ZmqReceiveLink does with a Lander: landing() from the header and seal, each payload
-        into its slot (recv_into's one copy, here a slice assignment from the same buffers), landed()."""
-        msgs = sealed(True)
+        into its slot (recv_into's one copy, here a slice assignment from the same buffers), landed();
+        split: each payload after the link has asked owed(), its size noted, landed() after the last."""
+        msgs = sealed(True, split)
         core._sink = sinks[True]
 
         def run():
             for header, seal, *payloads in msgs:
-                landing = core.landing("p", memoryview(header), memoryview(seal)) if payloads else None
+                landing = core.landing("p", memoryview(header), memoryview(seal), split) if payloads else None
                 if landing is None:
                     core.handle("p", [memoryview(header), memoryview(seal), *payloads])
                     continue
-                if copy:
-                    for slot, payload in zip(landing.slots, payloads):
+                for slot, payload in zip(landing.slots, payloads):
+                    if split and core.owed("p") is not landing:
+                        raise RuntimeError("a split batch not owed")
+                    if copy:
                         slot[:] = payload
-                core.landed("p", landing, [len(p) for p in payloads], 0.0)
+                    landing.sizes.append(len(payload))
+                core.landed("p", landing, landing.sizes, 0.0)
         return run
 
     flat = pool_bytes(dst)
@@ -155,8 +172,9 @@ def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, flo
     out = cpu_us({"ceiling": lambda: ceiling, "batched": lambda: handle(True), "unbatched": lambda: handle(False),
                   "batched_no_copy": lambda: handle(True, copy=False),
                   "unbatched_no_copy": lambda: handle(False, copy=False),
-                  "landed": lambda: land(), "landed_no_copy": lambda: land(copy=False)}, n)
-    assert core.metrics.frames_dropped == 0 and core.metrics.transfers_committed == 7 * 6, core.metrics
+                  "landed": lambda: land(), "landed_no_copy": lambda: land(copy=False),
+                  "split": lambda: land(split=True), "split_no_copy": lambda: land(copy=False, split=True)}, n)
+    assert core.metrics.frames_dropped == 0 and core.metrics.transfers_committed == 7 * 8, core.metrics
     return out
 
 
@@ -200,10 +218,11 @@ def main() -> None:
         for side in ("send", "recv"):
             c = row[side]["ceiling"]
             print(f"block {bs} tok ({row['block_mib']:.1f} MiB) {side}: ceiling {c:6.1f} us/block CPU; "
-                  f"overhead batched {row[side]['batched'] - c:+6.1f}, unbatched {row[side]['unbatched'] - c:+6.1f}"
+                  f"overhead batched {row[side]['batched'] - c:+6.1f}, unbatched {row[side]['unbatched'] - c:+6.1f}, "
+                  f"split {row[side]['split'] - c:+6.1f}"
                   + (f", landed {row[side]['landed'] - c:+6.1f}; no copy: batched {row[side]['batched_no_copy']:5.1f}, "
-                     f"unbatched {row[side]['unbatched_no_copy']:5.1f}, landed {row[side]['landed_no_copy']:5.1f}"
-                     if side == "recv" else ""))
+                     f"unbatched {row[side]['unbatched_no_copy']:5.1f}, landed {row[side]['landed_no_copy']:5.1f}, "
+                     f"split {row[side]['split_no_copy']:5.1f}" if side == "recv" else ""))
     sock.close(linger=0)
     sink.close(linger=0)
     ctx.term()

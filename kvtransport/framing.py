@@ -1,6 +1,7 @@
 """One message as a list of frames, sealed by the session of the connection it travels on.
 
     [header, trailer]   or   [header, seal, payload, ..., payload]
+                        or   [header, seal] [payload] ... [payload]   (split: one message each)
 
 header = the message's msgpack bytes; payload = the raw bytes of one block (BlockFrame: one
 payload; BlockBatch: up to MAX_BATCH_BLOCKS), zmq and fake backends only; trailer = the
@@ -60,22 +61,23 @@ class Framer:
         return self.pack_many(session, msg, () if payload is None else (payload,))
 
     def pack_many(self, session: Session, msg: Any, payloads: Sequence[Buffer],
-                  sealed_first: bool = False) -> list[Buffer]:
+                  sealed_first: bool = False, split: bool = False) -> list[Buffer]:
         """msg with any number of payload frames: [header, seal, *payloads] if sealed_first and
-        there are payloads, else [header, *payloads, trailer]."""
+        there are payloads (split: a split seal's, for [header, seal] then each payload as a
+        message of its own), else [header, *payloads, trailer]."""
         header = self._encode(msg)
         if len(header) > self.max_header_bytes:
             raise ProtocolError(f"a {type(msg).__name__} of {len(header)} bytes is over the "
                                 f"{self.max_header_bytes}-byte limit")
         if sealed_first and payloads:
-            return [header, session.seal_first(header, [len(p) for p in payloads]), *payloads]
+            return [header, session.seal_first(header, [len(p) for p in payloads], split), *payloads]
         return [header, *payloads, session.seal(header, *payloads)]
 
     def check_sizes(self, frames: Sequence[Buffer]) -> None:
         """Raises FrameError unless frames look like one sealed message within the size caps."""
         if not 2 <= len(frames) <= MAX_BATCH_BLOCKS + 2:
             raise FrameError(DropReason.MALFORMED, f"{len(frames)} frames")
-        sealed = len(frames) >= 3 and declared_lengths(frames[1]) is not None
+        sealed = len(frames) >= 2 and declared_lengths(frames[1]) is not None   # 2: a split seal's
         if len(frames[-1]) != TRAILER_LEN and not sealed:
             raise FrameError(DropReason.BAD_MAC, "no trailer or seal")
         if len(frames[0]) > self.max_header_bytes:

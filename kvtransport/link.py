@@ -20,6 +20,8 @@ Handler = Callable[[str, list[Buffer]], None]     # (endpoint or peer, frames of
 class Landing(Protocol):
     """Where a message's payload frames go, chosen from its header and seal (kvtransport.receiver_core)."""
     slots: list[memoryview]          # frame k into slots[k]: writable, of the size it must have
+    sizes: list[int]                 # split: the sizes of the payload messages received so far
+    seconds: float                   # split: the time their copies took
 
 
 class Lander(Protocol):
@@ -27,9 +29,17 @@ class Lander(Protocol):
     a link that can receive frame by frame asks landing(peer, header, seal) (a message's first
     two frames) before the payloads; if it gets one, it receives payload frame k into slots[k]
     and calls landed() with every payload frame's size, else it hands the whole message to the
-    Handler."""
+    Handler. Split (landing(..., split=True): [header, seal] was the whole message): before any
+    message of a peer, the link asks owed(peer); while it gets a landing, it receives a bare
+    message into its next slot (appending its size and time), and calls landed() once every slot
+    has one, or at once when the message is not bare (it is then taken as any other message)."""
 
-    def landing(self, peer: str, header: Buffer, seal: Buffer) -> Landing | None: ...
+    def landing(self, peer: str, header: Buffer, seal: Buffer, split: bool = False) -> Landing | None: ...
+
+    def owed(self, peer: str) -> Landing | None: ...
+
+    def owing(self) -> bool:
+        """Whether any peer owes a split batch payloads."""
 
     def landed(self, peer: str, landing: Landing, sizes: list[int], seconds: float) -> None: ...
 
@@ -95,6 +105,7 @@ class ReceiveLink(ABC):
     """The decode side's listening endpoint; peers are told apart by an opaque name."""
 
     endpoint: str                 # where senders connect
+    lands: bool = False           # it receives payloads straight into a Lander's slots
 
     @abstractmethod
     def bind(self, handle: Handler, lander: Lander | None = None) -> None:

@@ -87,7 +87,7 @@ class InlineSink(PayloadSink):
         self._kv_cache, self._nbytes = kv_cache, layout.block_nbytes
         self._layer_nbytes = layout.block_nbytes // layout.num_layers
         self._pool = pool_bytes(kv_cache)     # a slice assignment is one memcpy, no tensor per block
-        self.takes_layers = self._pool is not None
+        self.takes_layers = self.has_slots = self._pool is not None
 
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         self.write_many([dst], [payload])

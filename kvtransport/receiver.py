@@ -25,10 +25,13 @@ class Receiver(KVReceiver):
 
     def __init__(self, num_blocks: int, identity: PeerIdentity, secret: bytes, link: ReceiveLink,
                  sink: PayloadSink, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES,
+                 split_payloads: bool = False) -> None:
+        """split_payloads: let senders send a batch's payloads as messages of their own (only
+        over a link that lands them)."""
         self._link = link
         self._core = ReceiverCore(num_blocks, identity, secret, sink, link.send, peer_timeout, clock,
-                                  max_batch_bytes)
+                                  max_batch_bytes, split_payloads and link.lands)
         link.bind(self._core.handle, self._core)
         self.endpoint = link.endpoint
         self.metrics = self._core.metrics

@@ -18,7 +18,11 @@ multipart message from peer) and `tick()` (expire leases and dead peers), and su
      ([header, seal, payload*]) take landing(): ledger checks, then the seal's MAC -> the link
      receives each payload into its pool slot -> landed(): sizes as sealed, mark_written; any
      check that fails before the payloads makes it handle() (and every message in the older
-     order [header, payload*, trailer] goes there)
+     order [header, payload*, trailer] goes there); to a receiver built with split_payloads,
+     a sender sends [header, seal] and then each payload as a message of its own: landing()
+     as above claims the transfer and keeps the slots the peer owes (owed(), one batch a
+     peer), the link receives each next message of that peer into the next slot, and landed()
+     once all came, or once the peer sent anything but a bare payload (then short: dropped)
   4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
   5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
 """
@@ -27,14 +31,14 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from kvtransport.events import FailReason, TransferEvent
 from kvtransport.framing import Framer, FrameError, Unpacked
 from pdwire.handshake import HandshakeError, PeerIdentity, check_compatible
-from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello,
-                             HelloAck, LayerBatch, Message)
+from pdwire.messages import (BATCH_BYTES, BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, Abort, BlockBatch, BlockFrame, Commit,
+                             Heartbeat, Hello, HelloAck, LayerBatch, Message, announced_batch_bytes)
 from kvtransport.metrics import DropReason, ReceiverMetrics
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from kvtransport.session import AuthError, AuthKind, Buffer, Responder, declared_lengths, parse_auth_frame
@@ -69,6 +73,7 @@ class PayloadSink(ABC):
         return None
 
     takes_layers: bool = False    # write_many takes layer slices (announced to senders in the HelloAck)
+    has_slots: bool = False       # slots() gives views of the pool
 
     def write_many(self, dsts: list[int], payloads: list[memoryview], first_layer: int = 0) -> None:
         """Inline sinks: copy payloads[k] (checked: one wire block's bytes, or on a sink that takes
@@ -92,6 +97,8 @@ class Landing:
     msg: BlockFrame | BlockBatch | LayerBatch       # the header, authenticated by its seal and checked
     slots: list[memoryview]                         # where payload frame k goes: writable, its exact size
     declared: list[int]                             # the payload lengths the seal declares
+    sizes: list[int] = field(default_factory=list)  # split: the sizes of the payload messages received so far
+    seconds: float = 0.0                            # split: the time their copies took
 
 
 @dataclass(slots=True)
@@ -106,14 +113,18 @@ class ReceiverCore:
 
     def __init__(self, num_blocks: int, identity: PeerIdentity, secret: bytes,
                  sink: PayloadSink, send: SendFn, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES,
+                 split_payloads: bool = False) -> None:
         """max_batch_bytes: the payload bytes of one BlockBatch this receiver takes (at least one
-        block's), announced to each sender in the HelloAck."""
+        block's; WHOLE_BATCH_BYTES at most unless it splits), announced to each sender in the HelloAck;
+        split_payloads: announce that payloads may come as messages of their own (for a link that
+        lands them, on a sink with slots)."""
         self.identity = identity
         self.ledger = ReceiveLedger(identity.layout, num_blocks, ReceiverMetrics(), clock)
         if not 1 <= max_batch_bytes <= BATCH_BYTES_LIMIT:
             raise ValueError(f"max_batch_bytes must be in [1, {BATCH_BYTES_LIMIT}], got {max_batch_bytes}")
-        nbytes = identity.layout.block_nbytes
+        nbytes, self._split = identity.layout.block_nbytes, split_payloads and sink.has_slots
+        max_batch_bytes = announced_batch_bytes(max_batch_bytes, self._split)
         # The announced bytes are the cap: a sender packs whole blocks or layer slices up to them,
         # and slices need not add up to a whole number of blocks (one block, at least, always fits).
         self._framer = Framer(max_payload_bytes=max(nbytes, min(max_batch_bytes, MAX_BATCH_BLOCKS * nbytes)))
@@ -123,6 +134,7 @@ class ReceiverCore:
         self._peer_timeout, self._clock = peer_timeout, clock
         self._sessions: dict[str, _Session] = {}
         self._unlanded: tuple[Buffer, Message] | None = None    # see landing(): (header, its message)
+        self._owed: dict[str, Landing] = {}     # peer -> its split batch (at most MAX_SEALED_PAYLOADS slots)
 
     @property
     def metrics(self) -> ReceiverMetrics:
@@ -140,7 +152,7 @@ class ReceiverCore:
         except FrameError as e:
             self._dropped(peer, e)
 
-    def landing(self, peer: str, header: Buffer, seal: Buffer) -> Landing | None:
+    def landing(self, peer: str, header: Buffer, seal: Buffer, split: bool = False) -> Landing | None:
         """Where the payload frames after this header and seal may be received straight into (a
         link's recv_into): the pool slots of its blocks, if peer holds a session and is paired,
         header decodes to a block frame or batch, every block passes the ledger's checks with
@@ -151,20 +163,28 @@ class ReceiverCore:
         before the seal). No byte lands before the MAC has been checked; slots are blocks the
         ledger still misses, reserved for a transfer that peer may touch. A header decoded here
         and not landed is not decoded again by the handle() of the same message, which comes next
-        (a message in the older order whose first payload is shaped like a seal, for one)."""
+        (a message in the older order whose first payload is shaped like a seal, for one).
+        split: [header, seal] was the whole message (a split seal's): a landing claims the
+        transfer for peer, and its slots are owed until landed()."""
         self._unlanded = None
         declared = declared_lengths(seal)
         if declared is None or len(header) > self._framer.max_header_bytes or peer not in self._sessions:
             return None
+        if split and not self._split:
+            return None             # not announced: handle() drops it (UNEXPECTED), its payloads follow
         try:
             msg = self._framer.decode([header]).msg
         except FrameError:
             return None             # received whole, then counted with the reason it earns
-        landing = self._land(peer, header, seal, msg, declared)
+        landing = self._land(peer, header, seal, msg, declared, split)
         self._unlanded = (header, msg) if landing is None else None
+        if landing is not None and split:
+            self.ledger.claim(peer, msg.xfer_id)    # no other connection lands it meanwhile
+            self._owed[peer] = landing
         return landing
 
-    def _land(self, peer: str, header: Buffer, seal: Buffer, msg: Message, declared: list[int]) -> Landing | None:
+    def _land(self, peer: str, header: Buffer, seal: Buffer, msg: Message, declared: list[int],
+              split: bool) -> Landing | None:
         """landing() once its header is decoded: the ledger's checks, the slots, the seal's MAC."""
         try:
             first = msg.first_layer if type(msg) is LayerBatch else 0
@@ -181,16 +201,33 @@ class ReceiverCore:
         if slots is None:
             return None
         try:
-            self._auth.open_seal(peer, header, seal)
+            self._auth.open_seal(peer, header, seal, split)
         except AuthError:
             return None             # likewise: a bad MAC or a replay is counted by handle()
         return Landing(msg, slots, declared)
 
+    def owed(self, peer: str) -> Landing | None:
+        """peer's split batch, if it still owes payload messages (landing.slots[len(landing.sizes)]
+        is the next one's) and its transfer is still live and peer's; one whose transfer ended
+        meanwhile (aborted, expired) is dropped and counted, and its payloads are then extras."""
+        landing = self._owed.get(peer)
+        if landing is None or self.ledger.holds(peer, landing.msg.xfer_id):
+            return landing
+        del self._owed[peer]
+        self._dropped(peer, FrameError(DropReason.FINISHED_XFER, f"{landing.msg.xfer_id}: payloads still owed"))
+        return None
+
+    def owing(self) -> bool:
+        return bool(self._owed)
+
     def landed(self, peer: str, landing: Landing, sizes: list[int], seconds: float) -> None:
         """The payload frames after landing's seal went into its slots (frame k: sizes[k] bytes,
         its first len(slot) of them in slot k; frames past the slots: sizes only), in seconds:
-        if they are the sizes the seal declared (which the ledger checked), mark the blocks written."""
+        if they are the sizes the seal declared (which the ledger checked), mark the blocks written.
+        A split batch ends here too, owed no more: complete, or cut short by another message."""
         self._sessions[peer].last_seen = self._clock()      # paired: landing() saw it
+        if self._owed.get(peer) is landing:
+            del self._owed[peer]
         if sizes != landing.declared:
             return self._dropped(peer, FrameError(DropReason.BAD_NBYTES, f"{sizes} / sealed {landing.declared}"))
         self.ledger.mark_written(peer, landing.msg, seconds)
@@ -219,6 +256,7 @@ class ReceiverCore:
         for peer in list(self._sessions):
             self._sink.forget(peer)
         self._sessions.clear()
+        self._owed.clear()
 
     def take_events(self) -> list[TransferEvent]:
         return self.ledger.take_events()
@@ -243,7 +281,7 @@ class ReceiverCore:
         """[header, *payloads] of the sealed message in frames, its sizes and MAC checked."""
         self._framer.check_sizes(frames)
         try:
-            return self._auth.open(peer, frames)[1]
+            return self._auth.open(peer, frames, self._split)[1]
         except AuthError as e:
             if e.reason is DropReason.NOT_AUTHENTICATED and (reset := self._auth.refuse(peer)):
                 self._send(peer, [reset])                   # e.g. this node restarted: start again
@@ -315,7 +353,8 @@ class ReceiverCore:
         self._sessions[peer] = _Session(remote, self._clock())
         self.ledger.pair(peer, remote.node_id)
         self._reply(peer, HelloAck(self.identity, True, max_batch_bytes=self._max_batch_bytes,
-                                   layer_slices=self._sink.takes_layers, sealed_first=self.sealed_first))
+                                   layer_slices=self._sink.takes_layers, sealed_first=self.sealed_first,
+                                   split_payloads=self._split and self.sealed_first))
         reply = lambda msg: self._reply(peer, msg)  # noqa: E731
         if not self._channel_ok(peer, lambda: self._sink.paired(peer, remote, reply) or True):
             self._drop_peer(peer, FailReason.CHANNEL_BROKEN, "payload channel setup failed")
@@ -332,6 +371,7 @@ class ReceiverCore:
         self.ledger.fail_peer(peer, reason, detail)
         self.ledger.pair(peer, None)
         self._sessions.pop(peer, None)
+        self._owed.pop(peer, None)
         self._auth.forget(peer)        # its session keys too: a connection's name is never reused
         self._sink.forget(peer)
 

@@ -121,6 +121,15 @@ class ReceiveLedger:
     def live_xfers(self, peer: str | None = None) -> list[str]:
         return [x for x, t in self._live.items() if peer is None or t.peer == peer]
 
+    def holds(self, peer: str, xfer_id: str) -> bool:
+        """xfer_id is live and claimed by peer."""
+        t = self._live.get(xfer_id)
+        return t is not None and t.peer == peer
+
+    def claim(self, peer: str, xfer_id: str) -> None:
+        """peer (which may touch it: checked) makes progress on live xfer_id: it is peer's now."""
+        self._progress(self._live[xfer_id], peer)
+
     def state(self, xfer_id: str) -> TransferState | None:
         t = self._live.get(xfer_id)
         return t.state if t is not None else self._finished.get(xfer_id)

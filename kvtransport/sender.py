@@ -43,10 +43,13 @@ class Sender(KVSender):
 
     def __init__(self, identity: PeerIdentity, secret: bytes, link: SendLink, channel: PayloadChannel,
                  heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_batch_bytes: int = BATCH_BYTES,
+                 split_payloads: bool = True) -> None:
         """max_batch_bytes: the payload bytes this sender packs into one BlockBatch, at most what
-        each receiver announced in its HelloAck (one block at least)."""
-        self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, clock)
+        each receiver announced in its HelloAck (one block at least); split_payloads: send them as
+        messages of their own to receivers that take them (False: one message a batch, each send
+        one message under one send timeout, as a loop with a deadline needs: decode_node.mover)."""
+        self._core = SenderCore(identity, secret, heartbeat_interval, peer_timeout, clock, split_payloads)
         self._max_batch_bytes = max_batch_bytes
         self._link, self._channel = link, channel
         self.metrics = self._core.metrics
@@ -128,9 +131,9 @@ class Sender(KVSender):
             header, payloads = make(k, min(n, k + step))
             frames = self._core.pack(endpoint, header, *payloads)
             if k + step >= n:    # a link releases its messages in order: one tracker covers all
-                self._pending[xfer_id].append(self._send(endpoint, frames, tracked=True))
+                self._pending[xfer_id].append(self._post(endpoint, frames, tracked=True))
             else:
-                self._send(endpoint, frames)
+                self._post(endpoint, frames)
             if type(header) is BlockBatch or header.first_layer == 0:   # a sliced block counts once
                 self.metrics.blocks_sent += len(header.indices)
             self.metrics.bytes_sent += header.nbytes * len(header.indices)
@@ -227,12 +230,21 @@ class Sender(KVSender):
     def _ship(self, endpoint: str, header: BlockFrame, kv_cache: torch.Tensor, src: int) -> Completion:
         payload = self._channel.inline(kv_cache, src)
         if payload is not None:
-            return self._send(endpoint, self._core.pack(endpoint, header, payload), tracked=True)
+            return self._post(endpoint, self._core.pack(endpoint, header, payload), tracked=True)
         self._send(endpoint, self._core.pack(endpoint, header))
         return self._channel.send(endpoint, kv_cache, src)
 
+    def _post(self, endpoint: str, frames: list, tracked: bool = False) -> Completion | None:
+        """Send the packed message frames ([header, seal, *payloads] as [header, seal] and a message
+        per payload to a receiver that splits); tracked: its last message, whose completion covers
+        every message before it on the connection."""
+        messages = [frames[:2], *([p] for p in frames[2:])] if self._core.splits(endpoint) else [frames]
+        for message in messages[:-1]:
+            self._send(endpoint, message)
+        return self._send(endpoint, messages[-1], tracked)
+
     def _send(self, endpoint: str, frames: list, tracked: bool = False) -> Completion | None:
-        """frames to the paired endpoint (tracked: the Completion of their release). A send that
+        """One message to the paired endpoint (tracked: the Completion of its release). A send that
         times out (the receiver stopped draining) raises TransportError and loses endpoint: its
         other transfers fail at once (PEER_DEAD) instead of each holding the caller for the send
         timeout again, and their Aborts are not sent into the full queue."""

@@ -26,7 +26,8 @@ from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Framer, FrameError
 from pdwire.handshake import PeerIdentity, check_compatible, dtype_name
-from pdwire.messages import Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck, LayerBatch, Message
+from pdwire.messages import (WHOLE_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck,
+                             LayerBatch, Message)
 from kvtransport.metrics import SenderMetrics
 from kvtransport.session import AuthKind, Buffer, Initiator, Session, check_secret, parse_auth_frame
 
@@ -44,14 +45,18 @@ class _Link:
     batch_bytes: int            # payload bytes of one BlockBatch the receiver takes (its HelloAck)
     layer_slices: bool          # the receiver takes LayerBatch (its HelloAck)
     sealed_first: bool          # the receiver reads [header, seal, payload*] (its HelloAck)
+    split: bool                 # ... and [header, seal] then each payload alone (its HelloAck)
 
 
 class SenderCore:
     """Bookkeeping of one KVSender. Not thread-safe."""
 
     def __init__(self, identity: PeerIdentity, secret: bytes, heartbeat_interval: float = 1.0,
-                 peer_timeout: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 peer_timeout: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 split_payloads: bool = True) -> None:
+        """split_payloads: send payloads as messages of their own to receivers that take them."""
         self.identity = identity
+        self._split = split_payloads
         self.framer = Framer()
         self._secret = check_secret(secret)
         self._handshakes: dict[str, Initiator | Session] = {}   # endpoint -> pairing under way
@@ -92,7 +97,8 @@ class SenderCore:
         check_compatible(self.identity, msg.identity)
         now = self._clock()
         self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval, msg.max_batch_bytes,
-                                      msg.layer_slices, msg.sealed_first)
+                                      msg.layer_slices, msg.sealed_first,
+                                      self._split and msg.sealed_first and msg.split_payloads)
         return msg.identity
 
     def forget(self, endpoint: str) -> None:
@@ -102,17 +108,25 @@ class SenderCore:
         self._links.pop(endpoint, None)
 
     def batch_bytes(self, endpoint: str) -> int:
-        """The payload bytes of one BlockBatch the connected receiver at endpoint takes."""
-        return self._links[endpoint].batch_bytes
+        """The payload bytes of one BlockBatch to the connected receiver at endpoint: what it
+        announced, and WHOLE_BATCH_BYTES at most unless its payloads go as messages of their own."""
+        link = self._links[endpoint]
+        return link.batch_bytes if link.split else min(link.batch_bytes, WHOLE_BATCH_BYTES)
 
     def takes_layers(self, endpoint: str) -> bool:
         """Whether the connected receiver at endpoint takes LayerBatch."""
         return self._links[endpoint].layer_slices
 
+    def splits(self, endpoint: str) -> bool:
+        """Whether the connected receiver at endpoint takes a message's payloads as messages of
+        their own: pack()'s [header, seal, *payloads] then leaves as [header, seal] and a
+        message per payload, on the same connection, in order."""
+        return self._links[endpoint].split
+
     def pack(self, endpoint: str, msg: Message, *payloads: Buffer) -> list[Buffer]:
         """msg (and its payload frames) sealed for the connected receiver at endpoint."""
         link = self._links[endpoint]
-        return self.framer.pack_many(link.session, msg, payloads, link.sealed_first)
+        return self.framer.pack_many(link.session, msg, payloads, link.sealed_first, link.split)
 
     def unpack(self, endpoint: str, frames: Sequence[Buffer]) -> Message:
         """A message from the connected receiver at endpoint; TransportError if it is bad, or if

@@ -14,7 +14,11 @@ that it holds the cluster secret, and every message after that carries a MAC and
        lengths the sender declares before it writes a payload byte anywhere, then only compares
        the sizes it received with them. A receiver announces that it reads the seal (HelloAck
        sealed_first); to one that does not, payload frames go first: [header, payload+, trailer]
-       (the order before the seal), which a receiver takes too, whole, by its trailer.
+       (the order before the seal), which a receiver takes too, whole, by its trailer. To one
+       that announces split_payloads, [header, seal] goes as one message and then each payload
+       as a message of its own, on the same connection, in order (its MAC under SPLIT_FORM, so
+       no seal of one form verifies as the other's: kvtransport.receiver_core keeps the slots
+       a peer still owes).
        R takes I's first sealed message (Hello / NodeHello) as the proof: until it verifies,
        nothing I sent is decoded, and a peer without the secret learns nothing but a random nonce.
     4. each sequence number is accepted once: a replayed message is dropped, and so is one that
@@ -56,6 +60,7 @@ TRAILER_LEN = SEQ_LEN + TAG_LEN
 MIN_SECRET_LEN = 16
 REPLAY_WINDOW = 64
 SEAL_FORM = b"S"           # MAC'd ahead of a seal's fields: a seal and a trailer never share a tag
+SPLIT_FORM = b"D"          # likewise, a seal whose payloads follow as messages of their own
 MAX_SEALED_PAYLOADS = MAX_BATCH_BLOCKS   # payload frames one seal declares (a BlockBatch's most blocks)
 _SHA256_BLOCK = 64         # bytes: HMAC pads its key to this
 _IPAD = bytes(x ^ 0x36 for x in range(256))     # RFC 2104's inner and outer pads, as translate tables
@@ -155,28 +160,38 @@ class Session:
         self._send_seq += 1
         return seq + self._tag(self._send_mac, seq, header, [len(p) for p in payloads])
 
-    def seal_first(self, header: Buffer, lengths: Sequence[int]) -> bytes:
+    def seal_first(self, header: Buffer, lengths: Sequence[int], split: bool = False) -> bytes:
         """The seal of [header, seal, *payloads] (payloads of these lengths, 1 to
-        MAX_SEALED_PAYLOADS of them) as this end's next message."""
+        MAX_SEALED_PAYLOADS of them) as this end's next message; split: of [header, seal], each
+        payload then a message of its own."""
         if not 1 <= len(lengths) <= MAX_SEALED_PAYLOADS:
             raise ValueError(f"a seal declares 1..{MAX_SEALED_PAYLOADS} payloads, not {len(lengths)}")
         seq = self._send_seq.to_bytes(SEQ_LEN, "little")
         self._send_seq += 1
-        return seq + self._tag(self._send_mac, seq, header, lengths, SEAL_FORM) + \
+        return seq + self._tag(self._send_mac, seq, header, lengths, SPLIT_FORM if split else SEAL_FORM) + \
             _u64s(len(lengths)).pack(*lengths)
 
-    def open_seal(self, header: Buffer, seal: Buffer) -> list[int]:
-        """The payload lengths that seal declares for the message of this header, before any
-        payload is read; raises AuthError if it is no seal, or its MAC or sequence is wrong."""
+    def open_seal(self, header: Buffer, seal: Buffer, split: bool = False) -> list[int]:
+        """The payload lengths that seal declares for the message of this header (split: for the
+        payload messages that follow it), before any payload is read; raises AuthError if it is
+        no seal, or its MAC (of that form) or sequence is wrong."""
         lengths = declared_lengths(seal)
         if lengths is None:
             raise AuthError(DropReason.BAD_MAC, "no seal")
-        self._check(self._tag(self._recv_mac, bytes(seal[:SEQ_LEN]), header, lengths, SEAL_FORM), seal)
+        form = SPLIT_FORM if split else SEAL_FORM
+        self._check(self._tag(self._recv_mac, bytes(seal[:SEQ_LEN]), header, lengths, form), seal)
         return lengths
 
-    def open(self, frames: Sequence[Buffer]) -> list[Buffer]:
-        """[header, *payloads] of a sealed message, in either order; raises AuthError if its
-        MAC or sequence is wrong, or (BAD_NBYTES) if its payloads are not those its seal declares."""
+    def open(self, frames: Sequence[Buffer], split: bool = False) -> list[Buffer]:
+        """[header, *payloads] of a sealed message, in either order ([header] of a split seal's
+        [header, seal], whose payloads come apart, if this end took the split: else UNEXPECTED);
+        raises AuthError if its MAC or sequence is wrong, or (BAD_NBYTES) if its payloads are not
+        those its seal declares."""
+        if len(frames) == 2 and declared_lengths(frames[1]) is not None:
+            if not split:
+                raise AuthError(DropReason.UNEXPECTED, "a split seal, and split payloads were not announced")
+            self.open_seal(frames[0], frames[1], split=True)
+            return [frames[0]]
         if len(frames) >= 3 and declared_lengths(frames[1]) is not None:
             try:
                 lengths = self.open_seal(frames[0], frames[1])
@@ -271,14 +286,15 @@ class Responder:
             self._pending.popitem(last=False)
         return auth_frame(AuthKind.CHALLENGE, nonce_r)
 
-    def open(self, peer: str, frames: Sequence[Buffer]) -> tuple[Session, list[Buffer]]:
-        """The peer's session and [header, payload?] of its sealed message. A message that
-        verifies under the peer's pending handshake establishes (or replaces) its session.
-        Raises AuthError: NOT_AUTHENTICATED if peer has no session, BAD_MAC or REPLAY."""
+    def open(self, peer: str, frames: Sequence[Buffer], split: bool = False) -> tuple[Session, list[Buffer]]:
+        """The peer's session and [header, payload?] of its sealed message (split: a split seal's
+        is taken, Session.open). A message that verifies under the peer's pending handshake
+        establishes (or replaces) its session. Raises AuthError: NOT_AUTHENTICATED if peer has no
+        session, BAD_MAC, REPLAY or UNEXPECTED."""
         pending = self._pending.pop(peer, None)
         if pending is not None and self._clock() - pending[0] <= self._ttl:
             try:
-                opened = pending[1].open(frames)
+                opened = pending[1].open(frames, split)
             except AuthError:
                 self._pending[peer] = pending       # a stray message does not end the handshake
                 if peer not in self._sessions:
@@ -293,7 +309,7 @@ class Responder:
         session = self._sessions.get(peer)
         if session is None:
             raise AuthError(DropReason.NOT_AUTHENTICATED, "no session")
-        opened = session.open(frames)
+        opened = session.open(frames, split)
         self._sessions.move_to_end(peer)
         return session, opened
 
@@ -307,14 +323,14 @@ class Responder:
             self._refused.popitem(last=False)
         return auth_frame(AuthKind.RESET)
 
-    def open_seal(self, peer: str, header: Buffer, seal: Buffer) -> list[int]:
+    def open_seal(self, peer: str, header: Buffer, seal: Buffer, split: bool = False) -> list[int]:
         """The payload lengths that peer's seal declares (Session.open_seal), under its established
         session only; raises AuthError (NOT_AUTHENTICATED while a new handshake of peer's is pending:
         its message must be received whole and opened by open())."""
         session = self._sessions.get(peer)
         if session is None or peer in self._pending:
             raise AuthError(DropReason.NOT_AUTHENTICATED, "no established session")
-        lengths = session.open_seal(header, seal)
+        lengths = session.open_seal(header, seal, split)
         self._sessions.move_to_end(peer)
         return lengths
 

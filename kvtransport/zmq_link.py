@@ -13,7 +13,10 @@ is a new peer to the receiver, and no other process can guess it to take the con
 Receive side: peers are told apart by their connection (zmtp_auth.connection_name: the routing id
 and the User-Id the ZAP handler gave the connection, so a connection that reuses a closed one's
 routing id is a new peer, with no session); frames arrive as [routing id, header,
-seal, payload*] (or [routing id, header, payload*, trailer] from a sender before the seal). A
+seal, payload*] (or [routing id, header, payload*, trailer] from a sender before the seal), or,
+to a receiver that announced split payloads, [routing id, header, seal] and then [routing id,
+payload] a message per payload: libzmq hands over a multipart message only once its last frame
+is in, so each payload of a split batch is copied while it is still warm, as it lands. A
 payload is copied once, from libzmq's buffer into its pool block: by recv_into, frame by frame,
 when the Lander (ReceiverCore.landing) names its slot from the header and the seal, whose MAC it
 has checked (each frame's buffer is freed as soon as it is copied, so the next frames libzmq
@@ -35,15 +38,26 @@ import time
 import zmq
 
 from kvtransport.base import TransportError
-from kvtransport.link import Completion, Handler, Lander, ReceiveLink, SendLink
+from kvtransport.link import Completion, Handler, Lander, Landing, ReceiveLink, SendLink
 from kvtransport.session import Buffer
 from kvtransport.zmtp_auth import ThreadGuard, connection_name, plain_client, routing_id
-from pdwire.messages import MAX_HEADER_BYTES
+from pdwire.messages import MAX_HEADER_BYTES, WHOLE_BATCH_BYTES
 
 log = logging.getLogger("kvtransport")
 
 DEFAULT_BIND = "tcp://127.0.0.1:*"
-_DRAIN_BATCH = 256      # messages handled per wake-up before leases and peers are checked
+_DRAIN_BYTES = 256 * WHOLE_BATCH_BYTES   # bytes received per wake-up before leases and peers are checked:
+                                         # main's 256 messages of 2 MiB, whatever size the messages are
+_MESSAGE_COST = 64 << 10                 # bytes any message counts for at least (its Python), so a drain
+                                         # takes 8192 messages at most
+MAX_SPLIT_HWM = 1 << 16                  # messages one peer may queue either way where each payload is one
+
+
+def queue_hwm(queue_bytes: int, message_bytes: int, most: int) -> int:
+    """The high-water mark that lets queue_bytes of messages of message_bytes queue: ZeroMQ counts
+    messages, not bytes, so a form whose messages are single payloads needs many more of them
+    than one whose messages are batches (one at least, `most` at most)."""
+    return max(1, min(most, queue_bytes // message_bytes))
 
 
 def _ms(timeout: float) -> int:
@@ -53,8 +67,11 @@ def _ms(timeout: float) -> int:
 
 
 class ZmqSendLink(SendLink):
-    def __init__(self, node_id: str, secret: bytes, hwm: int = 64, send_timeout: float = 10.0) -> None:
+    def __init__(self, node_id: str, secret: bytes, hwm: int = 64, send_timeout: float = 10.0,
+                 send_hwm: int | None = None) -> None:
+        """hwm: messages queued per connection either way; send_hwm, if given, the outgoing ones."""
         self._node_id, self._hwm, self._send_timeout = node_id, hwm, send_timeout
+        self._send_hwm = hwm if send_hwm is None else send_hwm
         self._secret = secret
         self._ctx = zmq.Context(io_threads=1)
         self._socks: dict[str, zmq.Socket] = {}     # every open connection
@@ -63,7 +80,7 @@ class ZmqSendLink(SendLink):
     def open(self, endpoint: str) -> None:
         sock = self._socks[endpoint] = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, f"{self._node_id}/{secrets.token_hex(8)}".encode())
-        sock.setsockopt(zmq.SNDHWM, self._hwm)
+        sock.setsockopt(zmq.SNDHWM, self._send_hwm)
         sock.setsockopt(zmq.RCVHWM, self._hwm)
         sock.setsockopt(zmq.SNDTIMEO, int(self._send_timeout * 1000))
         sock.setsockopt(zmq.LINGER, 1000)
@@ -133,6 +150,8 @@ class ZmqSendLink(SendLink):
 
 
 class ZmqReceiveLink(ReceiveLink):
+    lands = True
+
     def __init__(self, secret: bytes, bind: str = DEFAULT_BIND, hwm: int = 64,
                  max_payload_bytes: int = 0, recv_hwm: int | None = None) -> None:
         """hwm: messages queued per peer either way; recv_hwm, if given, the incoming ones."""
@@ -158,26 +177,48 @@ class ZmqReceiveLink(ReceiveLink):
         self._handle, self._lander = handle, lander
 
     def receive(self, timeout: float) -> None:
-        if not self._sock.poll(_ms(timeout), zmq.POLLIN):
-            return
-        for _ in range(_DRAIN_BATCH):
-            try:
-                peer = connection_name(self._sock.recv(zmq.NOBLOCK, copy=False))
-            except zmq.Again:
+        """Drain the waiting messages (the socket's EVENTS tell when none is left: no zmq.Again
+        raised per drain); while a peer owes a split batch payloads, wait on for them, within
+        timeout, rather than return to the caller's loop between two of them."""
+        deadline, budget = time.monotonic() + timeout, _DRAIN_BYTES
+        while self._sock.poll(_ms(timeout), zmq.POLLIN):
+            while True:
+                try:
+                    peer = connection_name(self._sock.recv(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    return
+                budget -= max(self._take(peer), _MESSAGE_COST)
+                if budget <= 0:
+                    return              # a full drain: the caller checks leases and peers
+                if not self._sock.get(zmq.EVENTS) & zmq.POLLIN:
+                    break
+            timeout = deadline - time.monotonic()
+            if timeout <= 0 or self._lander is None or not self._lander.owing():
                 return
-            self._take(peer)
 
-    def _take(self, peer: str) -> None:
+    def _take(self, peer: str) -> int:
         """The rest of one message from peer (libzmq hands a multipart message over whole: every
-        frame is here). Payload frames go straight into the lander's slots when it has them."""
+        frame is here), and its bytes. Payload frames go straight into the lander's slots when it
+        has them; a peer that owes a split batch a payload has its next message received into the
+        next slot."""
         sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
-        frames: list[Buffer] = [sock.recv(zmq.NOBLOCK)] if more() else []   # the header: small, copied
+        owed = self._lander.owed(peer) if self._lander is not None else None
+        if owed is None:
+            first = sock.recv(zmq.NOBLOCK) if more() else None
+        elif type(first := self._pay(peer, owed)) is int:
+            return first                        # a payload it owed: its bytes
+        frames: list[Buffer] = [] if first is None else [first]    # the header: small, copied
         if more():                              # the seal if it is one (else a payload: not copied)
             frames.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
-        landing = self._lander.landing(peer, *frames) if self._lander is not None and more() else None
+        lands = self._lander is not None and len(frames) == 2
+        landing = self._lander.landing(peer, *frames, split=not more()) if lands else None
         if landing is None:
-            rest = sock.recv_multipart(zmq.NOBLOCK, copy=False) if more() else []
-            return self._handle(peer, [*frames, *(f.buffer for f in rest)])
+            rest = [f.buffer for f in sock.recv_multipart(zmq.NOBLOCK, copy=False)] if more() else []
+            self._handle(peer, [*frames, *rest])
+            return sum(len(f) for f in (*frames, *rest))
+        head = len(frames[0]) + len(frames[1])
+        if not more():
+            return head                         # split: its payloads come as messages of their own
         sizes: list[int] = []
         start = time.perf_counter()
         for slot in landing.slots:
@@ -187,6 +228,25 @@ class ZmqReceiveLink(ReceiveLink):
         if more():                                                  # frames past the slots: sizes only
             sizes += [len(f) for f in sock.recv_multipart(zmq.NOBLOCK, copy=False)]
         self._lander.landed(peer, landing, sizes, time.perf_counter() - start)
+        return head + sum(sizes)
+
+    def _pay(self, peer: str, landing: Landing) -> int | bytes:
+        """peer's next message, owed to landing's split batch, received into its next slot: its
+        size if it is a bare payload; else (the batch ends short, dropped) its first frame, for
+        the caller to take the rest of the message after it (b"" if it was longer than the slot:
+        libzmq's recv_into cannot tell a frame's size before it copies, so such a frame is lost,
+        and its message then fails its MAC, counted; an honest sender never interleaves, and the
+        slot is a block, or a layer slice, of that peer's own claimed transfer)."""
+        slot = landing.slots[len(landing.sizes)]
+        start = time.perf_counter()
+        size = self._sock.recv_into(slot, flags=zmq.NOBLOCK)
+        bare = not self._sock.get(zmq.RCVMORE)
+        if bare:
+            landing.sizes.append(size)
+            landing.seconds += time.perf_counter() - start
+        if not bare or len(landing.sizes) == len(landing.slots):
+            self._lander.landed(peer, landing, landing.sizes, landing.seconds)
+        return size if bare else bytes(slot[:size]) if size <= len(slot) else b""
 
     def take_refused(self) -> list[str]:
         return self._guard.take_refused()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from engine.args import EngineArgs
 from engine.flags import add_dataclass_args, build_dataclass
-from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT, RECV_QUEUE_BYTES
+from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT, RECV_QUEUE_BYTES, SPLIT_PAYLOADS
 
 
 KV_TRANSPORTS = ("zmq", "torch_dist")
@@ -60,11 +60,18 @@ class NodeConfig(EngineArgs):
     p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups bind and
                                          # announce to its peers (a concrete address, not a wildcard)
     cluster_secret_file: str | None = None  # the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET
-    kv_batch_mib: int = BATCH_BYTES >> 20  # payload MiB of one KV message (BlockBatch): a decode node takes up
-                                         # to it, a sender packs blocks ready together up to it and the
-                                         # receiver's (one block at least; per frame the limit stays one block)
+    kv_batch_mib: int = BATCH_BYTES >> 20  # payload MiB of one KV batch (BlockBatch: one header and MAC): a decode
+                                         # node takes up to it (2 MiB at most where a batch's payloads come in its
+                                         # message, not as messages of their own), a sender packs blocks ready
+                                         # together up to it and the receiver's (one block at least; per frame
+                                         # the limit stays one block)
     kv_recv_queue_mib: int = RECV_QUEUE_BYTES >> 20  # decode nodes (zmq): payload MiB one prefill connection
-                                         # may have queued here, as messages of --kv-batch-mib (one at least)
+                                         # may have queued here, as messages of one block where payloads come
+                                         # as messages of their own, else of --kv-batch-mib (one at least)
+    kv_split_payloads: bool = SPLIT_PAYLOADS  # decode nodes (zmq, a pool of every kv head): let senders send each
+                                         # payload of a batch as a message of its own (--no-kv-split-payloads:
+                                         # one message a batch, as before the split, which an older sender needs;
+                                         # README: upgrading)
     kv_layer_groups: int = 8             # prefill nodes (CPU pool, tp = 1): > 1 ships the blocks a prompt's last
                                          # chunk completes in this many layer groups during its forward (to
                                          # decode nodes that take slices), leaving one group's bytes for after

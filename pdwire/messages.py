@@ -30,13 +30,23 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
 MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
 OLD_ACK_BATCH_BYTES = 4 << 20   # what a HelloAck without max_batch_bytes (a receiver from before it) takes
-BATCH_BYTES = 2 << 20        # what senders pack and receivers take by default (--kv-batch-mib): a
-                             # receiver gets each block warm from libzmq, which hands a message over
-                             # only once its last frame is in (bench/README.md, "end of the eleventh
-                             # session": 0.62-0.86 of the raw ceiling at 16 MiB, 0.77-1.01 at 2 MiB)
+BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib), one
+                             # header and MAC a batch, its payloads messages of their own (split)
+WHOLE_BATCH_BYTES = 2 << 20  # the most a receiver takes when a batch's payloads come inside its message:
+                             # libzmq hands a message over only once its last frame is in, so larger
+                             # ones are copied cold (bench/README.md, "end of the eleventh session":
+                             # 0.62-0.86 of the raw ceiling at 16 MiB, 0.77-1.01 at 2 MiB)
 BATCH_BYTES_LIMIT = 256 << 20   # the most a receiver may announce
+SPLIT_PAYLOADS = True           # a ZMQ receiver takes a batch's payloads as messages of their own
+                                # (HelloAck.split_payloads) by default (bench/README.md, twelfth session)
 RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
                                 # announced batch bytes, by default (--kv-recv-queue-mib)
+
+
+def announced_batch_bytes(max_batch_bytes: int, split: bool) -> int:
+    """What a receiver configured for max_batch_bytes announces in its HelloAck: all of it if it
+    takes a batch's payloads as messages of their own (split), else WHOLE_BATCH_BYTES at most."""
+    return max_batch_bytes if split else min(max_batch_bytes, WHOLE_BATCH_BYTES)
 
 
 def batch_blocks(block_nbytes: int, max_bytes: int) -> int:
@@ -63,6 +73,7 @@ class HelloAck:
     max_batch_bytes: int = OLD_ACK_BATCH_BYTES   # payload bytes of one BlockBatch D takes (one block at least)
     layer_slices: bool = False  # D takes LayerBatch (its pool holds every kv head of a block)
     sealed_first: bool = False  # D reads payload messages as [header, seal, payload*] (kvtransport.session)
+    split_payloads: bool = False  # D also takes [header, seal] then each payload as a message of its own
 
     def __post_init__(self) -> None:
         _coerce_identity(self)
@@ -71,6 +82,7 @@ class HelloAck:
         check_int(self.max_batch_bytes, "max_batch_bytes", lo=1, hi=BATCH_BYTES_LIMIT)
         check_bool(self.layer_slices, "layer_slices")
         check_bool(self.sealed_first, "sealed_first")
+        check_bool(self.split_payloads, "split_payloads")
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +278,10 @@ KINDS: dict[str, type] = {
 }
 _KIND_OF: dict[type, str] = {cls: kind for kind, cls in KINDS.items()}
 _NUM_FIELDS: dict[type, int] = {cls: len(fields(cls)) for cls in KINDS.values()}
+_LEFT_OFF: dict[type, int] = {HelloAck: 1}   # last fields left off while they hold their default, so
+                                             # a peer from before them decodes the message: a decode
+                                             # node run with --no-kv-split-payloads pairs with a sender
+                                             # from before the split (README: upgrading)
 
 
 @functools.cache
@@ -276,9 +292,13 @@ def _num_required(cls: type) -> int:
 
 def encode(msg: Message) -> bytes:
     """The msgpack bytes of msg."""
-    kind = _KIND_OF[type(msg)]
-    return msgpack.packb([PROTOCOL_VERSION, kind, [_wire(getattr(msg, f.name)) for f in fields(msg)]],
-                         use_bin_type=True)
+    kind, names = _KIND_OF[type(msg)], fields(msg)
+    values = [_wire(getattr(msg, f.name)) for f in names]
+    for f in names[len(names) - _LEFT_OFF.get(type(msg), 0):][::-1]:
+        if values[-1] != f.default:
+            break
+        values.pop()
+    return msgpack.packb([PROTOCOL_VERSION, kind, values], use_bin_type=True)
 
 
 def decode(buf: bytes | memoryview, kinds: dict[str, type] | None = None,

@@ -332,8 +332,8 @@ def test_register_refuses_overlap_and_reuse():
 
 
 def test_a_peer_without_the_secret_cannot_pair_or_write():
-    """A sender with another secret cannot pair (BAD_MAC, no reply); a frame without a trailer,
-    or from a connection that never completed the handshake, is dropped unread; a replayed sealed
+    """A sender with another secret cannot pair (BAD_MAC, no reply); a frame cut short to
+    [header, seal] (a split seal, which this receiver did not announce: UNEXPECTED), or from a connection that never completed the handshake, is dropped unread; a replayed sealed
     frame is dropped (REPLAY) and writes nothing."""
     env = Env(sender_secret=b"w" * 32, connect=False)
     with pytest.raises(TransportError):
@@ -344,12 +344,12 @@ def test_a_peer_without_the_secret_cannot_pair_or_write():
     env.ship(indices=(1,), commit=False)
     block = bytes(block_bytes(env.src, 2))
     sealed = env.send.seal(env.recv.endpoint, _frame(index=2, block_id=7), block)
-    env.send.send_raw(env.recv.endpoint, [sealed[0], sealed[1]])             # the trailer cut off
+    env.send.send_raw(env.recv.endpoint, [sealed[0], sealed[1]])  # the payload cut off: a split seal, not announced
     stranger = env.sender("p9")
     stranger.send_raw(env.recv.endpoint, sealed)                               # someone else's frame
     env.send.send_raw(env.recv.endpoint, sealed)
     env.send.send_raw(env.recv.endpoint, sealed)                               # again: a replay
-    assert env.recv.metrics.drops == Counter({DropReason.BAD_MAC: 1, DropReason.NOT_AUTHENTICATED: 1,
+    assert env.recv.metrics.drops == Counter({DropReason.UNEXPECTED: 1, DropReason.NOT_AUTHENTICATED: 1,
                                               DropReason.REPLAY: 1})
     assert env.recv.ledger.state("x1") is TransferState.TRANSFERRING
     assert env.written_exactly({6, 7})

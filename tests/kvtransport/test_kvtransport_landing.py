@@ -18,9 +18,13 @@ from tests.kvtransport.test_kvtransport_zmq import (DST_IDS, NUM_TOKENS, SRC_IDS
 pytestmark = pytest.mark.timeout(60)
 
 
-def _setup():
+def _setup(split=False):
+    """A paired sender and receiver with x1 reserved; split: the sender sends payloads as messages
+    of their own (as the receiver announced), else as frames of their header's message."""
     src, dst, recv, send = _pair("tcp")
     _connect(send, recv)
+    assert send._core.splits(recv.endpoint)         # announced by default
+    send._core._links[recv.endpoint].split = split
     recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
     send.begin("x1", recv.endpoint)
     return src, dst, recv, send
@@ -41,10 +45,12 @@ def _send_five_and_commit(send, recv, src) -> None:
     (ev,) = _events(recv)
     assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter()
 
-def test_block_frames_and_batches_land_without_the_sink(monkeypatch):
-    """BlockFrame and BlockBatch payloads go into the pool by recv_into: the sink's own copy is
-    never called, yet every block lands bit-exactly and the copy's time is counted."""
-    src, dst, recv, send = _setup()
+@pytest.mark.parametrize("split", [False, True])
+def test_block_frames_and_batches_land_without_the_sink(split, monkeypatch):
+    """BlockFrame and BlockBatch payloads go into the pool by recv_into, as frames of one message
+    or (split) as messages of their own: the sink's own copy is never called, yet every block
+    lands bit-exactly and the copy's time is counted."""
+    src, dst, recv, send = _setup(split)
     before = dst.clone()
     monkeypatch.setattr(recv._core._sink, "write_many", lambda *a: pytest.fail("copied through the sink"))
     try:
@@ -149,10 +155,11 @@ def same_outside(dst, before, touched):
     return all(dst[b].equal(before[b]) for b in range(dst.shape[0]) if b not in touched)
 
 
-def test_layer_slices_land_in_their_layers_only(monkeypatch):
-    """A LayerBatch lands by recv_into in its layers of each block; the block's other layers
-    keep their bytes until their own slices come."""
-    src, dst, recv, send = _setup()
+@pytest.mark.parametrize("split", [False, True])
+def test_layer_slices_land_in_their_layers_only(split, monkeypatch):
+    """A LayerBatch lands by recv_into in its layers of each block (either form); the block's
+    other layers keep their bytes until their own slices come."""
+    src, dst, recv, send = _setup(split)
     before = dst.clone()
     monkeypatch.setattr(recv._core._sink, "write_many", lambda *a: pytest.fail("copied through the sink"))
     try:
@@ -187,6 +194,7 @@ def test_payloads_first_either_way_transfer_bit_exactly(old, monkeypatch):
         _connect(send, recv)
         if old == "sender":
             send._core._links[recv.endpoint].sealed_first = False
+            send._core._links[recv.endpoint].split = False       # it knows neither
         recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
         send.begin("x1", recv.endpoint)
         _send_five_and_commit(send, recv, src)

@@ -18,6 +18,7 @@ from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.session import AuthKind, Initiator, auth_frame, parse_auth_frame
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
+from kvtransport.zmq_link import MAX_SPLIT_HWM
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
 from kvtransport.zmtp_auth import USER_ID_SLOTS, plain_client
@@ -249,13 +250,14 @@ def test_dead_receiver_fails_open_transfers_on_sender():
 
 
 def test_backpressure_raises_when_receiver_stops_draining():
-    """With the queues full (high-water marks), send_block raises TransportError, not hangs; the
-    receiver is lost with it: its other transfer fails (PEER_DEAD) without a send into the full
-    queue (the caller is not held for the send timeout again), and no Commit or Abort goes there."""
+    """With the queues full (high-water marks: two blocks' bytes here, two messages there),
+    send_block raises TransportError, not hangs; the receiver is lost with it: its other transfer
+    fails (PEER_DEAD) without a send into the full queue (the caller is not held for the send
+    timeout again), and no Commit or Abort goes there."""
     geom = dict(GEOM, num_blocks=64, block_size=256)                      # 256 KiB blocks
     src, dst = make_pool(seed=1, **geom), make_pool(seed=None, **geom)
-    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=2)
-    send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, hwm=2, send_timeout=0.3)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=2, max_queue_bytes=512 << 10)
+    send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, hwm=2, send_timeout=0.3, split_payloads=False)
     try:
         _connect(send, recv)
         recv.register(Reservation("x1", tuple(range(64))))
@@ -276,19 +278,24 @@ def test_backpressure_raises_when_receiver_stops_draining():
         recv.close()
 
 
-@pytest.mark.parametrize("queue_bytes, batch_bytes, hwm, want", [
-    (256 << 20, 16 << 20, 64, 16),        # 256 MiB as 16 messages of 16 MiB, not 64
-    (256 << 20, 4 << 20, 64, 64),         # small batches: hwm is the bound
-    (8 << 20, 16 << 20, 64, 1),           # a budget below one message: one message
-    (3 * BLOCK_NBYTES, BLOCK_NBYTES // 4, 64, 3),   # a message carries one block at least
+@pytest.mark.parametrize("split, queue_bytes, batch_bytes, hwm, want", [
+    (False, 256 << 20, 16 << 20, 64, 64),   # announced 2 MiB (no split): 128 fit, hwm is the bound
+    (False, 8 << 20, 16 << 20, 64, 4),      # 8 MiB as 4 messages of the 2 MiB announced, not 16 MiB's 0
+    (False, 1 << 20, 16 << 20, 64, 1),      # a budget below one message: one message
+    (False, 3 * BLOCK_NBYTES, BLOCK_NBYTES // 4, 64, 3),   # a message carries one block at least
+    (True, 256 << 20, 16 << 20, 64, (256 << 20) // BLOCK_NBYTES),   # split: single blocks, hwm no bound
+    (True, 3 * BLOCK_NBYTES, 16 << 20, 64, 3),
+    (True, 2 << 30, 16 << 20, 64, MAX_SPLIT_HWM),                    # at most MAX_SPLIT_HWM
+    (True, BLOCK_NBYTES // 2, 16 << 20, 64, 1),
 ])
-def test_receive_queue_is_bounded_in_bytes(queue_bytes, batch_bytes, hwm, want):
-    """RCVHWM counts messages: a peer may queue at most max_queue_bytes of messages of the
-    batch bytes it was told, or of one block if that is larger (one message at least), and
-    never more than hwm; replies keep hwm. (libzmq's RCVHWM also counts the slot that each
+def test_receive_queue_is_bounded_in_bytes(split, queue_bytes, batch_bytes, hwm, want):
+    """RCVHWM counts messages: a peer may queue at most max_queue_bytes of the messages it may
+    send: single blocks to a receiver that splits (MAX_SPLIT_HWM at most), else batches of the
+    bytes it was told (2 MiB at most), or of one block if that is larger, never more than hwm;
+    one message at least; replies keep hwm. (libzmq's RCVHWM also counts the slot that each
     connection's User-Id holds for good.)"""
     dst = make_pool(seed=None, **GEOM)
-    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=hwm,
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=hwm, split_payloads=split,
                        max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes)
     try:
         sock = recv._link._sock

@@ -356,18 +356,29 @@ def test_a_secret_file_owned_by_another_user_is_refused(tmp_path):
 
 
 def test_a_decode_node_bounds_what_one_prefill_connection_may_queue(monkeypatch, model_dir):
-    """--kv-recv-queue-mib over --kv-batch-mib messages is the KV socket's receive high-water
-    mark (an authenticated sender cannot park hwm x 16 MiB on a decode node); 0 is refused."""
+    """--kv-recv-queue-mib over the messages a peer may send is the KV socket's receive high-water
+    mark: single blocks where payloads come split (the default), else batches of the 2 MiB a
+    receiver that does not split announces (--no-kv-split-payloads: 48 / 2 = 24, not 48 / 16 = 3,
+    and the HelloAck leaves the split off); an authenticated sender cannot park hwm x 16 MiB on a
+    decode node; 0 is refused."""
     import zmq
     from decode_node.service import DecodeService
     from node_shell.config import NodeConfig
 
     monkeypatch.setenv(ENV_VAR, TEST_SECRET.hex())
     config = dict(router="tcp://127.0.0.1:9", node_id="decode-0", model=model_dir[0], num_blocks=16)
-    service = DecodeService(NodeConfig(**config, kv_batch_mib=16, kv_recv_queue_mib=48))
-    try:
-        assert service.receiver._link._sock.getsockopt(zmq.RCVHWM) == 3 + USER_ID_SLOTS
-    finally:
-        service.close()
+    argv = ["--router", config["router"], "--node-id", "decode-0", "--model", model_dir[0], "--num-blocks", "16",
+            "--kv-batch-mib", "16", "--kv-recv-queue-mib", "48"]
+    for flag, split in [([], True), (["--no-kv-split-payloads"], False)]:
+        node = NodeConfig.from_argv("pdserve decode", argv + flag)
+        assert node.kv_split_payloads is split
+        service = DecodeService(node)
+        try:
+            block = service.receiver._core.identity.layout.block_nbytes
+            assert service.receiver._core._split is split
+            assert service.receiver._link._sock.getsockopt(zmq.RCVHWM) == \
+                (48 << 20) // (block if split else 2 << 20) + USER_ID_SLOTS
+        finally:
+            service.close()
     with pytest.raises(ValueError, match="kv_recv_queue_mib"):
         NodeConfig(**config, kv_recv_queue_mib=0)

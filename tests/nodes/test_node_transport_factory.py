@@ -13,7 +13,8 @@ import prefill_node.service as prefill_service
 def _stub(transport):
     runner = SimpleNamespace(kv_cache=SimpleNamespace(device="cpu"), block_writer=lambda: None)
     config = SimpleNamespace(kv_transport=transport, p2p_host="10.0.0.9", kv_bind="tcp://127.0.0.1:0", lease_s=30.0,
-                             kv_batch_bytes=8 << 20, kv_recv_queue_bytes=16 << 20)
+                             kv_batch_bytes=8 << 20, kv_recv_queue_bytes=16 << 20,
+                             kv_split_payloads=False)
     return SimpleNamespace(engine=SimpleNamespace(runner=runner), config=config,
                            shipper=SimpleNamespace(bind=lambda engine, sender: None))
 
@@ -36,9 +37,11 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     assert d.mover._make_sender() == "S"
     sender = ((transport, identity, b"secret"), {"device": "cpu", "p2p_host": "10.0.0.9", "max_batch_bytes": 8 << 20,
                                                  "send_timeout": SEND_TIMEOUT_S})   # bounded: both send on the loop
+    mover = (sender[0], {**sender[1], "split_payloads": False})                    # one message a send
     assert calls == [sender, ((transport, d.engine.runner.kv_cache, identity, b"secret"),
                               {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None,
-                               "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20}), sender]
+                               "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20,
+                               "split_payloads": False}), mover]
 
 
 def test_a_kv_move_slices_to_the_smaller_of_both_nodes_batches(monkeypatch):
