@@ -46,6 +46,7 @@ class _Link:
     layer_slices: bool          # the receiver takes LayerBatch (its HelloAck)
     sealed_first: bool          # the receiver reads [header, seal, payload*] (its HelloAck)
     split: bool                 # ... and [header, seal] then each payload alone (its HelloAck)
+    announced_split: bool = False   # the receiver took split payloads (its HelloAck), whether or not we split
 
 
 class SenderCore:
@@ -98,7 +99,8 @@ class SenderCore:
         now = self._clock()
         self._links[endpoint] = _Link(session, msg.identity, now, now + self._interval, msg.max_batch_bytes,
                                       msg.layer_slices, msg.sealed_first,
-                                      self._split and msg.sealed_first and msg.split_payloads)
+                                      self._split and msg.sealed_first and msg.split_payloads,
+                                      msg.sealed_first and msg.split_payloads)
         return msg.identity
 
     def forget(self, endpoint: str) -> None:
@@ -109,9 +111,14 @@ class SenderCore:
 
     def batch_bytes(self, endpoint: str) -> int:
         """The payload bytes of one BlockBatch to the connected receiver at endpoint: what it
-        announced, and WHOLE_BATCH_BYTES at most unless its payloads go as messages of their own."""
+        announced, and WHOLE_BATCH_BYTES at most unless its payloads go as messages of their own.
+        To a receiver that takes split payloads, a sender that does not split them (a decode node's
+        KV mover) sends one block or slice a message: that receiver counts its queue in messages
+        of one payload (ZeroMQ counts messages, not bytes), and drops a whole message of more."""
         link = self._links[endpoint]
-        return link.batch_bytes if link.split else min(link.batch_bytes, WHOLE_BATCH_BYTES)
+        if link.split:
+            return link.batch_bytes
+        return 1 if link.announced_split else min(link.batch_bytes, WHOLE_BATCH_BYTES)
 
     def takes_layers(self, endpoint: str) -> bool:
         """Whether the connected receiver at endpoint takes LayerBatch."""
