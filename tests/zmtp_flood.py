@@ -31,7 +31,7 @@ def main(endpoint: str, password: str, rounds: int, frames: int, frame_bytes: in
         if password != "-":
             sock.plain_username, sock.plain_password = USERNAME.encode(), password.encode()
         sock.connect(endpoint)
-        _send(sock, [payload] * frames)
+        _send(sock, [payload] * frames, 2.0 if password != "-" else 60.0)   # NULL: the control, always taken
         socks.append(sock)
     print("sent", flush=True)
     sys.stdin.read()
