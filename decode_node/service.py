@@ -41,7 +41,6 @@ import secrets
 
 from decode_node.streamer import Streamer
 from engine.grammar_jobs import GrammarBusy
-from engine.grammar_waits import GrammarWaits
 from pdwire.outputs import RequestOutput
 from pdwire.control import AbortRequest, DecodeRequest, Paused, PauseRequest, RequestFailed, ShipRequest
 from decode_node.mover import KVMover
@@ -53,10 +52,9 @@ from kvtransport.metrics import ReceiverMetrics
 from kvtransport.factory import make_receiver, make_sender
 from kvtransport.receiver_state import Reservation
 from node_shell.config import NodeConfig
-from node_shell.service import NodeService
+from node_shell.service import BUSY_RETRY_MS, NodeService
 
 log = logging.getLogger(__name__)
-BUSY_RETRY_MS = 50
 LOCAL_XFER_ID = "local"     # Reserved's xfer_id for a local prefill: names no transfer
 
 
@@ -68,7 +66,6 @@ class DecodeService(NodeService):
         self.xfer_rid: dict[str, str] = {}          # open transfers: xfer_id -> rid
         self.aborted: set[str] = set()              # rids the router aborted mid-transfer
         super().__init__(config)
-        self._compiling: GrammarWaits[DecodeRequest] = GrammarWaits()
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
         runner, config = self.engine.runner, self.config
@@ -146,12 +143,8 @@ class DecodeService(NodeService):
 
     # -- requests ---------------------------------------------------------------------------
     def _reserve(self, req: DecodeRequest) -> None:
-        try:
-            job = self.engine.grammar_job(req.params)
-        except (GrammarBusy, ValueError) as e:
-            return self._refuse(req.rid, e)
-        if job is not None and not job.done:
-            return self._compiling.park(req.rid, job, req)
+        if not self._grammar_ready(req.rid, req.params, req):
+            return
         prompt = list(req.prompt_ids)
         room = self.engine.max_model_len - len(prompt)
         growth = min(room, req.params.max_tokens or room)
@@ -171,13 +164,6 @@ class DecodeService(NodeService):
         self.xfer_rid[xfer_id] = req.rid
         self.streamer.open(req.rid)
         self.link.send(Reserved(req.rid, xfer_id, tuple(table), cached, taken))
-
-    def _refuse(self, rid: str, error: Exception) -> None:
-        """Busy (another node may take it) or RequestFailed (no node would: a 400)."""
-        if isinstance(error, GrammarBusy):
-            self.link.send(Busy(rid, str(error)[:200], BUSY_RETRY_MS))
-        else:
-            self.link.send(RequestFailed(rid, str(error)[:500], False))
 
     def _prefill_here(self, req: DecodeRequest, table: list[int], cached: int, taken: int) -> None:
         """Step 1's reservation, computed here: no transfer is registered, so no peer may write it."""

@@ -15,10 +15,14 @@ import logging
 from abc import ABC, abstractmethod
 from typing import Any
 
+from engine.grammar_jobs import GrammarBusy
+from engine.grammar_waits import GrammarWaits
 from engine.llm_engine import LLMEngine
 from engine.step_observer import StepObserver
 from pdwire.outputs import RequestOutput
-from pdwire.control import NodeHello, NodeStatus
+from pdwire.control import NodeHello, NodeStatus, RequestFailed
+from pdwire.messages import Busy
+from pdwire.sampling_params import SamplingParams
 from pdwire.handshake import new_epoch
 from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 from kvtransport.secret import load_secret
@@ -28,10 +32,12 @@ from node_shell.kv_publisher import KVPublisher
 from node_shell.router_link import RouterLink
 
 log = logging.getLogger(__name__)
+BUSY_RETRY_MS = 50      # a Busy's retry-after (no free KV blocks, or the grammar compiler)
 
 
 class NodeService(ABC):
     role: str                                        # "prefill" | "decode"
+    busy_errors: tuple[type[Exception], ...] = (GrammarBusy,)   # a grammar error another node may not meet
 
     def __init__(self, config: NodeConfig, observer: StepObserver | None = None) -> None:
         self.config = config
@@ -43,6 +49,28 @@ class NodeService(ABC):
         self.link = RouterLink(config.router, secret, self._hello, self._status, config.heartbeat_s,
                                config.router_timeout_s, self.drop_all)
         self.kv_events = KVPublisher(self.engine.block_manager, config.node_id, self.link)
+        self._compiling: GrammarWaits[Any] = GrammarWaits()     # requests parked until their grammar compiled
+
+    def _grammar_ready(self, rid: str, params: SamplingParams, item: Any) -> bool:
+        """Whether the request can start now: else it was refused (its grammar cannot compile
+        here) or parked until its grammar compiled (the loop takes it back from _compiling)."""
+        try:
+            job = self.engine.grammar_job(params)
+        except (GrammarBusy, ValueError) as e:
+            self._refuse(rid, e)
+            return False
+        if job is not None and not job.done:
+            self._compiling.park(rid, job, item)
+            return False
+        return True
+
+    def _refuse(self, rid: str, error: Exception) -> None:
+        """Busy for busy_errors (the router tries another node, or answers a 503), else
+        RequestFailed, not retryable (no node would take it: a 400)."""
+        if isinstance(error, self.busy_errors):
+            self.link.send(Busy(rid, str(error)[:200], BUSY_RETRY_MS))
+        else:
+            self.link.send(RequestFailed(rid, str(error)[:500], False))
 
     # -- what a node kind provides ----------------------------------------------------------
     @abstractmethod

@@ -25,8 +25,6 @@ import dataclasses
 import logging
 
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout
-from engine.grammar_waits import GrammarWaits
-from pdwire.messages import Busy
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire.control import AbortRequest, FirstToken, PrefillRequest, RequestFailed
@@ -40,18 +38,19 @@ from kvtransport.factory import make_sender
 from node_shell.shipper import SEND_TIMEOUT_S, BlockShipper, Shipment
 
 log = logging.getLogger(__name__)
-BUSY_RETRY_MS = 50     # a Busy's retry-after (its grammar compiler)
 
 
 class PrefillService(NodeService):
     role = "prefill"
+    # a grammar here compiled in time on the decode node already: past this node's time limit it
+    # is this node's load, a Busy (its compile goes on, cached for the retry), not a 400
+    busy_errors = (GrammarBusy, GrammarTimeout)
 
     def __init__(self, config: NodeConfig):
         self.shipper = BlockShipper(config.kv_layer_groups, config.kv_layer_group_min_blocks)
         self._params: dict[str, SamplingParams] = {}    # rid -> the request's own parameters
         self._unpaired: dict[str, list[PrefillRequest]] = {}   # D's endpoint -> requests waiting for its pairing
         super().__init__(config, observer=self.shipper)
-        self._compiling: GrammarWaits[PrefillRequest] = GrammarWaits()
 
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
         self.sender = make_sender(self.config.kv_transport, identity, secret,   # sends on the loop: bounded
@@ -140,12 +139,8 @@ class PrefillService(NodeService):
                     self._start(req)
 
     def _start(self, req: PrefillRequest) -> None:
-        try:
-            job = self.engine.grammar_job(req.params)
-        except (GrammarBusy, ValueError) as e:
-            return self._refuse(req.rid, e)
-        if job is not None and not job.done:
-            return self._compiling.park(req.rid, job, req)
+        if not self._grammar_ready(req.rid, req.params, req):
+            return
         try:
             self.sender.begin(req.xfer_id, req.kv_endpoint)
         except (HandshakeError, RuntimeError, ValueError) as e:
@@ -162,14 +157,6 @@ class PrefillService(NodeService):
         self.shipper.track(Shipment(req.rid, req.xfer_id, tuple(req.dst_block_ids), len(req.prompt_ids),
                                     req.cached_prefix_blocks))
 
-    def _refuse(self, rid: str, error: Exception) -> None:
-        """Busy (the router answers a 503) or RequestFailed (a 400). A grammar here compiled in time
-        on the decode node already: past this node's time limit it is this node's load, a Busy
-        (its compile goes on and is cached for the retry), not a grammar too costly (a 400)."""
-        if isinstance(error, (GrammarBusy, GrammarTimeout)):
-            self.link.send(Busy(rid, str(error)[:200], BUSY_RETRY_MS))
-        else:
-            self.link.send(RequestFailed(rid, str(error)[:500], False))
 
     def fail(self, rid: str, reason: str) -> None:
         self._abort(rid, reason, notify=True)
