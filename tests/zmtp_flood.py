@@ -5,6 +5,11 @@ and queues big multipart messages for it (each frame under the receiver's MAXMSG
 
 PASSWORD "-" connects with no security mechanism (NULL), anything else with PLAIN as user
 pdserve. Prints "sent" once every message is queued, then holds its sockets until stdin closes.
+
+    python -m tests.zmtp_flood --bare-router MAXMSGSIZE
+
+binds a ROUTER with no security mechanism to a random loopback port, prints its endpoint, and
+holds it (reading nothing) until stdin closes: the control, measured in a process of its own.
 """
 from __future__ import annotations
 
@@ -68,11 +73,43 @@ def flood(endpoint: str, password: str | None, rounds: int = 4, frames: int = 64
             child.wait()
 
 
-def rss() -> int:
-    """This process's resident memory, in bytes."""
-    with open("/proc/self/statm") as f:
+def rss(pid: int | str = "self") -> int:
+    """A process's resident memory, in bytes (this one's by default)."""
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * 4096
 
 
+def hold_bare_router(max_msg_size: int) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    print(f"tcp://127.0.0.1:{port}", flush=True)
+    sys.stdin.read()
+    ctx.destroy(linger=0)
+
+
+@contextmanager
+def bare_router(max_msg_size: int) -> Iterator[tuple[str, int]]:
+    """An unauthenticated ROUTER in a child process of its own, so that its growth is measured
+    alone (the test process's heap frees what earlier tests left at moments of its own choosing);
+    yields (endpoint, pid)."""
+    argv = [sys.executable, "-m", "tests.zmtp_flood", "--bare-router", str(max_msg_size)]
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        yield child.stdout.readline().strip(), child.pid
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]))
+    if sys.argv[1] == "--bare-router":
+        hold_bare_router(int(sys.argv[2]))
+    else:
+        main(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]))

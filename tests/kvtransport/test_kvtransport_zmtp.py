@@ -5,7 +5,6 @@ import threading
 import time
 
 import pytest
-import zmq
 from zmq.auth.thread import AuthenticationThread
 
 from kvtransport.events import TransferCommitted
@@ -17,7 +16,7 @@ from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
 from kvtransport.zmtp_auth import HANDSHAKE_MS, plain_password
 from tests.kvtransport.test_kvtransport_zmq import HANG_S, _until
-from tests.zmtp_flood import MIB, flood, rss
+from tests.zmtp_flood import MIB, bare_router, flood, rss
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -77,22 +76,15 @@ def test_a_flood_without_the_password_is_refused_before_it_is_buffered():
 
 def test_the_same_flood_fills_a_router_socket_without_zmtp_auth():
     """The control for the bound above: a ROUTER with the receiver's options but no ZMTP PLAIN
-    buffers a flood's whole messages before anyone reads them (the hole this closes)."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.MAXMSGSIZE, MIB + 64)
-    sock.setsockopt(zmq.LINGER, 0)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    try:
-        before = rss()
-        with flood(f"tcp://127.0.0.1:{port}", None, 2):
+    buffers a flood's whole messages before anyone reads them (the hole this closes). The ROUTER
+    lives in a process of its own: this one's RSS moves with what earlier tests free."""
+    with bare_router(MIB + 64) as (endpoint, pid):
+        before = rss(pid)
+        with flood(endpoint, None, 2):
             deadline = time.monotonic() + HANG_S          # only bounds a hang: libzmq reads on
-            while (grown := rss() - before) <= 96 * MIB and time.monotonic() < deadline:
+            while (grown := rss(pid) - before) <= 96 * MIB and time.monotonic() < deadline:
                 time.sleep(0.05)
         assert grown > 96 * MIB, f"the unguarded socket grew only {grown / MIB:.0f} MiB"
-    finally:
-        sock.close(0)
-        ctx.term()
 
 
 def test_the_password_proves_the_secret_without_revealing_it():
