@@ -72,7 +72,7 @@ class DecodeService(NodeService):
         # tp = 1: bytes straight into the pool; tp > 1: the runner spreads each block's heads
         self.receiver = make_receiver(config.kv_transport, runner.kv_cache, identity, secret, bind=config.kv_bind,
                                       p2p_host=config.p2p_host, write_blocks=runner.block_writer(),
-                                      max_batch_bytes=config.kv_batch_bytes,
+                                      payload_wait_s=config.kv_payload_wait_s, max_batch_bytes=config.kv_batch_bytes,
                                       max_queue_bytes=config.kv_recv_queue_bytes,
                                       split_payloads=config.kv_split_payloads)
         sender = lambda: make_sender(config.kv_transport, identity, secret,  # noqa: E731 -- at the first move

@@ -26,6 +26,7 @@ from engine.kv_pool import block_bytes, num_blocks_for
 from pdwire.outputs import CompletionOutput, EngineMetrics, RequestOutput
 from engine.parallel import make_runner
 from engine.prompt_logprobs import record_prompt_logprobs
+from engine.runner_base import RunnerBroken
 from engine.sampler import Sampler, SampledToken, SamplingRow
 from pdwire.sampling_params import SamplingParams, choice_seed
 from engine.scheduler import ReservedPrompt, ScheduledSeq, Scheduler
@@ -208,9 +209,11 @@ class LLMEngine:
         """step(), except that a step that raises fails the requests this engine held (fail_step)
         instead: (outputs, {request_id: reason}) for the caller to tell their clients. The
         MAX_STEP_FAILURES-th failure with no working step in between re-raises: the engine (or
-        its device) is broken."""
+        its device) is broken; a RunnerBroken (engine.runner_base) re-raises at once."""
         try:
             outputs = self.step()
+        except RunnerBroken:
+            raise                   # no later step can work: the caller ends the engine
         except Exception as err:    # noqa: BLE001 -- which request broke it is unknown
             self._step_failures += 1
             if self._step_failures >= MAX_STEP_FAILURES:

@@ -20,6 +20,12 @@ class BlockExport(NamedTuple):
                                 # False: a private copy (keep it alive until sent)
 
 
+class RunnerBroken(RuntimeError):
+    """The runner can run no more steps: a tensor-parallel worker exited, or a collective failed
+    or timed out (a rank that stopped answering), leaving the ranks out of step. The engine is
+    done: its process ends (a node says goodbye, and the router moves its requests)."""
+
+
 class RunnerBase(ABC):
     kv_cache: torch.Tensor      # [num_blocks, num_layers, 2, block_size, num_kv_heads / tp, head_dim]
 

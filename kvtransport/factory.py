@@ -33,7 +33,7 @@ _RECEIVERS: dict[str, tuple[str, str, frozenset[str]]] = {
             frozenset({"bind", "peer_timeout", "hwm", "sink", "write_blocks", "max_batch_bytes",
                        "max_queue_bytes", "retain_heap", "split_payloads"})),
     "torch_dist": ("kvtransport.torch_dist", "DistReceiver",
-                   frozenset({"bind", "peer_timeout", "hwm", "p2p_host", "write_blocks"})),
+                   frozenset({"bind", "peer_timeout", "hwm", "p2p_host", "write_blocks", "payload_wait_s"})),
     "fake": ("kvtransport.fake", "FakeReceiver",
              frozenset({"network", "name", "peer_timeout", "sink", "write_blocks", "max_batch_bytes"})),
 }

@@ -10,7 +10,11 @@ CUDA pools and gloo for CPU pools, so one decode node can pair with many prefill
   3. P -> D  BlockFrame header (ZMQ), then the block as a tensor send (group)
      D       checks the header against the reservation, then recv()s straight into the
              reserved block; a checked-and-dropped header still has its payload drained
-             into scratch, so headers and payloads stay paired in order
+             into scratch, so headers and payloads stay paired in order. On a CPU pool (gloo)
+             that recv holds D's loop: a payload that has not come within payload_wait_s
+             (--kv-payload-wait-s) fails its transfer and breaks the pair, counted and logged,
+             and D's loop serves the other peers (P pairs again); a CUDA pool's recv is queued
+             on its stream and holds no loop
   4. a header D cannot read or authenticate breaks the pair (it may be followed by a payload
      D cannot place): the pair's transfers fail (CHANNEL_BROKEN); P must connect() again
 
@@ -54,6 +58,7 @@ _RECV_RANK, _SEND_RANK = 0, 1
 MAX_JOIN_S = 3.0
 _CLOSE_WAIT_S = 0.5     # a dropped pair's send thread: once its sends are done it ends at once
 MAX_PENDING_JOINS = 64  # a decode node's group joins under way at once (each ends by its timeout)
+PAYLOAD_WAIT_S = 2.0    # a decode node's loop waits this long for a payload after its header (gloo)
 
 
 def _left(deadline: float) -> datetime.timedelta:
@@ -186,8 +191,10 @@ class _DistSink(PayloadSink):
     inline = False
 
     def __init__(self, kv_cache: torch.Tensor, layout: KVLayout, host: str, timeout: float,
-                 write_blocks: WriteBlocks | None = None) -> None:
+                 write_blocks: WriteBlocks | None = None, payload_wait_s: float = PAYLOAD_WAIT_S) -> None:
         self._kv_cache, self._host, self._timeout = kv_cache, host, timeout
+        self._payload_wait = datetime.timedelta(seconds=payload_wait_s)
+        self.payloads_missed = 0    # payloads that did not come within payload_wait_s (gloo)
         self._write_blocks = write_blocks
         sock = socket.create_server((host, 0))
         self.store_port = sock.getsockname()[1]
@@ -218,9 +225,9 @@ class _DistSink(PayloadSink):
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         pg = self._groups[peer].group()
         if self._write_blocks is None:
-            pg.recv([block_view(self._kv_cache, dst)], _SEND_RANK, 0).wait()
+            self._receive(pg, block_view(self._kv_cache, dst), peer, frame)
             return
-        pg.recv([self._scratch], _SEND_RANK, 0).wait()
+        self._receive(pg, self._scratch, peer, frame)
         self._write_blocks([dst], self._scratch_block)      # copies before it returns
 
     def discard(self, peer: str, frame: BlockFrame, payload: memoryview | None) -> bool:
@@ -229,8 +236,25 @@ class _DistSink(PayloadSink):
             return True
         if frame.nbytes != self._scratch.numel():
             return False
-        join.group().recv([self._scratch], _SEND_RANK, 0).wait()
+        self._receive(join.group(), self._scratch, peer, frame)
         return True
+
+    def _receive(self, pg: dist.ProcessGroup, into: torch.Tensor, peer: str, frame: BlockFrame) -> None:
+        """frame's payload into `into`. A CUDA recv is queued on the stream; a gloo recv holds the
+        loop, at most payload_wait_s: past it gloo closes the pair (no late byte lands in `into`)
+        and this raises TransportError, so the core fails the transfer and drops the peer."""
+        work = pg.recv([into], _SEND_RANK, 0)
+        if into.is_cuda:
+            work.wait()
+            return
+        try:
+            work.wait(self._payload_wait)
+        except Exception as e:   # gloo: a timeout, or the pair broke while waiting
+            self.payloads_missed += 1
+            log.warning("payload of %s block %d from %s not received within %.1f s (%s): transfer dropped, "
+                        "pair broken", frame.xfer_id, frame.index, peer, self._payload_wait.total_seconds(),
+                        str(e)[:200])
+            raise TransportError(f"payload not received within {self._payload_wait.total_seconds():.1f} s") from e
 
     def unreadable(self, peer: str) -> bool:
         return peer in self._groups
@@ -283,16 +307,26 @@ class DistReceiver(Receiver):
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
-                 p2p_host: str = "127.0.0.1", write_blocks: WriteBlocks | None = None) -> None:
+                 p2p_host: str = "127.0.0.1", write_blocks: WriteBlocks | None = None,
+                 payload_wait_s: float = PAYLOAD_WAIT_S) -> None:
         """write_blocks: for a pool that holds some of the heads (TPModelRunner.write_blocks);
-        without it payloads land straight in the pool, whose blocks must be wire blocks."""
+        without it payloads land straight in the pool, whose blocks must be wire blocks.
+        payload_wait_s: how long the loop waits for a payload after its header (CPU pools)."""
         if identity.transport != "torch_dist":
             raise ValueError("a DistReceiver's identity must have transport='torch_dist'")
         if write_blocks is None:
             check_whole_blocks(kv_cache, identity.layout)
-        sink = _DistSink(kv_cache, identity.layout, p2p_host, peer_timeout, write_blocks)
+        if payload_wait_s <= 0:
+            raise ValueError(f"payload_wait_s must be > 0, got {payload_wait_s}")
+        self._sink = _DistSink(kv_cache, identity.layout, p2p_host, peer_timeout, write_blocks, payload_wait_s)
         link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes)
-        super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout)
+        super().__init__(kv_cache.shape[0], identity, secret, link, self._sink, peer_timeout)
+
+    @property
+    def payloads_missed(self) -> int:
+        """Payloads that did not come within payload_wait_s after their header (each failed its
+        transfer and broke its pair)."""
+        return self._sink.payloads_missed
 
 
 class DistSender(Sender):

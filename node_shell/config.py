@@ -59,6 +59,9 @@ class NodeConfig(EngineArgs):
                                          # (NCCL between CUDA pools, gloo between CPU pools)
     p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups bind and
                                          # announce to its peers (a concrete address, not a wildcard)
+    kv_payload_wait_s: float = 2.0       # decode nodes (torch_dist, CPU pools): how long the loop waits for a
+                                         # block's payload after its header; past it the transfer fails, the
+                                         # pair is broken (the prefill node pairs again) and the loop serves on
     cluster_secret_file: str | None = None  # the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET
     kv_batch_mib: int = BATCH_BYTES >> 20  # payload MiB of one KV batch (BlockBatch: one header and MAC): a decode
                                          # node takes up to it (2 MiB at most where a batch's payloads come in its
@@ -87,8 +90,10 @@ class NodeConfig(EngineArgs):
             raise ValueError(f"node_id must be 1-64 characters of [A-Za-z0-9._:-], got {self.node_id!r}")
         if not self.router.startswith(("tcp://", "ipc://")):
             raise ValueError(f"router must be a tcp:// or ipc:// endpoint, got {self.router!r}")
-        if min(self.heartbeat_s, self.lease_s, self.router_timeout_s, self.kv_connect_timeout_s) <= 0:
-            raise ValueError("heartbeat_s, lease_s, router_timeout_s and kv_connect_timeout_s must be > 0")
+        if min(self.heartbeat_s, self.lease_s, self.router_timeout_s, self.kv_connect_timeout_s,
+               self.kv_payload_wait_s) <= 0:
+            raise ValueError("heartbeat_s, lease_s, router_timeout_s, kv_connect_timeout_s and kv_payload_wait_s "
+                             "must be > 0")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if not 1 <= self.kv_batch_mib <= BATCH_BYTES_LIMIT >> 20:

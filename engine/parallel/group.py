@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 STORE_HOST = "127.0.0.1"
-OP_TIMEOUT = datetime.timedelta(minutes=5)       # one collective inside a step
+JOIN_TIMEOUT = datetime.timedelta(minutes=5)     # building the groups (every rank has loaded its model)
 IDLE_TIMEOUT = datetime.timedelta(days=3650)     # a worker waiting for the next step
 
 
@@ -36,17 +36,23 @@ def join_store(port: int, timeout: float) -> dist.TCPStore:
 
 
 class TPGroup:
-    """One rank's view of the tp ranks. Every rank must call the same collectives in the same order."""
+    """One rank's view of the tp ranks. Every rank must call the same collectives in the same order.
+    A collective inside a step (a broadcast of it, an all-reduce, a scatter or gather) waits at
+    most op_timeout_s for the other ranks (--tensor-parallel-timeout-s), then raises: a rank
+    that stopped answering; the ranks are out of step from then on."""
 
-    def __init__(self, store: dist.Store, rank: int, world: int, device: torch.device):
-        self.rank, self.world = rank, world
+    def __init__(self, store: dist.Store, rank: int, world: int, device: torch.device, op_timeout_s: float):
+        self.rank, self.world, self.op_timeout_s = rank, world, op_timeout_s
+        self._op_timeout = datetime.timedelta(seconds=op_timeout_s)
         opts = dist.ProcessGroupGloo._Options()
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=STORE_HOST)]
-        opts._timeout = OP_TIMEOUT
+        opts._timeout = JOIN_TIMEOUT
         self.control = dist.ProcessGroupGloo(dist.PrefixStore("pdserve-tp/control", store), rank, world, opts)
+        self.control._set_default_timeout(self._op_timeout)
         self.compute = self.control
         if device.type == "cuda":
             self.compute = dist.ProcessGroupNCCL(dist.PrefixStore("pdserve-tp/compute", store), rank, world)
+            self.compute._set_default_timeout(self._op_timeout)
 
     def all_reduce(self, t: torch.Tensor) -> None:
         """Sum `t` in place over every rank."""
@@ -56,7 +62,7 @@ class TPGroup:
         """Rank 0's CPU tensor `t` into every rank's `t`; `idle`: the worker may wait indefinitely."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        opts.timeout = IDLE_TIMEOUT if idle else OP_TIMEOUT
+        opts.timeout = IDLE_TIMEOUT if idle else self._op_timeout
         self.control.broadcast([t], opts).wait()
 
     def gather(self, t: torch.Tensor) -> list[torch.Tensor] | None:

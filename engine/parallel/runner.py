@@ -9,6 +9,9 @@ Each step:
   3. every rank runs its shard of the model over its shard of the pool; the row-parallel
      all-reduces keep the hidden states identical (replicated) on every rank
   4. rank 0 alone computes logits and returns them to the engine, which samples
+  a collective that fails or waits past --tensor-parallel-timeout-s (a worker that stopped
+  answering) leaves the ranks out of step: that call and every later one raise RunnerBroken,
+  and the engine's process ends (a node says goodbye; the router moves its requests)
 
 Blocks between nodes travel with all heads (what a tp = 1 pool holds), whatever either side's tp:
 
@@ -19,11 +22,13 @@ Blocks between nodes travel with all heads (what a tp = 1 pool holds), whatever 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
 import time
 import weakref
+from typing import Iterator
 
 import torch
 
@@ -31,7 +36,7 @@ from engine.block_manager import BlockCopy
 from engine.config import EngineConfig, ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import allocate_kv_cache
-from engine.runner_base import BlockExport, RunnerBase, WriteBlocks
+from engine.runner_base import BlockExport, RunnerBase, RunnerBroken, WriteBlocks
 from engine.model_runner import ModelRunner
 from engine.parallel.block_log import BlockLog
 from engine.parallel.group import TPGroup, host_store
@@ -65,7 +70,8 @@ def close_runner(runner: RunnerBase) -> None:
 
 class TPModelRunner(RunnerBase):
     """Runs the model over `tp` ranks: this process is rank 0, ranks 1..tp-1 are worker processes.
-    A failed worker or collective raises RuntimeError from execute; the engine cannot step after."""
+    A failed worker or collective raises RunnerBroken from execute and gather_blocks, then and
+    at every later call: the engine cannot step after."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, num_blocks: int):
         tp = config.tensor_parallel_size
@@ -73,14 +79,15 @@ class TPModelRunner(RunnerBase):
         device = _rank0_device(config.torch_device, tp)
         self.block_size = bs = config.cache.block_size
         self._store, port = host_store(STARTUP_TIMEOUT_S)
+        timeout = config.tensor_parallel_timeout_s
         spec = WorkerSpec(os.path.abspath(model_config.path), _dtype_name(model_config.dtype), config.max_model_len,
-                          num_blocks, bs, device.type, tp, port, STARTUP_TIMEOUT_S)
+                          num_blocks, bs, device.type, tp, port, STARTUP_TIMEOUT_S, timeout)
         self._workers = [_spawn(dataclasses.replace(spec, rank=r)) for r in range(1, tp)]
         self._finalizer = weakref.finalize(self, _kill, self._workers)
         try:
             model, self.kv_cache = load_rank(model_config, num_blocks, bs, tp, device)
             _wait_ready(self._store, self._workers)
-            self.group = TPGroup(self._store, 0, tp, device)
+            self.group = TPGroup(self._store, 0, tp, device, timeout)
         except BaseException:
             self._finalizer()
             raise
@@ -89,6 +96,7 @@ class TPModelRunner(RunnerBase):
         self._local = ModelRunner(self.model, self.kv_cache, bs)
         self._log = BlockLog()         # block ops done here, not yet on the workers
         self._closed = False
+        self._broken: str | None = None     # why the ranks are out of step; None while they are not
 
     @property
     def config(self) -> ModelConfig:
@@ -148,9 +156,10 @@ class TPModelRunner(RunnerBase):
         self._check_workers()
         ids = torch.tensor(block_ids, dtype=torch.long)
         ops, written = self._log.take()
-        send_gather(self.group, ids, ops)
-        send_scattered(self.group, written)
-        shards = self.group.gather(self.kv_cache[ids.to(self.kv_cache.device)].cpu())
+        with self._collectives():
+            send_gather(self.group, ids, ops)
+            send_scattered(self.group, written)
+            shards = self.group.gather(self.kv_cache[ids.to(self.kv_cache.device)].cpu())
         return torch.cat(shards, dim=4)      # rank r holds heads [r*H/tp, (r+1)*H/tp)
 
     def build_batch(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
@@ -162,16 +171,18 @@ class TPModelRunner(RunnerBase):
         self._check_workers()
         batch = self.build_batch(scheduled)
         ops, written = self._log.take()
-        send_step(self.group, batch_to(batch, torch.device("cpu")), ops)
-        send_scattered(self.group, written)
-        return self.model.compute_logits(self.model(batch, self.kv_cache))
+        with self._collectives():
+            send_step(self.group, batch_to(batch, torch.device("cpu")), ops)
+            send_scattered(self.group, written)
+            hidden = self.model(batch, self.kv_cache)
+        return self.model.compute_logits(hidden)
 
     def close(self) -> None:
         """Tell the workers to exit and wait for them (killed after a timeout); idempotent."""
         if self._closed:
             return
         self._closed = True
-        if all(p.poll() is None for p in self._workers):    # else some may sit in a collective: kill
+        if self._broken is None and all(p.poll() is None for p in self._workers):   # else: kill
             try:
                 send_shutdown(self.group)
                 for p in self._workers:
@@ -191,9 +202,23 @@ class TPModelRunner(RunnerBase):
     def _check_workers(self) -> None:
         if self._closed:
             raise RuntimeError("this tensor-parallel runner is closed")
+        if self._broken is not None:
+            raise RunnerBroken(self._broken)
         for rank, p in enumerate(self._workers, start=1):
             if p.poll() is not None:
-                raise RuntimeError(f"tensor-parallel worker rank {rank} exited with code {p.returncode}")
+                self._broken = f"tensor-parallel worker rank {rank} exited with code {p.returncode}"
+                raise RunnerBroken(self._broken)
+
+    @contextlib.contextmanager
+    def _collectives(self) -> Iterator[None]:
+        """Collectives with the workers: any error inside (a timeout among them) leaves the ranks
+        out of step, so it breaks the runner (RunnerBroken now and at every later call)."""
+        try:
+            yield
+        except Exception as err:    # noqa: BLE001 -- gloo / NCCL raise RuntimeError subclasses of many kinds
+            self._broken = (f"a tensor-parallel step failed, the ranks are out of step "
+                            f"(--tensor-parallel-timeout-s {self.group.op_timeout_s:g}): {err}")[:500]
+            raise RunnerBroken(self._broken) from err
 
 
 def _rank0_device(device: torch.device, tp: int) -> torch.device:

@@ -44,6 +44,7 @@ class WorkerSpec:
     world: int                      # tensor_parallel_size
     store_port: int                 # rank 0's TCPStore on 127.0.0.1
     timeout_s: float                # joining the store
+    op_timeout_s: float             # one collective inside a step (--tensor-parallel-timeout-s)
     rank: int = 0
 
     @property
@@ -97,7 +98,7 @@ def main(spec: WorkerSpec) -> None:
     cfg = ModelConfig.from_pretrained(spec.model_path, spec.dtype, spec.max_model_len)
     model, kv_cache = load_rank(cfg, spec.num_blocks, spec.block_size, spec.world, device)
     store.set(f"ready/{spec.rank}", "1")
-    group = TPGroup(store, spec.rank, spec.world, device)
+    group = TPGroup(store, spec.rank, spec.world, device, spec.op_timeout_s)
     try:
         serve(ModelRunner(shard_model(model, spec.rank, spec.world, group.all_reduce), kv_cache,
                           spec.block_size), group)

@@ -230,6 +230,14 @@ class Admission:
         if prefill is not None:
             att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
 
+    def on_reserved(self, att: Attempt, node_id: str, reserved: Reserved) -> None:
+        """D's Reserved for the attempt, as it reaches the router (the control loop, before any
+        later message of D's): D's booking is taken now, not when the attempt's task reads it,
+        as a heartbeat D sent after it shows the reservation: handled in between, it would find
+        the booking still pending and the blocks counted twice until the next heartbeat."""
+        if node_id == att.decode_id:
+            self._taken(att, node_id, reserved)
+
     def _taken(self, att: Attempt, node_id: str, reserved: Reserved | None = None) -> None:
         """The node has the attempt's work; D's `reserved` reply re-books it with the blocks D
         took (a D from before Reserved.taken_blocks: the table's less its cached ones) and, for
@@ -272,9 +280,8 @@ class Admission:
                 att.contacted.discard(node_id)
                 att.decode_id = ""
                 return msg
-            if isinstance(msg, Reserved):
+            if isinstance(msg, Reserved):       # taken as it arrived (on_reserved)
                 att.cached_blocks = msg.cached_prefix_blocks
-                self._taken(att, node_id, msg)
                 if att.writer:                  # a KV move: the writer ships (router/cluster/kv_move.py)
                     return msg
                 self.prefills.labels("local" if att.local else "remote").inc()

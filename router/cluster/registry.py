@@ -23,6 +23,8 @@ b is the router's estimate until taken(), which may replace it with what the nod
 that, once. Until the next heartbeat a release can overstate the room it frees: a request that
 pulled idle cached blocks into use (its b counts them) and ends while later requests share them
 frees only its own tail on the node. Bounded by one heartbeat; the node's Busy guards it.
+A decode node's reservation is taken() the moment its Reserved reaches the router, on the
+control loop, before the heartbeats it sent after it (which show the reservation) are handled.
 
 A decode node's booking may carry prefill work too (p: the prompt blocks it computes itself, a
 local prefill). A heartbeat reports sequences and blocks, not a queue of prefills, so p counts
@@ -192,9 +194,10 @@ class NodeRegistry:
     def taken(self, booking: Booking, blocks: int | None = None, prefill_blocks: int | None = None) -> None:
         """The node has the work: its next heartbeat shows it. `blocks`, `prefill_blocks` (None:
         the booking's own): what the node says it took and must compute, which replace what was
-        booked from then on (release() takes these off). Idempotent."""
+        booked from then on (release() takes these off). Idempotent, and a no-op for a node
+        removed (or re-registered: a new incarnation, a new Node) since: that node never had it."""
         node = booking.node
-        if booking.taken or booking.released:
+        if booking.taken or booking.released or self._nodes.get(node.node_id) is not node:
             return
         booking.taken, booking.taken_beat = True, node.beats
         node.pending_requests -= 1

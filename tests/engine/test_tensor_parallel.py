@@ -16,6 +16,7 @@ import engine.parallel.runner as parallel_runner
 from engine import EngineConfig, LLM, ModelConfig, SamplingParams
 from engine.forward_batch import ForwardBatch
 from engine.parallel import shard_model
+from engine.runner_base import RunnerBroken
 from engine.weights import load_model
 from tests.model_factory import hf_greedy, make_model
 
@@ -104,12 +105,44 @@ def test_dead_worker_fails_the_step(model_dir, make_llm):
     path, _ = model_dir
     llm = make_llm(path, block_size=8, num_blocks=16, tensor_parallel_size=2)
     os.kill(llm.engine.runner.worker_pids()[0], signal.SIGKILL)
+    deadline = time.monotonic() + HANG_S
     while llm.engine.runner.worker_exit_codes() == [None]:
+        assert time.monotonic() < deadline, "the killed worker did not exit"
         time.sleep(0.01)
     llm.engine.add_request("r", [1, 2, 3], GREEDY)
     with pytest.raises(RuntimeError, match="worker rank 1 exited"):
         llm.engine.step()
     llm.engine.abort_request("r")
+
+
+def test_a_worker_that_stops_answering_breaks_the_engine_within_its_timeout(model_dir, make_llm):
+    """A worker that stops answering (SIGSTOP) holds the step only for --tensor-parallel-timeout-s:
+    the step raises RunnerBroken naming the flag, which safe_step passes on (the engine is done:
+    a node ends and the router moves its requests) instead of failing the requests and stepping
+    again; a later step fails at once, and close() kills the worker."""
+    path, _ = model_dir
+    llm = make_llm(path, block_size=8, num_blocks=16, tensor_parallel_size=2, tensor_parallel_timeout_s=2.0)
+    runner = llm.engine.runner
+    (pid,) = runner.worker_pids()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        llm.engine.add_request("r", [1, 2, 3], GREEDY)
+        with pytest.raises(RunnerBroken, match="tensor-parallel-timeout-s 2"):
+            llm.engine.safe_step()
+        with pytest.raises(RunnerBroken, match="out of step"):
+            llm.engine.safe_step()
+        llm.engine.abort_request("r")
+        llm.close()
+        assert runner.worker_exit_codes() == [-signal.SIGKILL]
+    finally:
+        if runner.worker_exit_codes() == [None]:
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_tensor_parallel_timeout_must_be_positive():
+    """A tensor-parallel timeout of 0 s is refused by EngineConfig."""
+    with pytest.raises(ValueError, match="tensor_parallel_timeout_s"):
+        EngineConfig(tensor_parallel_timeout_s=0.0)
 
 
 _ORPHAN = """

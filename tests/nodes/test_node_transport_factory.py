@@ -14,7 +14,7 @@ def _stub(transport):
     runner = SimpleNamespace(kv_cache=SimpleNamespace(device="cpu"), block_writer=lambda: None)
     config = SimpleNamespace(kv_transport=transport, p2p_host="10.0.0.9", kv_bind="tcp://127.0.0.1:0", lease_s=30.0,
                              kv_batch_bytes=8 << 20, kv_recv_queue_bytes=16 << 20,
-                             kv_split_payloads=False)
+                             kv_split_payloads=False, kv_payload_wait_s=2.5)
     return SimpleNamespace(engine=SimpleNamespace(runner=runner), config=config,
                            shipper=SimpleNamespace(bind=lambda engine, sender: None))
 
@@ -40,7 +40,7 @@ def test_node_services_make_their_transport_by_name(monkeypatch, transport):
     mover = (sender[0], {**sender[1], "split_payloads": False})                    # one message a send
     assert calls == [sender, ((transport, d.engine.runner.kv_cache, identity, b"secret"),
                               {"bind": "tcp://127.0.0.1:0", "p2p_host": "10.0.0.9", "write_blocks": None,
-                               "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20,
+                               "payload_wait_s": 2.5, "max_batch_bytes": 8 << 20, "max_queue_bytes": 16 << 20,
                                "split_payloads": False}), mover]
 
 

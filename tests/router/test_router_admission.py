@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections import Counter
 
 import pytest
 
 from pdwire.control import DecodeRequest, FirstToken, PrefillRequest
 from pdwire.messages import Busy, Reserved
 from router.backend import NoNodeAvailable
-from tests.disagg_harness import CONFIG, END, Cluster, ScriptedNode, counter, run, until
+from router.cluster.admission import Admission
+from tests.disagg_harness import CONFIG, END, HANG_S, Cluster, ScriptedNode, counter, run, until
 
 # No test here is about heartbeats: a generous timeout keeps a loaded machine from losing nodes
 STEADY = dataclasses.replace(CONFIG, heartbeat_timeout_s=10.0)
@@ -57,6 +57,12 @@ async def _finish(outs: list) -> list:
     return finals
 
 
+def _free(c: Cluster, node: ScriptedNode) -> int | None:
+    """The node's free blocks by its last heartbeat the router handled (None before any)."""
+    status = c.backend.server.info(node.node_id).status
+    return None if status is None else status.num_free_blocks
+
+
 def _idle(c: Cluster) -> list[tuple[int, int, int]]:
     return [(n.inflight_requests, n.inflight_blocks, n.pending_requests)
             for n in c.backend.server.registry.nodes()]
@@ -90,9 +96,9 @@ def test_busy_nodes_are_not_asked_again_until_they_report_room():
             ps, ds = await _cluster_nodes(c, 1, 2)
             for r in ds:
                 r.busy, r.node.free_blocks = True, 8
-            await asyncio.sleep(0.1)    # a heartbeat with 8 free blocks has arrived
+            await until(lambda: all(_free(c, r.node) == 8 for r in ds))     # a heartbeat with 8 free blocks came
             outs = [c.generate(f"r{i}", max_tokens=2) for i in range(requests)]
-            await asyncio.sleep(window_s)
+            await asyncio.sleep(window_s)       # time passes: the Busy replies it brings are counted
             busy = counter(c.backend.collectors()[2])
             assert requests <= busy <= 8 * requests * window_s, busy    # today: ~40 per request
             for r in ds:
@@ -105,17 +111,26 @@ def test_busy_nodes_are_not_asked_again_until_they_report_room():
     run(test)
 
 
-def test_a_request_waits_for_a_heartbeat_with_room_without_asking():
-    """A decode node that reports too few free blocks is not asked; the heartbeat that reports
-    room admits the request."""
+def test_a_request_waits_for_a_heartbeat_with_room_without_asking(monkeypatch):
+    """A decode node that reports too few free blocks is not asked (the timer that would ask it
+    anyway is held off); the heartbeat that reports room admits the request."""
+    waits = []
+    wait_for_room = Admission._wait_for_room
+
+    async def counted(self, rounds):
+        waits.append(rounds.need_blocks)
+        await wait_for_room(self, rounds)
+    monkeypatch.setattr(Admission, "_wait_for_room", counted)
+    monkeypatch.setattr(Admission, "_jittered", lambda self, wait_s: HANG_S)
+
     async def test():
         async with Cluster(STEADY) as c:
             ps, (d,) = await _cluster_nodes(c, 1, 1)
             d.node.free_blocks = 1
-            await asyncio.sleep(0.1)
+            await until(lambda: _free(c, d.node) == 1)
             out = c.generate(max_tokens=2)      # needs 2 blocks
-            await asyncio.sleep(0.03)           # less than the first timer (50 ms)
-            assert d.rids == []
+            await until(lambda: waits)          # admission found no room: it waits, asking nobody
+            assert waits[0] == 2 and d.rids == []
             d.node.free_blocks = 2
             await _finish([out])
             assert d.rids == ["r1"] and counter(c.backend.collectors()[2]) == 0

@@ -129,3 +129,26 @@ def test_a_rebooked_reservation_is_released_once_with_what_the_node_took():
     lower = reg.book("d", 9)
     reg.taken(lower, 1)
     assert (node.inflight_blocks, node.unreported_blocks, capacity) == (1, -8, ["d"])
+
+
+def test_a_heartbeat_handled_before_the_reserved_is_read_does_not_count_it_twice():
+    """d's Reserved reaches the router, then d's next heartbeat (sent after the Reserved, so it
+    shows the reservation), both in one turn of the control loop, before the attempt's task reads
+    the Reserved: the booking was taken as the Reserved arrived, so after that heartbeat nothing
+    of it is unreported (not its 2 blocks a second time, pending or taken), nor once it is read."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.node("prefill-0", "prefill"), await _node(c, "decode-0")
+            node = c.backend.server.registry.get("decode-0")
+            out = c.generate(max_tokens=3)
+            req = await d.expect(DecodeRequest)
+            assert (node.pending_requests, node.pending_blocks) == (1, 2)
+            c.backend.on_request_message("decode-0", Reserved(req.rid, "x1", (3, 4), 0, 2))
+            c.backend.server.registry.heartbeat("decode-0", NodeLoad(1, 0, 2 / 64))
+            assert (node.unreported_requests, node.unreported_blocks) == (0, 0)
+            await p.expect(PrefillRequest)          # the attempt's task has read the Reserved
+            assert (node.unreported_requests, node.unreported_blocks, node.inflight_blocks) == (0, 0, 2)
+            out.task.cancel()
+            await until(lambda: node.inflight_requests == 0)
+            assert (node.inflight_blocks, node.unreported_blocks) == (0, -2)     # freed since that heartbeat
+    run(test)

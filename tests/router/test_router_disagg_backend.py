@@ -11,7 +11,7 @@ from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, PrefillRequ
                                  TokenDelta)
 from pdwire.messages import Busy, Reserved
 from router.backend import NoNodeAvailable
-from tests.disagg_harness import PROMPT, CONFIG, END, Cluster, run, first_of, view, counter, admit
+from tests.disagg_harness import PROMPT, CONFIG, END, Cluster, run, first_of, view, counter, admit, until
 
 
 # ------------------------------------------------------------------ happy path
@@ -144,7 +144,7 @@ def test_decode_delta_before_first_token_is_held_until_it():
             await admit(d, p)
             d.send(TokenDelta("r1", 1, (12,), 1, "b", None, ""))
             d.send(TokenDelta("r1", 0, (11, 12, 13), 0, "abc", None, "stop"))
-            await asyncio.sleep(0.1)
+            await until(lambda: len(c.backend._attempts["r1"].held) == 2)     # both reached the router
             assert out.items.empty()
             p.send(FirstToken("r1", 11, "a", None, ""))
             final = await out.next()

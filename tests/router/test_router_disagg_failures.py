@@ -239,7 +239,7 @@ def test_heartbeat_expiry_removes_a_node():
         async with Cluster(LOSSY) as c:
             p, d = await c.pair()
             d.kv_usage = 0.5
-            await asyncio.sleep(3 * BEAT_S)
+            await until(lambda: {m.node_id: m.kv_usage for m in c.backend.metrics()}.get("decode-0") == 0.5)
             assert c.backend.is_healthy()
             metrics = {m.node_id: m for m in c.backend.metrics()}
             assert (metrics["decode-0"].role, metrics["decode-0"].kv_usage,
@@ -334,13 +334,12 @@ def test_rejections_raise_value_error_before_anything_is_sent():
 
 
 def test_no_nodes_is_no_node_available_at_once():
-    """A fresh request with no live nodes fails with NoNodeAvailable (HTTP 503) without waiting."""
+    """A fresh request with no live nodes fails with NoNodeAvailable (HTTP 503) without waiting:
+    the reason a wait for a node would give ("... within the admission timeout") is not it."""
     async def test():
         async with Cluster() as c:
-            loop = asyncio.get_running_loop()
-            start = loop.time()
             err = await c.generate().next()
-            assert isinstance(err, NoNodeAvailable) and loop.time() - start < 1.0
+            assert isinstance(err, NoNodeAvailable) and str(err) == "no live prefill or decode node"
     run(test)
 
 
@@ -352,7 +351,8 @@ def test_prometheus_exposes_router_counters_and_nodes():
             p, d = await c.pair()
             p.kv_counters = (6, 6 << 30, 0, 0, 2, 0, 0)
             d.kv_counters = (0, 0, 6, 6 << 30, 2, 1, 3)
-            await asyncio.sleep(3 * BEAT_S)
+            await until(lambda: {m.node_id: tuple(m.kv) for m in c.backend.metrics()} ==
+                        {"prefill-0": p.kv_counters, "decode-0": d.kv_counters})    # heartbeats with them came
             text = RouterMetrics(c.backend).render().decode()
             for series in ("pdserve_router_retries_total", "pdserve_router_migrations_total",
                            "pdserve_router_busy_replies_total",
@@ -372,7 +372,7 @@ def test_a_goodbye_loses_the_node_at_once_and_a_stale_one_is_dropped():
         async with Cluster(RouterConfig(heartbeat_timeout_s=60.0, admission_timeout_s=5.0, local_prefill_tokens=0)) as c:
             p, d = await c.pair()
             d.send(NodeGoodbye("decode-0", "other-epoch", "SIGTERM"))
-            await asyncio.sleep(0.1)
+            await until(lambda: counter(c.backend.server.dropped, {"reason": "unexpected"}) == 1)   # handled
             assert c.backend.server.count(NodeRole.DECODE) == 1
             d.send(NodeGoodbye("decode-0", d.epoch, "SIGTERM"))
             await until(lambda: c.backend.server.count(NodeRole.DECODE) == 0)

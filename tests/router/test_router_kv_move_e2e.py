@@ -67,7 +67,9 @@ class DrainMidStream:
             self.node = max(sorted(set(where.values())), key=list(where.values()).count)
             self.moved = {r for r, node in where.items() if node == self.node}
             self.take_out(self.node)
-            await asyncio.sleep(0.2)         # its PauseRequests are sent to the held node
+            operator, server = self.backend.operator, self.backend.server
+            # the take-out has begun: its PauseRequests are sent to the held node (or it is out)
+            await _until(lambda: self.node in operator._evacuating or server.info(self.node) is None)
         finally:
             for process in self.processes.values():
                 process.send_signal(signal.SIGCONT)

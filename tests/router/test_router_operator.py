@@ -250,7 +250,8 @@ def test_remove_moves_the_running_request_at_once_and_the_node_cannot_rejoin_in_
             await continue_on(live, p, req, out)
             await until(lambda: "leave" in removed.commands)
             await removed.hello()
-            await asyncio.sleep(0.15)        # heartbeats go on: each answered "leave"
+            answered = len(removed.commands)
+            await until(lambda: len(removed.commands) >= answered + 2)      # two more heartbeats answered
             assert set(removed.commands[removed.commands.index("leave"):]) == {"leave"}
             listed = [n["id"] for n in (await http.get("/admin/nodes")).json()["data"]]
             assert listed == sorted(["prefill-0", live.node_id])
@@ -300,9 +301,12 @@ def test_a_remove_landing_on_a_drain_deadlines_take_out_is_answered_drained_not_
         async with mid_stream(max_tokens=4) as (c, p, drained, live, out, http):
             await http.post(f"/admin/nodes/{drained.node_id}/drain", json={"deadline_s": 0.2})
             assert (await drained.expect(PauseRequest)).rid == "r1"
+            operator, started = c.backend.operator, []
+            take_out = operator._take_out
+            operator._take_out = lambda node_id, loss: started.append(take_out(node_id, loss)) or started[-1]
             removing = asyncio.create_task(http.post(f"/admin/nodes/{drained.node_id}/remove"))
-            await asyncio.sleep(0.2)        # the remove has found the take-out under way
-            assert not removing.done()
+            await until(lambda: started)    # the remove has found the take-out under way: starts none
+            assert started == [False] and not removing.done()
             drained.send(Paused("r1", 0, 0))
             reply = await removing
             assert reply.status_code == 200 and reply.json()["state"] == "drained"

@@ -14,7 +14,7 @@ from router.cluster.pool_scaler import check_scale, surplus
 from router.cluster.registry import NodeLoad, NodeRegistry, NodeRole
 from router.fleet_scaler import FleetScaler
 from router.node_processes import ClusterConfig, LocalFleet
-from tests.disagg_harness import Cluster, run
+from tests.disagg_harness import Cluster, run, until
 from tests.router.test_router_operator import ADMIN
 from tests.router.test_router_operator_cli import cli, live
 
@@ -94,7 +94,7 @@ def test_a_node_scaled_away_while_starting_is_stopped_and_not_restarted():
         await scaler.scale("decode", 1, 1.0)
         assert scaler.targets() == {"prefill": 0, "decode": 1}
         await asyncio.wait_for(asyncio.to_thread(fleet.nodes[0].process.wait), 30)
-        await asyncio.sleep(0.5)                 # the supervisor's turn
+        await until(lambda: exits)              # the supervisor's turn: reported (a restart comes in that turn)
         watch.cancel()
         assert (exits, fleet.nodes[0].restarts, len(fleet.nodes), scaler.starting("decode")) == (["decode-0"], 0, 1, 0)
         assert [n.node_id for n in registry.nodes()] == ["decode-9"]

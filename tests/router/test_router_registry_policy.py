@@ -162,6 +162,25 @@ def test_prefill_work_counts_until_released_or_shown_and_comes_off_once(reg):
     assert (node.pending_prefill_blocks, node.since_beat_prefill_blocks, node.inflight_requests) == (0, 0, 0)
 
 
+def test_a_booking_of_an_earlier_incarnation_is_never_taken(reg):
+    """A booking made before its node was removed and registered again (a new incarnation: a new
+    Node) is not taken by taken(): neither incarnation's counts change, no admission is woken,
+    and its release leaves the new one as it was."""
+    seen = []
+    reg = NodeRegistry(5.0, on_capacity=lambda n: seen.append(n))
+    old = reg.register("d1", D, "tcp://d")
+    booking = reg.book("d1", 4, 4)
+    assert reg.remove("d1")
+    new = reg.register("d1", D, "tcp://d")
+    seen.clear()
+    reg.taken(booking, 1, 1)
+    assert seen == [] and not booking.taken
+    assert (old.pending_requests, old.pending_blocks, old.since_beat_blocks, old.inflight_blocks) == (1, 4, 0, 4)
+    assert (new.unreported_requests, new.unreported_blocks, new.unreported_prefill_blocks) == (0, 0, 0)
+    reg.release(booking)
+    assert (new.inflight_requests, new.inflight_blocks, new.unreported_blocks, seen) == (0, 0, 0, [])
+
+
 def test_registry_rejects_bad_timeout():
     """The heartbeat timeout must be positive."""
     with pytest.raises(ValueError):
