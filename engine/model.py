@@ -96,7 +96,9 @@ class CausalLM(nn.Module):
         x = self.embed_tokens(batch.input_ids)                         # [T, hidden]
         for i, layer in enumerate(self.layers):
             x = layer(x, self.rope, batch, kv_cache[:, i])
-        return self.norm(x[batch.logits_indices])
+        # index_select, not x[indices]: advanced indexing wakes every OpenMP thread for a few rows
+        # (a decode step's 32 rows: ~100 us against ~4 us)
+        return self.norm(x.index_select(0, batch.logits_indices))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

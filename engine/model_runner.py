@@ -65,8 +65,8 @@ class ModelRunner(RunnerBase):
         bs = self.block_size
         ids, positions, slots, cu, seq_lens, sample_rows, prompt_rows = [], [], [], [0], [], [], []
         max_blocks = max(len(s.seq.block_table) for s in scheduled)
-        tables = torch.zeros((len(scheduled), max_blocks), dtype=torch.int32)
-        for i, item in enumerate(scheduled):
+        tables = []                     # padded with 0, made a tensor once (not a copy per row)
+        for item in scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
             ids += seq.token_ids[start:end]
@@ -76,7 +76,7 @@ class ModelRunner(RunnerBase):
             positions += range(start, end)
             cu.append(cu[-1] + item.num_new_tokens)
             seq_lens.append(end)
-            tables[i, :len(table)] = torch.tensor(table, dtype=torch.int32)
+            tables.append(table + [0] * (max_blocks - len(table)))
             if item.samples:
                 sample_rows.append(cu[-1] - 1)
             prompt_rows += (cu[-2] + p - start for p in item.prompt_logprob_positions)
@@ -85,7 +85,7 @@ class ModelRunner(RunnerBase):
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             positions=torch.tensor(positions, dtype=torch.long, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            block_tables=tables.to(dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             logits_indices=torch.tensor(sample_rows + prompt_rows, dtype=torch.long, device=dev),
