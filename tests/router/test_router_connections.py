@@ -2,12 +2,14 @@
 many connections get a 503. Against a real router process (tests/http_server.py) on loopback."""
 from __future__ import annotations
 
-import re
 import json
+import os
+import re
 import time
 
 import pytest
 
+from router.http.descriptors import FD_RESERVE
 from tests.router_process import RouterProcess, closed_by_peer, http_request, read_until
 
 FLAGS = ("--header-timeout-s", "1", "--body-timeout-s", "1", "--stream-stall-timeout-s", "2",
@@ -67,21 +69,74 @@ def test_a_client_that_stops_reading_is_cut_and_its_request_aborted(router):
     sock.close()
 
 
-def test_connections_over_the_limit_get_a_503():
-    """A connection beyond max_connections open ones is answered 503 in OpenAI's error shape and
-    closed, not queued; the connections within the limit are served."""
-    with RouterProcess(*FLAGS[:2], "--header-timeout-s", "30", "--max-connections", "4") as router:
-        held = [router.connect() for _ in range(4)]
-        time.sleep(0.3)
-        sock = router.connect()
-        sock.sendall(http_request("/health"))
-        head, body = _read_all(sock).split(b"\r\n\r\n", 1)
-        assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
-        error = json.loads(body)["error"]
-        assert error["type"] == "service_unavailable_error" and "--max-connections" in error["message"]
-        held[3].sendall(http_request("/health"))
-        assert _read_all(held[3], until=b"}").split(b"\r\n")[0] == b"HTTP/1.1 200 OK"
-        for s in held + [sock]:
+def test_slow_connections_give_their_slots_to_real_clients():
+    """Slowloris: 515 connections that each send one byte and then nothing fill --max-connections
+    (512), yet real clients are served: each new connection takes the slot of the one that has
+    waited longest for its request, which is closed (they were refused with 503s before)."""
+    with RouterProcess(*FLAGS[:2], "--header-timeout-s", "60") as router:
+        slow = []
+        for _ in range(515):
+            slow.append(router.connect())
+            slow[-1].sendall(b"G")
+        assert closed_by_peer(slow[0], 10) and closed_by_peer(slow[2], 10)     # the last three took their slots
+        for _ in range(3):      # the first takes slow[3]'s slot, and gives it back when done
+            assert router.request("/health")[0] == 200
+        assert closed_by_peer(slow[3], 10)
+        assert not closed_by_peer(slow[4], 0.2) and not closed_by_peer(slow[-1], 0.2)
+        for s in slow:
+            s.close()
+
+
+def test_short_of_file_descriptors_the_router_serves_fewer_connections_and_never_runs_out():
+    """A router process that may open 384 file descriptors, at the default --max-connections 512:
+    it serves fewer connections and says so, and 600 clients that each send a byte and then nothing
+    never take its last descriptors, so real clients are served and the process still opens files
+    (/metrics reads /proc/self/fd). They took them: accept() failed with EMFILE, and every new
+    connection was closed unanswered."""
+    with RouterProcess(*FLAGS[:2], "--header-timeout-s", "60", nofile=384) as router:
+        slow = []
+        for _ in range(600):
+            slow.append(router.connect())
+            slow[-1].sendall(b"G")
+        assert closed_by_peer(slow[0], 10)
+        for _ in range(3):
+            assert router.request("/health")[0] == 200
+        status, body = router.request("/metrics")
+        assert status == 200
+        open_fds = float(re.search(rb"^process_open_fds ([0-9.e+]+)$", body, re.MULTILINE).group(1))
+        assert open_fds <= 384 - FD_RESERVE and len(os.listdir(f"/proc/{router.process.pid}/fd")) <= 384 - FD_RESERVE
+        for s in slow:
+            s.close()
+    assert "--max-connections 512 does not fit in the 384 file descriptors" in router.process.stderr.read()
+
+
+def _running_stream(router: RouterProcess):
+    """A connection whose streamed request runs (its 200 and first event read)."""
+    sock = router.connect()
+    sock.sendall(http_request("/v1/completions", {"prompt": "hi", "stream": True, "max_tokens": 400}))
+    assert read_until(sock, b"data: ", timeout_s=10).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_connections_over_the_limit_get_a_503_when_every_slot_runs_a_request():
+    """When every one of --max-connections runs a request, a new connection is answered 503 in
+    OpenAI's error shape and closed, not queued; past --max-refusals being refused at once, one is
+    closed unanswered; the running requests go on."""
+    with RouterProcess(*FLAGS[:2], "--max-connections", "4", "--max-refusals", "2", "--stream-stall-timeout-s", "30",
+                       "--steps", "400", "--interval-s", "0.02") as router:
+        running = [_running_stream(router) for _ in range(4)]
+        refused = [router.connect() for _ in range(3)]
+        for sock in refused[:2]:
+            head, body = _read_all(sock).split(b"\r\n\r\n", 1)
+            assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
+            error = json.loads(body)["error"]
+            assert error["type"] == "service_unavailable_error" and "--max-connections" in error["message"]
+        try:
+            assert _read_all(refused[2]) == b""
+        except ConnectionResetError:
+            pass
+        assert b"data: " in running[3].recv(1 << 16)
+        for s in running + refused:
             s.close()
         assert router.request("/health")[0] == 200
 
