@@ -12,6 +12,7 @@ import pytest
 from router.http.descriptors import FD_RESERVE
 from tests.router_process import RouterProcess, closed_by_peer, http_request, read_until
 
+KEY = "key-of-16-or-more"
 FLAGS = ("--header-timeout-s", "1", "--body-timeout-s", "1", "--stream-stall-timeout-s", "2",
          "--keep-alive-timeout-s", "1")
 
@@ -153,17 +154,18 @@ def _read_all(sock, until: bytes | None = None, timeout: float = 5.0) -> bytes:
 
 
 @pytest.mark.parametrize("flags, path, status", [
-    (("--api-key", "k1"), "/tokenize", b"401 Unauthorized"), (("--api-key", "k1"), "/detokenize", b"401 Unauthorized"),
-    (("--admin-api-key", "k2"), "/admin/nodes/d/drain", b"401 Unauthorized"),
+    (("--api-key", KEY), "/tokenize", b"401 Unauthorized"), (("--api-key", KEY), "/detokenize", b"401 Unauthorized"),
+    (("--api-key", KEY), "/openapi.json", b"401 Unauthorized"),
+    (("--admin-api-key", KEY), "/admin/nodes/d/drain", b"401 Unauthorized"),
     ((), "/admin/pools/decode", b"403 Forbidden")])
 def test_keyed_routes_beyond_v1_refuse_from_the_headers(flags, path, status):
-    """/tokenize, /detokenize and /admin answer a request without their key (a 403 on a router with
-    no admin key) from its headers, as /v1 does: an unauthenticated 8 MB body of 4,000-digit ints
+    """/tokenize, /detokenize, /openapi.json and /admin answer a request without their key (a 403 on
+    a router with no admin key) from its headers, as /v1 does: an unauthenticated 8 MB body of 4,000-digit ints
     was read and parsed first, ~0.3 s of the event loop each (redteam)."""
     with RouterProcess(*FLAGS[:2], *flags) as router:
         sock = router.connect()
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Authorization: Bearer k1x\r\nContent-Length: {8 << 20}\r\n\r\n".encode())
+                     f"Authorization: Bearer {KEY}x\r\nContent-Length: {8 << 20}\r\n\r\n".encode())
         head = read_until(sock, b"\r\n\r\n", timeout_s=5)
         assert head.split(b"\r\n")[0] == b"HTTP/1.1 " + status
         sock.close()
@@ -173,7 +175,7 @@ def test_a_request_without_the_api_key_is_refused_before_its_body_is_read():
     """With --api-key, a /v1 request without the key gets its 401 from its headers alone: the router
     neither waits for nor parses its body (the finding: an 8 MB body was read and parsed, holding the
     event loop ~0.8 s, before the 401)."""
-    with RouterProcess(*FLAGS[:2], "--api-key", "k1") as router:
+    with RouterProcess(*FLAGS[:2], "--api-key", KEY) as router:
         for key in ("", "Authorization: Bearer wrong\r\n"):
             sock = router.connect()
             sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{key}"
