@@ -127,7 +127,7 @@ def test_nodes_do_not_inherit_the_routers_keys(monkeypatch):
         monkeypatch.setenv(variable, "secret-" + variable)
     monkeypatch.setenv("PDSERVE_UNRELATED", "kept")
     local = NodeSpawner("tcp://127.0.0.1:1", ClusterConfig(), [], b"\x01" * 32)._base
-    ray = _node_env(NodeLaunch("decode", "decode-0", "tcp://127.0.0.1:1", (), "01" * 32, 1))
+    ray = _node_env(NodeLaunch("decode", "decode-0", "tcp://127.0.0.1:1", (), "secret-ref", 1), "01" * 32)
     for env in (local, ray):
         assert not set(KEY_VARIABLES.values()) & env.keys()
         assert env["PDSERVE_UNRELATED"] == "kept"
