@@ -63,6 +63,8 @@ def test_a_node_actor_gets_the_cluster_secret_by_reference_not_as_an_argument(mo
         fleet = fleet_module.RayFleet(ClusterConfig(prefill=1, decode=2), ["--model", "/m"], RayConfig())
         fleet.start("tcp://10.0.0.1:7100", SimpleNamespace(server=SimpleNamespace(registry=None),
                                                             operator=SimpleNamespace()), secret)
+        for node in fleet.nodes:
+            node.watch.cancel()         # before it runs: there is no actor to watch
     asyncio.run(start())
     assert stored == [secret.hex()]
     assert [launch.secret for launch in launches] == ["secret-ref"] * 3
