@@ -3,8 +3,8 @@
     pdserve ray up [--address auto] [--name pdserve] [--cpus-per-rank C] [--gpus auto|yes|no]
                    [every flag of `pdserve up`: --prefill N --decode M --prefill-tp A --decode-tp B,
                     --model DIR, router and node flags]
-    pdserve ray scale [--prefill N] [--decode M] [--url URL] [--admin-key-file F]
-    pdserve ray pools [--url URL] [--admin-key-file F]
+    pdserve ray scale [--prefill N] [--decode M] --url URL [--admin-key-file F]
+    pdserve ray pools --url URL [--admin-key-file F]
 
 `ray up` connects to the cluster, serves the router in this process (it stays in the foreground;
 Ctrl-C stops the deployment) and places every node as a Ray actor (ray_deploy/fleet.py). The

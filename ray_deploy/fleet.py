@@ -40,14 +40,17 @@ class RayFleet:
         self._tps = {"prefill": cluster.prefill_tp, "decode": cluster.decode_tp}
         self._counts = {"prefill": 0, "decode": 0}
         self._placements: dict[str, NodePlacement] = {}
-        self._endpoint, self._secret_hex = "", ""
+        self._endpoint = ""
+        self._secret: ray.ObjectRef | None = None     # the cluster secret (hex) in Ray's object store; this driver owns it
         self._backend: DisaggregatedBackend | None = None
         self.nodes: list[RayNode] = []
 
     # ------------------------------------------------------------ NodeFleet
 
     def start(self, endpoint: str, backend: DisaggregatedBackend, secret: bytes) -> None:
-        self._endpoint, self._secret_hex, self._backend = endpoint, encode_secret(secret), backend
+        # Not an actor argument: Ray keeps those in its control store (the GCS's actor table, Redis
+        # when fault tolerant) for restarts. A reference to an object this driver owns is all it keeps.
+        self._endpoint, self._secret, self._backend = endpoint, ray.put(encode_secret(secret)), backend
         resources = ray.cluster_resources()
         self._placements = {role: place(role, tp, resources, self._config) for role, tp in self._tps.items()}
         for role in ["prefill"] * self._cluster.prefill + ["decode"] * self._cluster.decode:
@@ -98,7 +101,7 @@ class RayFleet:
         node_id = f"{role}-{self._counts[role]}"
         self._counts[role] += 1
         placement = self._placements[role]
-        launch = NodeLaunch(role, node_id, self._endpoint, self._node_flags, self._secret_hex, placement.threads)
+        launch = NodeLaunch(role, node_id, self._endpoint, self._node_flags, self._secret, placement.threads)
         options = placement.actor_options(f"{self._config.name}:{node_id}", self._cluster.max_restarts)
         node = RayNode(node_id, role, ray.remote(NodeActor).options(**options).remote(launch))
         node.watch = asyncio.get_running_loop().create_task(self._watch(node))

@@ -2,7 +2,9 @@
 
     __init__ ──▶ starts `python -m <role>_node --router R --node-id ID [node flags]` bound to this
                  host's address (decode: --kv-bind tcp://IP:0 --kv-advertise-host IP; --p2p-host IP),
-                 the cluster secret in its environment, never its argv
+                 the cluster secret in its environment, never its argv; the actor reads the secret
+                 from Ray's object store (NodeLaunch.secret), so it is not in the actor's arguments,
+                 which Ray keeps in its control store for restarts
     the node exits 0 (drained, removed: it said goodbye) ──▶ wait_exit() returns; the fleet kills
                  this actor for good
     the node dies (any other status) ──▶ this actor's process exits too, so Ray restarts the actor
@@ -20,7 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from router.node_processes import signal_group, with_parent_death_signal
 
@@ -33,7 +35,7 @@ class NodeLaunch(NamedTuple):
     node_id: str
     router: str                 # the router's control endpoint
     node_flags: tuple[str, ...]  # --model DIR and the engine and node flags
-    secret_hex: str             # the cluster secret, handed to the node in its environment
+    secret: Any                 # ray.ObjectRef of the cluster secret (hex), put by the fleet; handed to the node in its environment
     threads: int                # OMP_NUM_THREADS of the node process
 
 
@@ -46,13 +48,14 @@ class Incarnation(NamedTuple):
 
 class NodeActor:
     def __init__(self, launch: NodeLaunch):
+        import ray
         from ray.util import get_node_ip_address
 
         self._host, self._node_id = get_node_ip_address(), launch.node_id
         self._stopping = False
         self._left = threading.Event()
         self._process = subprocess.Popen(with_parent_death_signal(node_argv(launch, self._host)),
-                                         start_new_session=True, env=_node_env(launch))
+                                         start_new_session=True, env=_node_env(launch, ray.get(launch.secret)))
         threading.Thread(target=self._watch, name="node-watch", daemon=True).start()
 
     def info(self) -> Incarnation:
@@ -94,12 +97,12 @@ def node_argv(launch: NodeLaunch, host: str) -> list[str]:
     return argv
 
 
-def _node_env(launch: NodeLaunch) -> dict[str, str]:
+def _node_env(launch: NodeLaunch, secret_hex: str) -> dict[str, str]:
     from kvtransport.secret import ENV_VAR
     from router.config import without_keys
 
     return dict(without_keys(os.environ), OMP_NUM_THREADS=str(launch.threads),
-                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **{ENV_VAR: launch.secret_hex})
+                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **{ENV_VAR: secret_hex})
 
 
 def tcp_endpoint(host: str, port: int) -> str:

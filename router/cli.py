@@ -26,7 +26,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_dataclass_args(parser, RouterConfig)
     add_dataclass_args(parser, EngineArgs)
     args = vars(parser.parse_args(argv))
-    config = build_dataclass(RouterConfig, keys_from_environment(args, os.environ))
+    try:
+        config = build_dataclass(RouterConfig, keys_from_environment(args, os.environ))
+    except ValueError as err:
+        parser.error(str(err))
     try:
         sock = bind_http(config)
     except PortInUse as err:

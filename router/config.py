@@ -11,6 +11,7 @@ LOCAL_PREFILL_TOKENS = 64       # the threshold sweep in bench/README.md: all of
 ADMISSION_FIRST_WAIT_S = 0.05   # least wait for room before asking a decode node that looks full again
 ADMISSION_MAX_WAIT_S = 1.0      # most wait between two such asks (the timer doubles up to it)
 MAX_KV_MOVE_TIMEOUT_S = 60.0    # a remove waits up to 2 x kv_move_timeout_s: `pdserve remove` waits 2 x this
+MIN_KEY_CHARS = 16              # the shortest API, admin or metrics key the router accepts (`pdserve secret` prints 64)
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,15 @@ class RouterConfig:
     max_grammar_depth: int = 64             # HTTP: how deep a JSON schema's arrays and objects nest (its compile time grows with the cube; the wire's cap is 128)
     max_logprobs: int = 20                  # HTTP: completions `logprobs` / chat `top_logprobs`
     max_logprob_cells: int = 1 << 20        # HTTP: prompts x n x (logprobs + 1) x tokens scored, per request
-    metrics_api_key: str | None = None      # when set, /metrics needs `Authorization: Bearer <metrics_api_key>`; else $PDSERVE_METRICS_KEY
+    metrics_api_key: str | None = None      # when set, /metrics needs `Authorization: Bearer <metrics_api_key>` (or the admin key); else $PDSERVE_METRICS_KEY; unset: the admin key, else the API key, else open
     tokenizer_workers: int = 2              # HTTP: threads that tokenize and build large responses off the event loop
     max_stream_buffer_bytes: int = 4 << 20  # HTTP: unsent output one request may buffer; beyond it the request ends
     stream_stall_timeout_s: float = 30.0    # HTTP: a client that accepts no data this long is cut and its request aborted
     header_timeout_s: float = 10.0          # HTTP: longest wait for a request's complete headers
     body_timeout_s: float = 30.0            # HTTP: longest wait for a request's complete body
     keep_alive_timeout_s: float = 5.0       # HTTP: idle keep-alive connections close after this
-    max_connections: int = 512              # HTTP: open connections; requests beyond them get a 503
+    max_connections: int = 512              # HTTP: open connections; at the limit a new one takes the slot of the one waiting longest for its request's headers or body, else gets a 503
+    max_refusals: int = 64                  # HTTP: 503s being sent at once to connections over max_connections; beyond them a connection is closed unanswered
     shutdown_grace_s: float = 30.0          # SIGTERM: open streams get this long, then end with an error event
     trust_chat_control_tokens: bool = False  # chat: parse special tokens typed in messages (trusted clients only)
     admin_api_key: str | None = None        # /admin/* (drain, remove, list nodes) needs `Authorization: Bearer <admin_api_key>`; else $PDSERVE_ADMIN_KEY; unset: /admin/* answers 403
@@ -61,7 +63,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         _require(bool(self.host), "host must be a non-empty string")
         _require(0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}")
-        _require(self.api_key is None or bool(self.api_key), "api_key must be None or non-empty")
+        for name in KEY_VARIABLES:
+            _check_key(name, getattr(self, name))
         _require(self.served_model_name is None or bool(self.served_model_name),
                  "served_model_name must be None or non-empty")
         _require(self.default_max_tokens >= 1,
@@ -85,9 +88,6 @@ class RouterConfig:
         _require(0 <= self.kv_move_timeout_s <= MAX_KV_MOVE_TIMEOUT_S,
                  f"kv_move_timeout_s must be in [0, {MAX_KV_MOVE_TIMEOUT_S:.0f}] (a remove waits twice it, and "
                  f"`pdserve remove` {2 * MAX_KV_MOVE_TIMEOUT_S:.0f} s), got {self.kv_move_timeout_s}")
-        _require(self.metrics_api_key is None or bool(self.metrics_api_key),
-                 "metrics_api_key must be None or non-empty")
-        _require(self.admin_api_key is None or bool(self.admin_api_key), "admin_api_key must be None or non-empty")
         _require(self.admin_api_key is None or self.admin_api_key != self.api_key,
                  "admin_api_key must differ from api_key")
         for name in _POSITIVE:
@@ -95,16 +95,30 @@ class RouterConfig:
         _require(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _require(self.max_logit_bias >= 0, f"max_logit_bias must be >= 0, got {self.max_logit_bias}")
 
+    def metrics_keys(self) -> tuple[str, ...]:
+        """The keys /metrics accepts: the metrics key and the admin key, whichever are set; with
+        neither, the API key; with no key at all, none (/metrics is open)."""
+        keys = tuple(k for k in (self.metrics_api_key, self.admin_api_key) if k is not None)
+        return keys or tuple(k for k in (self.api_key,) if k is not None)
+
 
 _POSITIVE = ("max_body_bytes", "max_prompt_chars", "max_prompt_token_ids", "max_stop_strings",
              "max_stop_chars", "max_grammar_chars", "max_grammar_depth", "max_n", "max_logprob_cells", "tokenizer_workers", "max_stream_buffer_bytes",
              "stream_stall_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s",
-             "max_connections", "shutdown_grace_s")
+             "max_connections", "max_refusals", "shutdown_grace_s")
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def _check_key(name: str, key: str | None) -> None:
+    """A key is unset or at least MIN_KEY_CHARS long: a short bearer key can be guessed online."""
+    if key is not None and len(key) < MIN_KEY_CHARS:
+        raise ValueError(f"the {name.replace('_', ' ')} (--{name.replace('_', '-')} or ${KEY_VARIABLES[name]}) is "
+                         f"{len(key)} characters; a key must have at least {MIN_KEY_CHARS} "
+                         "(`pdserve secret` prints a fresh 64-character one)")
 
 
 # Where a router's keys come from when no flag gives them: a flag's value stays in /proc/PID/cmdline,

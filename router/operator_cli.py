@@ -1,14 +1,18 @@
 """The operator's commands against a running router's /admin API (router/http/operator.py):
 
-    pdserve nodes  [--url URL] [--admin-key-file F]                    a table of the nodes
-    pdserve drain  NODE [--deadline-s S] [--url URL] [--admin-key-file F]
-    pdserve remove NODE [--url URL] [--admin-key-file F]
-    pdserve pools  [--url URL] [--admin-key-file F]                    each pool's target and nodes
-    pdserve scale  [--prefill N] [--decode M] [--drain-deadline-s S] [--url URL] [--admin-key-file F]
+    pdserve nodes  --url URL [--admin-key-file F]                    a table of the nodes
+    pdserve drain  NODE [--deadline-s S] --url URL [--admin-key-file F]
+    pdserve remove NODE --url URL [--admin-key-file F]
+    pdserve pools  --url URL [--admin-key-file F]                    each pool's target and nodes
+    pdserve scale  [--prefill N] [--decode M] [--drain-deadline-s S] --url URL [--admin-key-file F]
 
-The admin key comes from --admin-key-file (its first line), else $PDSERVE_ADMIN_KEY; never from
-argv, which other users of the host can read. `main(argv)` takes the command first and returns
-the exit status: 0 done, 1 the router refused (its message on stderr), 2 bad usage.
+The admin key comes from --admin-key-file (its first line; a file only this user can read, as ssh
+wants a private key), else $PDSERVE_ADMIN_KEY; never from argv, which other users of the host can
+read. It goes only where the operator points: the router's URL is --url, else $PDSERVE_ROUTER_URL,
+never a default (any local user can listen on 127.0.0.1:8000 while the router is down or on
+another port, and a bearer key cannot check who receives it); no proxy from the environment, no
+redirect. `main(argv)` takes the command first and returns the exit status: 0 done, 1 the router
+refused (its message on stderr), 2 bad usage.
 """
 from __future__ import annotations
 
@@ -21,9 +25,10 @@ import httpx
 
 from router.cluster.membership import DEFAULT_DRAIN_DEADLINE_S
 from router.config import KEY_VARIABLES, MAX_KV_MOVE_TIMEOUT_S
+from router.key_file import KeyFileError, read_key_file
 
 ENV_VAR = KEY_VARIABLES["admin_api_key"]     # the router's own variable for it: one key, both ends
-DEFAULT_URL = "http://127.0.0.1:8000"
+URL_VAR = "PDSERVE_ROUTER_URL"
 COMMANDS = ("nodes", "drain", "remove", "pools", "scale")
 _TIMEOUT_S = 10.0
 _REMOVE_TIMEOUT_S = 2 * MAX_KV_MOVE_TIMEOUT_S  # a remove answers once the node is out: after its KV moves (2 x --kv-move-timeout-s)
@@ -34,24 +39,25 @@ _POOL_COLUMNS = (("POOL", "role"), ("TARGET", "target"), ("ACTIVE", "active"), (
                  ("STARTING", "starting"))
 
 
+class UsageError(ValueError):
+    """Bad usage (status 2); the message says what to give."""
+
+
 def main(argv: Sequence[str]) -> int:
     """argv: the command and its flags, e.g. ["drain", "decode-1", "--deadline-s", "30"]."""
     args = _parser().parse_args(list(argv))
-    key = _admin_key(args.admin_key_file)
-    if key is None:
-        print(f"pdserve {args.command}: no admin key (--admin-key-file or ${ENV_VAR})", file=sys.stderr)
-        return 2
-    requests = _requests(args)
-    if not requests:
-        print(f"pdserve {args.command}: give --prefill and/or --decode", file=sys.stderr)
+    try:
+        url, key, requests = _router_url(args.url), _admin_key(args.admin_key_file), _requests(args)
+    except (UsageError, KeyFileError) as err:
+        print(f"pdserve {args.command}: {err}", file=sys.stderr)
         return 2
     for method, path, body in requests:
         try:
-            reply = httpx.request(method, args.url.rstrip("/") + path, json=body,
+            reply = httpx.request(method, url.rstrip("/") + path, json=body, trust_env=False, follow_redirects=False,
                                   timeout=_REMOVE_TIMEOUT_S if args.command == "remove" else _TIMEOUT_S,
                                   headers={"Authorization": f"Bearer {key}"})
         except httpx.HTTPError as err:
-            print(f"pdserve {args.command}: {args.url}: {err}", file=sys.stderr)
+            print(f"pdserve {args.command}: {url}: {err}", file=sys.stderr)
             return 1
         if reply.status_code != 200:
             print(f"pdserve {args.command}: {reply.status_code} {_message(reply)}", file=sys.stderr)
@@ -93,22 +99,33 @@ def _summary(node: dict) -> str:
     return f"{node['id']}: {node['state']}"
 
 
+def _router_url(flag: str | None) -> str:
+    url = flag or os.environ.get(URL_VAR)
+    if not url:
+        raise UsageError(f"which router? give --url (e.g. http://127.0.0.1:8000) or ${URL_VAR}; the admin key "
+                         "goes nowhere by default")
+    return url
+
+
 def _requests(args: argparse.Namespace) -> list[tuple[str, str, dict | None]]:
     if args.command in ("nodes", "pools"):
         return [("GET", f"/admin/{args.command}", None)]
     if args.command == "drain":
         return [("POST", f"/admin/nodes/{args.node}/drain", {"deadline_s": args.deadline_s})]
     if args.command == "scale":
-        return [("POST", f"/admin/pools/{role}", {"count": count, "drain_deadline_s": args.drain_deadline_s})
-                for role, count in (("prefill", args.prefill), ("decode", args.decode)) if count is not None]
+        scales = [("POST", f"/admin/pools/{role}", {"count": count, "drain_deadline_s": args.drain_deadline_s})
+                  for role, count in (("prefill", args.prefill), ("decode", args.decode)) if count is not None]
+        if not scales:
+            raise UsageError("give --prefill and/or --decode")
+        return scales
     return [("POST", f"/admin/nodes/{args.node}/remove", None)]
 
 
-def _admin_key(path: str | None) -> str | None:
-    if path is not None:
-        with open(path, encoding="utf-8") as f:
-            return f.readline().strip() or None
-    return os.environ.get(ENV_VAR) or None
+def _admin_key(path: str | None) -> str:
+    key = read_key_file(path) if path is not None else os.environ.get(ENV_VAR)
+    if not key:
+        raise UsageError(f"no admin key (--admin-key-file or ${ENV_VAR})")
+    return key
 
 
 def _message(reply: httpx.Response) -> str:
@@ -140,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "drain":
             command.add_argument("--deadline-s", type=float, default=DEFAULT_DRAIN_DEADLINE_S,
                                  help=f"seconds before its requests are moved (default {DEFAULT_DRAIN_DEADLINE_S:g})")
-        command.add_argument("--url", default=DEFAULT_URL, help=f"the router (default {DEFAULT_URL})")
-        command.add_argument("--admin-key-file", help=f"a file holding the admin key (else ${ENV_VAR})")
+        command.add_argument("--url", help=f"the router, e.g. http://127.0.0.1:8000 (else ${URL_VAR}; no default: "
+                                           "the admin key goes only where you point it)")
+        command.add_argument("--admin-key-file", help=f"a file holding the admin key, mode 600 (else ${ENV_VAR})")
     return parser

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -16,12 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class RouterProcess:
-    """A started router process on a free loopback port; stop() ends it (SIGKILL after 10 s)."""
+    """A started router process on a free loopback port; stop() ends it (SIGKILL after 10 s).
+    nofile: the process's RLIMIT_NOFILE (soft and hard), when given."""
 
-    def __init__(self, *flags: str, ready_timeout_s: float = 60.0):
+    def __init__(self, *flags: str, ready_timeout_s: float = 60.0, nofile: int | None = None):
         self.port = free_port()
+        limit = None if nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
         self.process = subprocess.Popen([sys.executable, "-m", "tests.http_server", "--port", str(self.port),
-                                         *flags], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                                         *flags], cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
         deadline = time.monotonic() + ready_timeout_s
         while not self._answers():
             assert self.process.poll() is None, self.process.stderr.read()

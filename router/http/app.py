@@ -81,7 +81,7 @@ def _ops_routes() -> APIRouter:
 
     @routes.get("/metrics")
     async def metrics(request: Request) -> Response:
-        _check_key(request, request.app.state.config.metrics_api_key)
+        _check_keys(request, request.app.state.config.metrics_keys())
         return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return routes
@@ -138,14 +138,17 @@ def _v1_routes() -> APIRouter:
 
 
 async def _check_api_key(request: Request) -> None:
-    _check_key(request, request.app.state.config.api_key)
+    api_key = request.app.state.config.api_key
+    _check_keys(request, () if api_key is None else (api_key,))
 
 
-def _check_key(request: Request, expected: str | None) -> None:
-    if expected is None:
+def _check_keys(request: Request, accepted: tuple[str, ...]) -> None:
+    """A 401 unless the request bears one of the accepted keys; none accepted: open."""
+    if not accepted:
         return
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {expected}".encode()):
+    given = request.headers.get("authorization", "").encode()
+    matches = [hmac.compare_digest(given, f"Bearer {key}".encode()) for key in accepted]   # every key compared
+    if not any(matches):
         raise invalid_api_key()
 
 

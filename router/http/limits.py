@@ -108,8 +108,9 @@ class BodyLimit:
     """ASGI middleware: reads a request's body up to `max_bytes`, then hands it to the app. A body
     over the limit gets a 400 before it is read (by its Content-Length) or as soon as it grows past
     the limit (chunked bodies); the app never sees it. With an API key, a /v1 request without it
-    gets its 401 here, from its headers, before any of its body is read; so does a /tokenize or
-    /detokenize request, and an /admin one without the admin key (a 403 if the router has none)."""
+    gets its 401 here, from its headers, before any of its body is read; so does a /tokenize,
+    /detokenize or /openapi.json request, and an /admin one without the admin key (a 403 if the
+    router has none)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, api_key: str | None = None,
                  max_token_ids: int = RouterConfig.max_prompt_token_ids, admin_key: str | None = None):
@@ -165,7 +166,7 @@ class BodyLimit:
         await response({"type": "http"}, _no_receive, send)
 
 
-_API_KEYED = ("/v1/", "/tokenize", "/detokenize")      # the routes behind the API key
+_API_KEYED = ("/v1/", "/tokenize", "/detokenize", "/openapi.json")      # the routes behind the API key
 _OTHER_VALUES = 1 << 16      # JSON values a request may hold besides its token ids (messages, stop...)
 
 

@@ -1,16 +1,5 @@
-"""Serving the app over HTTP: uvicorn, with connection hygiene and a bounded shutdown.
-
-A connection's life (GuardedProtocol, over uvicorn's h11 protocol):
-
-    accepted ─ headers within header_timeout_s ─▶ request ─ body within body_timeout_s ─▶ app
-       ▲                                                                                  │
-       └──────── keep-alive: idle keep_alive_timeout_s, then the next request's headers ◀─┘
-
-    - a client that accepts no data for stream_stall_timeout_s while a response waits to be
-      written (the transport's buffer stays full) is cut; the app sees a disconnect and the
-      request is aborted on every node
-    - a connection beyond max_connections open ones is answered at once with a 503 in OpenAI's
-      shape and closed, before it sends anything
+"""Serving the app over HTTP: uvicorn, with connection hygiene (router/http/connection.py), slots
+sized to the process's file descriptors (router/http/descriptors.py) and a bounded shutdown.
 
 Shutdown (Server):
     1. SIGTERM or SIGINT: stop accepting at once; idle connections close; running requests go on
@@ -24,115 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import socket
-from dataclasses import dataclass
 from typing import Any
 
-import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from router.config import RouterConfig
-from router.http.errors import error_body, unavailable
+from router.http.connection import ConnectionLimits, GuardedProtocol
+from router.http.connection_slots import ConnectionSlots
+from router.http.descriptors import fitted_max_connections
 
 log = logging.getLogger(__name__)
 _CANCEL_AFTER_S = 2.0      # after the grace period: time for the error events to go out
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    header_timeout_s: float
-    body_timeout_s: float
-    stall_timeout_s: float
-    max_connections: int
-
-
-@functools.cache
-def _too_many(max_connections: int) -> bytes:
-    """The whole HTTP response to a connection over the limit: a 503 in OpenAI's error shape."""
-    error = unavailable(f"the router has its {max_connections} connections (--max-connections) open; retry later")
-    body = json.dumps(error_body(error)).encode()
-    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
-
-
-class GuardedProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for each phase of a request (see the module doc)."""
-
-    def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._limits = limits
-        self._deadline: asyncio.TimerHandle | None = None
-        self._phase = ""            # "headers" | "body" | "" (the app has the request)
-        self._stall: asyncio.TimerHandle | None = None
-        self._refused = False
-
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        if len(self.connections) > self._limits.max_connections:
-            return self._refuse()
-        self._expect("headers")
-
-    def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return                      # a refused connection's request is never read
-        super().data_received(data)
-        self._follow_request()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._follow_request()
-
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        if self._stall is None:
-            self._stall = self.loop.call_later(self._limits.stall_timeout_s, self._cut, "stalled reader")
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        self._cancel_stall()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._expect("")
-        self._cancel_stall()
-        super().connection_lost(exc)
-
-    def _follow_request(self) -> None:
-        """Moves the deadline with the request: h11's view of the client says which phase it is in."""
-        state = self.conn.their_state
-        phase = "headers" if state is h11.IDLE else "body" if state is h11.SEND_BODY else ""
-        if phase != self._phase:
-            self._expect(phase)
-
-    def _expect(self, phase: str) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-        self._phase = phase
-        if phase:
-            timeout = self._limits.header_timeout_s if phase == "headers" else self._limits.body_timeout_s
-            self._deadline = self.loop.call_later(timeout, self._cut, f"no complete {phase} in {timeout} s")
-
-    def _cancel_stall(self) -> None:
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
-
-    def _refuse(self) -> None:
-        """Over max_connections: the 503, then our side shut; the client closes (or we do, in 1 s),
-        so the response is not lost to a reset of the request bytes left unread."""
-        self._refused = True
-        self.transport.write(_too_many(self._limits.max_connections))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self._deadline = self.loop.call_later(1.0, self.transport.abort)
-
-    def _cut(self, why: str) -> None:
-        log.info("closing the connection from %s: %s", self.client, why)
-        self._deadline = self._stall = None
-        self.transport.abort()      # drops unsent data; connection_lost tells the app
 
 
 class PortInUse(OSError):
@@ -157,10 +50,12 @@ class Server(uvicorn.Server):
     """uvicorn's server with the bounded shutdown of the module doc."""
 
     def __init__(self, app: Any, config: RouterConfig, **uvicorn_kwargs: Any):
-        limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s, config.stream_stall_timeout_s,
-                                  config.max_connections)
+        limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s, config.stream_stall_timeout_s)
+        slots = ConnectionSlots(fitted_max_connections(config.max_connections, config.max_refusals),
+                                config.max_refusals)
         super().__init__(uvicorn.Config(
-            app, host=config.host, port=config.port, http=functools.partial(GuardedProtocol, limits=limits),
+            app, host=config.host, port=config.port,
+            http=functools.partial(GuardedProtocol, limits=limits, slots=slots),
             timeout_keep_alive=config.keep_alive_timeout_s,
             timeout_graceful_shutdown=config.shutdown_grace_s + _CANCEL_AFTER_S, **uvicorn_kwargs))
         self._app = app

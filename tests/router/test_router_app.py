@@ -203,10 +203,10 @@ def test_chat_logprobs(client, backend):
 
 def test_api_key(backend):
     """With an api_key, /v1 needs the right Bearer token (401 otherwise); /health does not."""
-    client = TestClient(create_app(backend, RouterConfig(api_key="sekrit")))
+    client = TestClient(create_app(backend, RouterConfig(api_key="sekrit-sekrit-sekrit")))
     assert error_of(client.get("/v1/models"), 401)["code"] == "invalid_api_key"
     error_of(client.post("/v1/completions", json={"prompt": "a"}, headers={"Authorization": "Bearer nope"}), 401)
-    ok = client.post("/v1/completions", json={"prompt": "a"}, headers={"Authorization": "Bearer sekrit"})
+    ok = client.post("/v1/completions", json={"prompt": "a"}, headers={"Authorization": "Bearer sekrit-sekrit-sekrit"})
     assert ok.status_code == 200
     assert client.get("/health").status_code == 200
 

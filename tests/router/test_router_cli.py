@@ -28,10 +28,10 @@ def test_no_flags_give_the_defaults():
 
 def test_flags_reach_fields_and_the_engine_config():
     """Scalar, optional and boolean fields are set from flags, and reach the engine's nested config."""
-    router, args = _parse(["--port", "9000", "--api-key", "k", "--model", "/m", "--max-model-len", "128",
+    router, args = _parse(["--port", "9000", "--api-key", "k" * 16, "--model", "/m", "--max-model-len", "128",
                            "--num-blocks", "32", "--no-enable-prefix-caching", "--max-num-seqs", "4",
                            "--kv-cache-gib", "0.5", "--preemption-mode", "swap", "--swap-space-gib", "1"])
-    assert (router.port, router.api_key, router.host) == (9000, "k", "127.0.0.1")
+    assert (router.port, router.api_key, router.host) == (9000, "k" * 16, "127.0.0.1")
     engine = args.engine_config()
     assert (engine.model, engine.max_model_len) == ("/m", 128)
     assert (engine.cache.num_blocks, engine.cache.enable_prefix_caching, engine.cache.kv_cache_gib) == (32, False, 0.5)
@@ -96,14 +96,25 @@ def test_keys_come_from_the_environment_not_the_command_line(monkeypatch, caplog
     $PDSERVE_ADMIN_KEY and $PDSERVE_METRICS_KEY (a flag's value is in /proc/PID/cmdline, which
     every local user reads); a key flag still wins, with a warning that names its variable."""
     from router.launcher import parse_up
-    monkeypatch.setenv("PDSERVE_API_KEY", "api-k")
-    monkeypatch.setenv("PDSERVE_ADMIN_KEY", "admin-k")
-    monkeypatch.setenv("PDSERVE_METRICS_KEY", "metrics-k")
+    monkeypatch.setenv("PDSERVE_API_KEY", "api-key-from-env-0")
+    monkeypatch.setenv("PDSERVE_ADMIN_KEY", "admin-key-from-env-0")
+    monkeypatch.setenv("PDSERVE_METRICS_KEY", "metrics-key-from-env-0")
     router = parse_up(["up"]).router
-    assert (router.api_key, router.admin_api_key, router.metrics_api_key) == ("api-k", "admin-k", "metrics-k")
+    assert (router.api_key, router.admin_api_key, router.metrics_api_key) == ("api-key-from-env-0", "admin-key-from-env-0", "metrics-key-from-env-0")
     assert not caplog.records
-    assert parse_up(["up", "--admin-api-key", "flag-k"]).router.admin_api_key == "flag-k"
+    assert parse_up(["up", "--admin-api-key", "admin-key-from-flag"]).router.admin_api_key == "admin-key-from-flag"
     assert "$PDSERVE_ADMIN_KEY" in caplog.text
+
+
+def test_a_short_key_stops_the_router_at_startup(monkeypatch, capsys):
+    """A key under 16 characters, from a flag or the environment, is a usage error (status 2) that
+    names the key and the minimum; the router does not start (any key was accepted, "a" included)."""
+    from router.launcher import parse_up
+    monkeypatch.setenv("PDSERVE_ADMIN_KEY", "admin")
+    with pytest.raises(SystemExit) as exited:
+        parse_up(["up"])
+    assert exited.value.code == 2
+    assert "--admin-api-key or $PDSERVE_ADMIN_KEY) is 5 characters; a key must have at least 16" in capsys.readouterr().err
 
 
 def test_nodes_do_not_inherit_the_routers_keys(monkeypatch):
@@ -116,7 +127,7 @@ def test_nodes_do_not_inherit_the_routers_keys(monkeypatch):
         monkeypatch.setenv(variable, "secret-" + variable)
     monkeypatch.setenv("PDSERVE_UNRELATED", "kept")
     local = NodeSpawner("tcp://127.0.0.1:1", ClusterConfig(), [], b"\x01" * 32)._base
-    ray = _node_env(NodeLaunch("decode", "decode-0", "tcp://127.0.0.1:1", (), "01" * 32, 1))
+    ray = _node_env(NodeLaunch("decode", "decode-0", "tcp://127.0.0.1:1", (), "secret-ref", 1), "01" * 32)
     for env in (local, ray):
         assert not set(KEY_VARIABLES.values()) & env.keys()
         assert env["PDSERVE_UNRELATED"] == "kept"

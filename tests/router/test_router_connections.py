@@ -2,14 +2,17 @@
 many connections get a 503. Against a real router process (tests/http_server.py) on loopback."""
 from __future__ import annotations
 
-import re
 import json
+import os
+import re
 import time
 
 import pytest
 
+from router.http.descriptors import FD_RESERVE
 from tests.router_process import RouterProcess, closed_by_peer, http_request, read_until
 
+KEY = "key-of-16-or-more"
 FLAGS = ("--header-timeout-s", "1", "--body-timeout-s", "1", "--stream-stall-timeout-s", "2",
          "--keep-alive-timeout-s", "1")
 
@@ -67,21 +70,74 @@ def test_a_client_that_stops_reading_is_cut_and_its_request_aborted(router):
     sock.close()
 
 
-def test_connections_over_the_limit_get_a_503():
-    """A connection beyond max_connections open ones is answered 503 in OpenAI's error shape and
-    closed, not queued; the connections within the limit are served."""
-    with RouterProcess(*FLAGS[:2], "--header-timeout-s", "30", "--max-connections", "4") as router:
-        held = [router.connect() for _ in range(4)]
-        time.sleep(0.3)
-        sock = router.connect()
-        sock.sendall(http_request("/health"))
-        head, body = _read_all(sock).split(b"\r\n\r\n", 1)
-        assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
-        error = json.loads(body)["error"]
-        assert error["type"] == "service_unavailable_error" and "--max-connections" in error["message"]
-        held[3].sendall(http_request("/health"))
-        assert _read_all(held[3], until=b"}").split(b"\r\n")[0] == b"HTTP/1.1 200 OK"
-        for s in held + [sock]:
+def test_slow_connections_give_their_slots_to_real_clients():
+    """Slowloris: 515 connections that each send one byte and then nothing fill --max-connections
+    (512), yet real clients are served: each new connection takes the slot of the one that has
+    waited longest for its request, which is closed (they were refused with 503s before)."""
+    with RouterProcess(*FLAGS[:2], "--header-timeout-s", "60") as router:
+        slow = []
+        for _ in range(515):
+            slow.append(router.connect())
+            slow[-1].sendall(b"G")
+        assert closed_by_peer(slow[0], 10) and closed_by_peer(slow[2], 10)     # the last three took their slots
+        for _ in range(3):      # the first takes slow[3]'s slot, and gives it back when done
+            assert router.request("/health")[0] == 200
+        assert closed_by_peer(slow[3], 10)
+        assert not closed_by_peer(slow[4], 0.2) and not closed_by_peer(slow[-1], 0.2)
+        for s in slow:
+            s.close()
+
+
+def test_short_of_file_descriptors_the_router_serves_fewer_connections_and_never_runs_out():
+    """A router process that may open 384 file descriptors, at the default --max-connections 512:
+    it serves fewer connections and says so, and 600 clients that each send a byte and then nothing
+    never take its last descriptors, so real clients are served and the process still opens files
+    (/metrics reads /proc/self/fd). They took them: accept() failed with EMFILE, and every new
+    connection was closed unanswered."""
+    with RouterProcess(*FLAGS[:2], "--header-timeout-s", "60", nofile=384) as router:
+        slow = []
+        for _ in range(600):
+            slow.append(router.connect())
+            slow[-1].sendall(b"G")
+        assert closed_by_peer(slow[0], 10)
+        for _ in range(3):
+            assert router.request("/health")[0] == 200
+        status, body = router.request("/metrics")
+        assert status == 200
+        open_fds = float(re.search(rb"^process_open_fds ([0-9.e+]+)$", body, re.MULTILINE).group(1))
+        assert open_fds <= 384 - FD_RESERVE and len(os.listdir(f"/proc/{router.process.pid}/fd")) <= 384 - FD_RESERVE
+        for s in slow:
+            s.close()
+    assert "--max-connections 512 does not fit in the 384 file descriptors" in router.process.stderr.read()
+
+
+def _running_stream(router: RouterProcess):
+    """A connection whose streamed request runs (its 200 and first event read)."""
+    sock = router.connect()
+    sock.sendall(http_request("/v1/completions", {"prompt": "hi", "stream": True, "max_tokens": 400}))
+    assert read_until(sock, b"data: ", timeout_s=10).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_connections_over_the_limit_get_a_503_when_every_slot_runs_a_request():
+    """When every one of --max-connections runs a request, a new connection is answered 503 in
+    OpenAI's error shape and closed, not queued; past --max-refusals being refused at once, one is
+    closed unanswered; the running requests go on."""
+    with RouterProcess(*FLAGS[:2], "--max-connections", "4", "--max-refusals", "2", "--stream-stall-timeout-s", "30",
+                       "--steps", "400", "--interval-s", "0.02") as router:
+        running = [_running_stream(router) for _ in range(4)]
+        refused = [router.connect() for _ in range(3)]
+        for sock in refused[:2]:
+            head, body = _read_all(sock).split(b"\r\n\r\n", 1)
+            assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
+            error = json.loads(body)["error"]
+            assert error["type"] == "service_unavailable_error" and "--max-connections" in error["message"]
+        try:
+            assert _read_all(refused[2]) == b""
+        except ConnectionResetError:
+            pass
+        assert b"data: " in running[3].recv(1 << 16)
+        for s in running + refused:
             s.close()
         assert router.request("/health")[0] == 200
 
@@ -98,17 +154,18 @@ def _read_all(sock, until: bytes | None = None, timeout: float = 5.0) -> bytes:
 
 
 @pytest.mark.parametrize("flags, path, status", [
-    (("--api-key", "k1"), "/tokenize", b"401 Unauthorized"), (("--api-key", "k1"), "/detokenize", b"401 Unauthorized"),
-    (("--admin-api-key", "k2"), "/admin/nodes/d/drain", b"401 Unauthorized"),
+    (("--api-key", KEY), "/tokenize", b"401 Unauthorized"), (("--api-key", KEY), "/detokenize", b"401 Unauthorized"),
+    (("--api-key", KEY), "/openapi.json", b"401 Unauthorized"),
+    (("--admin-api-key", KEY), "/admin/nodes/d/drain", b"401 Unauthorized"),
     ((), "/admin/pools/decode", b"403 Forbidden")])
 def test_keyed_routes_beyond_v1_refuse_from_the_headers(flags, path, status):
-    """/tokenize, /detokenize and /admin answer a request without their key (a 403 on a router with
-    no admin key) from its headers, as /v1 does: an unauthenticated 8 MB body of 4,000-digit ints
+    """/tokenize, /detokenize, /openapi.json and /admin answer a request without their key (a 403 on
+    a router with no admin key) from its headers, as /v1 does: an unauthenticated 8 MB body of 4,000-digit ints
     was read and parsed first, ~0.3 s of the event loop each (redteam)."""
     with RouterProcess(*FLAGS[:2], *flags) as router:
         sock = router.connect()
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Authorization: Bearer k1x\r\nContent-Length: {8 << 20}\r\n\r\n".encode())
+                     f"Authorization: Bearer {KEY}x\r\nContent-Length: {8 << 20}\r\n\r\n".encode())
         head = read_until(sock, b"\r\n\r\n", timeout_s=5)
         assert head.split(b"\r\n")[0] == b"HTTP/1.1 " + status
         sock.close()
@@ -118,7 +175,7 @@ def test_a_request_without_the_api_key_is_refused_before_its_body_is_read():
     """With --api-key, a /v1 request without the key gets its 401 from its headers alone: the router
     neither waits for nor parses its body (the finding: an 8 MB body was read and parsed, holding the
     event loop ~0.8 s, before the 401)."""
-    with RouterProcess(*FLAGS[:2], "--api-key", "k1") as router:
+    with RouterProcess(*FLAGS[:2], "--api-key", KEY) as router:
         for key in ("", "Authorization: Bearer wrong\r\n"):
             sock = router.connect()
             sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{key}"

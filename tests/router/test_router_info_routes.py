@@ -69,12 +69,23 @@ def test_detokenize_applies_token_limit(backend):
     assert error_of(client.post("/detokenize", json={"tokens": [1, 2, 3]}), 400)["param"] == "tokens"
 
 
+def test_the_openapi_schema_needs_the_api_key_and_docs_pages_are_off():
+    """With an API key, /openapi.json needs it (it was open, the /admin routes listed); /docs and
+    /redoc are not served; with no key the schema is open."""
+    client = TestClient(create_app(FakeBackend(), RouterConfig(api_key="k" * 16)))
+    assert error_of(client.get("/openapi.json"), 401)["code"] == "invalid_api_key"
+    schema = client.get("/openapi.json", headers={"Authorization": "Bearer " + "k" * 16}).json()
+    assert "/v1/completions" in schema["paths"]
+    assert client.get("/docs").status_code == client.get("/redoc").status_code == 404
+    assert TestClient(create_app(FakeBackend(), RouterConfig())).get("/openapi.json").status_code == 200
+
+
 def test_tokenize_endpoints_need_the_api_key():
     """/tokenize, /detokenize and /v1/models/{id} need the key; /version does not."""
-    client = TestClient(create_app(FakeBackend(), RouterConfig(api_key="k")))
+    client = TestClient(create_app(FakeBackend(), RouterConfig(api_key="k" * 16)))
     assert client.post("/tokenize", json={"prompt": "a"}).status_code == 401
     assert client.post("/detokenize", json={"tokens": [97]}).status_code == 401
     assert client.get(f"/v1/models/{MODEL}").status_code == 401
-    ok = client.post("/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer k"})
+    ok = client.post("/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer " + "k" * 16})
     assert ok.json()["tokens"] == [97]
     assert client.get("/version").json() == {"version": importlib.metadata.version("pdserve")}

@@ -98,12 +98,31 @@ def test_a_lone_surrogate_is_a_400(path, body):
     assert "not valid Unicode" in err["message"] and backend.requests == []
 
 
-def test_metrics_can_need_a_key():
-    """With metrics_api_key, /metrics answers 401 without the key and 200 with it; /v1 keys are separate."""
-    client = _client(FakeBackend(), metrics_api_key="m-key", api_key="v1-key")
-    error_of(client.get("/metrics"), 401)
-    error_of(client.get("/metrics", headers={"Authorization": "Bearer v1-key"}), 401)
-    assert client.get("/metrics", headers={"Authorization": "Bearer m-key"}).status_code == 200
+METRICS, ADMIN, API = "metrics-key-0123456789", "admin-key-0123456789", "api-key-0123456789"
+
+
+@pytest.mark.parametrize("keys, accepted", [
+    ({"metrics_api_key": METRICS, "admin_api_key": ADMIN, "api_key": API}, {METRICS, ADMIN}),
+    ({"admin_api_key": ADMIN, "api_key": API}, {ADMIN}),
+    ({"api_key": API}, {API}),
+    ({}, {None, "wrong", METRICS, ADMIN, API})])
+def test_metrics_need_the_metrics_or_admin_key_whenever_a_key_is_set(keys, accepted):
+    """/metrics takes the metrics key or the admin key; with neither set, the API key; it is open
+    only on a router with no key at all (it was open whenever no metrics key was set)."""
+    client = _client(FakeBackend(), **keys)
+    for key in (None, "wrong", METRICS, ADMIN, API):
+        reply = client.get("/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
+        assert reply.status_code == (200 if key in accepted else 401), key
+
+
+@pytest.mark.parametrize("field", ["api_key", "admin_api_key", "metrics_api_key"])
+def test_keys_shorter_than_the_minimum_are_refused(field):
+    """A key of 15 characters is refused at startup with a message naming its flag, its variable and
+    the minimum; 16 is accepted."""
+    with pytest.raises(ValueError, match=f"--{field.replace('_', '-')} or \\$PDSERVE_.* is 15 characters; a key "
+                                         "must have at least 16"):
+        RouterConfig(**{field: "k" * 15})
+    assert getattr(RouterConfig(**{field: "k" * 16}), field) == "k" * 16
 
 
 def test_a_long_model_name_is_quoted_short():

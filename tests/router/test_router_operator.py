@@ -19,7 +19,7 @@ from tests.disagg_harness import LOSSY, PROMPT, END, Cluster, Consumer, Scripted
 from tests.fake_backend import FakeBackend
 from tests.http_helpers import error_of
 
-ADMIN, API = "admin-key", "api-key"
+ADMIN, API = "admin-key-0123456789", "api-key-0123456789"
 APP_CONFIG = RouterConfig(api_key=API, admin_api_key=ADMIN)
 
 
@@ -160,7 +160,7 @@ def test_admin_routes_need_the_admin_key_not_the_api_key(key):
 def test_the_admin_key_must_differ_from_the_api_key():
     """RouterConfig refuses an admin key equal to the API key."""
     with pytest.raises(ValueError, match="admin_api_key must differ from api_key"):
-        RouterConfig(api_key="k", admin_api_key="k")
+        RouterConfig(api_key="k" * 16, admin_api_key="k" * 16)
 
 
 def test_colocated_backend_answers_400_and_an_unknown_node_404():

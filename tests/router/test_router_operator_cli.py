@@ -3,7 +3,11 @@ under uvicorn on a free loopback port, its DisaggregatedBackend serving scripted
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import threading
 
+import pytest
 import uvicorn
 
 from router import operator_cli
@@ -33,6 +37,7 @@ def test_cli_lists_drains_and_removes_nodes(capsys, monkeypatch, tmp_path):
     environment or a file; a wrong key, no key or an unknown node fail with the router's message."""
     key_file = tmp_path / "admin.key"
     key_file.write_text(ADMIN + "\n")
+    key_file.chmod(0o600)
 
     async def test():
         async with Cluster() as c:
@@ -65,3 +70,88 @@ def test_cli_lists_drains_and_removes_nodes(capsys, monkeypatch, tmp_path):
                 server.should_exit = True
                 await task
     run(test)
+
+
+class OneShotListener:
+    """A loopback port that accepts connections on a thread, records what each sends first, and
+    answers `reply` (or nothing: closes at once)."""
+
+    def __init__(self, reply: bytes = b""):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self._stop = threading.Event()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.received: list[bytes] = []
+        self._reply = reply
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.settimeout(5)
+                self.received.append(conn.recv(1 << 16))
+                conn.sendall(self._reply)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.sock.close()
+
+
+NODES_REPLY = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\nconnection: close\r\n\r\n{"data": []}'
+
+
+def test_the_admin_key_goes_nowhere_without_a_router_url(capsys, monkeypatch):
+    """With neither --url nor $PDSERVE_ROUTER_URL the CLI stops (status 2) before sending anything:
+    the key went to whatever listened on 127.0.0.1:8000 by default."""
+    import httpx
+    sent = []
+    monkeypatch.setattr(httpx, "request", lambda *a, **k: sent.append(a))
+    monkeypatch.setenv(operator_cli.ENV_VAR, ADMIN)
+    monkeypatch.delenv(operator_cli.URL_VAR, raising=False)
+    assert operator_cli.main(["nodes"]) == 2
+    assert sent == [] and "--url" in capsys.readouterr().err
+
+
+def test_the_admin_key_goes_to_the_router_url_only_never_to_an_environment_proxy(monkeypatch):
+    """$PDSERVE_ROUTER_URL names the router; $HTTP_PROXY and $ALL_PROXY are not followed (the key
+    went to the proxy)."""
+    router, proxy = OneShotListener(NODES_REPLY), OneShotListener()
+    try:
+        monkeypatch.setenv(operator_cli.ENV_VAR, ADMIN)
+        monkeypatch.setenv(operator_cli.URL_VAR, router.url)
+        for variable in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(variable, proxy.url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        assert operator_cli.main(["nodes"]) == 0
+    finally:
+        router.close()
+        proxy.close()
+    assert proxy.received == []
+    assert [r.split(b"\r\n")[0] for r in router.received] == [b"GET /admin/nodes HTTP/1.1"]
+    assert f"Bearer {ADMIN}".encode() in router.received[0]
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620])
+def test_an_admin_key_file_open_to_other_users_is_refused(capsys, monkeypatch, tmp_path, mode):
+    """As ssh refuses a private key others may read: a key file with any group or other permission
+    bit stops the CLI (status 2, the fix named) before anything is sent; mode 600 is used."""
+    router = OneShotListener(NODES_REPLY)
+    key_file = tmp_path / "admin.key"
+    key_file.write_text(ADMIN + "\n")
+    monkeypatch.delenv(operator_cli.ENV_VAR, raising=False)
+    try:
+        os.chmod(key_file, mode)
+        assert operator_cli.main(["nodes", "--url", router.url, "--admin-key-file", str(key_file)]) == 2
+        assert "chmod 600" in capsys.readouterr().err and router.received == []
+        os.chmod(key_file, 0o600)
+        assert operator_cli.main(["nodes", "--url", router.url, "--admin-key-file", str(key_file)]) == 0
+    finally:
+        router.close()
+    assert len(router.received) == 1
