@@ -12,6 +12,8 @@ from engine.grammar_limits import COMPILE_TIMEOUT_S, MAX_COMPILES, MAX_QUEUED
 if TYPE_CHECKING:
     from engine.config import EngineConfig
 
+TP_TIMEOUT_S = 30.0     # tp > 1: how long one collective of a step may wait for the other ranks
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineArgs:
@@ -30,7 +32,7 @@ class EngineArgs:
     enable_chunked_prefill: bool = True   # split long prompts over steps; off: the context is at most max_num_batched_tokens
     preemption_mode: str = "auto"         # recompute | swap | auto (swap long sequences when swap space allows)
     tensor_parallel_size: int = 1         # processes the heads and MLP are split over
-    tensor_parallel_timeout_s: float = 30.0  # tp > 1: a rank waiting this long in one collective of a step (a worker that stopped answering) breaks the engine: a node ends with a goodbye and the router moves its requests
+    tensor_parallel_timeout_s: float = TP_TIMEOUT_S  # tp > 1: a rank waiting this long in one collective of a step (a worker that stopped answering) breaks the engine: a node ends with a goodbye and the router moves its requests
     grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S  # a structured output's grammar compiling this long fails its requests (a 400); one queued this long is busy (retried elsewhere). A node's loop never waits for a compile
     grammar_max_compiles: int = MAX_COMPILES  # grammars compiling at once (a thread each)
     grammar_max_queued: int = MAX_QUEUED      # grammars waiting to compile; past them a new one is busy (retried on another node)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.args import TP_TIMEOUT_S
 from engine.context import context_length
 from engine.grammar_limits import GrammarLimits
 
@@ -121,14 +122,14 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     tensor_parallel_size: int = 1        # ranks the heads and MLP are split over (engine.parallel)
     grammar: GrammarLimits = field(default_factory=GrammarLimits)   # structured outputs' compiles
-    tensor_parallel_timeout_s: float = 30.0  # tp > 1: one collective of a step waits this long, then breaks the engine
+    tensor_parallel_timeout_s: float = TP_TIMEOUT_S  # tp > 1: one collective of a step waits this long, then breaks the engine
 
     def __post_init__(self) -> None:
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
                 or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {self.tensor_parallel_size!r}")
-        if not self.tensor_parallel_timeout_s > 0:
-            raise ValueError(f"tensor_parallel_timeout_s must be > 0, got {self.tensor_parallel_timeout_s!r}")
+        if not 0 < self.tensor_parallel_timeout_s < float("inf"):
+            raise ValueError(f"tensor_parallel_timeout_s must be > 0 and finite, got {self.tensor_parallel_timeout_s!r}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -14,7 +14,8 @@ CUDA pools and gloo for CPU pools, so one decode node can pair with many prefill
              that recv holds D's loop: a payload that has not come within payload_wait_s
              (--kv-payload-wait-s) fails its transfer and breaks the pair, counted and logged,
              and D's loop serves the other peers (P pairs again); a CUDA pool's recv is queued
-             on its stream and holds no loop
+             on its stream and holds no loop, but a payload that never comes stalls the next
+             step's stream (unbounded here: NCCL's own timeout applies)
   4. a header D cannot read or authenticate breaks the pair (it may be followed by a payload
      D cannot place): the pair's transfers fail (CHANNEL_BROKEN); P must connect() again
 
@@ -100,10 +101,12 @@ class _Completion:
 
 
 class _SendWaiter:
-    """A thread that waits on a group's sends in order (a gloo Work only completes in wait())."""
+    """A thread that waits on a group's sends in order (a gloo Work only completes in wait()), each
+    up to timeout s: gloo's own operation timeout is the group's join timeout (what was left of
+    the pairing's MAX_JOIN_S), which broke a healthy pair whose decode node was busy for 3 s."""
 
-    def __init__(self, pg: dist.ProcessGroup) -> None:
-        self.pg = pg
+    def __init__(self, pg: dist.ProcessGroup, timeout: float) -> None:
+        self.pg, self._timeout = pg, datetime.timedelta(seconds=timeout)
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="kvtransport-send-wait", daemon=True)
         self._thread.start()
@@ -125,9 +128,11 @@ class _SendWaiter:
         while (item := self._queue.get()) is not None:
             work, done, tensor = item
             try:
-                work.wait()
-                if tensor.is_cuda:      # NCCL's wait() only orders this thread's stream after
-                    torch.cuda.current_stream(tensor.device).synchronize()   # the send: wait for it
+                if tensor.is_cuda:   # NCCL's wait() only orders this thread's stream after the send
+                    work.wait()
+                    torch.cuda.current_stream(tensor.device).synchronize()   # so wait for it
+                else:
+                    work.wait(self._timeout)
             except Exception as e:   # the pair broke; the sender's poll() reports it
                 done.error = e
             done.done = True
@@ -247,14 +252,18 @@ class _DistSink(PayloadSink):
         if into.is_cuda:
             work.wait()
             return
+        started = time.monotonic()
         try:
             work.wait(self._payload_wait)
         except Exception as e:   # gloo: a timeout, or the pair broke while waiting
-            self.payloads_missed += 1
-            log.warning("payload of %s block %d from %s not received within %.1f s (%s): transfer dropped, "
-                        "pair broken", frame.xfer_id, frame.index, peer, self._payload_wait.total_seconds(),
-                        str(e)[:200])
-            raise TransportError(f"payload not received within {self._payload_wait.total_seconds():.1f} s") from e
+            waited = time.monotonic() - started
+            timed_out = waited >= self._payload_wait.total_seconds()
+            self.payloads_missed += timed_out
+            why = (f"not received within {self._payload_wait.total_seconds():.1f} s" if timed_out
+                   else f"pair broke after {waited:.1f} s")
+            log.warning("payload of %s block %d from %s %s (%s): transfer dropped, pair broken",
+                        frame.xfer_id, frame.index, peer, why, str(e)[:200])
+            raise TransportError(f"payload {why}") from e
 
     def unreadable(self, peer: str) -> bool:
         return peer in self._groups
@@ -278,7 +287,7 @@ class DistChannel(PayloadChannel):
         store = dist.TCPStore(join.store_host, join.store_port, is_master=False, timeout=_left(deadline))
         pg = make_pair_group(store, join.group, _SEND_RANK, self._device, self._host, self._timeout,
                              _left(deadline).total_seconds())
-        self._waiters[endpoint] = _SendWaiter(pg)
+        self._waiters[endpoint] = _SendWaiter(pg, self._timeout)
 
     def inline(self, kv_cache: torch.Tensor, src_block_id: int) -> None:
         return None
@@ -316,8 +325,8 @@ class DistReceiver(Receiver):
             raise ValueError("a DistReceiver's identity must have transport='torch_dist'")
         if write_blocks is None:
             check_whole_blocks(kv_cache, identity.layout)
-        if payload_wait_s <= 0:
-            raise ValueError(f"payload_wait_s must be > 0, got {payload_wait_s}")
+        if not 0 < payload_wait_s < float("inf"):
+            raise ValueError(f"payload_wait_s must be > 0 and finite, got {payload_wait_s}")
         self._sink = _DistSink(kv_cache, identity.layout, p2p_host, peer_timeout, write_blocks, payload_wait_s)
         link = ZmqReceiveLink(secret, bind, hwm, identity.layout.block_nbytes)
         super().__init__(kv_cache.shape[0], identity, secret, link, self._sink, peer_timeout)

@@ -4,6 +4,8 @@ other prefill nodes.
 
 Both prefill nodes and the decode node run in this process (gloo pairs threads as well as
 processes); the decode node's loop is the test's thread."""
+import dataclasses
+
 import pytest
 
 from kvtransport import torch_dist
@@ -11,11 +13,14 @@ from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.torch_dist import DistReceiver, DistSender
+from node_shell.config import NodeConfig
 from tests.kvtransport.test_kvtransport_dist_join import GEOM, HANG_S, _until
 
 pytestmark = pytest.mark.timeout(600)
 
-WAIT_S = 0.5        # the payload wait under test: far below the peer timeout (HANG_S)
+WAIT_S = 4.0        # the payload wait under test: above the sender join's leftover (~3 s: gloo bounded
+                    # a send by it before), and above a starved machine's stall of the good pair
+PEER_TIMEOUT_S = 10 * HANG_S   # far above the test's hang bound: a receiver that ignored WAIT_S hangs the test
 
 
 def _header_only(endpoint, kv_cache, src_block_id):
@@ -35,7 +40,7 @@ def test_a_payload_that_never_comes_fails_its_transfer_and_the_loop_serves_the_o
     its bytes; the other node's transfer, sent meanwhile, commits bit-exactly."""
     dst = make_pool(seed=None, **GEOM)
     before = dst.clone()
-    recv = DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET, peer_timeout=HANG_S,
+    recv = DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET, peer_timeout=PEER_TIMEOUT_S,
                         payload_wait_s=WAIT_S)
     srcs = {name: make_pool(seed=seed, **GEOM) for name, seed in (("mute", 1), ("good", 2))}
     mute = DistSender(make_identity(srcs["mute"], "p-mute", "torch_dist"), TEST_SECRET, peer_timeout=HANG_S)
@@ -67,8 +72,15 @@ def test_a_payload_that_never_comes_fails_its_transfer_and_the_loop_serves_the_o
             end.close()
 
 
-def test_the_payload_wait_must_be_positive():
-    """A payload wait of 0 s is refused before anything is bound."""
+@pytest.mark.parametrize("wait_s", [0.0, -1.0, float("nan"), float("inf")])
+def test_the_payload_wait_must_be_positive_and_finite(wait_s):
+    """A payload wait of 0 s, below, NaN or infinite is refused before anything is bound."""
     dst = make_pool(seed=None, **GEOM)
     with pytest.raises(ValueError, match="payload_wait_s"):
-        DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET, payload_wait_s=0.0)
+        DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET, payload_wait_s=wait_s)
+
+
+def test_a_node_waits_the_transports_default():
+    """--kv-payload-wait-s's default is the transport's (node_shell.config imports no torch, so it
+    cannot take the constant itself)."""
+    assert {f.name: f.default for f in dataclasses.fields(NodeConfig)}["kv_payload_wait_s"] == torch_dist.PAYLOAD_WAIT_S
