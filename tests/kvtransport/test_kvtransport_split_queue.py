@@ -19,6 +19,7 @@ from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
 from kvtransport.zmtp_auth import USER_ID_SLOTS
 from pdwire.messages import RECV_QUEUE_BYTES, HelloAck, decode, encode
+from tests.kvtransport.queue_probe import in_flight, queued_bytes, small_kernel_buffers
 from tests.kvtransport.test_kvtransport_split import _split_header
 from tests.kvtransport.test_kvtransport_zmq import DST_IDS, GEOM, NUM_TOKENS, _connect, _pair, _until
 
@@ -71,18 +72,23 @@ def test_a_busy_receiver_queues_a_whole_transfer_of_single_payloads(form):
         recv.close()
 
 
-def test_the_queue_is_sized_from_the_bytes_announced():
-    """A receiver that does not split (a sink without slots, or built so) announces 2 MiB batches
-    and lets a peer queue hwm (64) of them, not 256 MiB / the 16 MiB it was configured for (16);
-    one that splits, 256 MiB of single blocks."""
+def test_the_queue_is_sized_from_the_bytes_announced(monkeypatch):
+    """What one peer gets queued, measured (tests/kvtransport/queue_probe): a receiver that does not
+    split (a sink without slots, or built so) announces 2 MiB batches and lets a peer queue
+    max_queue_bytes of them (8 MiB: 4, not the one message that 8 MiB / the 16 MiB it was configured
+    for would give); one that splits, max_queue_bytes of single blocks (whatever hwm says)."""
+    small_kernel_buffers(monkeypatch)
     pool = make_pool(**GEOM)
     identity = make_identity(pool, "d0", "zmq")
     no_slots = BlockWriterSink(lambda ids, blocks: None, identity.layout)
-    for kw, hwm in [(dict(sink=no_slots), 64), (dict(split_payloads=False), 64),
-                    (dict(split_payloads=False, max_queue_bytes=8 << 20), 4), ({}, RECV_QUEUE_BYTES // (16 << 10))]:
+    block = identity.layout.block_nbytes
+    for kw, message, want in [(dict(sink=no_slots, max_queue_bytes=8 << 20), 2 << 20, 4),
+                              (dict(split_payloads=False, max_queue_bytes=8 << 20), 2 << 20, 4),
+                              (dict(max_queue_bytes=1 << 20, hwm=16), block, (1 << 20) // block)]:
         recv = ZmqReceiver(pool, identity, TEST_SECRET, **kw)
         try:
-            assert _rcvhwm(recv) == hwm, kw
+            got = queued_bytes(recv, message, min(message, 1 << 20), want * message + 2 * in_flight(message))
+            assert want * message <= got <= want * message + in_flight(message), (kw, got / message, want)
         finally:
             recv.close()
 
