@@ -55,7 +55,8 @@ class PrefillService(NodeService):
     def open_transport(self, identity: PeerIdentity, secret: bytes) -> None:
         self.sender = make_sender(self.config.kv_transport, identity, secret,   # sends on the loop: bounded
                                   device=str(self.engine.runner.kv_cache.device), p2p_host=self.config.p2p_host,
-                                  max_batch_bytes=self.config.kv_batch_bytes, send_timeout=SEND_TIMEOUT_S)
+                                  max_batch_bytes=self.config.kv_batch_bytes, send_timeout=SEND_TIMEOUT_S,
+                                  max_poll_s=self.config.kv_poll_s)
         self.shipper.bind(self.engine, self.sender)
 
     @property

@@ -21,7 +21,7 @@ from kvtransport.zmtp_auth import USER_ID_SLOTS
 from pdwire.messages import RECV_QUEUE_BYTES, HelloAck, decode, encode
 from tests.kvtransport.queue_probe import in_flight, queued_bytes, small_kernel_buffers
 from tests.kvtransport.test_kvtransport_split import _split_header
-from tests.kvtransport.test_kvtransport_zmq import DST_IDS, GEOM, NUM_TOKENS, _connect, _pair, _until
+from tests.kvtransport.test_kvtransport_zmq import DST_IDS, GEOM, HANG_S, NUM_TOKENS, _connect, _pair, _until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,9 +38,10 @@ def test_a_busy_receiver_queues_a_whole_transfer_of_single_payloads(form):
     """While the receiver is not polled (its node busy), 1024 blocks of 64 KiB (or 4 layer groups
     of 1024 blocks: 4096 slices) sent split all queue without blocking the sender past its send
     timeout (16 messages queued per peer before the fix, all 1024 on the whole form's 64 x 2 MiB),
-    and polls 30 ms apart then take the whole queue in 3 polls at most (256 messages a poll before)."""
+    and polls 30 ms apart then take the whole queue in 3 polls at most (256 messages a poll before;
+    no time cap on a poll here, max_poll_s: its byte budget is under test)."""
     src, dst = make_pool(seed=1, **BIG), make_pool(seed=2, **BIG)
-    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, max_poll_s=HANG_S)
     send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, send_timeout=2.0)
     ids = list(range(1024))
     try:
