@@ -1,7 +1,7 @@
 """KV block transfer throughput over the ZMQ backend, prefill process -> decode process, beside
 the raw-ZeroMQ ceiling in the same run.
 
-    .venv/bin/python bench/transfer_bench.py [--tokens 8192] [--repeats 5] [--chunk 2048] [--quick]
+    .venv/bin/python bench/transfer_bench.py [--tokens 8192] [--repeats 6] [--chunk 2048] [--quick]
         [--batch-mib 2] [--queue-mib 256] [--heap retain|default] [--no-split-payloads]
 
 Layout: the 58.5M Llama (8 layers, 8 KV heads, head_dim 64, fp32), block sizes 16/32/64
@@ -9,7 +9,10 @@ tokens (0.5/1/2 MiB per block). The decode side runs in its own process with a Z
 this process reserves blocks there, ships a `--tokens` prompt and stops the clock when the
 receiver reports the transfer committed (end to end: header, zero-copy send, socket, checks,
 copy into the reserved blocks, commit). Every connection is authenticated (kvtransport.session).
-Variants, alternating within each repetition (repetition 0 warms up):
+Variants, in every repetition (repetition 0 warms up), in one of two orders that alternate from
+repetition to repetition (ORDERS): pdserve runs right between the two ceilings, so each ratio
+pairs runs next to each other in time, and each ceiling runs once before pdserve and once after
+it in every two repetitions:
 
   pdserve      send_blocks per --chunk tokens (as a prefill step hands them): BlockBatch messages
   unbatched    send_block per block: one BlockFrame message each (the path before batching)
@@ -21,9 +24,10 @@ The decode process takes a batch's payloads as messages of their own unless --no
 Both receiving processes keep the memory of freed frames (kvtransport.heap, as a ZmqReceiver
 does) unless --heap default runs both with glibc's defaults (the state before the eleventh session).
 
-Ratios are taken per repetition (pdserve's time against the ceiling's in the same repetition),
-then min / median / max. Rows: TCP, IPC. Prints machine info (with the load average: the
-machine is shared) and writes bench/results/transfer_bench.json.
+Ratios are taken per repetition (pdserve's time against the ceiling's in the same repetition,
+its neighbour), then min / median / max; an even --repeats counts both orders alike. Rows: TCP,
+IPC. Prints machine info (with the load average: the machine is shared) and writes
+bench/results/transfer_bench.json.
 """
 from __future__ import annotations
 
@@ -175,11 +179,13 @@ def _reply(conn, proc, timeout: float = 120.0):
 
 
 VARIANTS = ("pdserve", "unbatched", "ceiling", "ceiling_mac")
+ORDERS = (("ceiling_mac", "pdserve", "ceiling", "unbatched"),     # repetition r runs ORDERS[r % 2]
+          ("unbatched", "ceiling", "pdserve", "ceiling_mac"))
 
 
 def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind: str,
              secret: bytes, batch_bytes: int, queue_bytes: int, retain_heap: bool, split: bool) -> dict:
-    """Every variant on one block size, alternating within each repetition (0 warms up)."""
+    """Every variant on one block size, in ORDERS alternating by repetition (0 warms up)."""
     pd = Pdserve(block_size, tokens, bind, secret, batch_bytes, queue_bytes, retain_heap, split)
     ceiling_bind = bind + "-ceiling" if bind.startswith("ipc://") else bind
     ceiling = Ceiling(pd.src, ceiling_bind, secret, retain_heap)
@@ -194,7 +200,7 @@ def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind
     got: dict[str, list[Run]] = {v: [] for v in VARIANTS}
     try:
         for rep in range(repeats + 1):
-            for variant in VARIANTS:
+            for variant in ORDERS[rep % 2]:
                 result = runs[variant]()
                 if rep:
                     got[variant].append(result)
@@ -237,7 +243,7 @@ def _summary(block_size: int, num_blocks: int, nbytes: int, got: dict[str, list[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=8192, help="prompt tokens per transfer")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=6, help="even: both orders of the variants alike")
     ap.add_argument("--chunk", type=int, default=2048,
                     help="tokens per send_blocks call (the engine's default token budget per step)")
     ap.add_argument("--quick", action="store_true", help="1024 tokens, 2 repeats")

@@ -74,10 +74,11 @@ class DecodeService(NodeService):
                                       p2p_host=config.p2p_host, write_blocks=runner.block_writer(),
                                       payload_wait_s=config.kv_payload_wait_s, max_batch_bytes=config.kv_batch_bytes,
                                       max_queue_bytes=config.kv_recv_queue_bytes,
-                                      split_payloads=config.kv_split_payloads)
+                                      split_payloads=config.kv_split_payloads, max_poll_s=config.kv_poll_s)
         sender = lambda: make_sender(config.kv_transport, identity, secret,  # noqa: E731 -- at the first move
                                      device=str(runner.kv_cache.device), p2p_host=config.p2p_host,
                                      max_batch_bytes=config.kv_batch_bytes, send_timeout=SEND_TIMEOUT_S,
+                                     max_poll_s=config.kv_poll_s,
                                      split_payloads=False)     # each send one message: the mover's deadline
         self.mover = KVMover(self.engine, sender, config.lease_s,
                              batch_blocks(identity.layout.block_nbytes, config.kv_batch_bytes))

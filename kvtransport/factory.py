@@ -22,7 +22,7 @@ TRANSPORTS = ("zmq", "torch_dist", "fake")
 _SENDERS: dict[str, tuple[str, str, frozenset[str]]] = {    # transport -> (module, class, options)
     "zmq": ("kvtransport.zmq_sender", "ZmqSender",
             frozenset({"hwm", "send_timeout", "heartbeat_interval", "peer_timeout", "max_batch_bytes",
-                       "split_payloads"})),
+                       "split_payloads", "max_poll_s"})),
     "torch_dist": ("kvtransport.torch_dist", "DistSender",
                    frozenset({"hwm", "send_timeout", "heartbeat_interval", "peer_timeout", "device", "p2p_host"})),
     "fake": ("kvtransport.fake", "FakeSender",
@@ -31,7 +31,7 @@ _SENDERS: dict[str, tuple[str, str, frozenset[str]]] = {    # transport -> (modu
 _RECEIVERS: dict[str, tuple[str, str, frozenset[str]]] = {
     "zmq": ("kvtransport.zmq_receiver", "ZmqReceiver",
             frozenset({"bind", "peer_timeout", "hwm", "sink", "write_blocks", "max_batch_bytes",
-                       "max_queue_bytes", "retain_heap", "split_payloads"})),
+                       "max_queue_bytes", "retain_heap", "split_payloads", "max_poll_s"})),
     "torch_dist": ("kvtransport.torch_dist", "DistReceiver",
                    frozenset({"bind", "peer_timeout", "hwm", "p2p_host", "write_blocks", "payload_wait_s"})),
     "fake": ("kvtransport.fake", "FakeReceiver",

@@ -22,7 +22,14 @@ when the Lander (ReceiverCore.landing) names its slot from the header and the se
 has checked (each frame's buffer is freed as soon as it is copied, so the next frames libzmq
 allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped); else the
 message is received whole with copy=False and the sink copies it. libzmq disconnects a peer that sends a frame above the
-maximum message size; the receive high-water mark bounds what one peer can queue.
+maximum message size; the receive high-water mark bounds what one peer can queue, in messages.
+It cannot bound the frames of one message: libzmq holds a multipart message whole, however many
+frames it has, before its first frame can be read (only a peer that passed ZMTP PLAIN gets that
+far: kvtransport.zmtp_auth). Of a message longer than any (MAX_MESSAGE_FRAMES), a link takes one
+frame more than that (its handler drops the message) and skips the rest a frame at a time,
+holding none. A receive takes messages for max_poll_s at most (a node's --kv-poll-ms), and
+_DRAIN_BYTES at most, so that no flood of messages holds its caller's loop longer; a message
+being skipped goes on at the next one.
 
 Both ends speak ZMTP PLAIN (kvtransport.zmtp_auth): the ROUTER reads nothing from a connection
 whose password does not prove the cluster secret; its refusals are handed to the Receiver by
@@ -41,7 +48,7 @@ from kvtransport.base import TransportError
 from kvtransport.link import Completion, Handler, Lander, Landing, ReceiveLink, SendLink
 from kvtransport.session import Buffer
 from kvtransport.zmtp_auth import ThreadGuard, connection_name, plain_client, routing_id
-from pdwire.messages import MAX_HEADER_BYTES, WHOLE_BATCH_BYTES
+from pdwire.messages import MAX_BATCH_BLOCKS, MAX_HEADER_BYTES, WHOLE_BATCH_BYTES
 
 log = logging.getLogger("kvtransport")
 
@@ -50,7 +57,12 @@ _DRAIN_BYTES = 256 * WHOLE_BATCH_BYTES   # bytes received per wake-up before lea
                                          # main's 256 messages of 2 MiB, whatever size the messages are
 _MESSAGE_COST = 64 << 10                 # bytes any message counts for at least (its Python), so a drain
                                          # takes 8192 messages at most
+_POLLIN = int(zmq.POLLIN)                # as an int: pyzmq's flag enum costs ~4 us an operation
 MAX_SPLIT_HWM = 1 << 16                  # messages one peer may queue either way where each payload is one
+MAX_POLL_S = 0.02                        # a receive's work from its first message on (--kv-poll-ms): then the
+                                         # node's loop serves the rest (its engine, the router, leases)
+MAX_MESSAGE_FRAMES = MAX_BATCH_BLOCKS + 2   # frames of the longest sealed message (a header, a seal or a
+                                         # trailer, a batch's payloads): the most a link takes of one message
 
 
 def queue_hwm(queue_bytes: int, message_bytes: int, most: int) -> int:
@@ -66,11 +78,41 @@ def _ms(timeout: float) -> int:
     return max(0, math.ceil(timeout * 1000))
 
 
+def _skip(sock: zmq.Socket, until: float | None = None) -> tuple[int, int]:
+    """Read the rest of the message being read into nothing, frame by frame (each buffer freed as
+    it goes), until it ends or `until` (time.monotonic) passes: (frames, bytes) skipped."""
+    frames = nbytes = 0
+    while sock.get(zmq.RCVMORE):
+        nbytes += sock.recv_into(_NOWHERE, flags=zmq.NOBLOCK)      # the frame's size; nothing copied
+        frames += 1
+        if until is not None and time.monotonic() >= until:
+            break
+    return frames, nbytes
+
+
+_NOWHERE = memoryview(bytearray(0))
+
+
+def _reply(sock: zmq.Socket) -> list[bytes] | None:
+    """The next message on a send link's socket (replies are small: copied), or None if it has
+    more frames than any message (MAX_MESSAGE_FRAMES): the rest are skipped and it is logged."""
+    frames = [sock.recv(zmq.NOBLOCK)]
+    while sock.get(zmq.RCVMORE):
+        if len(frames) == MAX_MESSAGE_FRAMES:
+            log.warning("a reply of more than %d frames dropped (%d more skipped)", MAX_MESSAGE_FRAMES,
+                        _skip(sock)[0])
+            return None
+        frames.append(sock.recv(zmq.NOBLOCK))
+    return frames
+
+
 class ZmqSendLink(SendLink):
     def __init__(self, node_id: str, secret: bytes, hwm: int = 64, send_timeout: float = 10.0,
-                 send_hwm: int | None = None) -> None:
-        """hwm: messages queued per connection either way; send_hwm, if given, the outgoing ones."""
+                 send_hwm: int | None = None, max_poll_s: float = MAX_POLL_S) -> None:
+        """hwm: messages queued per connection either way; send_hwm, if given, the outgoing ones;
+        max_poll_s: the most a receive() takes messages for, from its first."""
         self._node_id, self._hwm, self._send_timeout = node_id, hwm, send_timeout
+        self._max_poll_s = max_poll_s
         self._send_hwm = hwm if send_hwm is None else send_hwm
         self._secret = secret
         self._ctx = zmq.Context(io_threads=1)
@@ -95,7 +137,7 @@ class ZmqSendLink(SendLink):
         sock = self._socks[endpoint]
         if not sock.poll(_ms(timeout), zmq.POLLIN):
             return None
-        return sock.recv_multipart()
+        return _reply(sock) or []
 
     def paired(self, endpoint: str) -> None:
         self._live.add(endpoint)
@@ -126,13 +168,15 @@ class ZmqSendLink(SendLink):
         for sock in live.values():
             poller.register(sock, zmq.POLLIN)
         ready = dict(poller.poll(_ms(timeout))) if live else {}
+        stop_at = time.monotonic() + self._max_poll_s
         for endpoint, sock in live.items():
-            while sock in ready:
+            while sock in ready and time.monotonic() < stop_at:
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                    frames = _reply(sock)
                 except zmq.Again:
                     break
-                handle(endpoint, frames)
+                if frames is not None:
+                    handle(endpoint, frames)
         if not live and timeout > 0:
             time.sleep(timeout)
 
@@ -153,8 +197,11 @@ class ZmqReceiveLink(ReceiveLink):
     lands = True
 
     def __init__(self, secret: bytes, bind: str = DEFAULT_BIND, hwm: int = 64,
-                 max_payload_bytes: int = 0, recv_hwm: int | None = None) -> None:
-        """hwm: messages queued per peer either way; recv_hwm, if given, the incoming ones."""
+                 max_payload_bytes: int = 0, recv_hwm: int | None = None, max_poll_s: float = MAX_POLL_S) -> None:
+        """hwm: messages queued per peer either way; recv_hwm, if given, the incoming ones;
+        max_poll_s: the most a receive() takes messages for, from its first."""
+        self._max_poll_s = max_poll_s
+        self._skipping: str | None = None      # the peer whose over-long message is being skipped
         self._ctx = zmq.Context(io_threads=1)
         self._guard = ThreadGuard(self._ctx, secret)
         self._guard.start()
@@ -177,22 +224,28 @@ class ZmqReceiveLink(ReceiveLink):
         self._handle, self._lander = handle, lander
 
     def receive(self, timeout: float) -> None:
-        """Drain the waiting messages (the socket's EVENTS tell when none is left: no zmq.Again
-        raised per drain); while a peer owes a split batch payloads, wait on for them, within
-        timeout, rather than return to the caller's loop between two of them."""
-        deadline, budget = time.monotonic() + timeout, _DRAIN_BYTES
-        while self._sock.poll(_ms(timeout), zmq.POLLIN):
+        """Drain the waiting messages, for max_poll_s from the first at most and _DRAIN_BYTES at
+        most: then the caller's loop checks leases and peers and serves the rest of its node,
+        however fast a peer sends; while a peer owes a split batch payloads, wait on for them,
+        within timeout and max_poll_s, rather than return to the caller's loop between two of
+        them. A drain ends on the zmq.Again of its last receive: one raise a drain costs less than
+        asking the socket's EVENTS after every message (pyzmq's getsockopt: ~4 us)."""
+        deadline, budget, stop_at = time.monotonic() + timeout, _DRAIN_BYTES, None
+        while self._sock.poll(_ms(timeout), _POLLIN):
+            stop_at = stop_at or time.monotonic() + self._max_poll_s
             while True:
-                try:
-                    peer = connection_name(self._sock.recv(zmq.NOBLOCK, copy=False))
-                except zmq.Again:
-                    return
-                budget -= max(self._take(peer), _MESSAGE_COST)
-                if budget <= 0:
+                if self._skipping is not None:
+                    taken = self._skip_on(stop_at)
+                else:
+                    try:
+                        peer = connection_name(self._sock.recv(zmq.NOBLOCK, copy=False))
+                    except zmq.Again:
+                        break
+                    taken = self._take(peer)
+                budget -= max(taken, _MESSAGE_COST)
+                if budget <= 0 or time.monotonic() >= stop_at:
                     return              # a full drain: the caller checks leases and peers
-                if not self._sock.get(zmq.EVENTS) & zmq.POLLIN:
-                    break
-            timeout = deadline - time.monotonic()
+            timeout = min(deadline, stop_at) - time.monotonic()
             if timeout <= 0 or self._lander is None or not self._lander.owing():
                 return
 
@@ -200,7 +253,8 @@ class ZmqReceiveLink(ReceiveLink):
         """The rest of one message from peer (libzmq hands a multipart message over whole: every
         frame is here), and its bytes. Payload frames go straight into the lander's slots when it
         has them; a peer that owes a split batch a payload has its next message received into the
-        next slot."""
+        next slot. Of a message longer than any (MAX_MESSAGE_FRAMES), one frame more than that
+        is taken (the handler drops it) and the rest skipped (_skip_on)."""
         sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
         owed = self._lander.owed(peer) if self._lander is not None else None
         if owed is None:
@@ -213,9 +267,9 @@ class ZmqReceiveLink(ReceiveLink):
         lands = self._lander is not None and len(frames) == 2
         landing = self._lander.landing(peer, *frames, split=not more()) if lands else None
         if landing is None:
-            rest = [f.buffer for f in sock.recv_multipart(zmq.NOBLOCK, copy=False)] if more() else []
-            self._handle(peer, [*frames, *rest])
-            return sum(len(f) for f in (*frames, *rest))
+            frames += self._rest(peer, len(frames))
+            self._handle(peer, frames)
+            return sum(len(f) for f in frames)
         head = len(frames[0]) + len(frames[1])
         if not more():
             return head                         # split: its payloads come as messages of their own
@@ -225,10 +279,30 @@ class ZmqReceiveLink(ReceiveLink):
             if not more():
                 break
             sizes.append(sock.recv_into(slot, flags=zmq.NOBLOCK))   # one copy; a longer frame is cut
-        if more():                                                  # frames past the slots: sizes only
-            sizes += [len(f) for f in sock.recv_multipart(zmq.NOBLOCK, copy=False)]
+        sizes += [len(f) for f in self._rest(peer, 2 + len(sizes))]     # frames past the slots: sizes only
         self._lander.landed(peer, landing, sizes, time.perf_counter() - start)
         return head + sum(sizes)
+
+    def _rest(self, peer: str, taken: int) -> list[memoryview]:
+        """The rest of the message being read (zero-copy), of which `taken` frames were read: up to
+        one frame more than MAX_MESSAGE_FRAMES in all; what follows is left to _skip_on."""
+        rest: list[memoryview] = []
+        while self._sock.get(zmq.RCVMORE):
+            if taken + len(rest) > MAX_MESSAGE_FRAMES:
+                self._skipping = peer
+                break
+            rest.append(self._sock.recv(zmq.NOBLOCK, copy=False).buffer)
+        return rest
+
+    def _skip_on(self, until: float) -> int:
+        """Skip frames of the over-long message being read until it ends (logged) or until passes;
+        their bytes."""
+        frames, nbytes = _skip(self._sock, until)
+        if not self._sock.get(zmq.RCVMORE):
+            log.warning("a message of more than %d frames from %s: the frames past them skipped",
+                        MAX_MESSAGE_FRAMES, self._skipping)
+            self._skipping = None
+        return max(nbytes, frames)
 
     def _pay(self, peer: str, landing: Landing) -> int | bytes:
         """peer's next message, owed to landing's split batch, received into its next slot: its

@@ -13,7 +13,7 @@ from kvtransport.heap import retain_freed
 from kvtransport.payload import InlineSink
 from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
-from kvtransport.zmq_link import DEFAULT_BIND, MAX_SPLIT_HWM, ZmqReceiveLink, queue_hwm
+from kvtransport.zmq_link import DEFAULT_BIND, MAX_POLL_S, MAX_SPLIT_HWM, ZmqReceiveLink, queue_hwm
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import BATCH_BYTES, RECV_QUEUE_BYTES, SPLIT_PAYLOADS, announced_batch_bytes
 
@@ -32,13 +32,14 @@ class ZmqReceiver(Receiver):
     and hwm messages at most: 64 x 2 MiB by default. One message at least either way. retain_heap:
     keep the memory of received frames mapped for the next ones (kvtransport.heap), as much as
     the queue may hold. split_payloads: senders may send each payload of a batch as a message
-    of its own, after the batch's [header, seal] (announced in the HelloAck)."""
+    of its own, after the batch's [header, seal] (announced in the HelloAck). max_poll_s: the most a
+    poll takes messages for, from its first (then it returns to the caller's loop)."""
 
     def __init__(self, kv_cache: torch.Tensor, identity: PeerIdentity, secret: bytes,
                  bind: str = DEFAULT_BIND, peer_timeout: float = 10.0, hwm: int = 64,
                  sink: PayloadSink | None = None, max_batch_bytes: int = BATCH_BYTES,
                  max_queue_bytes: int = RECV_QUEUE_BYTES, retain_heap: bool = True,
-                 split_payloads: bool = SPLIT_PAYLOADS) -> None:
+                 split_payloads: bool = SPLIT_PAYLOADS, max_poll_s: float = MAX_POLL_S) -> None:
         sink = sink or InlineSink(kv_cache, identity.layout)     # before the socket: may raise
         if max_queue_bytes < 1:
             raise ValueError(f"max_queue_bytes must be positive, got {max_queue_bytes}")
@@ -48,6 +49,6 @@ class ZmqReceiver(Receiver):
         recv_hwm = queue_hwm(max_queue_bytes, message_bytes, MAX_SPLIT_HWM if split else hwm)
         if retain_heap:
             retain_freed((recv_hwm + 1) * message_bytes)     # the queue, and the message being read
-        link = ZmqReceiveLink(secret, bind, hwm, block_nbytes, recv_hwm=recv_hwm)
+        link = ZmqReceiveLink(secret, bind, hwm, block_nbytes, recv_hwm=recv_hwm, max_poll_s=max_poll_s)
         super().__init__(kv_cache.shape[0], identity, secret, link, sink, peer_timeout,
                          max_batch_bytes=max_batch_bytes, split_payloads=split_payloads)

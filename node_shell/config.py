@@ -33,6 +33,7 @@ KV_TRANSPORTS = ("zmq", "torch_dist")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "*", "")
 MAX_LAYER_GROUPS = 64
 MAX_LAYER_GROUP_MIN_BLOCKS = 1 << 20
+MAX_KV_POLL_MS = 1000       # the loop must still heartbeat the router (--heartbeat-s) between two polls
 
 
 def _tcp_host(endpoint: str) -> str | None:
@@ -75,6 +76,10 @@ class NodeConfig(EngineArgs):
                                          # payload of a batch as a message of its own (--no-kv-split-payloads:
                                          # one message a batch, as before the split, which an older sender needs;
                                          # README: upgrading)
+    kv_poll_ms: int = 20                 # the most time one poll of the KV transport takes messages for (decode
+                                         # nodes: blocks; prefill nodes: replies) before the node's loop serves
+                                         # the rest (its engine's step, the router, leases): a flood of messages
+                                         # cannot hold the loop longer
     kv_layer_groups: int = 8             # prefill nodes (CPU pool, tp = 1): > 1 ships the blocks a prompt's last
                                          # chunk completes in this many layer groups during its forward (to
                                          # decode nodes that take slices), leaving one group's bytes for after
@@ -100,6 +105,8 @@ class NodeConfig(EngineArgs):
             raise ValueError(f"kv_batch_mib must be in [1, {BATCH_BYTES_LIMIT >> 20}], got {self.kv_batch_mib}")
         if self.kv_recv_queue_mib < 1:
             raise ValueError(f"kv_recv_queue_mib must be >= 1, got {self.kv_recv_queue_mib}")
+        if not 1 <= self.kv_poll_ms <= MAX_KV_POLL_MS:
+            raise ValueError(f"kv_poll_ms must be in [1, {MAX_KV_POLL_MS}], got {self.kv_poll_ms}")
         if not 1 <= self.kv_layer_groups <= MAX_LAYER_GROUPS:
             raise ValueError(f"kv_layer_groups must be in [1, {MAX_LAYER_GROUPS}], got {self.kv_layer_groups}")
         if not 1 <= self.kv_layer_group_min_blocks <= MAX_LAYER_GROUP_MIN_BLOCKS:
@@ -122,6 +129,10 @@ class NodeConfig(EngineArgs):
     @property
     def kv_recv_queue_bytes(self) -> int:
         return self.kv_recv_queue_mib << 20
+
+    @property
+    def kv_poll_s(self) -> float:
+        return self.kv_poll_ms / 1000
 
     def kv_advertised(self, bound: str) -> str:
         """The endpoint prefill nodes connect to, for a receiver bound at `bound` (its real port)."""

@@ -13,15 +13,15 @@ import zmq
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.framing import Framer
-from pdwire.messages import BlockFrame, Hello
+from pdwire.messages import BlockFrame, Hello, announced_batch_bytes
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.session import AuthKind, Initiator, auth_frame, parse_auth_frame
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
-from kvtransport.zmq_link import MAX_SPLIT_HWM
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmq_sender import ZmqSender
-from kvtransport.zmtp_auth import USER_ID_SLOTS, plain_client
+from kvtransport.zmtp_auth import plain_client
+from tests.kvtransport.queue_probe import in_flight, queued_bytes, small_kernel_buffers
 
 pytestmark = pytest.mark.timeout(600)
 HANG_S = 120.0      # only bounds a hang: a starved machine is slow, never this slow
@@ -278,28 +278,33 @@ def test_backpressure_raises_when_receiver_stops_draining():
         recv.close()
 
 
-@pytest.mark.parametrize("split, queue_bytes, batch_bytes, hwm, want", [
-    (False, 256 << 20, 16 << 20, 64, 64),   # announced 2 MiB (no split): 128 fit, hwm is the bound
-    (False, 8 << 20, 16 << 20, 64, 4),      # 8 MiB as 4 messages of the 2 MiB announced, not 16 MiB's 0
-    (False, 1 << 20, 16 << 20, 64, 1),      # a budget below one message: one message
-    (False, 3 * BLOCK_NBYTES, BLOCK_NBYTES // 4, 64, 3),   # a message carries one block at least
-    (True, 256 << 20, 16 << 20, 64, (256 << 20) // BLOCK_NBYTES),   # split: single blocks, hwm no bound
-    (True, 3 * BLOCK_NBYTES, 16 << 20, 64, 3),
-    (True, 2 << 30, 16 << 20, 64, MAX_SPLIT_HWM),                    # at most MAX_SPLIT_HWM
-    (True, BLOCK_NBYTES // 2, 16 << 20, 64, 1),
+@pytest.mark.parametrize("split, queue_bytes, batch_bytes, hwm, cap, want", [
+    (False, 256 << 20, 16 << 20, 4, None, 4),   # announced 2 MiB (no split): 128 fit, hwm is the bound
+    (False, 8 << 20, 16 << 20, 64, None, 4),    # 8 MiB as 4 messages of the 2 MiB announced, not 16 MiB's 0
+    (False, 1 << 20, 16 << 20, 64, None, 1),    # a budget below one message: one message
+    (False, 3 * BLOCK_NBYTES, BLOCK_NBYTES // 4, 64, None, 3),   # a message carries one block at least
+    (True, 1 << 20, 16 << 20, 16, None, (1 << 20) // BLOCK_NBYTES),   # split: single blocks, hwm no bound
+    (True, 3 * BLOCK_NBYTES, 16 << 20, 64, None, 3),
+    (True, 2 << 30, 16 << 20, 64, 8, 8),        # at most MAX_SPLIT_HWM (made 8 here)
+    (True, BLOCK_NBYTES // 2, 16 << 20, 64, None, 1),
 ])
-def test_receive_queue_is_bounded_in_bytes(split, queue_bytes, batch_bytes, hwm, want):
-    """RCVHWM counts messages: a peer may queue at most max_queue_bytes of the messages it may
-    send: single blocks to a receiver that splits (MAX_SPLIT_HWM at most), else batches of the
-    bytes it was told (2 MiB at most), or of one block if that is larger, never more than hwm;
-    one message at least; replies keep hwm. (libzmq's RCVHWM also counts the slot that each
-    connection's User-Id holds for good.)"""
+def test_receive_queue_is_bounded_in_bytes(monkeypatch, split, queue_bytes, batch_bytes, hwm, cap, want):
+    """What one peer gets queued on a receiver nobody polls, measured (tests/kvtransport/queue_probe):
+    max_queue_bytes of the messages it may send, single blocks to a receiver that splits (at most
+    MAX_SPLIT_HWM of them), else batches of the bytes it announced (2 MiB at most), or of one block
+    if that is larger, never more than hwm; one message at least; give or take what is in flight
+    (in_flight()). Replies keep hwm."""
+    if cap is not None:
+        monkeypatch.setattr("kvtransport.zmq_receiver.MAX_SPLIT_HWM", cap)
+    small_kernel_buffers(monkeypatch)
     dst = make_pool(seed=None, **GEOM)
     recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET, hwm=hwm, split_payloads=split,
                        max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes)
+    message = BLOCK_NBYTES if split else max(announced_batch_bytes(batch_bytes, False), BLOCK_NBYTES)
     try:
-        sock = recv._link._sock
-        assert (sock.getsockopt(zmq.RCVHWM), sock.getsockopt(zmq.SNDHWM)) == (want + USER_ID_SLOTS, hwm)
+        got = queued_bytes(recv, message, min(message, 1 << 20), want * message + 2 * in_flight(message))
+        assert want * message <= got <= want * message + in_flight(message), (got / message, want)
+        assert recv._link._sock.getsockopt(zmq.SNDHWM) == hwm
     finally:
         recv.close()
 

@@ -20,7 +20,7 @@ from pdwire.control import DecodeRequest, NodeCommand, NodeGoodbye, NodeHello, N
 from kvtransport.secret import ENV_VAR, SecretError, load_secret, write_secret
 from kvtransport.session import AuthKind, auth_frame, parse_auth_frame
 from kvtransport.testing import TEST_SECRET
-from kvtransport.zmtp_auth import USER_ID_SLOTS, ThreadGuard, plain_client
+from kvtransport.zmtp_auth import ThreadGuard, plain_client
 from router.cluster.registry import NodeRole
 from tests.control_peer import NodeEnd, RouterEnd
 from tests.disagg_harness import Cluster, admit, counter, run, serve_two_tokens, until, view
@@ -356,19 +356,20 @@ def test_a_secret_file_owned_by_another_user_is_refused(tmp_path):
 
 
 def test_a_decode_node_bounds_what_one_prefill_connection_may_queue(monkeypatch, model_dir):
-    """--kv-recv-queue-mib over the messages a peer may send is the KV socket's receive high-water
-    mark: single blocks where payloads come split (the default), else batches of the 2 MiB a
-    receiver that does not split announces (--no-kv-split-payloads: 48 / 2 = 24, not 48 / 16 = 3,
-    and the HelloAck leaves the split off); an authenticated sender cannot park hwm x 16 MiB on a
-    decode node; 0 is refused."""
-    import zmq
+    """What one authenticated connection gets queued on a decode node that does not poll, measured
+    (tests/kvtransport/queue_probe): --kv-recv-queue-mib of the messages a peer may send, single
+    blocks where payloads come split (the default), else batches of the 2 MiB a receiver that does
+    not split announces (--no-kv-split-payloads: 8 / 2 = 4 of them, not the one of 8 / 16, and the
+    HelloAck leaves the split off); 0 is refused."""
     from decode_node.service import DecodeService
     from node_shell.config import NodeConfig
+    from tests.kvtransport.queue_probe import in_flight, queued_bytes, small_kernel_buffers
 
+    small_kernel_buffers(monkeypatch)
     monkeypatch.setenv(ENV_VAR, TEST_SECRET.hex())
     config = dict(router="tcp://127.0.0.1:9", node_id="decode-0", model=model_dir[0], num_blocks=16)
     argv = ["--router", config["router"], "--node-id", "decode-0", "--model", model_dir[0], "--num-blocks", "16",
-            "--kv-batch-mib", "16", "--kv-recv-queue-mib", "48"]
+            "--kv-batch-mib", "16", "--kv-recv-queue-mib", "8"]
     for flag, split in [([], True), (["--no-kv-split-payloads"], False)]:
         node = NodeConfig.from_argv("pdserve decode", argv + flag)
         assert node.kv_split_payloads is split
@@ -376,9 +377,12 @@ def test_a_decode_node_bounds_what_one_prefill_connection_may_queue(monkeypatch,
         try:
             block = service.receiver._core.identity.layout.block_nbytes
             assert service.receiver._core._split is split
-            assert service.receiver._link._sock.getsockopt(zmq.RCVHWM) == \
-                (48 << 20) // (block if split else 2 << 20) + USER_ID_SLOTS
+            message = block if split else 2 << 20
+            got = queued_bytes(service.receiver, message, min(message, 1 << 20),
+                                (8 << 20) + 2 * in_flight(message))
+            assert 8 << 20 <= got <= (8 << 20) + in_flight(message), (split, got / message)
         finally:
             service.close()
     with pytest.raises(ValueError, match="kv_recv_queue_mib"):
         NodeConfig(**config, kv_recv_queue_mib=0)
+
