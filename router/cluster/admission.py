@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import Counter
 
 from pdwire.block_hash import chain_hashes
-from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed
+from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed, TokenDelta
 from pdwire.messages import Busy, Reserved
 from router.config import ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S, RouterConfig
 from router.cluster.control_server import ControlServer
@@ -230,13 +231,19 @@ class Admission:
         if prefill is not None:
             att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
 
-    def on_reserved(self, att: Attempt, node_id: str, reserved: Reserved) -> None:
-        """D's Reserved for the attempt, as it reaches the router (the control loop, before any
-        later message of D's): D's booking is taken now, not when the attempt's task reads it,
-        as a heartbeat D sent after it shows the reservation: handled in between, it would find
-        the booking still pending and the blocks counted twice until the next heartbeat."""
-        if node_id == att.decode_id:
-            self._taken(att, node_id, reserved)
+    def on_message(self, att: Attempt, node_id: str, msg: Any) -> None:
+        """A message of the attempt's, as it reaches the router (the control loop, before any
+        later message of the node's): D's Reserved takes D's booking, and D's last TokenDelta
+        (the request done, its blocks freed on D) releases it, now, not when the attempt's task
+        reads them, as a heartbeat D sent after either shows it: handled in between, it would
+        count the blocks twice (booked pending and shown used; shown free and still booked)
+        until the next heartbeat or the release."""
+        if node_id != att.decode_id:
+            return
+        if isinstance(msg, Reserved):
+            self._taken(att, node_id, msg)
+        elif isinstance(msg, TokenDelta) and msg.finish_reason and node_id in att.bookings:
+            self._registry.release(att.bookings.pop(node_id))
 
     def _taken(self, att: Attempt, node_id: str, reserved: Reserved | None = None) -> None:
         """The node has the attempt's work; D's `reserved` reply re-books it with the blocks D
@@ -280,7 +287,7 @@ class Admission:
                 att.contacted.discard(node_id)
                 att.decode_id = ""
                 return msg
-            if isinstance(msg, Reserved):       # taken as it arrived (on_reserved)
+            if isinstance(msg, Reserved):       # taken as it arrived (on_message)
                 att.cached_blocks = msg.cached_prefix_blocks
                 if att.writer:                  # a KV move: the writer ships (router/cluster/kv_move.py)
                     return msg

@@ -40,7 +40,6 @@ from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams, choice_seed
 from pdwire import control
 from pdwire.control import AbortRequest
-from pdwire.messages import Reserved
 from pdwire.schema import MAX_RID_LEN
 from router.cluster.admission import Admission, CapacityWatch
 from router.backend import Backend, NodeMetrics, NoNodeAvailable
@@ -207,8 +206,7 @@ class DisaggregatedBackend(Backend):
         att = self._attempts.get(msg.rid)
         if att is None or node_id not in (att.prefill_id, att.decode_id, att.writer):
             return False
-        if isinstance(msg, Reserved):
-            self._admission.on_reserved(att, node_id, msg)
+        self._admission.on_message(att, node_id, msg)
         att.inbox.put_nowait((node_id, msg))
         return True
 

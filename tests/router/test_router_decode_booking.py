@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 from pdwire.block_hash import chain_hashes
-from pdwire.control import DecodeRequest, PrefillRequest
+from pdwire.control import DecodeRequest, FirstToken, PrefillRequest, TokenDelta
 from pdwire.messages import Reserved
 from router.cluster.registry import NodeLoad, NodeRegistry, NodeRole
 from tests.decode_blocks import DecodeBlocks
-from tests.disagg_harness import BLOCK, CONFIG, Cluster, ScriptedNode, publish_kv, run, until
+from tests.disagg_harness import BLOCK, CONFIG, END, Cluster, ScriptedNode, publish_kv, run, until, view
 
 DOCS = [list(range(200 + 40 * i, 200 + 40 * i + 8 * BLOCK)) for i in range(6)]    # 8 blocks each
 
@@ -37,6 +37,14 @@ async def _node(c: Cluster, node_id: str) -> ScriptedNode:
     await until(lambda: c.backend.server.info(node_id).status is not None)
     d.stop_heartbeat()
     return d
+
+
+async def _asked(c: Cluster, max_tokens: int) -> tuple:
+    """prefill-0, decode-0 (heartbeats stopped) and a request of 2 blocks asked of decode-0:
+    (p, d, decode-0's registry entry, the output, d's DecodeRequest)."""
+    p, d = await c.node("prefill-0", "prefill"), await _node(c, "decode-0")
+    out = c.generate(max_tokens=max_tokens)
+    return p, d, c.backend.server.registry.get("decode-0"), out, await d.expect(DecodeRequest)
 
 
 def _free_view(c: Cluster, node_id: str) -> int:
@@ -138,10 +146,7 @@ def test_a_heartbeat_handled_before_the_reserved_is_read_does_not_count_it_twice
     of it is unreported (not its 2 blocks a second time, pending or taken), nor once it is read."""
     async def test():
         async with Cluster() as c:
-            p, d = await c.node("prefill-0", "prefill"), await _node(c, "decode-0")
-            node = c.backend.server.registry.get("decode-0")
-            out = c.generate(max_tokens=3)
-            req = await d.expect(DecodeRequest)
+            p, d, node, out, req = await _asked(c, max_tokens=3)
             assert (node.pending_requests, node.pending_blocks) == (1, 2)
             c.backend.on_request_message("decode-0", Reserved(req.rid, "x1", (3, 4), 0, 2))
             c.backend.server.registry.heartbeat("decode-0", NodeLoad(1, 0, 2 / 64))
@@ -151,4 +156,28 @@ def test_a_heartbeat_handled_before_the_reserved_is_read_does_not_count_it_twice
             out.task.cancel()
             await until(lambda: node.inflight_requests == 0)
             assert (node.inflight_blocks, node.unreported_blocks) == (0, -2)     # freed since that heartbeat
+    run(test)
+
+
+def test_a_heartbeat_handled_before_the_last_delta_is_read_does_not_count_its_blocks_twice():
+    """d's last TokenDelta (the request done, its 2 blocks freed on d) reaches the router, then
+    d's next heartbeat (sent after it, so it shows them free), both in one turn of the control
+    loop, before the attempt's task reads the delta: the booking was released as the delta
+    arrived, so after that heartbeat nothing is booked or unreported (not the 2 blocks still
+    booked, nor, once the task reads the delta and releases, -2: freed twice)."""
+    async def test():
+        async with Cluster() as c:
+            p, d, node, out, req = await _asked(c, max_tokens=2)
+            d.send(Reserved(req.rid, "x1", (3, 4), 0, 2))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken(req.rid, 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            c.backend.server.registry.heartbeat("decode-0", NodeLoad(1, 0, 2 / 64))     # shows the reservation
+            assert (node.inflight_requests, node.inflight_blocks, node.unreported_blocks) == (1, 2, 0)
+            c.backend.on_request_message("decode-0", TokenDelta(req.rid, 0, (11, 12), 0, "ab", None, "length"))
+            c.backend.server.registry.heartbeat("decode-0", NodeLoad(0, 0, 0.0))
+            assert (node.inflight_requests, node.inflight_blocks, node.unreported_blocks) == (0, 0, 0)
+            assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
+            assert await out.next() is END                 # the attempt's task has read the delta and ended
+            assert (node.inflight_requests, node.inflight_blocks, node.unreported_blocks) == (0, 0, 0)
     run(test)
