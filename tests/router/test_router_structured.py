@@ -138,6 +138,32 @@ def test_what_cannot_be_honoured_is_a_400(served):
     assert not engine.has_unfinished_requests()
 
 
+def test_a_grammar_is_parsed_off_the_event_loop(served, monkeypatch):
+    """The grammar library parses a request's grammar on a worker thread, never on the event loop
+    (a grammar of --max-grammar-chars held every other request while it parsed there); one that
+    does not parse is still a 400 in OpenAI's shape, naming its parameter."""
+    import asyncio
+    import engine.grammar
+    real, on_loop = engine.grammar.parse_grammar, []
+
+    def parse(spec):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return real(spec)
+    monkeypatch.setattr(engine.grammar, "parse_grammar", parse)
+    client, _ = served
+    ok = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 20, "guided_regex": "[ab]{2}"})
+    bad = client.post("/v1/chat/completions", json={"messages": ASK, "guided_regex": "[a-"})
+    assert ok.status_code == 200 and re.fullmatch("[ab]{2}", ok.json()["choices"][0]["text"]), ok.text
+    error = bad.json()["error"]
+    assert bad.status_code == 400 and "invalid regex" in error["message"] and error["param"] == "response_format"
+    assert error["type"] == "invalid_request_error"
+    assert on_loop == [False, False]
+
+
 def _nested_items(depth: int) -> dict:
     schema: dict = {"type": "string"}
     for _ in range(depth - 1):
