@@ -43,6 +43,10 @@ CLOSE_WAIT_S = 2.0      # close(): how long it waits for the compiles running; p
 class GrammarBusy(Exception):
     """Too many grammars compile or wait here: try another node (retryable: a Busy, a 503)."""
 
+    @classmethod
+    def closing(cls) -> "GrammarBusy":
+        return cls("this node's grammar compiler is closing: try again")
+
 
 class GrammarTimeout(ValueError):
     """A compile ran past its time limit: a 400 where a grammar is judged (the decode node, the
@@ -116,7 +120,7 @@ class CompileJobs:
             if (job := self._pending.get(key)) is not None:
                 return job
             if self._closed:
-                raise GrammarBusy("this node's grammar compiler is closing: try again")
+                raise GrammarBusy.closing()
             if len(self._pending) >= self._limits.max_compiles + self._limits.max_queued:
                 raise GrammarBusy(f"{len(self._pending)} grammars are compiling or queued on this node "
                                   "(--grammar-max-compiles, --grammar-max-queued): try again")

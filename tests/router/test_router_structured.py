@@ -237,10 +237,12 @@ def test_the_openai_client_reads_tool_calls_and_parsed_json(served):
 
 
 def test_the_router_moves_a_constrained_request_with_its_grammar():
-    """D dies after 3 tokens: the router's new DecodeRequest and PrefillRequest carry the same
-    grammar spec (as data, through the wire) with the 3 tokens as prior outputs, from which the
-    nodes rebuild the matcher (tests/nodes/test_structured_disagg.py)."""
-    from pdwire.control import AbortRequest, DecodeRequest, FirstToken, PrefillRequest, TokenDelta
+    """D dies after 3 tokens: the router's new attempt has both nodes compile the same grammar
+    spec again (as data, through the wire) before D reserves, and its DecodeRequest and
+    PrefillRequest carry it with the 3 tokens as prior outputs, from which the nodes rebuild the
+    matcher (tests/nodes/test_structured_disagg.py)."""
+    from pdwire.control import AbortRequest, CompileGrammar, DecodeRequest, FirstToken, GrammarReady, PrefillRequest
+    from pdwire.control import TokenDelta
     from pdwire.structured_output import StructuredOutput
     from pdwire.messages import Reserved
     from tests.disagg_harness import LOSSY, PROMPT, Cluster, first_of, run
@@ -252,8 +254,11 @@ def test_the_router_moves_a_constrained_request_with_its_grammar():
             p = await c.node("prefill-0", "prefill")
             ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
             out = c.generate(max_tokens=8, structured=spec)
-            dead, first = await first_of(ds, DecodeRequest)
-            assert first.params.structured == spec
+            dead, compile_ = await first_of(ds, CompileGrammar)
+            assert compile_.params.structured == spec == (await p.expect(CompileGrammar)).params.structured
+            dead.send(GrammarReady("r1"))
+            p.send(GrammarReady("r1"))
+            assert (await dead.expect(DecodeRequest)).params.structured == spec
             dead.send(Reserved("r1", "x1", (3, 4), 0))
             assert (await p.expect(PrefillRequest)).params.structured == spec
             p.send(FirstToken("r1", 11, "a", None, ""))
@@ -262,9 +267,13 @@ def test_the_router_moves_a_constrained_request_with_its_grammar():
                 pass
             dead.die()
             live = ds[1 - ds.index(dead)]
-            req = await live.expect(DecodeRequest, timeout=5.0)
-            assert (list(req.prompt_ids), req.prior_outputs, req.params.structured) == (PROMPT + [11, 12, 13], 3, spec)
+            again = await live.expect(CompileGrammar, timeout=5.0)
             assert (await p.expect(AbortRequest)).rid == "r1"
+            assert again.params.structured == spec and (await p.expect(CompileGrammar)).rid == again.rid
+            live.send(GrammarReady(again.rid))
+            p.send(GrammarReady(again.rid))
+            req = await live.expect(DecodeRequest)
+            assert (list(req.prompt_ids), req.prior_outputs, req.params.structured) == (PROMPT + [11, 12, 13], 3, spec)
             live.send(Reserved(req.rid, "x2", (7, 8), 0))
             pre = await p.expect(PrefillRequest)
             assert (pre.prior_outputs, pre.params.structured) == (3, spec)
