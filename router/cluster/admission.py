@@ -264,11 +264,9 @@ class Admission:
                                                         att.writer or att.prefill_id or decode.node_id, att.base,
                                                         att.local))
         while True:
-            try:
-                event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
-            except TimeoutError:
-                raise NoNodeAvailable(f"decode node {decode.node_id} did not answer the reservation within "
-                                      f"the admission timeout of {self._config.admission_timeout_s} s") from None
+            event = await att.next_event(deadline, lambda: f"decode node {decode.node_id} did not answer the "
+                                         "reservation within the admission timeout of "
+                                         f"{self._config.admission_timeout_s} s")
             if isinstance(event, Lost):
                 return event.failure()
             node_id, msg = event

@@ -15,14 +15,12 @@ No decode KV is held while either node compiles (it used to be: D reserved, then
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from pdwire.control import CompileGrammar, GrammarReady, RequestFailed
 from pdwire.messages import Busy
 from router.cluster.control_server import ControlServer
 from router.cluster.disagg_request import Attempt, Failure, Lost
-from router.cluster.policy import NoNodeAvailable
 from router.cluster.registry import Node
 
 ANSWERS = (GrammarReady, Busy, RequestFailed)
@@ -45,11 +43,8 @@ async def compile_first(server: ControlServer, att: Attempt, decode: Node, deadl
         server.send(node_id, CompileGrammar(att.wire_rid, att.params))
     answers: dict[str, Any] = {}
     while _waiting(answers, nodes):
-        try:
-            event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
-        except TimeoutError:
-            raise NoNodeAvailable(f"{' and '.join(n for n in nodes if n not in answers)} did not compile the "
-                                  f"request's grammar within the admission timeout of {timeout_s} s") from None
+        event = await att.next_event(deadline, lambda: f"{' and '.join(n for n in nodes if n not in answers)} did "
+                                     f"not compile the request's grammar within the admission timeout of {timeout_s} s")
         if isinstance(event, Lost):
             return event.failure()
         node_id, msg = event
