@@ -30,9 +30,12 @@ here) skips steps 2-3: the reservation joins the batch at once, the engine prefi
 tail in chunks beside its decodes and samples the first token itself, which goes out as the first
 TokenDelta (index 0); no prefill node takes part and nothing is shipped.
 
-A structured output's grammar compiles off the loop (engine/grammar_jobs.py): a DecodeRequest
-whose grammar is not compiled yet is parked (engine/grammar_waits.py) and reserved (step 1) once
-it is; the loop heartbeats and serves the others meanwhile. Too many compiles: Busy.
+A structured output's grammar compiles off the loop (engine/grammar_jobs.py): at the router's
+CompileGrammar, beside its prefill node's compile and before step 1 (answered GrammarReady once
+compiled: node_shell/service.py), so no KV is reserved while either node compiles; a DecodeRequest
+whose grammar is not compiled (a local prefill, a KV move) is parked (engine/grammar_waits.py)
+and reserved once it is; the loop heartbeats and serves the others meanwhile. Too many compiles:
+Busy.
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ import secrets
 from decode_node.streamer import Streamer
 from engine.grammar_jobs import GrammarBusy
 from pdwire.outputs import RequestOutput
-from pdwire.control import AbortRequest, DecodeRequest, Paused, PauseRequest, RequestFailed, ShipRequest
+from pdwire.control import (AbortRequest, CompileGrammar, DecodeRequest, Paused, PauseRequest, RequestFailed,
+                            ShipRequest)
 from decode_node.mover import KVMover
 from node_shell.shipper import SEND_TIMEOUT_S
 from kvtransport.events import TransferCommitted, TransferFailed
@@ -96,6 +100,8 @@ class DecodeService(NodeService):
         for msg in self.link.poll(timeout):
             if isinstance(msg, DecodeRequest):
                 self._reserve(msg)
+            elif isinstance(msg, CompileGrammar):
+                self.compile_grammar(msg)
             elif isinstance(msg, AbortRequest):
                 self._abort(msg.rid)
                 self.mover.release(msg.rid)
@@ -105,11 +111,7 @@ class DecodeService(NodeService):
                 self.link.beat_if_due()     # each ship may hold the loop MAX_LOOP_STALL_S: a beat between two
                 if (failed := self.mover.ship(msg)) is not None:
                     self.link.send(failed)
-        for rid, req, error in self._compiling.settled():
-            if error is None:
-                self._reserve(req)
-            else:
-                self._refuse(rid, error)
+        self.settle(self._reserve)
         self.mover.tick()
         for event in self.receiver.poll(0.0):
             rid = self.xfer_rid.pop(event.xfer_id, None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.grammar_limits import COMPILE_TIMEOUT_S, MAX_COMPILES, MAX_QUEUED
+from engine.grammar_limits import COMPILE_TIMEOUT_S, MAX_COMPILES, MAX_QUEUED, WORKER_START_TIMEOUT_S
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -33,9 +33,10 @@ class EngineArgs:
     preemption_mode: str = "auto"         # recompute | swap | auto (swap long sequences when swap space allows)
     tensor_parallel_size: int = 1         # processes the heads and MLP are split over
     tensor_parallel_timeout_s: float = TP_TIMEOUT_S  # tp > 1: a rank waiting this long in one collective of a step (a worker that stopped answering) breaks the engine: a node ends with a goodbye and the router moves its requests
-    grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S  # a structured output's grammar compiling this long fails its requests (a 400); one queued this long is busy (retried elsewhere). A node's loop never waits for a compile
-    grammar_max_compiles: int = MAX_COMPILES  # grammars compiling at once (a thread each)
+    grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S  # a structured output's grammar compiling this long fails its requests (a 400) and its worker process is killed; one queued this long is busy (retried elsewhere). A node's loop never waits for a compile
+    grammar_max_compiles: int = MAX_COMPILES  # grammars compiling at once (a worker process each)
     grammar_max_queued: int = MAX_QUEUED      # grammars waiting to compile; past them a new one is busy (retried on another node)
+    grammar_worker_start_timeout_s: float = WORKER_START_TIMEOUT_S  # a grammar compile worker process (xgrammar and the tokenizer loading) not ready this long: its compile is busy
 
     def engine_config(self) -> EngineConfig:
         from engine.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -48,5 +49,5 @@ class EngineArgs:
         return EngineConfig(self.model, self.dtype, self.max_model_len, self.device, self.seed, cache, scheduler,
                             self.tensor_parallel_size,
                             GrammarLimits(self.grammar_compile_timeout_s, self.grammar_max_compiles,
-                                          self.grammar_max_queued),
+                                          self.grammar_max_queued, self.grammar_worker_start_timeout_s),
                             tensor_parallel_timeout_s=self.tensor_parallel_timeout_s)

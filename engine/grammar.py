@@ -13,23 +13,19 @@ the state is the same wherever the request runs.
 """
 from __future__ import annotations
 
-import json
-import re
 import threading
 import time
+import weakref
 from concurrent.futures import wait
 from typing import Any, Iterable
 
 import torch
 
-from engine.grammar_jobs import CLOSE_WAIT_S, RECENT_BYTES, CompileJob, CompileJobs
+from engine.grammar_jobs import CLOSE_WAIT_S, CompileJob, CompileJobs
 from engine.grammar_limits import GrammarLimits
+from engine.grammar_specs import JSON_LAYOUT, library_error
+from engine.grammar_workers import GrammarWorkers
 from pdwire.structured_output import GrammarKind, StructuredOutput
-
-# JSON is held to one layout, `{"a": 1, "b": [2, 3]}` (json.dumps' own): free whitespace lets a
-# small or unsure model spend its whole max_tokens on tabs and newlines (vLLM's
-# disable-any-whitespace, for the same reason); strict JSON output reads the same to every parser.
-JSON_LAYOUT = dict(any_whitespace=False)
 
 
 def parse_grammar(spec: StructuredOutput) -> None:
@@ -43,7 +39,7 @@ def parse_grammar(spec: StructuredOutput) -> None:
         elif spec.kind is GrammarKind.GRAMMAR:
             xgr.Grammar.from_ebnf(spec.spec)
     except Exception as err:    # noqa: BLE001 -- xgrammar raises RuntimeError and its own types
-        raise _library_error(spec, err) from err
+        raise library_error(spec, err) from err
 
 
 class GrammarMatcher:
@@ -66,19 +62,21 @@ class GrammarMatcher:
 
 class GrammarCompiler:
     """Compiles StructuredOutputs for one tokenizer, off the caller's thread (engine/grammar_jobs.py:
-    bounded in time, in threads and in queue by GrammarLimits), and makes matchers from the
-    compiled grammars, which a request keeps (its n sequences' matchers come from it)."""
+    bounded in time, in compiles and in queue by GrammarLimits) and in worker processes
+    (engine/grammar_workers.py: killed at the time limit), and makes matchers from the compiled
+    grammars, which a request keeps (its n sequences' matchers come from it)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int],
                  limits: GrammarLimits = GrammarLimits()):
         import xgrammar as xgr
         self._xgr = xgr
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=list(stop_token_ids))
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=RECENT_BYTES)
+        self._info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                        stop_token_ids=list(stop_token_ids))
         self.vocab_size = vocab_size
         self.limits = limits
-        self._jobs = CompileJobs(self._compile, limits)
+        self._workers = GrammarWorkers(self._info.serialize_json(), limits)
+        weakref.finalize(self, self._workers.close)     # a compiler dropped unclosed ends its processes
+        self._jobs = CompileJobs(self._compile, limits, self._workers.ready, self._workers.warm_since)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._lock = threading.Lock()       # the bitmask buffer is shared by one engine's steps
 
@@ -91,7 +89,7 @@ class GrammarCompiler:
         """`spec` compiled: at once if its job is done, else waiting for it at most the time limit
         (a caller that must not wait parks its request on submit()'s job first). Raises
         ValueError for a grammar that does not compile, or not in time; GrammarBusy when too many
-        compiles are pending, or it waited the time limit for a thread."""
+        compiles are pending, or it waited the time limit for a compile to start."""
         job, since = self.submit(spec), time.monotonic()
         job.join()
         try:
@@ -104,24 +102,18 @@ class GrammarCompiler:
         return job.future.result()
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
-        """Cancel the queued compiles, wait at most `wait_s` for the running ones; True if none runs
-        any more (engine/grammar_jobs.py: a caller that cannot wait longer leaves with os._exit)."""
+        """Kill the compile workers (the running compiles end at once), cancel the queued compiles
+        and wait at most `wait_s` for the compile threads; True if none runs any more."""
+        self._workers.close()
         return self._jobs.close(wait_s)
 
     def _compile(self, spec: StructuredOutput) -> Any:
-        c = self._compiler
+        """On a compile thread: compiled in its worker process, loaded here."""
+        compiled = self._workers.compile(spec)
         try:
-            if spec.kind is GrammarKind.JSON_SCHEMA:
-                return c.compile_grammar(_json_ebnf(self._xgr, spec.spec))
-            if spec.kind is GrammarKind.JSON_OBJECT:
-                return c.compile_json_schema('{"type": "object"}', **JSON_LAYOUT)
-            if spec.kind is GrammarKind.REGEX:
-                return c.compile_regex(spec.spec)
-            if spec.kind is GrammarKind.CHOICE:
-                return c.compile_regex("|".join(_regex_literal(s) for s in json.loads(spec.spec)))
-            return c.compile_grammar(spec.spec)
-        except Exception as err:    # noqa: BLE001 -- xgrammar raises RuntimeError and its own types
-            raise _library_error(spec, err) from err
+            return self._xgr.CompiledGrammar.deserialize_json(compiled.decode(), self._info)
+        except Exception as err:    # noqa: BLE001 -- xgrammar's own types; never seen: one library, both ends
+            raise ValueError(f"invalid {spec.kind.value}: its compiled form did not load: {str(err)[:200]}") from err
 
     def matcher(self, compiled: Any, prior_tokens: list[int] = ()) -> GrammarMatcher:
         """A matcher of a compiled grammar past `prior_tokens` (the tokens generated before this
@@ -155,30 +147,3 @@ class GrammarCompiler:
                 matchers[i].fill(bitmask, i)
             self._xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
                                                   vocab_size=self.vocab_size, indices=rows)
-
-
-# xgrammar (0.2.9) spells a length-bounded JSON string's characters as [^"\\\r\n], which lets raw
-# control characters (U+0000-U+001F) through, and no JSON parser takes those: the grammar's text
-# is mended to exclude them, as its unbounded strings already do.
-_BOUNDED_STRING_CHARS = r'[^\"\\\r\n]'
-_JSON_STRING_CHARS = r'[^\0-\x1f\"\\]'
-
-
-def _json_ebnf(xgr: Any, schema: str) -> str:
-    """The schema's grammar as EBNF text, bounded strings mended (see above)."""
-    return str(xgr.Grammar.from_json_schema(schema, **JSON_LAYOUT)).replace(_BOUNDED_STRING_CHARS, _JSON_STRING_CHARS)
-
-
-_REGEX_SPECIAL = set("\\.^$|?*+()[]{}")
-_REGEX_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _regex_literal(text: str) -> str:
-    """A regex group matching exactly `text`."""
-    return "(" + "".join(_REGEX_ESCAPES.get(c) or ("\\" + c if c in _REGEX_SPECIAL else c) for c in text) + ")"
-
-
-def _library_error(spec: StructuredOutput, err: Exception) -> ValueError:
-    """xgrammar's message without its log prefix ("[12:00:00] /project/cpp/x.cc:94: ")."""
-    text = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(err).strip())
-    return ValueError(f"invalid {spec.kind.value}: {text[:300]}")

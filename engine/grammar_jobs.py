@@ -11,18 +11,14 @@ A job counts the requests that wait for it (join, leave): when the last one leav
 queued (aborted, refused busy, its wait ran out), the job is cancelled and its place freed; no
 thread ever compiles a grammar nobody waits for.
 
-A compile cannot be stopped once it runs (xgrammar's C++ has no cancel): a job past its time limit
-fails its requests (the waits do), runs to its end on its thread and lands in `recent`. Its thread
-and its place stay taken until then: they are truly busy (a second thread for the same slot would
-let a stream of slow grammars take every core). Every compile ends (the router bounds a grammar's
-size and depth); until it does, new grammars queue behind it and are busy past the time limit.
-
-The threads are not daemons: a daemon thread left inside C++ at interpreter exit aborts the
-process (SIGABRT: when its compile ends during finalization, taking the GIL back unwinds it
-through C++ frames that may not unwind). close() cancels the queued compiles and waits at most
-CLOSE_WAIT_S for the running ones; a process that must not wait longer leaves with os._exit
-(router/cli.py), which finalizes nothing, so no thread wakes in a dying interpreter. Nodes end
-with os._exit too.
+A thread compiles in a worker process of its own (engine/grammar_workers.py; `prepare` readies it
+before the job's clock starts): a job past its time limit fails its requests (the waits do), and
+its process is killed at that limit, so its thread and core are free at once. A failure that is
+the node's load, not the grammar's (GrammarBusy, GrammarTimeout), is not kept: a retry compiles
+again. close() cancels the queued compiles and waits at most CLOSE_WAIT_S for the running ones
+(GrammarCompiler.close kills their processes first, so they end at once). The threads only wait
+on a pipe, never inside xgrammar's C++, and the interpreter's exit kills their processes before it
+joins them (engine/grammar_workers.py): no exit waits for a compile.
 """
 from __future__ import annotations
 
@@ -35,7 +31,7 @@ from typing import Any, Callable, Hashable
 
 from engine.grammar_limits import GrammarLimits
 
-RECENT = 64             # compiled grammars kept (done jobs, their errors too); xgrammar caches more below
+RECENT = 64             # compiled grammars kept (done jobs, a grammar's own errors too)
 RECENT_BYTES = 256 << 20    # and at most this many bytes of them (CompiledGrammar.memory_size_bytes)
 CLOSE_WAIT_S = 2.0      # close(): how long it waits for the compiles running; past it the caller leaves
 
@@ -43,20 +39,30 @@ CLOSE_WAIT_S = 2.0      # close(): how long it waits for the compiles running; p
 class GrammarBusy(Exception):
     """Too many grammars compile or wait here: try another node (retryable: a Busy, a 503)."""
 
+    @classmethod
+    def closing(cls) -> "GrammarBusy":
+        return cls("this node's grammar compiler is closing: try again")
+
 
 class GrammarTimeout(ValueError):
     """A compile ran past its time limit: a 400 where a grammar is judged (the decode node, the
-    colocated engine); a prefill node only compiles what its decode node compiled in time, so
-    there it is its load, a Busy (the compile goes on, cached for the retry)."""
+    colocated engine); on a prefill node it is its load, a Busy: the router judges by the decode
+    node's answer first (router/cluster/grammar_first.py), which compiled it in time."""
+
+    @classmethod
+    def after(cls, limit_s: float) -> "GrammarTimeout":
+        return cls(f"invalid grammar: it did not compile within {limit_s} s (--grammar-compile-timeout-s)")
 
 
 @dataclass(slots=True, eq=False)
 class CompileJob:
-    """One grammar's compile: its result (or error) to come, when a thread took it up, and how many
-    requests wait for it (a queued job nobody waits for is cancelled)."""
-    limit_s: float                                      # the time limit (GrammarLimits.timeout_s)
+    """One grammar's compile: its result (or error) to come, when a thread took it up and when its
+    compile began, and how many requests wait for it (a queued job nobody waits for is cancelled)."""
+    limits: GrammarLimits                               # its time limits (timeout_s, worker_start_timeout_s)
+    warm_since: Callable[[], float | None] = lambda: 0.0    # when its compiler first could compile (None: not yet)
     future: Future = field(default_factory=Future)     # the compiled grammar, or its ValueError
-    started: float | None = None                        # monotonic seconds its thread took it up
+    readying: float | None = None                       # monotonic seconds its thread took it up (its worker starting)
+    started: float | None = None                        # monotonic seconds its compile began
     waiters: int = 0                                    # requests parked on it (join, leave)
     on_idle: Callable[["CompileJob"], None] | None = None   # called when the last waiter leaves
 
@@ -77,22 +83,37 @@ class CompileJob:
 
     def expired(self, since: float) -> Exception | None:
         """Why a request waiting for this job since `since` (monotonic) waits no longer, or None:
-        its compile ran the time limit (ValueError: too costly for any node, a 400), or it waited
-        that long for a thread (GrammarBusy: another node may be free)."""
-        now, limit_s = time.monotonic(), self.limit_s
+        its compile ran the time limit (ValueError: too costly for any node, a 400), its worker
+        process did not start in its own limit, or it waited the time limit for a thread
+        (GrammarBusy: another node may be free)."""
+        now, limits = time.monotonic(), self.limits
         if self.started is not None:
-            return GrammarTimeout(f"invalid grammar: it did not compile within {limit_s} s "
-                              "(--grammar-compile-timeout-s)") if now - self.started >= limit_s else None
-        return GrammarBusy(f"the grammar waited {limit_s} s for this node's compiler, busy with "
-                           "others: try again") if now - since >= limit_s else None
+            return GrammarTimeout.after(limits.timeout_s) if now - self.started >= limits.timeout_s else None
+        if self.readying is not None:
+            return worker_late(limits) if now - self.readying >= limits.worker_start_timeout_s else None
+        if (warm := self.warm_since()) is None:     # the compiler's first worker still starts: no queue yet
+            return worker_late(limits) if now - since >= limits.worker_start_timeout_s else None
+        return GrammarBusy(f"the grammar waited {limits.timeout_s} s for this node's compiler, busy with "
+                           "others: try again") if now - max(since, warm) >= limits.timeout_s else None
+
+
+def worker_late(limits: GrammarLimits) -> GrammarBusy:
+    return GrammarBusy(f"the grammar compile worker did not start within {limits.worker_start_timeout_s} s "
+                       "(--grammar-worker-start-timeout-s): try again")
 
 
 class CompileJobs:
     """The compiles of one compiler: at most max_compiles at once on threads of their own, at most
-    max_queued more waiting, the same spec compiled once, the last RECENT results kept."""
+    max_queued more waiting, the same spec compiled once, the last RECENT results kept.
+    `prepare()` runs on a job's thread before its clock starts (its worker process loading);
+    `warm_since()` says when the compiler first could compile: a queued job's wait counts from
+    then, so the first requests do not turn busy while the first workers start."""
 
-    def __init__(self, compile_fn: Callable[[Any], Any], limits: GrammarLimits):
+    def __init__(self, compile_fn: Callable[[Any], Any], limits: GrammarLimits,
+                 prepare: Callable[[], None] = lambda: None, warm_since: Callable[[], float | None] = lambda: 0.0):
         self._compile = compile_fn
+        self._prepare = prepare
+        self._warm_since = warm_since
         self._limits = limits
         self._pool = ThreadPoolExecutor(limits.max_compiles, thread_name_prefix="grammar-compile")
         self._pending: dict[Hashable, CompileJob] = {}     # queued or running
@@ -116,11 +137,11 @@ class CompileJobs:
             if (job := self._pending.get(key)) is not None:
                 return job
             if self._closed:
-                raise GrammarBusy("this node's grammar compiler is closing: try again")
+                raise GrammarBusy.closing()
             if len(self._pending) >= self._limits.max_compiles + self._limits.max_queued:
                 raise GrammarBusy(f"{len(self._pending)} grammars are compiling or queued on this node "
                                   "(--grammar-max-compiles, --grammar-max-queued): try again")
-            job = self._pending[key] = CompileJob(self._limits.timeout_s)
+            job = self._pending[key] = CompileJob(self._limits, self._warm_since)
             job.on_idle = lambda j: self._cancel(key, j)
         self._pool.submit(self._run, key, job, spec)
         return job
@@ -146,14 +167,17 @@ class CompileJobs:
     def _run(self, key: Hashable, job: CompileJob, spec: Any) -> None:
         if not job.future.set_running_or_notify_cancel():
             return      # cancelled while queued: nobody waits for it
-        job.started = time.monotonic()
+        job.readying = time.monotonic()
         try:
+            self._prepare()
+            job.started = time.monotonic()
             job.future.set_result(self._compile(spec))
         except BaseException as err:     # noqa: BLE001 -- handed to whoever waits on the job
             job.future.set_exception(err)
         with self._lock:
             self._pending.pop(key, None)
-            self._keep(key, job)
+            if not isinstance(job.future.exception(), (GrammarBusy, GrammarTimeout)):
+                self._keep(key, job)    # a result, or a grammar that does not compile
 
     def _keep(self, key: Hashable, job: CompileJob) -> None:
         """`job` (done) in `recent`, the oldest dropped past RECENT entries or RECENT_BYTES (held)."""

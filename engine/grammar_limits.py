@@ -1,13 +1,15 @@
 """GrammarLimits: how long, how many at once and how many queued a node compiles structured
-outputs' grammars (engine/grammar_jobs.py). The one place their defaults are written; imports
+outputs' grammars (engine/grammar_jobs.py), and how long a compile worker process may take to
+start (engine/grammar_workers.py). The one place their defaults are written; imports
 nothing heavy (engine/args.py, which the CLIs are generated from, reads them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 COMPILE_TIMEOUT_S = 5.0     # a compile running this long fails its requests; a request queued this long is busy
-MAX_COMPILES = 2            # compiles running at once (a thread each; xgrammar lets go of the GIL): one slow grammar leaves one free
+MAX_COMPILES = 2            # compiles running at once (a worker process each): one slow grammar leaves one free
 MAX_QUEUED = 16             # compiles waiting for a thread; past them a new grammar is busy (retryable)
+WORKER_START_TIMEOUT_S = 60.0   # a compile worker process loading xgrammar and the tokenizer this long is busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,10 +17,13 @@ class GrammarLimits:
     timeout_s: float = COMPILE_TIMEOUT_S    # see COMPILE_TIMEOUT_S
     max_compiles: int = MAX_COMPILES        # see MAX_COMPILES
     max_queued: int = MAX_QUEUED            # see MAX_QUEUED
+    worker_start_timeout_s: float = WORKER_START_TIMEOUT_S     # see WORKER_START_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"grammar_compile_timeout_s must be > 0, got {self.timeout_s!r}")
+        for name, seconds in (("grammar_compile_timeout_s", self.timeout_s),
+                              ("grammar_worker_start_timeout_s", self.worker_start_timeout_s)):
+            if not seconds > 0:
+                raise ValueError(f"{name} must be > 0, got {seconds!r}")
         for name, value in (("grammar_max_compiles", self.max_compiles), ("grammar_max_queued", self.max_queued)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if "compiles" in name else 0):
                 raise ValueError(f"{name} must be an int >= {1 if 'compiles' in name else 0}, got {value!r}")

@@ -2,9 +2,10 @@
 loop that took them (a node's, the colocated engine thread's) never waits for a compile: it
 heartbeats and serves the others, and each turn takes back the requests whose wait is over.
 
-A request waits at most the time limit for its compile to start (then GrammarBusy: another node
-may be free) and at most the time limit once it runs (then ValueError: this grammar is too costly
-for any node, a 400). A request that leaves (settled, dropped, cleared) leaves its job: the last
+A request waits at most the time limit for a compile thread (then GrammarBusy: another node may
+be free), at most --grammar-worker-start-timeout-s for that thread's worker process to start
+(GrammarBusy too), and at most the time limit once it compiles (then ValueError: this grammar is
+too costly for any node, a 400). A request that leaves (settled, dropped, cleared) leaves its job: the last
 to leave a job still queued cancels it.
 """
 from __future__ import annotations

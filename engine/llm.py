@@ -27,8 +27,9 @@ class LLM:
 
     def close(self) -> bool:
         """Stop the tensor-parallel worker processes, if any (idempotent); no generate after. The
-        queued grammar compiles are cancelled and the running ones waited for a bounded time:
-        False if one still runs (the interpreter's exit waits for it; os._exit does not)."""
+        queued grammar compiles are cancelled and the running ones killed (their worker processes:
+        engine/grammar_workers.py): True once none runs. Without close(), the interpreter's exit
+        kills them too, waiting for none."""
         close_runner(self.engine.runner)
         grammars = self.engine.sampler.grammars
         return grammars is None or grammars.close()

@@ -5,22 +5,24 @@
       2. open_transport(): the node kind's sender or receiver
       3. the link to the router: an authenticated session, then NodeHello (kv_endpoint, blocks)
       4. serving (node_shell.runtime.run): poll(), the engine's steps, on_outputs(), and the
-         prefix cache's KV events to the router (kv_publisher.py)
+         prefix cache's KV events to the router (kv_publisher.py); a CompileGrammar starts its
+         grammar's compile off the loop (engine/grammar_jobs.py) and is answered GrammarReady
+         once it compiled, so the router reserves KV only for a grammar both nodes hold
       5. close(reason): NodeGoodbye to the router first, so it moves this node's work at once,
-         then the transport, the link and the tensor-parallel workers
+         then the transport, the link, the tensor-parallel workers and the grammar compile workers
 """
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Callable
 
-from engine.grammar_jobs import GrammarBusy
+from engine.grammar_jobs import CompileJob, GrammarBusy
 from engine.grammar_waits import GrammarWaits
 from engine.llm_engine import LLMEngine
 from engine.step_observer import StepObserver
 from pdwire.outputs import RequestOutput
-from pdwire.control import NodeHello, NodeStatus, RequestFailed
+from pdwire.control import CompileGrammar, GrammarReady, NodeHello, NodeStatus, RequestFailed
 from pdwire.messages import Busy
 from pdwire.sampling_params import SamplingParams
 from pdwire.handshake import new_epoch
@@ -63,6 +65,38 @@ class NodeService(ABC):
             self._compiling.park(rid, job, item)
             return False
         return True
+
+    def compile_grammar(self, msg: CompileGrammar) -> None:
+        """Start compiling the request's grammar (or find it compiled); the answer goes out at once
+        if it is done, else when it settles (settle())."""
+        try:
+            job = self.engine.grammar_job(msg.params)
+        except (GrammarBusy, ValueError) as e:
+            return self._refuse(msg.rid, e)
+        if job.done:
+            return self._answer(msg.rid, job)
+        self._compiling.park(msg.rid, job, job)
+
+    def settle(self, start: Callable[[Any], None]) -> None:
+        """Take back the requests whose grammar wait is over: a refusal, a CompileGrammar's answer,
+        or `start(request)` (the node kind's own start: reserve, prefill)."""
+        for rid, item, error in self._compiling.settled():
+            if error is not None:
+                self._refuse(rid, error)
+            elif isinstance(item, CompileJob):
+                self._answer(rid, item)
+            else:
+                start(item)
+
+    def _answer(self, rid: str, job: CompileJob) -> None:
+        """A CompileGrammar's answer, its compile done: GrammarReady, or its refusal."""
+        if job.future.cancelled():      # the compiler closed
+            return self._refuse(rid, GrammarBusy.closing())
+        error = job.future.exception()
+        if error is None:
+            self.link.send(GrammarReady(rid))
+        else:
+            self._refuse(rid, error)
 
     def _refuse(self, rid: str, error: Exception) -> None:
         """Busy for busy_errors (the router tries another node, or answers a 503), else
@@ -121,6 +155,8 @@ class NodeService(ABC):
         self.close_transport()
         self.link.close()
         self.engine.runner.close()            # tp > 1: stop the worker processes
+        if self.engine.sampler.grammars is not None:    # its compile worker processes
+            self.engine.sampler.grammars.close()
         try:
             self.engine.check_integrity()
         except AssertionError as err:

@@ -10,9 +10,11 @@ shared with it.
                     KVEvents (block hashes the node's prefix cache stored and evicted),
                     FirstToken (prefill),
                     TokenDelta (decode), Reserved | Busy (decode, answering DecodeRequest),
-                    Paused (decode, answering PauseRequest), RequestFailed
-  router -> node:   NodeCommand (answer to hello/heartbeat), DecodeRequest, PrefillRequest,
-                    AbortRequest, PauseRequest and ShipRequest (decode: a KV move, below)
+                    Paused (decode, answering PauseRequest), GrammarReady | Busy (answering
+                    CompileGrammar), RequestFailed
+  router -> node:   NodeCommand (answer to hello/heartbeat), CompileGrammar (both nodes of a
+                    structured output's attempt, before DecodeRequest), DecodeRequest,
+                    PrefillRequest, AbortRequest, PauseRequest and ShipRequest (decode: a KV move, below)
 
 A KV move takes a running request from decode node D1 to D2 with its blocks (an operator's
 remove or drain deadline): PauseRequest(rid) ─▶ D1 stops it and keeps its blocks ─▶ Paused;
@@ -198,6 +200,31 @@ class NodeCommand:
 
 
 @dataclass(frozen=True, slots=True)
+class CompileGrammar:
+    """Router -> prefill and decode node: compile this request's grammar now (answered by
+    GrammarReady once compiled, Busy, or RequestFailed for a grammar that does not compile), so
+    that both compile it at once and neither holds a reservation while it does."""
+    rid: str
+    params: SamplingParams       # its structured output is the grammar
+
+    def __post_init__(self) -> None:
+        _rid(self.rid)
+        if not isinstance(self.params, SamplingParams):
+            object.__setattr__(self, "params", params_from_wire(self.params))
+        if self.params.structured is None:
+            raise ProtocolError("CompileGrammar without a structured output")
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarReady:
+    """Node -> router: the request's grammar is compiled here (CompileGrammar's answer)."""
+    rid: str
+
+    def __post_init__(self) -> None:
+        _rid(self.rid)
+
+
+@dataclass(frozen=True, slots=True)
 class DecodeRequest:
     """Router -> decode node: reserve blocks for this prompt (answered by Reserved or Busy)."""
     rid: str
@@ -352,6 +379,7 @@ KINDS: dict[str, type] = {
     "token_delta": TokenDelta, "request_failed": RequestFailed, "abort_request": AbortRequest,
     "reserved": Reserved, "busy": Busy,
     "pause_request": PauseRequest, "paused": Paused, "ship_request": ShipRequest,
+    "compile_grammar": CompileGrammar, "grammar_ready": GrammarReady,
 }
 _KIND_OF = {cls: kind for kind, cls in KINDS.items()}
 

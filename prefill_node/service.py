@@ -13,11 +13,14 @@ Request lifecycle:
   5. AbortRequest, a bad request or a failed transfer: the engine drops the request, the
      transfer is aborted, the router hears RequestFailed; blocks are freed exactly once
 
-A structured output's grammar compiles off the loop (engine/grammar_jobs.py): before step 2's
-queueing, a request whose grammar is not compiled yet is parked (engine/grammar_waits.py) and
-started once it is; the loop heartbeats and serves the others meanwhile. Too many compiles, or
-one past the time limit (the decode node compiled it in time: this node's load), is a Busy, which
-the router answers with a 503; a grammar that does not compile is a RequestFailed (a 400).
+A structured output's grammar compiles off the loop (engine/grammar_jobs.py), at the router's
+CompileGrammar, beside its decode node's compile and before any reservation (answered GrammarReady
+once compiled: node_shell/service.py); a PrefillRequest whose grammar is not compiled (yet, or
+any more) is parked (engine/grammar_waits.py) and started once it is; the loop heartbeats and
+serves the others meanwhile. Too many compiles, or one past the time limit (the router takes the
+decode node's answer first, so a timeout here is of a grammar the decode node compiled in time:
+this node's load), is a Busy, which the router answers with a 503; a grammar that does not
+compile is a RequestFailed (a 400).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import logging
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
-from pdwire.control import AbortRequest, FirstToken, PrefillRequest, RequestFailed
+from pdwire.control import AbortRequest, CompileGrammar, FirstToken, PrefillRequest, RequestFailed
 from pdwire.handshake import HandshakeError, PeerIdentity
 from kvtransport.base import TransportError
 from kvtransport.metrics import SenderMetrics
@@ -42,8 +45,8 @@ log = logging.getLogger(__name__)
 
 class PrefillService(NodeService):
     role = "prefill"
-    # a grammar here compiled in time on the decode node already: past this node's time limit it
-    # is this node's load, a Busy (its compile goes on, cached for the retry), not a 400
+    # the router judges a grammar by its decode node's answer first: past this node's time limit
+    # it is this node's load, a Busy (a 503), not a 400
     busy_errors = (GrammarBusy, GrammarTimeout)
 
     def __init__(self, config: NodeConfig):
@@ -68,14 +71,12 @@ class PrefillService(NodeService):
         for msg in self.link.poll(timeout):
             if isinstance(msg, PrefillRequest):
                 self._unpaired.setdefault(msg.kv_endpoint, []).append(msg)
+            elif isinstance(msg, CompileGrammar):
+                self.compile_grammar(msg)
             elif isinstance(msg, AbortRequest):
                 self._abort(msg.rid, "aborted by the router", notify=False)
         self._pair()
-        for rid, req, error in self._compiling.settled():
-            if error is None:
-                self._start(req)
-            else:
-                self._refuse(rid, error)
+        self.settle(self._start)
         self._fail_lost_transfers()
         self.shipper.release_sent()
 

@@ -40,14 +40,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         ended = backend.close()
         sock.close()
-    if not ended:   # a grammar compile still runs inside xgrammar: leave without it
+    if not ended:   # a grammar compile thread still runs (close() gave up on it): leave without it
         leave_now(0)
 
 
 def leave_now(status: int) -> None:
     """End the process at once with `status`, output flushed: no interpreter exit, which would
-    wait for every compile thread, and no finalization, in which a compile thread ending inside
-    C++ aborts the process (engine/grammar_jobs.py)."""
+    wait for every compile thread (engine/grammar_jobs.py)."""
     import logging
     logging.shutdown()
     sys.stdout.flush()

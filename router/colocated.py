@@ -152,9 +152,9 @@ class ColocatedBackend(Backend):
         return self._error is None and self._thread.is_alive()
 
     def close(self) -> bool:
-        """Stop the engine thread, cancel the queued grammar compiles and wait a bounded time for the
-        running ones (engine/grammar_jobs.py); False if one still runs: the process should leave
-        with os._exit (router/cli.py), not wait for it at interpreter exit."""
+        """Stop the engine thread, cancel the queued grammar compiles and kill the running ones
+        (engine/grammar.py close); False if a compile thread still runs after a bounded wait: the
+        process should then leave with os._exit (router/cli.py), not wait for it at interpreter exit."""
         if self._thread.is_alive():
             self._inbox.put(_Stop())
             self._thread.join()

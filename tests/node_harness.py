@@ -16,8 +16,8 @@ import zmq
 from decode_node.service import DecodeService
 from node_shell.config import NodeConfig
 from node_shell.runtime import run
-from pdwire.control import (DecodeRequest, FirstToken, KVEvents, NodeCommand, NodeHello, NodeStatus,
-                            PrefillRequest, RequestFailed, TokenDelta)
+from pdwire.control import (CompileGrammar, DecodeRequest, FirstToken, GrammarReady, KVEvents, NodeCommand,
+                            NodeHello, NodeStatus, PrefillRequest, RequestFailed, TokenDelta)
 from pdwire.messages import Busy, Reserved
 from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET
@@ -48,6 +48,7 @@ class Result:
     failed: RequestFailed | None = None
     failures: list[tuple[str, RequestFailed]] = field(default_factory=list)   # (node, message), in order
     reserved: Reserved | None = None
+    compiled: list[str] = field(default_factory=list)       # nodes that answered GrammarReady
 
 
 class NodeHarness:
@@ -65,6 +66,7 @@ class NodeHarness:
         self.decode = DecodeService(NodeConfig(node_id="decode-0", tensor_parallel_size=decode_tp, **cfg))
         self.hellos: dict[str, NodeHello] = {}
         self.results: dict[str, Result] = {}
+        self.pending: dict[str, DecodeRequest] = {}     # rid -> its DecodeRequest, until reserved
         self.cached: dict[str, set[bytes]] = {"prefill-0": set(), "decode-0": set()}  # by the KV events
         self.evicted: dict[str, int] = {"prefill-0": 0, "decode-0": 0}              # hashes they removed
         self.intact: dict[str, bool] = {}         # node -> block conservation held when it closed
@@ -114,6 +116,10 @@ class NodeHarness:
             self.send("prefill-0", PrefillRequest(rid, req.prompt_ids, req.params, self.hellos["decode-0"].kv_endpoint,
                                                   msg.xfer_id, msg.dst_block_ids, msg.cached_prefix_blocks,
                                                   req.prior_outputs))
+        elif isinstance(msg, GrammarReady):
+            r.compiled.append(node)
+            if len(r.compiled) == 2 and rid in self.pending:    # as the router: reserve once both hold it
+                self.send("decode-0", self.pending[rid])
         elif isinstance(msg, Busy):
             r.failed = RequestFailed(rid, "busy", True)
         elif isinstance(msg, FirstToken):
@@ -128,12 +134,15 @@ class NodeHarness:
             r.failures.append((node, msg))
 
     def submit(self, rid: str, prompt: list[int], params, prior_outputs: int = 0, local: bool = False) -> None:
-        """local: the decode node prefills the prompt itself (no PrefillRequest follows)."""
-        if not hasattr(self, "pending"):
-            self.pending = {}
+        """local: the decode node prefills the prompt itself (no PrefillRequest follows). A
+        structured output's grammar is compiled on both nodes first, as the router does
+        (router/cluster/grammar_first.py)."""
         self.results[rid] = Result()
         self.pending[rid] = DecodeRequest(rid, tuple(prompt), params, "prefill-0", prior_outputs, local)
-        self.send("decode-0", self.pending[rid])
+        if params.structured is None or local:
+            return self.send("decode-0", self.pending[rid])
+        for node in ("prefill-0", "decode-0"):
+            self.send(node, CompileGrammar(rid, params))
 
     def wait(self, rids: list[str], timeout: float = HANG_S) -> list[Result]:
         self.pump(lambda: all(self.results[r].finish or self.results[r].failed for r in rids), timeout)

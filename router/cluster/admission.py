@@ -8,7 +8,9 @@ One admission, round by round:
        load) and take the first one with room, skipping a node that said Busy to this request
        until it reports more free blocks; decide where the prompt is computed: on D itself when
        its uncached tail is short (routing cost), else on a prefill node P; book the request on
-       D (and P) at once, so the next request sees them taken
+       D (and P) at once, so the next request sees them taken; a structured output with a
+       prefill node: both compile its grammar first, at once (grammar_first.py: no KV is held
+       while a grammar compiles); D's Busy there is a Busy of step 4
     3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
        ending) or a timer (from retry_after_ms, doubling up to ADMISSION_MAX_WAIT_S, with jitter); when the
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
@@ -34,6 +36,7 @@ from pdwire.messages import Busy, Reserved
 from router.config import ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S, RouterConfig
 from router.cluster.control_server import ControlServer
 from router.cluster.disagg_request import Attempt, Choice, Failure, Lost
+from router.cluster.grammar_first import compile_first, needs_compile
 from router.cluster.kv_index import KVIndex
 from router.cluster.policy import DecodePolicy, NoNodeAvailable, Pool, PrefillChoice, PrefillPolicy, PrefixAffinity
 from router.cluster.registry import Node, NodeRegistry, NodeRole
@@ -111,7 +114,12 @@ class Admission:
                 continue
             att.local = self._prefill_here(decode, att, hashes)
             self._book(att, decode, hashes, None if att.local else self._choose_prefill(choice, att, hashes))
-            reply = await self._reserve(att, decode, rounds.deadline)
+            reply = None
+            if needs_compile(att):
+                reply = await compile_first(self._server, att, decode, rounds.deadline,
+                                            self._config.admission_timeout_s)
+            if reply is None:
+                reply = await self._reserve(att, decode, rounds.deadline)
             if not isinstance(reply, Busy):
                 return reply
             self._on_busy(att, decode, reply, rounds)
@@ -271,11 +279,9 @@ class Admission:
                                                         att.writer or att.prefill_id or decode.node_id, att.base,
                                                         att.local))
         while True:
-            try:
-                event = await asyncio.wait_for(att.inbox.get(), deadline - asyncio.get_running_loop().time())
-            except TimeoutError:
-                raise NoNodeAvailable(f"decode node {decode.node_id} did not answer the reservation within "
-                                      f"the admission timeout of {self._config.admission_timeout_s} s") from None
+            event = await att.next_event(deadline, lambda: f"decode node {decode.node_id} did not answer the "
+                                         "reservation within the admission timeout of "
+                                         f"{self._config.admission_timeout_s} s")
             if isinstance(event, Lost):
                 return event.failure()
             node_id, msg = event

@@ -37,7 +37,7 @@ import zmq.asyncio
 from prometheus_client import Counter
 
 from pdwire import control
-from pdwire.control import (FirstToken, KVEvents, NodeCommand, NodeGoodbye, NodeHello,
+from pdwire.control import (FirstToken, GrammarReady, KVEvents, NodeCommand, NodeGoodbye, NodeHello,
                             NodeStatus, Paused, RequestFailed, TokenDelta)
 from kvtransport.framing import FrameError, control_framer
 from pdwire.figures import PrefixCounters
@@ -52,7 +52,7 @@ from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, Node
 
 log = logging.getLogger(__name__)
 
-REQUEST_MESSAGES = (Reserved, Busy, FirstToken, TokenDelta, RequestFailed, Paused)
+REQUEST_MESSAGES = (Reserved, Busy, FirstToken, TokenDelta, RequestFailed, Paused, GrammarReady)
 _SEND_HWM = 10_000      # queued messages per node before the socket drops (a wedged node)
 _RECV_HWM = 10_000      # queued messages from one connection before the socket stops reading it
 _CLOSE_LINGER_MS = 200

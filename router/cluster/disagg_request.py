@@ -8,13 +8,14 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
 from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
 from pdwire.messages import Busy
+from router.backend import NoNodeAvailable
 from router.cluster.membership import NODE_FAILURE, OPERATOR_CAUSES, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
@@ -76,6 +77,14 @@ class Attempt:
     @property
     def prefill_id(self) -> str:
         return self.prefill.node.node_id if self.prefill is not None else ""
+
+    async def next_event(self, deadline: float, late: Callable[[], str]) -> Any:
+        """The inbox's next entry, (node_id, msg) or Lost, by `deadline` (loop time); else raises
+        NoNodeAvailable(late())."""
+        try:
+            return await asyncio.wait_for(self.inbox.get(), deadline - asyncio.get_running_loop().time())
+        except TimeoutError:
+            raise NoNodeAvailable(late()) from None
 
 
 @dataclass(slots=True, eq=False)

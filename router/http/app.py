@@ -30,7 +30,8 @@ from router.http.errors import (OpenAIError, error_body, from_value_error, insta
 from router.http.info_routes import keyed_routes, open_routes
 from router.http.lifecycle import (ClientDisconnected, Collected, Generation, ResponseMeta, ServerShuttingDown,
                               StreamBufferFull, collect, unless_disconnected)
-from router.http.limits import BodyLimit, check_grammar, check_logprob_cells, check_request
+from router.http.limits import (BodyLimit, check_grammar_size, check_logprob_cells, check_request,
+                                parse_grammar_spec)
 from router.http.metrics import RouterMetrics
 from router.http.operator import operator_routes
 from router.backend import NoNodeAvailable
@@ -105,7 +106,7 @@ def _v1_routes() -> APIRouter:
         echo = Echo(await state.workers.run(echo_texts, body, prompts), prompts,
                     body.requested_max_tokens() == 0) if body.echo else None
         prompt_logprobs = body.logprobs if body.echo else None
-        structured = _structured(body, state.config)
+        structured = await _structured(body, state)
         params = _params(body, prompts, state, body.logprobs, prompt_logprobs, 1 if echo and echo.score_only else None,
                          structured)
         check_logprob_cells([len(p) for p in prompts], body.n, body.logprobs, body.echo,
@@ -121,7 +122,7 @@ def _v1_routes() -> APIRouter:
         _check_model(body.model, state.model_name)
         check_request(body, state.config)
         tools = _valid(body, body.tool_mode)
-        structured = _structured(body, state.config)
+        structured = await _structured(body, state)
         prompts = [await state.workers.run(chat_prompt, body, state.config.trust_chat_control_tokens, tools,
                                            large=_is_large(request))]
         top = body.top_logprobs or 0
@@ -168,11 +169,15 @@ def _room(prompt: tuple[list[int], SamplingParams], state: Any) -> int:
     return params.max_tokens if params.max_tokens is not None else state.backend.max_model_len - len(token_ids)
 
 
-def _structured(body: CompletionRequest | ChatCompletionRequest, config: RouterConfig) -> StructuredOutput | None:
-    """The request's structured output, checked (size, and parsed by the grammar library): a 400 if not."""
+async def _structured(body: CompletionRequest | ChatCompletionRequest, state: Any) -> StructuredOutput | None:
+    """The request's structured output, checked: its size on the loop, then parsed by the grammar
+    library on a worker thread (a large grammar's parse holds no other request); a 400 if not."""
     spec = _valid(body, body.structured_output)
     uses_tools = isinstance(body, ChatCompletionRequest) and body.tools and body.tool_choice != "none"
-    check_grammar(spec, config, "tools" if uses_tools else "response_format")
+    param = "tools" if uses_tools else "response_format"
+    check_grammar_size(spec, state.config, param)
+    if spec is not None:
+        await state.workers.run(parse_grammar_spec, spec, param)
     return spec
 
 

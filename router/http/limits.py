@@ -2,8 +2,8 @@
 with a 400 in OpenAI's shape that names the limit and its flag.
 
     body bytes, JSON values (its commas outside strings) ──▶ (parse) ──▶ n, stop strings,
-               logit_bias, logprobs, prompt size, valid Unicode, grammar size (then parsed)
-               ──▶ (tokenize off the loop) ──▶ prompts x n x (logprobs + 1) x tokens scored
+               logit_bias, logprobs, prompt size, valid Unicode, grammar size
+               ──▶ (tokenize and parse the grammar off the loop) ──▶ prompts x n x (logprobs + 1) x tokens scored
 """
 from __future__ import annotations
 
@@ -46,15 +46,19 @@ def check_request(body: CompletionRequest | ChatCompletionRequest, config: Route
     _check_unicode(stops, "stop")
 
 
-def check_grammar(spec: StructuredOutput | None, config: RouterConfig, param: str) -> None:
-    """A 400 for a spec over --max-grammar-chars or --max-grammar-depth, or one the grammar
-    library cannot parse."""
+def check_grammar_size(spec: StructuredOutput | None, config: RouterConfig, param: str) -> None:
+    """A 400 for a spec over --max-grammar-chars or --max-grammar-depth (before it is parsed)."""
     if spec is None:
         return
     _at_most(f"{spec.kind.value} (characters)", len(spec.spec), config.max_grammar_chars, "max_grammar_chars", param)
     if spec.kind is GrammarKind.JSON_SCHEMA:
         _at_most("json_schema (nesting depth)", json_depth(spec.spec), config.max_grammar_depth, "max_grammar_depth",
                  param)
+
+
+def parse_grammar_spec(_tokenizer: Any, spec: StructuredOutput, param: str) -> None:
+    """A 400 for a spec the grammar library cannot parse. Run off the event loop (Workers.run):
+    a grammar of --max-grammar-chars parses for milliseconds to seconds."""
     from engine.grammar import parse_grammar      # the library loads with the first structured request
     try:
         parse_grammar(spec)

@@ -1,8 +1,8 @@
 """Structured output at the HTTP edge: OpenAI's `response_format` and vLLM's extra parameters
 (`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, and their newer form
 `structured_outputs: {json, regex, choice, grammar}`) become one StructuredOutput, which
-router/http/limits.py checks against --max-grammar-chars and parses with the grammar library
-before any work: a grammar that does not parse is a 400 at the edge, not a failure on a node.
+router/http/limits.py checks against --max-grammar-chars and then parses (off the event loop) with
+the grammar library: a grammar that does not parse is a 400 at the edge, not a failure on a node.
 """
 from __future__ import annotations
 

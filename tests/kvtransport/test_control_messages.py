@@ -9,8 +9,10 @@ from engine import SamplingParams
 from pdwire import control
 from pdwire.figures import PrefixCounters
 from pdwire.kv_endpoint import kv_endpoint_problem
-from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeHello, NodeStatus, Paused,
-                            PauseRequest, PrefillRequest, RequestFailed, ShipRequest, TokenDelta)
+from pdwire.control import (AbortRequest, CompileGrammar, DecodeRequest, FirstToken, GrammarReady, NodeCommand,
+                            NodeHello, NodeStatus, Paused, PauseRequest, PrefillRequest, RequestFailed, ShipRequest,
+                            TokenDelta)
+from pdwire.structured_output import GrammarKind, StructuredOutput
 from pdwire.schema import ProtocolError
 
 PARAMS = SamplingParams(temperature=0.7, top_k=5, stop=("\n\n",), seed=3, max_tokens=9, logprobs=2)
@@ -28,7 +30,18 @@ MESSAGES = [
     RequestFailed("r1", "busy", True), AbortRequest("r1"),
     PauseRequest("r1"), Paused("r1", 7, 12), Paused("r1", 0, 0),
     ShipRequest("r1~1", "r1", "tcp://127.0.0.1:5556", "x.3", (8, 9, 10), 1),
+    CompileGrammar("r1", SamplingParams(max_tokens=9, structured=StructuredOutput(GrammarKind.REGEX, "[ab]+"))),
+    GrammarReady("r1"),
 ]
+
+
+def test_a_compile_grammar_without_a_grammar_is_refused():
+    """CompileGrammar carries a structured output, or it is a ProtocolError (nothing to compile)."""
+    values = msgpack.unpackb(control.encode(CompileGrammar("r1", SamplingParams(structured=StructuredOutput(
+        GrammarKind.REGEX, "a")))))[2]
+    values[1].pop("structured")
+    with pytest.raises(ProtocolError, match="structured output"):
+        control.decode(msgpack.packb([control.PROTOCOL_VERSION, "compile_grammar", values]))
 
 
 def test_a_status_without_the_newer_counters_still_decodes():

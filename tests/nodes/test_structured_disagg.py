@@ -11,7 +11,7 @@ import pytest
 
 from engine import SamplingParams
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout
-from pdwire.control import PrefillRequest, RequestFailed
+from pdwire.control import CompileGrammar, PrefillRequest, RequestFailed
 from pdwire.messages import Busy
 from prefill_node.service import PrefillService
 from pdwire.structured_output import GrammarKind, StructuredOutput
@@ -30,7 +30,9 @@ def chat_dir(tmp_path_factory):
 
 @pytest.fixture
 def harness(chat_dir):
-    h = NodeHarness(chat_dir, block_size=8, num_blocks=160)
+    # the tests compute colocated outputs while nothing answers the nodes' heartbeats: a first
+    # structured request there starts compile worker processes (seconds on a loaded machine)
+    h = NodeHarness(chat_dir, block_size=8, num_blocks=160, router_timeout_s=120)
     yield h
     h.idle()
     h.close()
@@ -139,6 +141,32 @@ def test_grammars_compiling_do_not_hold_a_nodes_loop(slow_harness, held):
     for spec, r in zip(specs, h.wait([f"g{i}" for i in range(3)])):
         assert r.failed is None and r.finish == "stop"
         _check(h.decode.engine.tokenizer.decode(_tokens(r), skip_special_tokens=True), spec)
+
+
+def test_both_nodes_answer_compile_grammar_once_their_compile_is_done(slow_harness, held):
+    """CompileGrammar (the router's, to both nodes at once) parks on each node while the grammar
+    compiles: no answer, nothing reserved, both loops heartbeating; then each answers GrammarReady,
+    and the DecodeRequest that follows is reserved and served at once. A grammar that does not
+    compile is each node's RequestFailed, not retryable (a 400)."""
+    h = slow_harness
+    prompt = h.decode.engine.encode("hello world")
+    params = SamplingParams(temperature=0.0, max_tokens=20, structured=StructuredOutput(GrammarKind.REGEX, "held-[0-9]"))
+    bad = SamplingParams(structured=StructuredOutput(GrammarKind.REGEX, "[a-"))
+    h.results["c"], h.results["bad"] = Result(), Result()
+    for node in ("prefill-0", "decode-0"):
+        h.send(node, CompileGrammar("c", params))
+        h.send(node, CompileGrammar("bad", bad))
+    beats = dict(h.beats)
+    h.pump(lambda: all(h.beats[n] >= beats[n] + 3 for n in beats) and len(h.results["bad"].failures) == 2)
+    assert all(not f.retryable and "invalid regex" in f.reason for _, f in h.results["bad"].failures)
+    assert h.results["c"].compiled == [] and h.results["c"].failed is None
+    assert h.decode.engine.block_manager.num_free_blocks == h.decode.engine.block_manager.num_blocks
+    held.set()
+    h.pump(lambda: sorted(h.results["c"].compiled) == ["decode-0", "prefill-0"])
+    h.submit("c", prompt, params)
+    r = h.wait(["c"])[0]
+    assert r.failed is None and r.finish == "stop"
+    _check(h.decode.engine.tokenizer.decode(_tokens(r), skip_special_tokens=True), params.structured)
 
 
 def test_a_prefill_nodes_busy_grammar_compiler_answers_busy():

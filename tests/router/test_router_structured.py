@@ -138,6 +138,32 @@ def test_what_cannot_be_honoured_is_a_400(served):
     assert not engine.has_unfinished_requests()
 
 
+def test_a_grammar_is_parsed_off_the_event_loop(served, monkeypatch):
+    """The grammar library parses a request's grammar on a worker thread, never on the event loop
+    (a grammar of --max-grammar-chars held every other request while it parsed there); one that
+    does not parse is still a 400 in OpenAI's shape, naming its parameter."""
+    import asyncio
+    import engine.grammar
+    real, on_loop = engine.grammar.parse_grammar, []
+
+    def parse(spec):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return real(spec)
+    monkeypatch.setattr(engine.grammar, "parse_grammar", parse)
+    client, _ = served
+    ok = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 20, "guided_regex": "[ab]{2}"})
+    bad = client.post("/v1/chat/completions", json={"messages": ASK, "guided_regex": "[a-"})
+    assert ok.status_code == 200 and re.fullmatch("[ab]{2}", ok.json()["choices"][0]["text"]), ok.text
+    error = bad.json()["error"]
+    assert bad.status_code == 400 and "invalid regex" in error["message"] and error["param"] == "response_format"
+    assert error["type"] == "invalid_request_error"
+    assert on_loop == [False, False]
+
+
 def _nested_items(depth: int) -> dict:
     schema: dict = {"type": "string"}
     for _ in range(depth - 1):
@@ -211,10 +237,12 @@ def test_the_openai_client_reads_tool_calls_and_parsed_json(served):
 
 
 def test_the_router_moves_a_constrained_request_with_its_grammar():
-    """D dies after 3 tokens: the router's new DecodeRequest and PrefillRequest carry the same
-    grammar spec (as data, through the wire) with the 3 tokens as prior outputs, from which the
-    nodes rebuild the matcher (tests/nodes/test_structured_disagg.py)."""
-    from pdwire.control import AbortRequest, DecodeRequest, FirstToken, PrefillRequest, TokenDelta
+    """D dies after 3 tokens: the router's new attempt has both nodes compile the same grammar
+    spec again (as data, through the wire) before D reserves, and its DecodeRequest and
+    PrefillRequest carry it with the 3 tokens as prior outputs, from which the nodes rebuild the
+    matcher (tests/nodes/test_structured_disagg.py)."""
+    from pdwire.control import AbortRequest, CompileGrammar, DecodeRequest, FirstToken, GrammarReady, PrefillRequest
+    from pdwire.control import TokenDelta
     from pdwire.structured_output import StructuredOutput
     from pdwire.messages import Reserved
     from tests.disagg_harness import LOSSY, PROMPT, Cluster, first_of, run
@@ -226,8 +254,11 @@ def test_the_router_moves_a_constrained_request_with_its_grammar():
             p = await c.node("prefill-0", "prefill")
             ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
             out = c.generate(max_tokens=8, structured=spec)
-            dead, first = await first_of(ds, DecodeRequest)
-            assert first.params.structured == spec
+            dead, compile_ = await first_of(ds, CompileGrammar)
+            assert compile_.params.structured == spec == (await p.expect(CompileGrammar)).params.structured
+            dead.send(GrammarReady("r1"))
+            p.send(GrammarReady("r1"))
+            assert (await dead.expect(DecodeRequest)).params.structured == spec
             dead.send(Reserved("r1", "x1", (3, 4), 0))
             assert (await p.expect(PrefillRequest)).params.structured == spec
             p.send(FirstToken("r1", 11, "a", None, ""))
@@ -236,9 +267,13 @@ def test_the_router_moves_a_constrained_request_with_its_grammar():
                 pass
             dead.die()
             live = ds[1 - ds.index(dead)]
-            req = await live.expect(DecodeRequest, timeout=5.0)
-            assert (list(req.prompt_ids), req.prior_outputs, req.params.structured) == (PROMPT + [11, 12, 13], 3, spec)
+            again = await live.expect(CompileGrammar, timeout=5.0)
             assert (await p.expect(AbortRequest)).rid == "r1"
+            assert again.params.structured == spec and (await p.expect(CompileGrammar)).rid == again.rid
+            live.send(GrammarReady(again.rid))
+            p.send(GrammarReady(again.rid))
+            req = await live.expect(DecodeRequest)
+            assert (list(req.prompt_ids), req.prior_outputs, req.params.structured) == (PROMPT + [11, 12, 13], 3, spec)
             live.send(Reserved(req.rid, "x2", (7, 8), 0))
             pre = await p.expect(PrefillRequest)
             assert (pre.prior_outputs, pre.params.structured) == (3, spec)

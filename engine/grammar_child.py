@@ -1,0 +1,90 @@
+"""A grammar compile worker: a child process of a grammar compiler (engine/grammar_workers.py)
+that compiles one grammar at a time, so that a compile past its time limit ends when the process
+is killed (a thread inside xgrammar's C++ cannot be stopped).
+
+    python -c "...; from engine.grammar_child import run; run()"   (GrammarWorkers starts it)
+
+Frames on stdin and stdout, each a 4-byte big-endian length and that many bytes; nothing else goes
+to stdout (fd 1 is pointed at stderr, so no library's print can break a frame):
+
+    parent -> child: the tokenizer's xgrammar TokenizerInfo as JSON (once), then per compile
+                     the StructuredOutput's [kind, spec] as JSON
+    child -> parent: READY once the tokenizer is loaded; per compile COMPILED + the
+                     CompiledGrammar's JSON (serialize_json), or FAILED + the ValueError's text
+
+It ends when its stdin closes, or within PARENT_POLL_S of its parent's end (os._exit included).
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import threading
+import time
+from typing import BinaryIO
+
+HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 1 << 30       # a frame either way (a compiled grammar's JSON: ~ its memory_size_bytes)
+READY, COMPILED, FAILED = b"=", b"+", b"-"
+PARENT_POLL_S = 0.5
+
+
+def read_frame(stream: BinaryIO) -> bytes | None:
+    """The next frame, or None at the end of the stream. Raises ValueError past MAX_FRAME_BYTES."""
+    head = stream.read(HEADER.size)
+    if len(head) < HEADER.size:
+        return None
+    (size,) = HEADER.unpack(head)
+    if size > MAX_FRAME_BYTES:
+        raise ValueError(f"a frame of {size} bytes, over {MAX_FRAME_BYTES}")
+    body = stream.read(size)
+    return body if len(body) == size else None
+
+
+def write_frame(stream: BinaryIO, payload: bytes) -> None:
+    stream.write(HEADER.pack(len(payload)))
+    stream.write(payload)
+    stream.flush()
+
+
+def main() -> None:
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    _watch_parent(os.getppid())
+    import xgrammar as xgr
+    from engine.grammar_specs import compile_spec
+    from pdwire.structured_output import StructuredOutput
+
+    stdin = sys.stdin.buffer
+    if (info := read_frame(stdin)) is None:
+        return
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.deserialize_json(info.decode()), max_threads=1,
+                                   cache_enabled=False)
+    write_frame(out, READY)
+    while (frame := read_frame(stdin)) is not None:
+        try:
+            reply = COMPILED + compile_spec(xgr, compiler, StructuredOutput.from_wire(json.loads(frame))) \
+                .serialize_json().encode()
+        except ValueError as err:
+            reply = FAILED + str(err).encode()
+        if len(reply) > MAX_FRAME_BYTES:
+            reply = FAILED + f"invalid grammar: compiled, it is over {MAX_FRAME_BYTES} bytes".encode()
+        write_frame(out, reply)
+
+
+def _watch_parent(parent: int) -> None:
+    """Leave at once when the parent is gone (a killed or os._exit-ed node leaves no compile behind)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def run() -> None:
+    """The worker's life: main(), and a quiet end when its parent goes first."""
+    try:
+        main()
+    except (BrokenPipeError, KeyboardInterrupt):
+        os._exit(0)

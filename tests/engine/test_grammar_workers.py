@@ -1,0 +1,117 @@
+"""Grammar compiles run in worker processes (engine/grammar_workers.py): a compile past its time
+limit is killed there, its core and its place freed at once; close() ends a running compile at
+once; a compiled grammar comes back whole (the same masks as one compiled in this process)."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.grammar import GrammarCompiler
+from engine.grammar_jobs import GrammarBusy, GrammarTimeout
+from engine.grammar_limits import GrammarLimits
+from pdwire.structured_output import GrammarKind, StructuredOutput
+from tests.engine.slow_grammar import SLOW, wide_tokenizer
+from tests.tiny_chat_model import tiny_chat_model_folder
+
+HANG_S = 300        # bounds a hang only: a starved machine may take many times what it takes here
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return wide_tokenizer()
+
+
+def _workers() -> set[int]:
+    """The pids of this process's grammar compile workers (alive, not reaped)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"engine.grammar_child" in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+def test_a_compile_past_its_time_limit_is_killed_and_its_place_is_free(tok):
+    """A grammar that compiles for minutes ends GrammarTimeout at the time limit, its worker
+    process killed (its core free; the thread that ran it used to compile on to the end), and the
+    one compile place serves the next grammar at once, in a new worker. The timeout is not kept:
+    the same grammar submitted again compiles again."""
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=1.0, max_compiles=1))
+    try:
+        slow = compiler.submit(SLOW)
+        _started(slow)
+        assert len(first := _workers() - others) == 1      # started with the first compile
+        assert isinstance(slow.future.exception(timeout=HANG_S), GrammarTimeout)
+        assert _workers() - others == set()         # killed and reaped
+        quick = compiler.submit(StructuredOutput(GrammarKind.REGEX, "[0-9]{3}"))
+        assert quick.future.exception(timeout=HANG_S) is None
+        assert len(second := _workers() - others) == 1 and second != first
+        assert compiler.submit(SLOW) is not slow
+    finally:
+        assert compiler.close() is True
+    assert _workers() - others == set()
+
+
+def test_close_ends_a_running_compile_at_once(tok):
+    """close() kills the worker a compile runs in: True (nothing runs any more) within its short
+    wait, the job ended GrammarBusy (it used to be False, the compile running on for minutes in a
+    thread that kept the process from exiting)."""
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1))
+    job = compiler.submit(SLOW)
+    _started(job)
+    assert not job.done
+    assert compiler.close() is True
+    assert isinstance(job.future.exception(timeout=HANG_S), GrammarBusy) and _workers() - others == set()
+
+
+def test_a_grammar_compiled_in_a_worker_masks_as_one_compiled_here(tmp_path):
+    """The worker's compiled grammar, loaded here, allows exactly the tokens an in-process compile
+    of the same JSON schema allows, step by step along the output of its first allowed tokens
+    (the tiny chat model's byte-level tokenizer, which spells JSON)."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+    from engine.grammar_specs import compile_spec
+    tiny_chat_model_folder(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    spec = StructuredOutput.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    compiler = GrammarCompiler(tok, len(tok), [tok.eos_token_id], GrammarLimits(max_compiles=1))
+    try:
+        ours = compiler.matcher(compiler.compiled(spec))
+        info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok), stop_token_ids=[tok.eos_token_id])
+        here = xgr.GrammarMatcher(compile_spec(xgr, xgr.GrammarCompiler(info, max_threads=1), spec))
+        masks = xgr.allocate_token_bitmask(2, len(tok))         # [2, ceil(vocab / 32)] int32
+        for step in range(6):
+            ours.fill(masks, 0)
+            here.fill_next_token_bitmask(masks, 1)
+            assert torch.equal(masks[0], masks[1]) and masks[0].any(), f"step {step}"
+            token = _first_allowed(masks[1])
+            assert ours.accept(token) and here.accept_token(token)
+    finally:
+        compiler.close()
+
+
+def _started(job) -> None:
+    """Until the job's compile began in its worker (its worker started)."""
+    deadline = time.monotonic() + HANG_S
+    while job.started is None and not job.done and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert job.started is not None, job.future.exception() if job.done else "its worker never started"
+
+
+def _first_allowed(row: torch.Tensor) -> int:
+    """The smallest token id a bitmask row allows (bit i of word w: token 32 w + i)."""
+    word = int(torch.nonzero(row)[0])
+    bits = int(row[word]) & 0xFFFFFFFF
+    return 32 * word + (bits & -bits).bit_length() - 1

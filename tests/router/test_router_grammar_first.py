@@ -1,0 +1,101 @@
+"""A structured output's grammar compiles on its prefill and decode node at once, before the decode
+node reserves KV blocks (router/cluster/grammar_first.py), against scripted nodes: no reservation
+waits on a compile, and each node's answer keeps its meaning (Busy, 503, 400)."""
+from __future__ import annotations
+
+from pdwire.control import AbortRequest, CompileGrammar, DecodeRequest, FirstToken, PrefillRequest, RequestFailed
+from pdwire.control import GrammarReady, TokenDelta
+from pdwire.messages import Busy, Reserved
+from pdwire.structured_output import GrammarKind, StructuredOutput
+from router.backend import NoNodeAvailable
+from tests.disagg_harness import END, Cluster, run, view
+
+REGEX = StructuredOutput(GrammarKind.REGEX, "[ab]{2}")
+
+
+async def _compiles(*nodes) -> None:
+    """Each node is asked to compile r1's grammar, and nothing else yet."""
+    for node in nodes:
+        msg = await node.expect(CompileGrammar)
+        assert (msg.rid, msg.params.structured) == ("r1", REGEX)
+
+
+def test_both_nodes_compile_at_once_and_the_decode_node_reserves_only_after_both():
+    """CompileGrammar goes to P and D together (their compiles overlap: one compile's time before
+    the first token, not two in a row); D gets its DecodeRequest only once P's compile is done too
+    (D's reservation used to be held while P compiled); the request then runs as usual."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(max_tokens=2, structured=REGEX)
+            await _compiles(p, d)
+            d.send(GrammarReady("r1"))
+            await d.assert_silent()         # P still compiles: no reservation yet
+            p.send(GrammarReady("r1"))
+            req = await d.expect(DecodeRequest)
+            assert req.params.structured == REGEX
+            d.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "stop"))
+            while (final := await out.next()) is not END and not final.finished:
+                pass
+            assert view(final) == ([([11, 12], "ab", "stop")], True)
+            await p.assert_silent(), await d.assert_silent()
+    run(test)
+
+
+def test_a_decode_nodes_busy_compiler_is_a_busy_round_on_another_decode_node():
+    """D answers Busy (too many compiles there): the router takes P's answer too (none is left to
+    be taken for a later round's), then asks the other decode node; nothing is reserved on D."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(max_tokens=1, structured=REGEX)
+            await _compiles(p, d)
+            d2 = await c.node("decode-1", "decode")
+            d.send(Busy("r1", "18 grammars are compiling or queued on this node", 50))
+            p.send(GrammarReady("r1"))
+            await _compiles(p, d2)
+            p.send(GrammarReady("r1"))
+            d2.send(GrammarReady("r1"))
+            await d2.expect(DecodeRequest)
+            d2.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1", 11, "a", None, "length"))
+            assert view(await out.next()) == ([([11], "a", "length")], True)
+            await d.assert_silent()
+    run(test)
+
+
+def test_a_prefill_nodes_busy_compiler_is_a_503_and_nothing_is_reserved():
+    """D compiled it, P answers Busy (its load: too many compiles, or past its time limit): a 503
+    at once, both nodes aborted, no DecodeRequest sent (no KV reserved for nothing)."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(structured=REGEX)
+            await _compiles(p, d)
+            p.send(Busy("r1", "the grammar did not compile within 5.0 s", 50))
+            await d.assert_silent()         # D's verdict comes first
+            d.send(GrammarReady("r1"))
+            err = await out.next()
+            assert isinstance(err, NoNodeAvailable) and "did not compile" in str(err)
+            assert (await d.expect(AbortRequest)).rid == "r1" and (await p.expect(AbortRequest)).rid == "r1"
+            await d.assert_silent(), await p.assert_silent()
+    run(test)
+
+
+def test_a_grammar_the_decode_node_cannot_compile_is_a_400_at_once():
+    """D's non-retryable RequestFailed (the grammar does not compile, or not in time) is a 400
+    without waiting for P, whose compile is aborted."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(structured=REGEX)
+            await _compiles(p, d)
+            d.send(RequestFailed("r1", "invalid grammar: it did not compile within 5.0 s", False))
+            err = await out.next()
+            assert isinstance(err, ValueError) and "did not compile" in str(err)
+            assert (await p.expect(AbortRequest)).rid == "r1"
+    run(test)
