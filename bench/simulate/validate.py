@@ -79,7 +79,8 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],
                    "sim_utilization": sim.utilization, "sim_preemptions": sim.preemptions,
                    "measured_wait_per_run": waits, "background": background,
-                   "placement": placement_agreement(reqs, placed), "cpu_per_price": cpu_per_price(point, sim)}
+                   "placement": placement_agreement(reqs, placed), "cpu_per_price": cpu_per_price(point, sim),
+                   "core_steal_s": point.get("core_steal_s", {})}
             spreads = spread(lambda rs, p: simulate(p, rs, topo, slo, ranked_before=before), reqs, profile, FIGURES,
                              jitter, i) if jitter else {}
             fast = simulate(replace(profile, step=profile.step.scaled(row["cpu_per_price"][COLOCATED])), reqs, topo, slo) \
@@ -168,6 +169,11 @@ def validate(paths: list[str], profile_path: str, contention: bool = False, repl
     table += "\n\nmeasured CPU / simulated CPU (steps + spin): " + "; ".join(
         f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.2f}" for n, v in r["cpu_per_price"].items())
         for r in rows if r["cpu_per_price"])
+    stolen = [r for r in rows if r["core_steal_s"]]
+    if stolen:
+        table += "\n\nseconds the host took from each core during the point (steal): " + "; ".join(
+            f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{c} {v:.1f}" for c, v in r["core_steal_s"].items())
+            for r in stolen)
     fast = [r for r in rows if "at_speed" in r[FIGURES[0][0]]]
     if fast:
         table += "\n\ncolocated, every step priced at the run's CPU / simulated busy (errors): " + "; ".join(
