@@ -1,7 +1,10 @@
 """How much of its core a node process got during a measured point (Linux /proc/<pid>/task/*/schedstat):
 time on a core and time runnable but waiting for one, summed over the process's threads. A node
 alone on an idle core waits ~0; wait / run is how much other work stretched its steps, which
-validate.py hands to the simulator as background load on that core (pdplan/sim_core.py)."""
+validate.py hands to the simulator as background load on that core (pdplan/sim_core.py).
+
+A virtual machine's cores also lose time to the host (steal: the hypervisor ran something else on
+the physical core while this one was runnable); /proc/stat counts it per core (core_steal)."""
 from __future__ import annotations
 
 import os
@@ -28,3 +31,21 @@ def deltas(before: dict[str, tuple[float, float]], after: dict[str, tuple[float,
     """Per node, what it ran and waited between two snapshots."""
     return {node: {"run_s": round(after[node][0] - b[0], 4), "wait_s": round(after[node][1] - b[1], 4)}
             for node, b in before.items()}
+
+
+def core_steal(stat: str | None = None) -> dict[str, float]:
+    """Seconds each core (cpu0, cpu1, ...) lost to the hypervisor since boot: /proc/stat's steal
+    column (the 8th number, in USER_HZ ticks); {} where the kernel does not count it."""
+    if stat is None:
+        try:
+            with open("/proc/stat") as f:
+                stat = f.read()
+        except OSError:
+            return {}
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for line in stat.splitlines():
+        name, *ticks = line.split()
+        if name.startswith("cpu") and name != "cpu" and len(ticks) >= 8:
+            out[name] = int(ticks[7]) / hz
+    return out

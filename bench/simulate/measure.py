@@ -19,7 +19,7 @@ from bench.serving.loadgen import LoadSpec, run_load
 from bench.serving.workloads import WorkloadSpec, generate
 from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
 from bench.simulate import placement
-from bench.simulate.cpu_time import deltas, sched_times
+from bench.simulate.cpu_time import core_steal, deltas, sched_times
 from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes, prioritize
 
 
@@ -76,12 +76,15 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
         for i, rate in enumerate(spec.rates):
             before, t0 = {node: sched_times(pid) for node, pid in pids.items()}, time.monotonic()
             float_before = {what: sched_times(pid) for what, pid in floating.items()}
+            steal_before = core_steal()
             point = _point(endpoint, spec, i, rate, vocab, system)
             point["cpu"] = deltas(before, {node: sched_times(pid) for node, pid in pids.items()})
             # the unpinned processes' work (the load generator, a disaggregated router): it runs on
             # whichever core is free, else beside a node (pdplan/sim_core.py: floating work)
             point["float_cpu"] = deltas(float_before, {what: sched_times(pid) for what, pid in floating.items()})
             point["cpu_wall_s"] = round(time.monotonic() - t0, 3)
+            # what the host took from each core meanwhile (a VM's steal: delays no model here predicts)
+            point["core_steal_s"] = {c: round(s - steal_before.get(c, 0.0), 2) for c, s in core_steal().items()}
             point["loadavg_after"] = os.getloadavg()
             if where:
                 point["placement_found"] = placement.attach(point["requests"], placement.read(where))

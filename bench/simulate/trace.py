@@ -34,7 +34,7 @@ def run(spec, model: str, vocab: list[str], system: str, out_dir: str) -> str:
     with open(os.path.join(out_dir, "measured.json"), "w") as f:
         json.dump({"system": system, "warmup_requests": result["warmup_requests"],
                    "points": [{k: p[k] for k in ("rate", "metrics", "loadavg_before", "loadavg_after",
-                                                 "cpu", "float_cpu", "cpu_wall_s")} for p in result["points"]]}, f,
+                                                 "cpu", "float_cpu", "cpu_wall_s", "core_steal_s")} for p in result["points"]]}, f,
                   default=str)
     return out_dir
 

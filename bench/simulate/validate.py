@@ -48,8 +48,8 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     where the file records it; with `jitter`, each figure's spread over that many runs with the
     requests sent a fraction of a ms late and the steps priced 1% higher or lower (sensitivity.py). A row of a run that recorded placement
     counts the requests whose simulated decode node is the measured one (`placement`: agreed,
-    recorded); `cpu_per_price`: each pinned node's measured CPU time over the time its simulated
-    steps were priced at (how fast its engine ran against the profile, its loop's work included);
+    recorded); `cpu_per_price`: each pinned node's measured CPU time over its simulated CPU (its steps'
+    prices and its spinning: how fast its engine ran against the profile, its loop's work included);
     with `speed`, a colocated point is also simulated with every step priced at that ratio
     (`at_speed`: each figure's error; it reads the run it predicts, as `contention` does)."""
     sweep = measured["sweep"]
@@ -79,7 +79,8 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                    "completed": f"{m['completed']}/{m['num_sent']}", "loadavg": point["loadavg_before"][0],
                    "sim_utilization": sim.utilization, "sim_preemptions": sim.preemptions,
                    "measured_wait_per_run": waits, "background": background,
-                   "placement": placement_agreement(reqs, placed), "cpu_per_price": cpu_per_price(point, sim)}
+                   "placement": placement_agreement(reqs, placed), "cpu_per_price": cpu_per_price(point, sim),
+                   "core_steal_s": point.get("core_steal_s", {})}
             spreads = spread(lambda rs, p: simulate(p, rs, topo, slo, ranked_before=before), reqs, profile, FIGURES,
                              jitter, i) if jitter else {}
             fast = simulate(replace(profile, step=profile.step.scaled(row["cpu_per_price"][COLOCATED])), reqs, topo, slo) \
@@ -106,9 +107,10 @@ def ranked_before(out: dict, point: int) -> int:
 
 
 def cpu_per_price(point: dict, sim) -> dict[str, float]:
-    """Pinned node -> its measured CPU time (schedstat, the point's `cpu`) over its simulated busy time."""
-    return {node: round(c["run_s"] / sim.node_times[node][0], 2) for node, c in point.get("cpu", {}).items()
-            if sim.node_times.get(node, (0.0,))[0] > 0}
+    """Pinned node -> its measured CPU time (schedstat, the point's `cpu`) over its simulated CPU time:
+    its steps' prices and the time it spun (a decode node waiting for a transfer: sim_engine.py)."""
+    return {node: round(c["run_s"] / (sim.node_times[node][0] + sim.spin_s.get(node, 0.0)), 2)
+            for node, c in point.get("cpu", {}).items() if sim.node_times.get(node, (0.0,))[0] > 0}
 
 
 def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None:
@@ -164,9 +166,14 @@ def validate(paths: list[str], profile_path: str, contention: bool = False, repl
         with open(path) as f:
             rows += predict(json.load(f), profile, contention, replay, jitter, speed)
     table = markdown(rows)
-    table += "\n\nmeasured CPU / simulated busy: " + "; ".join(
+    table += "\n\nmeasured CPU / simulated CPU (steps + spin): " + "; ".join(
         f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.2f}" for n, v in r["cpu_per_price"].items())
         for r in rows if r["cpu_per_price"])
+    stolen = [r for r in rows if r["core_steal_s"]]
+    if stolen:
+        table += "\n\nseconds the host took from each core during the point (steal): " + "; ".join(
+            f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{c} {v:.1f}" for c, v in r["core_steal_s"].items())
+            for r in stolen)
     fast = [r for r in rows if "at_speed" in r[FIGURES[0][0]]]
     if fast:
         table += "\n\ncolocated, every step priced at the run's CPU / simulated busy (errors): " + "; ".join(

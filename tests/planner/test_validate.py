@@ -71,3 +71,14 @@ def test_a_warm_question_is_measured_once_a_system_and_held_against_the_lowest()
     assert q["measured"] == [measured["systems"][s]["points"][0]["requests"][i]["ttft_ms"] for s in ("colocated", "1p1d", "1p2d")]
     assert len(q["simulated"]) == 3 and min(q["simulated"]) > 0
     assert summary(points[0]).startswith("rag 0.15: 16 warm questions")
+
+
+def test_each_cores_steal_is_read_from_proc_stat_in_seconds():
+    """/proc/stat's 8th number per core is its steal in USER_HZ ticks; the machine's total line and
+    a kernel that does not count steal (fewer columns) give nothing."""
+    from bench.simulate.cpu_time import core_steal
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = (f"cpu  10 0 5 100 1 0 2 {3 * hz} 0 0\ncpu0 5 0 2 50 0 0 1 {hz} 0 0\n"
+            f"cpu1 5 0 3 50 1 0 1 {2 * hz} 0 0\ncpu2 1 2 3 4\nintr 1 2 3\n")
+    assert core_steal(stat) == {"cpu0": 1.0, "cpu1": 2.0}
+    assert all(v >= 0 for v in core_steal().values())
