@@ -58,19 +58,9 @@ def _send(sock: zmq.Socket, frames: list[bytes], patience_s: float = 2.0) -> Non
 def flood(endpoint: str, password: str | None, rounds: int = 4, frames: int = 64,
           frame_bytes: int = MIB) -> Iterator[None]:
     """Runs the flood in a child process while the block runs (password None: no mechanism)."""
-    argv = [sys.executable, "-m", "tests.zmtp_flood", endpoint, password or "-", str(rounds),
-            str(frames), str(frame_bytes)]
-    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
+    with _child(endpoint, password or "-", str(rounds), str(frames), str(frame_bytes)) as child:
         assert child.stdout.readline().strip() == "sent"
         yield
-    finally:
-        child.stdin.close()
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 def rss(pid: int | str = "self") -> int:
@@ -95,10 +85,17 @@ def bare_router(max_msg_size: int) -> Iterator[tuple[str, int]]:
     """An unauthenticated ROUTER in a child process of its own, so that its growth is measured
     alone (the test process's heap frees what earlier tests left at moments of its own choosing);
     yields (endpoint, pid)."""
-    argv = [sys.executable, "-m", "tests.zmtp_flood", "--bare-router", str(max_msg_size)]
-    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
+    with _child("--bare-router", str(max_msg_size)) as child:
         yield child.stdout.readline().strip(), child.pid
+
+
+@contextmanager
+def _child(*args: str) -> Iterator[subprocess.Popen]:
+    """This module run as a child with args; it ends when its stdin closes (killed after 30 s)."""
+    child = subprocess.Popen([sys.executable, "-m", "tests.zmtp_flood", *args], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        yield child
     finally:
         child.stdin.close()
         try:
