@@ -113,15 +113,13 @@ class KVSender(ABC):
 
     @abstractmethod
     def is_sent(self, xfer_id: str) -> bool:
-        """True once every payload of xfer_id, and its Commit, has left this process (source blocks
-        reusable)."""
+        """True once every payload of xfer_id has left this process (source blocks reusable)."""
 
     @abstractmethod
     def poll(self, timeout: float = 0.0) -> list[TransferFailed]:
         """Read replies, send due heartbeats, detect dead receivers; wait at most timeout.
 
-        Returns one TransferFailed per open transfer the receiver aborted or lost, and per
-        committed one whose receiver was lost before its Commit left this process.
+        Returns one TransferFailed per open transfer the receiver aborted or lost.
         """
 
     @abstractmethod

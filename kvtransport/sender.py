@@ -55,7 +55,6 @@ class Sender(KVSender):
         self.metrics = self._core.metrics
         self._remotes: dict[str, PeerIdentity] = {}
         self._pending: dict[str, list[Completion]] = defaultdict(list)   # xfer_id -> payloads in flight
-        self._committed: dict[str, str] = {}        # xfer_id -> endpoint: committed, its Commit not left yet
         self._pairings: dict[str, Pairing] = {}      # endpoint -> its handshake under way (_pair)
 
     def connect(self, endpoint: str, timeout: float = 10.0) -> PeerIdentity:
@@ -147,12 +146,9 @@ class Sender(KVSender):
         return batch_blocks(nbytes, min(self._max_batch_bytes, self._core.batch_bytes(endpoint)))
 
     def commit(self, xfer_id: str, first_token: int, num_tokens: int) -> None:
-        """The Commit is tracked: a transfer whose receiver is lost before it left fails (_fail_unsent)."""
         endpoint = self._core.endpoint_of(xfer_id)
         if endpoint is not None:
-            self._committed[xfer_id] = endpoint
-            frames = self._core.commit_frames(xfer_id, first_token, num_tokens)
-            self._pending[xfer_id].append(self._send(endpoint, frames, tracked=True))
+            self._send(endpoint, self._core.commit_frames(xfer_id, first_token, num_tokens))
 
     def abort(self, xfer_id: str, reason: str = "") -> None:
         if self._core.is_open(xfer_id):
@@ -176,7 +172,6 @@ class Sender(KVSender):
             self._link.receive(max(0.0, deadline - time.monotonic()), self._core.handle)
             for endpoint, frames in self._core.due_heartbeats():
                 self._link.try_send(endpoint, frames)
-            self._fail_unsent()
             events = self._core.take_events()
             for endpoint in [e for e in self._link.endpoints()
                              if not self._core.is_connected(e) and e not in self._pairings]:
@@ -258,22 +253,7 @@ class Sender(KVSender):
         except TransportError as err:
             if self._core.is_connected(endpoint):
                 self._core.lost(endpoint, FailReason.PEER_DEAD, str(err))
-                self._fail_unsent()
             raise
-
-    def _fail_unsent(self) -> None:
-        """Fail the committed transfers whose receiver was lost before their Commit (or a block
-        before it) left this process: that receiver never got them whole and would hold their
-        blocks until their lease, though their sender took them for done (a batch cut by a send
-        timeout, say, leaves every message queued behind it unsent: the connection is closed
-        with them). Called while the lost connection is still open, so its trackers still tell
-        what left."""
-        for xfer_id, endpoint in list(self._committed.items()):
-            if self.is_sent(xfer_id):
-                del self._committed[xfer_id]
-            elif not self._core.is_connected(endpoint):
-                del self._committed[xfer_id]
-                self._core.fail_committed(xfer_id, f"{endpoint} lost before its Commit left")
 
     def _close(self, endpoint: str, linger: float = 0.0) -> None:
         self._remotes.pop(endpoint, None)

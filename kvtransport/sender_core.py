@@ -237,10 +237,6 @@ class SenderCore:
         events, self._events = self._events, []
         return events
 
-    def fail_committed(self, xfer_id: str, detail: str) -> None:
-        """A committed transfer whose receiver was lost before its Commit left (Sender): failed."""
-        self._fail(xfer_id, FailReason.PEER_DEAD, detail)
-
     def lost(self, endpoint: str, reason: FailReason, detail: str) -> None:
         """The sender lost endpoint (e.g. its payload channel broke)."""
         self._lose(endpoint, reason, detail)
@@ -252,7 +248,7 @@ class SenderCore:
             self._fail(xfer_id, reason, detail)
 
     def _fail(self, xfer_id: str, reason: FailReason, detail: str) -> None:
-        self._open.pop(xfer_id, None)
+        del self._open[xfer_id]
         self._failed[xfer_id] = None
         if len(self._failed) > _MAX_FAILED:
             self._failed.popitem(last=False)

@@ -1,9 +1,9 @@
 """ZmqSender: the Sender over ZMQ DEALER sockets, payloads inline and zero-copy (zmq_link.py).
 
-is_sent() is true once libzmq has released every payload of the transfer and its Commit;
-send_block blocks while `hwm` messages are queued for a peer (a sender that splits: hwm batches
-of the most payloads, each a message, so a split batch queues as many bytes as a whole one; they
-alias pool blocks, so the queue costs no copy), then raises TransportError after `send_timeout`.
+is_sent() is true once libzmq has released every payload of the transfer; send_block blocks
+while `hwm` messages are queued for a peer (a sender that splits: hwm batches of the most
+payloads, each a message, so a split batch queues as many bytes as a whole one; they alias pool
+blocks, so the queue costs no copy), then raises TransportError after `send_timeout`.
 Pairing authenticates the connection first (kvtransport.session): every frame either way is
 sealed with its session's keys.
 """

@@ -53,7 +53,6 @@ class Shipment:
     pins: list[PinHandle] = field(default_factory=list)      # tp = 1: pool blocks held until sent
     staged: list[torch.Tensor] = field(default_factory=list)  # tp > 1: gathered copies held until sent
     closed: bool = False                # committed or aborted: only pins / staged copies remain
-    committed: bool = False             # closed by its Commit (which may yet fail to leave), not by an abort
 
 
 class _Sliced(NamedTuple):

@@ -81,13 +81,11 @@ class PrefillService(NodeService):
         self.shipper.release_sent()
 
     def _fail_lost_transfers(self) -> None:
-        """Fail the requests whose transfers the sender lost: open ones, and committed ones whose
-        Commit had not left when their decode node was lost (it never got them whole; the router
-        then aborts them there at once instead of their lease running out). Each once: not those
-        aborted already (the sender reports a transfer failed once)."""
+        """Fail the requests whose transfers the sender lost (once: not those closed, already
+        failed or committed)."""
         for failed in self.sender.poll(0.0):
             rid = next((r for r, s in self.shipper.shipments.items()
-                        if s.xfer_id == failed.xfer_id and (s.committed or not s.closed)), None)
+                        if s.xfer_id == failed.xfer_id and not s.closed), None)
             if rid is not None:
                 self._abort(rid, f"transfer failed: {failed.reason.value} {failed.detail}", notify=True)
 
@@ -115,7 +113,6 @@ class PrefillService(NodeService):
                 self._abort(out.request_id, f"cannot send the first token: {err}", notify=True, retryable=False)
                 continue
             self._send_or_lose(lambda: self.sender.commit(shipment.xfer_id, token, shipment.prompt_len))
-            shipment.committed = True
             self.shipper.close(out.request_id)
             self._params.pop(out.request_id, None)
 
@@ -189,8 +186,8 @@ class PrefillService(NodeService):
     @staticmethod
     def _send_or_lose(send) -> None:
         """A Commit or an Abort; one into a decode node that stopped draining times out (the sender
-        loses it, failing its other transfers, and a committed one whose Commit did not leave: the
-        next poll fails its request, and the router aborts it there)."""
+        loses it, failing its other transfers): that node fails the transfer itself, when this
+        node's silence or the lease runs out."""
         try:
             send()
         except TransportError as err:

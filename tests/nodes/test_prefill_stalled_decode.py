@@ -1,11 +1,9 @@
 """A decode node that stops draining its KV queue: the prefill node's send times out once, that
 decode node is lost with every transfer to it (no send waits on its full queue again, no Commit or
-Abort goes there), each of its requests fails once, retryably, and the prefill node serves on; a
-request whose Commit was still in that queue fails with them."""
+Abort goes there), each of its requests fails once, retryably, and the prefill node serves on."""
 from __future__ import annotations
 
 import threading
-from typing import Callable
 
 from engine import SamplingParams
 from kvtransport.base import TransportError
@@ -28,36 +26,6 @@ def _stall(link, endpoint: str) -> list[str]:
     link.send = lambda to, frames: check(to) or send(to, frames)
     link.send_tracked = lambda to, frames: check(to) or send_tracked(to, frames)
     return tried
-
-
-class _Queued:
-    """A message in a queue that does not drain: done (dropped) once its connection is closed."""
-    done = False
-
-
-def _clog(link, endpoint: str) -> Callable[[], None]:
-    """From now on, messages on link's present connection to endpoint stay in its queue (never
-    sent, never done) until that connection is closed; the function returned makes the next send
-    there time out, as into a full queue."""
-    sock, queued, full = link._socks[endpoint], [], []
-    send, send_tracked, close = link.send, link.send_tracked, link.close
-
-    def clogged(to: str) -> bool:
-        if link._socks.get(to) is not sock:
-            return False
-        if full:
-            raise TransportError(f"{to} not draining: send blocked 2.0s")
-        queued.append(_Queued())
-        return True
-
-    def closing(to: str, linger: float = 0.0) -> None:
-        for message in queued if link._socks.get(to) is sock else ():
-            message.done = True
-        close(to, linger)
-    link.send = lambda to, frames: None if clogged(to) else send(to, frames)
-    link.send_tracked = lambda to, frames: queued[-1] if clogged(to) else send_tracked(to, frames)
-    link.close = closing
-    return lambda: full.append(True)
 
 
 def _hold_polls_until(link, rids: set[str]) -> threading.Event:
@@ -101,27 +69,3 @@ def test_a_decode_node_that_stops_draining_fails_its_requests_once_each(model_di
         h.submit("after", PROMPT, GREEDY)
         (after,) = h.wait(["after"])
         assert after.failed is None and tokens(after) == tokens(warm) and len(tokens(warm)) == 3
-
-
-def test_a_commit_left_in_the_full_queue_fails_with_the_send_that_times_out(model_dir):
-    """Request b's block and its Commit sit in the queue of a decode node that stopped draining
-    (b's first token went to the router), then request a's send there times out: b fails too, at
-    once and retryably (its decode node never got it whole, and would hold b's blocks until their
-    lease), each request once; b's pinned blocks go once the connection is closed."""
-    with serving(model_dir[0], block_size=8, num_blocks=64) as h:
-        h.submit("warm", PROMPT, GREEDY)
-        h.wait(["warm"])
-        time_out = _clog(h.prefill.sender._link, h.hellos["decode-0"].kv_endpoint)
-        h.submit("b", PROMPT, GREEDY)
-        h.pump(lambda: h.results["b"].first is not None)
-        assert not h.results["b"].failures
-        time_out()
-        h.submit("a", PROMPT, GREEDY)
-        h.pump(lambda: all(any(n == "prefill-0" for n, _ in h.results[r].failures) for r in ("a", "b")))
-        for rid in ("a", "b"):      # as the router does on a failed attempt
-            h.send("decode-0", AbortRequest(rid))
-        beats = h.beats["prefill-0"]
-        h.pump(lambda: h.beats["prefill-0"] >= beats + 3)
-        for rid in ("a", "b"):
-            (failed,) = [f for node, f in h.results[rid].failures if node == "prefill-0"]
-            assert failed.retryable and "transfer failed" in failed.reason
