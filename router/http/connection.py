@@ -10,6 +10,8 @@ of a request, and a slot (router/http/connection_slots.py) it holds while open.
     - a client that accepts no data for stream_stall_timeout_s while a response waits to be
       written (the transport's buffer stays full) is cut; the app sees a disconnect and the
       request is aborted on every node
+    - a connection closing (Connection: close, HTTP/1.0, a malformed request) with output unsent
+      has stall_timeout_s to read it, then is cut
     - a connection that finds every slot running a request is answered at once with a 503 in
       OpenAI's shape and closed, before it sends anything (at most max_refusals at a time; beyond
       them it is closed unanswered)
@@ -78,6 +80,8 @@ class GuardedProtocol(H11Protocol):
             return
         super().data_received(data)
         self._follow_request()
+        if self._phase:
+            self._slots.waiting(self)       # heard from: to the back of the line of those evictable
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -91,12 +95,16 @@ class GuardedProtocol(H11Protocol):
     def resume_writing(self) -> None:
         super().resume_writing()
         self._cancel_stall()
+        self._watch_close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._slots.left(self)
         self._cancel_deadline()
         self._cancel_stall()
         super().connection_lost(exc)
+
+    def sending(self) -> bool:
+        return self.transport.get_write_buffer_size() > 0
 
     def evict(self) -> None:
         log.debug("closing the connection from %s: a new connection takes its slot (--max-connections "
@@ -111,6 +119,13 @@ class GuardedProtocol(H11Protocol):
         phase = "headers" if state is h11.IDLE else "body" if state is h11.SEND_BODY else ""
         if phase != self._phase:
             self._expect(phase)
+        self._watch_close()
+
+    def _watch_close(self) -> None:
+        """Closing with output unsent (under the high-water mark, pause_writing never comes): the
+        client has stall_timeout_s to read it, or the close would wait forever."""
+        if self._stall is None and self.transport.is_closing() and self.transport.get_write_buffer_size():
+            self._stall = self.loop.call_later(self._limits.stall_timeout_s, self._cut, "closing, its output unread")
 
     def _expect(self, phase: str) -> None:
         self._cancel_deadline()

@@ -56,6 +56,7 @@ class Server(uvicorn.Server):
         super().__init__(uvicorn.Config(
             app, host=config.host, port=config.port,
             http=functools.partial(GuardedProtocol, limits=limits, slots=slots),
+            ws="none",      # an upgrade would hand the connection to a protocol that keeps no slot
             timeout_keep_alive=config.keep_alive_timeout_s,
             timeout_graceful_shutdown=config.shutdown_grace_s + _CANCEL_AFTER_S, **uvicorn_kwargs))
         self._app = app

@@ -8,6 +8,10 @@ from router.http.connection_slots import Admission, ConnectionSlots
 class Conn:
     def __init__(self, name: str, evicted: list[str]):
         self.name, self._evicted = name, evicted
+        self.unsent = 0
+
+    def sending(self) -> bool:
+        return self.unsent > 0
 
     def evict(self) -> None:
         self._evicted.append(self.name)
@@ -48,3 +52,22 @@ def test_when_every_slot_runs_a_request_new_ones_are_refused_then_dropped():
     assert slots.admit(Conn("f", evicted)) is Admission.REFUSE
     slots.left(served[0])
     assert slots.admit(Conn("g", evicted)) is Admission.SERVE and evicted == []
+
+
+def test_a_connection_still_sending_its_request_or_receiving_a_response_goes_last():
+    """a, b, c wait; a then sends a byte of its body (waiting again moves it to the back), and b's
+    last response is still going out: a new connection evicts c, the next a, never b while its
+    response is unsent; once sent, b is evicted."""
+    evicted: list[str] = []
+    slots = ConnectionSlots(max_connections=3, max_refusals=1)
+    a, b, c = (Conn(n, evicted) for n in "abc")
+    for conn in (a, b, c):
+        assert slots.admit(conn) is Admission.SERVE
+        slots.waiting(conn)
+    slots.waiting(a)
+    b.unsent = 100
+    assert slots.admit(Conn("d", evicted)) is Admission.SERVE and evicted == ["c"]
+    assert slots.admit(Conn("e", evicted)) is Admission.SERVE and evicted == ["c", "a"]
+    assert slots.admit(Conn("f", evicted)) is Admission.REFUSE and evicted == ["c", "a"]
+    b.unsent = 0
+    assert slots.admit(Conn("g", evicted)) is Admission.SERVE and evicted == ["c", "a", "b"]
