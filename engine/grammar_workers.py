@@ -13,6 +13,8 @@ inside xgrammar's C++, which cannot be stopped (nor can a process wait for it at
                                  the child dies while it compiles, and not by our hand (a crash,
                                  an OOM kill): the grammar's fault, a ValueError (kept: a retry
                                  gets its 400 at once and starts no worker)
+    abandon(): the last request waiting for the running compile left: its child killed, the
+    compile ends at once (GrammarBusy, not kept) instead of at the time limit
     close(): every child killed; a thread waiting on one ends at once (GrammarBusy). The
     interpreter's exit closes the workers before it joins the compile threads, so no exit waits
     for a compile (an offline LLM's script that never calls close() included)
@@ -21,6 +23,7 @@ The thread only waits on a pipe here (select), so the GIL is free while a gramma
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -42,6 +45,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds 
 # -P: the current directory is not put on sys.path (its own `engine/` could shadow this one)
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from engine.grammar_child import run; run(float(sys.argv[2]))"
 CRASHED = "invalid grammar: the grammar compiler crashed on it"
+ABANDONED = "the grammar's compile was abandoned: no request waits for it"
 
 
 class WorkerEnded(GrammarBusy):
@@ -56,7 +60,10 @@ class CompileWorker:
         self._info, self._limits, self._closed, self._on_ready = info, limits, closed, on_ready
         self._proc: subprocess.Popen | None = None
         self._ready = False
-        self._lock = threading.Lock()       # the process: its thread and close()
+        self._serial = 0            # compiles begun here (abandon() names one by its number)
+        self._compiling = False     # compile number _serial runs
+        self._abandoned = 0         # the number of the compile abandon() ended (or is to end at its start)
+        self._lock = threading.Lock()       # the process and the two flags: its thread, close() and abandon()
 
     def start(self) -> None:
         """Spawn the child unless it runs (it loads xgrammar meanwhile); never waits for it."""
@@ -85,8 +92,40 @@ class CompileWorker:
 
     def compile(self, spec: StructuredOutput) -> memoryview:
         """`spec` compiled, as the CompiledGrammar's JSON (UTF-8). Raises ValueError if it does not
-        compile, compiled it is over max_compiled_mib, or the child died compiling it (CRASHED), GrammarTimeout past the time limit (the
-        child killed), GrammarBusy if closing."""
+        compile, compiled it is over max_compiled_mib, or the child died compiling it (CRASHED),
+        GrammarTimeout past the time limit (the child killed), GrammarBusy if closing or abandoned."""
+        with self._lock:
+            self._serial += 1
+            abandoned = self._abandoned == self._serial
+            self._compiling = not abandoned
+        if abandoned:
+            raise GrammarBusy(ABANDONED)
+        try:
+            return self._compile(spec)
+        finally:
+            with self._lock:
+                self._compiling = False
+                late = self._abandoned == self._serial
+            if late:        # abandoned as its reply came: the killed child is not kept for the next
+                self.kill()
+
+    def abandoner(self) -> Callable[[], None]:
+        """On its thread, before compile(): what abandons that compile, from any thread."""
+        return functools.partial(self.abandon, self._serial + 1)
+
+    def abandon(self, serial: int) -> None:
+        """Nobody waits for compile number `serial` any more: its child killed if it runs (its
+        thread ends it GrammarBusy), or it ends at its start; nothing if it is over."""
+        with self._lock:
+            if serial < self._serial or (serial == self._serial and not self._compiling):
+                return
+            self._abandoned = serial
+            proc = self._proc if serial == self._serial else None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+
+    def _compile(self, spec: StructuredOutput) -> memoryview:
         deadline = time.monotonic() + self._limits.timeout_s
         reply = None
         if self._send(json.dumps(spec.to_wire()).encode(), deadline):
@@ -185,10 +224,14 @@ class CompileWorker:
         return getattr(proc, name).fileno()
 
     def _gone(self) -> NoReturn:
-        """The child ended by itself (it crashed, or was killed by close())."""
-        closing = self._closed.is_set()
+        """The child ended (it crashed, or was killed by close() or abandon())."""
+        closing, abandoned = self._closed.is_set(), self._abandoned == self._serial
         self.kill()
-        raise GrammarBusy.closing() if closing else WorkerEnded("the grammar compile worker ended: try again")
+        if closing:
+            raise GrammarBusy.closing()
+        if abandoned:
+            raise GrammarBusy(ABANDONED)
+        raise WorkerEnded("the grammar compile worker ended: try again")
 
 
 class GrammarWorkers:
@@ -212,8 +255,12 @@ class GrammarWorkers:
         """This thread's worker started and loaded (CompileJobs' prepare: before a compile's clock)."""
         self._claim().ready()
 
-    def compile(self, spec: StructuredOutput) -> bytes:
+    def compile(self, spec: StructuredOutput) -> memoryview:
         return self._claim().compile(spec)
+
+    def abandoner(self) -> Callable[[], None]:
+        """What abandons this thread's compile (CompileJobs: its job's last waiter left)."""
+        return self._claim().abandoner()
 
     def warm_since(self) -> float | None:
         """When the first worker was ready (monotonic), or None: until then nothing queues."""

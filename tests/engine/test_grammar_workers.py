@@ -103,6 +103,26 @@ def test_a_grammar_compiled_over_the_size_limit_fails_invalid(tok):
         assert compiler.close() is True
 
 
+def test_a_compile_its_last_waiter_leaves_is_killed(tok):
+    """The last request waiting for a running compile leaves (aborted, its wait ran out): its
+    worker is killed at once (it used to compile on to the time limit, 600 s here), the job ends
+    GrammarBusy and is not kept; the same grammar submitted again is a new job."""
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1))
+    try:
+        job = compiler.submit(SLOW)
+        job.join()
+        _started(job)
+        assert len(_workers() - others) == 1
+        job.leave()
+        assert isinstance(job.future.exception(timeout=HANG_S), GrammarBusy)
+        assert _workers() - others == set()
+        again = compiler.submit(SLOW)
+        assert again is not job and not again.done
+    finally:
+        assert compiler.close() is True
+
+
 def test_close_ends_a_running_compile_at_once(tok):
     """close() kills the worker a compile runs in: True (nothing runs any more) within its short
     wait, the job ended GrammarBusy (it used to be False, the compile running on for minutes in a
