@@ -64,7 +64,7 @@ async def _ramp(url: str) -> None:
         await high
         shrunk = await _until(lambda: _shrunk(http), 60)       # idle: back to the minimum
         assert grown and shrunk
-        metrics = (await http.get("/metrics")).text
+        metrics = (await http.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"})).text  # a key is set
         assert 'pdserve_autoscaler_decisions_total{direction="up"' in metrics
         assert 'pdserve_autoscaler_decisions_total{direction="down"' in metrics
 
