@@ -8,9 +8,8 @@ loop, whose heartbeats must not stop: it starts a compile here, parks the reques
                  └─▶ new job: max_compiles threads, max_queued waiting; past them GrammarBusy
 
 A job counts the requests that wait for it (join, leave): when the last one leaves a job still
-queued (aborted, refused busy, its wait ran out), the job is cancelled and its place freed; one
-compiling is abandoned (its worker process killed: it ends GrammarBusy, not kept). No thread
-compiles on a grammar nobody waits for.
+queued (aborted, refused busy, its wait ran out), the job is cancelled and its place freed; no
+thread ever compiles a grammar nobody waits for.
 
 A thread compiles in a worker process of its own (engine/grammar_workers.py; `prepare` readies it
 before the job's clock starts): a job past its time limit fails its requests (the waits do), and
@@ -66,7 +65,6 @@ class CompileJob:
     started: float | None = None                        # monotonic seconds its compile began
     waiters: int = 0                                    # requests parked on it (join, leave)
     on_idle: Callable[["CompileJob"], None] | None = None   # called when the last waiter leaves
-    abandon: Callable[[], None] | None = None           # ends its compile, once begun (its thread's worker)
 
     @property
     def done(self) -> bool:
@@ -78,7 +76,7 @@ class CompileJob:
 
     def leave(self) -> None:
         """A request waits no more (compiled, aborted, refused, its wait ran out); the last one
-        to leave a job not done cancels it, or abandons its compile."""
+        to leave a job not started yet cancels it."""
         self.waiters -= 1
         if self.waiters <= 0 and self.on_idle is not None and not self.done:
             self.on_idle(self)
@@ -109,14 +107,11 @@ class CompileJobs:
     max_queued more waiting, the same spec compiled once, the last RECENT results kept.
     `prepare()` runs on a job's thread before its clock starts (its worker process loading);
     `warm_since()` says when the compiler first could compile: a queued job's wait counts from
-    then, so the first requests do not turn busy while the first workers start; `abandoner()`, on
-    a job's thread, gives what ends its compile when nobody waits for it any more."""
+    then, so the first requests do not turn busy while the first workers start."""
 
     def __init__(self, compile_fn: Callable[[Any], Any], limits: GrammarLimits,
-                 prepare: Callable[[], None] = lambda: None, warm_since: Callable[[], float | None] = lambda: 0.0,
-                 abandoner: Callable[[], Callable[[], None] | None] = lambda: None):
+                 prepare: Callable[[], None] = lambda: None, warm_since: Callable[[], float | None] = lambda: 0.0):
         self._compile = compile_fn
-        self._abandoner = abandoner
         self._prepare = prepare
         self._warm_since = warm_since
         self._limits = limits
@@ -164,14 +159,10 @@ class CompileJobs:
         return not wait(running, timeout=wait_s).not_done
 
     def _cancel(self, key: Hashable, job: CompileJob) -> None:
-        """The last waiter left `job`: drop it if no thread took it up yet, else end its compile if
-        begun (a new submit of its grammar starts another job)."""
+        """The last waiter left `job`: drop it if no thread took it up yet."""
         with self._lock:
-            if job.future.cancel() or (job.abandon is not None and not job.done):
-                if self._pending.get(key) is job:
-                    del self._pending[key]
-                if job.abandon is not None:
-                    job.abandon()
+            if job.future.cancel() and self._pending.get(key) is job:
+                del self._pending[key]
 
     def _run(self, key: Hashable, job: CompileJob, spec: Any) -> None:
         if not job.future.set_running_or_notify_cancel():
@@ -179,14 +170,12 @@ class CompileJobs:
         job.readying = time.monotonic()
         try:
             self._prepare()
-            with self._lock:
-                job.started, job.abandon = time.monotonic(), self._abandoner()
+            job.started = time.monotonic()
             job.future.set_result(self._compile(spec))
         except BaseException as err:     # noqa: BLE001 -- handed to whoever waits on the job
             job.future.set_exception(err)
         with self._lock:
-            if self._pending.get(key) is job:
-                del self._pending[key]
+            self._pending.pop(key, None)
             if not isinstance(job.future.exception(), (GrammarBusy, GrammarTimeout)):
                 self._keep(key, job)    # a result, or a grammar that does not compile
 

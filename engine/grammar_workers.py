@@ -6,15 +6,8 @@ inside xgrammar's C++, which cannot be stopped (nor can a process wait for it at
     compile thread ──ready()──▶ its own CompileWorker (claimed at first use): the child spawned
                                  (at first use), sent the TokenizerInfo, READY awaited
                    ──compile(spec, limit)──▶ [kind, spec] ─▶ child ─▶ the compiled grammar's JSON
-                                 (over --grammar-max-compiled-mib: the child fails it; a larger
-                                 frame is refused before it is read, the child killed)
                                  past the limit: the child is killed (GrammarTimeout); a new
                                  one starts at this thread's next compile
-                                 the child dies while it compiles, and not by our hand (a crash,
-                                 an OOM kill): the grammar's fault, a ValueError (kept: a retry
-                                 gets its 400 at once and starts no worker)
-    abandon(): the last request waiting for the running compile left: its child killed, the
-    compile ends at once (GrammarBusy, not kept) instead of at the time limit
     close(): every child killed; a thread waiting on one ends at once (GrammarBusy). The
     interpreter's exit closes the workers before it joins the compile threads, so no exit waits
     for a compile (an offline LLM's script that never calls close() included)
@@ -23,7 +16,6 @@ The thread only waits on a pipe here (select), so the GIL is free while a gramma
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import select
@@ -37,20 +29,12 @@ from typing import Callable, NoReturn
 
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout, worker_late
 from engine.grammar_limits import GrammarLimits
-from engine.grammar_child import COMPILED, FAILED, HEADER, READY
+from engine.grammar_child import COMPILED, FAILED, HEADER, MAX_FRAME_BYTES, READY
 from pdwire.structured_output import StructuredOutput
 
 CLOSED_POLL_S = 0.2       # how often a waiting thread looks whether the workers closed (a killed child wakes it at once)
-_ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds this package, first
-# -P: the current directory is not put on sys.path (its own `engine/` could shadow this one)
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from engine.grammar_child import run; run(float(sys.argv[2]))"
-CRASHED = "invalid grammar: the grammar compiler crashed on it"
-ABANDONED = "the grammar's compile was abandoned: no request waits for it"
-
-
-class WorkerEnded(GrammarBusy):
-    """The child ended by itself (it crashed, or the system killed it): busy while it starts or
-    waits for a grammar; while it compiles one, that grammar is blamed (CRASHED)."""
+_ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds this package, last
+_BOOT = "import sys; sys.path.append(sys.argv[1]); from engine.grammar_child import run; run()"
 
 
 class CompileWorker:
@@ -60,10 +44,7 @@ class CompileWorker:
         self._info, self._limits, self._closed, self._on_ready = info, limits, closed, on_ready
         self._proc: subprocess.Popen | None = None
         self._ready = False
-        self._serial = 0            # compiles begun here (abandon() names one by its number)
-        self._compiling = False     # compile number _serial runs
-        self._abandoned = 0         # the number of the compile abandon() ended (or is to end at its start)
-        self._lock = threading.Lock()       # the process and the two flags: its thread, close() and abandon()
+        self._lock = threading.Lock()       # the process: its thread and close()
 
     def start(self) -> None:
         """Spawn the child unless it runs (it loads xgrammar meanwhile); never waits for it."""
@@ -71,8 +52,7 @@ class CompileWorker:
             if self._closed.is_set():
                 raise GrammarBusy.closing()
             if self._proc is None:
-                self._proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _ROOT,
-                                               repr(self._limits.max_compiled_mib)], stdin=subprocess.PIPE,
+                self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, _ROOT], stdin=subprocess.PIPE,
                                               stdout=subprocess.PIPE)
                 os.set_blocking(self._proc.stdin.fileno(), False)
                 self._ready = False
@@ -90,54 +70,16 @@ class CompileWorker:
         self._ready = True
         self._on_ready()
 
-    def compile(self, spec: StructuredOutput) -> memoryview:
-        """`spec` compiled, as the CompiledGrammar's JSON (UTF-8). Raises ValueError if it does not
-        compile, compiled it is over max_compiled_mib, or the child died compiling it (CRASHED),
-        GrammarTimeout past the time limit (the child killed), GrammarBusy if closing or abandoned."""
-        with self._lock:
-            self._serial += 1
-            abandoned = self._abandoned == self._serial
-            self._compiling = not abandoned
-        if abandoned:
-            raise GrammarBusy(ABANDONED)
-        try:
-            return self._compile(spec)
-        finally:
-            with self._lock:
-                self._compiling = False
-                late = self._abandoned == self._serial
-            if late:        # abandoned as its reply came: the killed child is not kept for the next
-                self.kill()
-
-    def abandoner(self) -> Callable[[], None]:
-        """On its thread, before compile(): what abandons that compile, from any thread."""
-        return functools.partial(self.abandon, self._serial + 1)
-
-    def abandon(self, serial: int) -> None:
-        """Nobody waits for compile number `serial` any more: its child killed if it runs (its
-        thread ends it GrammarBusy), or it ends at its start; nothing if it is over."""
-        with self._lock:
-            if serial < self._serial or (serial == self._serial and not self._compiling):
-                return
-            self._abandoned = serial
-            proc = self._proc if serial == self._serial else None
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-
-    def _compile(self, spec: StructuredOutput) -> memoryview:
+    def compile(self, spec: StructuredOutput) -> bytes:
+        """`spec` compiled, as the CompiledGrammar's JSON. Raises ValueError if it does not
+        compile, GrammarTimeout past the time limit (the child killed), GrammarBusy if closing."""
         deadline = time.monotonic() + self._limits.timeout_s
-        reply = None
-        if self._send(json.dumps(spec.to_wire()).encode(), deadline):
-            try:
-                reply = self._receive(deadline)
-            except WorkerEnded as err:
-                raise ValueError(CRASHED) from err
+        reply = self._receive(deadline) if self._send(json.dumps(spec.to_wire()).encode(), deadline) else None
         if reply is None:
             self.kill()
             raise GrammarTimeout.after(self._limits.timeout_s)
         if reply[:1] == COMPILED:
-            return memoryview(reply)[1:]
+            return reply[1:]
         if reply[:1] == FAILED:
             raise ValueError(reply[1:].decode(errors="replace"))
         self.kill()
@@ -178,29 +120,27 @@ class CompileWorker:
                 self._gone()
         return True
 
-    def _receive(self, deadline: float) -> bytearray | None:
-        """The next frame; None if the deadline came first. A frame over a compiled grammar's
-        limit (and its tag) is not read: the child killed, the grammar too large (ValueError)."""
+    def _receive(self, deadline: float) -> bytes | None:
+        """The next frame; None if the deadline came first."""
         head = self._read(HEADER.size, deadline)
         if head is None:
             return None
         (size,) = HEADER.unpack(head)
-        if size > self._limits.max_compiled_bytes + 1:
+        if size > MAX_FRAME_BYTES:
             self.kill()
-            raise self._limits.too_large()
+            raise GrammarBusy(f"the grammar compile worker sent {size} bytes, over {MAX_FRAME_BYTES}: try again")
         return self._read(size, deadline)
 
-    def _read(self, size: int, deadline: float) -> bytearray | None:
-        """`size` bytes read into one buffer (no copy after), or None if the deadline came first."""
-        fd, out, got = self._fd("stdout"), bytearray(size), 0
-        view = memoryview(out)
-        while got < size:
+    def _read(self, size: int, deadline: float) -> bytes | None:
+        fd, out = self._fd("stdout"), bytearray()
+        while len(out) < size:
             if not self._wait(fd, deadline, write=False):
                 return None
-            if not (count := os.readv(fd, [view[got:]])):
+            chunk = os.read(fd, min(size - len(out), 1 << 20))
+            if not chunk:
                 self._gone()
-            got += count
-        return out
+            out += chunk
+        return bytes(out)
 
     def _wait(self, fd: int, deadline: float, write: bool) -> bool:
         """Until `fd` is ready (True) or the deadline (False), looking every CLOSED_POLL_S whether the
@@ -224,14 +164,10 @@ class CompileWorker:
         return getattr(proc, name).fileno()
 
     def _gone(self) -> NoReturn:
-        """The child ended (it crashed, or was killed by close() or abandon())."""
-        closing, abandoned = self._closed.is_set(), self._abandoned == self._serial
+        """The child ended by itself (it crashed, or was killed by close())."""
+        closing = self._closed.is_set()
         self.kill()
-        if closing:
-            raise GrammarBusy.closing()
-        if abandoned:
-            raise GrammarBusy(ABANDONED)
-        raise WorkerEnded("the grammar compile worker ended: try again")
+        raise GrammarBusy.closing() if closing else GrammarBusy("the grammar compile worker ended: try again")
 
 
 class GrammarWorkers:
@@ -255,12 +191,8 @@ class GrammarWorkers:
         """This thread's worker started and loaded (CompileJobs' prepare: before a compile's clock)."""
         self._claim().ready()
 
-    def compile(self, spec: StructuredOutput) -> memoryview:
+    def compile(self, spec: StructuredOutput) -> bytes:
         return self._claim().compile(spec)
-
-    def abandoner(self) -> Callable[[], None]:
-        """What abandons this thread's compile (CompileJobs: its job's last waiter left)."""
-        return self._claim().abandoner()
 
     def warm_since(self) -> float | None:
         """When the first worker was ready (monotonic), or None: until then nothing queues."""

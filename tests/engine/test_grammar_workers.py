@@ -4,7 +4,6 @@ once; a compiled grammar comes back whole (the same masks as one compiled in thi
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -64,65 +63,6 @@ def test_a_compile_past_its_time_limit_is_killed_and_its_place_is_free(tok):
     assert _workers() - others == set()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGKILL])
-def test_a_grammar_its_worker_dies_compiling_fails_invalid_and_is_kept(tok, sig):
-    """A worker that dies while it compiles a grammar (a crash, an OOM kill: here a signal) fails
-    that grammar as invalid (a ValueError, a 400; it used to be GrammarBusy, retried at once in a
-    new worker, 2.8 s and 276 MiB each time), and the error is kept: the same grammar submitted
-    again is answered by the same job, no worker started."""
-    others = _workers()
-    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1))
-    try:
-        job = compiler.submit(SLOW)
-        _started(job)
-        (worker,) = _workers() - others
-        os.kill(worker, sig)
-        error = job.future.exception(timeout=HANG_S)
-        assert type(error) is ValueError and "crashed" in str(error)
-        assert _workers() - others == set()
-        assert compiler.submit(SLOW) is job and _workers() - others == set()
-        with pytest.raises(ValueError, match="crashed"):
-            compiler.compiled(SLOW)
-    finally:
-        assert compiler.close() is True
-
-
-def test_a_grammar_compiled_over_the_size_limit_fails_invalid(tok):
-    """A compiled grammar larger than --grammar-max-compiled-mib fails as invalid (a ValueError,
-    kept); its worker stays and compiles the next grammar, under the limit."""
-    others = _workers()
-    small, large = StructuredOutput(GrammarKind.REGEX, "a"), StructuredOutput(GrammarKind.REGEX, "[0-9]{1,40}")
-    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(max_compiles=1, max_compiled_mib=0.02))
-    try:
-        with pytest.raises(ValueError, match="grammar-max-compiled-mib"):
-            compiler.compiled(large)
-        worker = _workers() - others
-        assert compiler.compiled(small) is not None and _workers() - others == worker
-        assert compiler.submit(large).future.exception() is not None
-    finally:
-        assert compiler.close() is True
-
-
-def test_a_compile_its_last_waiter_leaves_is_killed(tok):
-    """The last request waiting for a running compile leaves (aborted, its wait ran out): its
-    worker is killed at once (it used to compile on to the time limit, 600 s here), the job ends
-    GrammarBusy and is not kept; the same grammar submitted again is a new job."""
-    others = _workers()
-    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1))
-    try:
-        job = compiler.submit(SLOW)
-        job.join()
-        _started(job)
-        assert len(_workers() - others) == 1
-        job.leave()
-        assert isinstance(job.future.exception(timeout=HANG_S), GrammarBusy)
-        assert _workers() - others == set()
-        again = compiler.submit(SLOW)
-        assert again is not job and not again.done
-    finally:
-        assert compiler.close() is True
-
-
 def test_close_ends_a_running_compile_at_once(tok):
     """close() kills the worker a compile runs in: True (nothing runs any more) within its short
     wait, the job ended GrammarBusy (it used to be False, the compile running on for minutes in a
@@ -134,19 +74,6 @@ def test_close_ends_a_running_compile_at_once(tok):
     assert not job.done
     assert compiler.close() is True
     assert isinstance(job.future.exception(timeout=HANG_S), GrammarBusy) and _workers() - others == set()
-
-
-def test_a_worker_ignores_an_engine_package_in_the_current_directory(tok, tmp_path, monkeypatch):
-    """The worker imports this tree's engine, not one in the node's current directory (`python -c`
-    put the current directory first on sys.path: a fake `engine/` there broke every compile)."""
-    (tmp_path / "engine").mkdir()
-    (tmp_path / "engine" / "__init__.py").write_text("raise SystemExit('the fake engine')\n")
-    monkeypatch.chdir(tmp_path)
-    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(max_compiles=1))
-    try:
-        assert compiler.compiled(StructuredOutput(GrammarKind.REGEX, "[0-9]{3}")) is not None
-    finally:
-        assert compiler.close() is True
 
 
 def test_a_grammar_compiled_in_a_worker_masks_as_one_compiled_here(tmp_path):
