@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from router.node_processes import signal_group, with_parent_death_signal
 
 _DIED_STATUS = 3        # this actor's exit status when its node died: Ray sees an actor failure
+SECRET_TIMEOUT_S = 60.0  # longest wait for the cluster secret from the object store; then __init__ fails (Ray retries)
 
 
 class NodeLaunch(NamedTuple):
@@ -55,7 +56,7 @@ class NodeActor:
         self._stopping = False
         self._left = threading.Event()
         self._process = subprocess.Popen(with_parent_death_signal(node_argv(launch, self._host)),
-                                         start_new_session=True, env=_node_env(launch, ray.get(launch.secret)))
+                                         start_new_session=True, env=_node_env(launch, ray.get(launch.secret, timeout=SECRET_TIMEOUT_S)))
         threading.Thread(target=self._watch, name="node-watch", daemon=True).start()
 
     def info(self) -> Incarnation:

@@ -56,6 +56,7 @@ class RouterConfig:
     keep_alive_timeout_s: float = 5.0       # HTTP: idle keep-alive connections close after this
     max_connections: int = 512              # HTTP: open connections; at the limit a new one takes the slot of the one waiting longest for its request's headers or body, else gets a 503
     max_refusals: int = 64                  # HTTP: 503s being sent at once to connections over max_connections; beyond them a connection is closed unanswered
+    reserved_fds: int = 128                 # file descriptors HTTP clients never take: node sockets (about one a node), files the router opens
     shutdown_grace_s: float = 30.0          # SIGTERM: open streams get this long, then end with an error event
     trust_chat_control_tokens: bool = False  # chat: parse special tokens typed in messages (trusted clients only)
     admin_api_key: str | None = None        # /admin/* (drain, remove, list nodes) needs `Authorization: Bearer <admin_api_key>`; else $PDSERVE_ADMIN_KEY; unset: /admin/* answers 403
@@ -105,7 +106,7 @@ class RouterConfig:
 _POSITIVE = ("max_body_bytes", "max_prompt_chars", "max_prompt_token_ids", "max_stop_strings",
              "max_stop_chars", "max_grammar_chars", "max_grammar_depth", "max_n", "max_logprob_cells", "tokenizer_workers", "max_stream_buffer_bytes",
              "stream_stall_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s",
-             "max_connections", "max_refusals", "shutdown_grace_s")
+             "max_connections", "max_refusals", "reserved_fds", "shutdown_grace_s")
 
 
 def _require(ok: bool, message: str) -> None:

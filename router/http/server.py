@@ -51,7 +51,7 @@ class Server(uvicorn.Server):
 
     def __init__(self, app: Any, config: RouterConfig, **uvicorn_kwargs: Any):
         limits = ConnectionLimits(config.header_timeout_s, config.body_timeout_s, config.stream_stall_timeout_s)
-        slots = ConnectionSlots(fitted_max_connections(config.max_connections, config.max_refusals),
+        slots = ConnectionSlots(fitted_max_connections(config.max_connections, config.max_refusals, config.reserved_fds),
                                 config.max_refusals)
         super().__init__(uvicorn.Config(
             app, host=config.host, port=config.port,

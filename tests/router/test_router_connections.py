@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from router.http.descriptors import FD_RESERVE
+from router.config import RouterConfig
 from tests.router_process import RouterProcess, closed_by_peer, http_request, read_until
 
 KEY = "key-of-16-or-more"
@@ -105,7 +105,8 @@ def test_short_of_file_descriptors_the_router_serves_fewer_connections_and_never
         status, body = router.request("/metrics")
         assert status == 200
         open_fds = float(re.search(rb"^process_open_fds ([0-9.e+]+)$", body, re.MULTILINE).group(1))
-        assert open_fds <= 384 - FD_RESERVE and len(os.listdir(f"/proc/{router.process.pid}/fd")) <= 384 - FD_RESERVE
+        reserved = RouterConfig.reserved_fds
+        assert open_fds <= 384 - reserved and len(os.listdir(f"/proc/{router.process.pid}/fd")) <= 384 - reserved
         for s in slow:
             s.close()
     assert "--max-connections 512 does not fit in the 384 file descriptors" in router.process.stderr.read()
