@@ -11,13 +11,15 @@ wants a private key), else $PDSERVE_ADMIN_KEY; never from argv, which other user
 read. It goes only where the operator points: the router's URL is --url, else $PDSERVE_ROUTER_URL,
 never a default (any local user can listen on 127.0.0.1:8000 while the router is down or on
 another port, and a bearer key cannot check who receives it); no proxy from the environment, no
-redirect. `main(argv)` takes the command first and returns the exit status: 0 done, 1 the router
+redirect. Of the environment only $SSL_CERT_FILE / $SSL_CERT_DIR are read (the CAs an https:// router's
+certificate is checked against, as OpenSSL and httpx read them), else certifi's bundle. `main(argv)` takes the command first and returns the exit status: 0 done, 1 the router
 refused (its message on stderr), 2 bad usage.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from typing import Sequence
 
@@ -54,6 +56,7 @@ def main(argv: Sequence[str]) -> int:
     for method, path, body in requests:
         try:
             reply = httpx.request(method, url.rstrip("/") + path, json=body, trust_env=False, follow_redirects=False,
+                                  verify=_verify(),
                                   timeout=_REMOVE_TIMEOUT_S if args.command == "remove" else _TIMEOUT_S,
                                   headers={"Authorization": f"Bearer {key}"})
         except httpx.HTTPError as err:
@@ -64,6 +67,15 @@ def main(argv: Sequence[str]) -> int:
             return 1
         print(_shown(args.command, reply.json()))
     return 0
+
+
+def _verify() -> ssl.SSLContext | bool:
+    """The CAs to check an https:// router against: $SSL_CERT_FILE / $SSL_CERT_DIR when set (trust_env
+    off, httpx would ignore them), else httpx's default (certifi)."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None
+    if cafile is None and capath is None:
+        return True
+    return ssl.create_default_context(cafile=cafile, capath=capath)
 
 
 def table(nodes: list[dict], columns: tuple[tuple[str, str], ...] = _COLUMNS) -> str:

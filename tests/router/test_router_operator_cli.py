@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 import threading
 
 import pytest
+import trustme
 import uvicorn
 
 from router import operator_cli
@@ -76,11 +78,11 @@ class OneShotListener:
     """A loopback port that accepts connections on a thread, records what each sends first, and
     answers `reply` (or nothing: closes at once)."""
 
-    def __init__(self, reply: bytes = b""):
+    def __init__(self, reply: bytes = b"", tls: ssl.SSLContext | None = None):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.sock.settimeout(0.1)
-        self._stop = threading.Event()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self._stop, self._tls = threading.Event(), tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.sock.getsockname()[1]}"
         self.received: list[bytes] = []
         self._reply = reply
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -94,6 +96,10 @@ class OneShotListener:
                 continue
             with conn:
                 conn.settimeout(5)
+                try:
+                    conn = self._tls.wrap_socket(conn, server_side=True) if self._tls else conn
+                except (ssl.SSLError, OSError):
+                    continue            # the client refused our certificate
                 self.received.append(conn.recv(1 << 16))
                 conn.sendall(self._reply)
 
@@ -155,3 +161,27 @@ def test_an_admin_key_file_open_to_other_users_is_refused(capsys, monkeypatch, t
     finally:
         router.close()
     assert len(router.received) == 1
+
+
+def test_an_https_router_is_checked_against_the_cas_named_by_ssl_cert_file(monkeypatch, tmp_path):
+    """The environment is otherwise ignored (no proxies, no .netrc), but $SSL_CERT_FILE still names
+    the CAs an https:// router's certificate must chain to: a router behind a private CA is reached
+    with it (it was refused: httpx reads the variable only with trust_env), and without it the
+    certificate is refused before the key is sent."""
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    router = OneShotListener(NODES_REPLY, tls=server)
+    try:
+        monkeypatch.setenv(operator_cli.ENV_VAR, ADMIN)
+        monkeypatch.setenv(operator_cli.URL_VAR, router.url)
+        monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        assert operator_cli.main(["nodes"]) == 1
+        assert router.received == []
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+        assert operator_cli.main(["nodes"]) == 0
+    finally:
+        router.close()
+    assert len(router.received) == 1 and f"Bearer {ADMIN}".encode() in router.received[0]
