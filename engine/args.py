@@ -37,6 +37,7 @@ class EngineArgs:
     grammar_max_compiles: int = MAX_COMPILES  # grammars compiling at once (a worker process each)
     grammar_max_queued: int = MAX_QUEUED      # grammars waiting to compile; past them a new one is busy (retried on another node)
     grammar_worker_start_timeout_s: float = WORKER_START_TIMEOUT_S  # a grammar compile worker process (xgrammar and the tokenizer loading) not ready this long: its compile is busy
+    freeze_gc: bool = True                # once started, freeze the process's heap out of the cyclic garbage collector's reach (gc.freeze(), as vLLM does): its collections then skip the model, the blocks and torch's modules (engine/heap.py)
 
     def engine_config(self) -> EngineConfig:
         from engine.config import CacheConfig, EngineConfig, SchedulerConfig

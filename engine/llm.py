@@ -12,6 +12,7 @@ from typing import Any
 from tqdm import tqdm
 
 from engine.args import EngineArgs
+from engine.heap import freeze_heap, thaw_heap
 from engine.llm_engine import LLMEngine
 from pdwire.outputs import RequestOutput
 from engine.parallel import close_runner
@@ -22,15 +23,21 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any):
         """engine_args: any field of engine.args.EngineArgs (dtype, num_blocks, kv_cache_gib,
         max_num_seqs, ...), the same names as every CLI's flags."""
-        self.engine = LLMEngine(EngineArgs(model=model, **engine_args).engine_config())
+        args = EngineArgs(model=model, **engine_args)
+        self.engine = LLMEngine(args.engine_config())
         self._ids = itertools.count()
+        self._frozen = args.freeze_gc and freeze_heap("LLM") > 0    # thawed by close()
 
     def close(self) -> bool:
         """Stop the tensor-parallel worker processes, if any (idempotent); no generate after. The
+        heap frozen at start-up is the garbage collector's again (engine/heap.py). The
         queued grammar compiles are cancelled and the running ones killed (their worker processes:
         engine/grammar_workers.py): True once none runs. Without close(), the interpreter's exit
         kills them too, waiting for none."""
         close_runner(self.engine.runner)
+        if self._frozen:
+            thaw_heap()
+            self._frozen = False
         grammars = self.engine.sampler.grammars
         return grammars is None or grammars.close()
 

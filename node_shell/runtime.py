@@ -24,6 +24,7 @@ EXIT_BLOCKS_BROKEN = 70     # the node closed cleanly but its block accounting d
 def main(role: str, make_service: Callable[[NodeConfig], NodeService], argv: list[str] | None = None) -> None:
     """`python -m {role}_node` (or `pdserve {role}`): the node from its flags, served until told
     to stop."""
+    from engine.heap import freeze_heap
     from kvtransport.secret import SecretError
     from node_shell.config import NodeConfig
 
@@ -33,6 +34,8 @@ def main(role: str, make_service: Callable[[NodeConfig], NodeService], argv: lis
         service = make_service(config)
     except SecretError as err:
         sys.exit(f"{role} node {config.node_id}: {err}")
+    if config.freeze_gc:
+        freeze_heap(f"{role} node {config.node_id}")
     intact = run(service)
     # Closed on purpose (goodbye said, transport, link and tp workers closed): exit now. The
     # interpreter's own teardown would spend 2-3 s collecting the engine's ~400k objects (one per

@@ -16,6 +16,7 @@ from engine.flags import add_dataclass_args, build_dataclass  # noqa: F401 -- th
 
 def main(argv: Sequence[str] | None = None) -> None:
     from engine.args import EngineArgs
+    from engine.heap import freeze_heap
     from engine.llm_engine import LLMEngine
     from router.http.app import create_app
     from router.colocated import ColocatedBackend
@@ -34,9 +35,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         sock = bind_http(config)
     except PortInUse as err:
         sys.exit(str(err))
-    backend = ColocatedBackend(LLMEngine(build_dataclass(EngineArgs, args).engine_config()))
+    engine_args = build_dataclass(EngineArgs, args)
+    backend = ColocatedBackend(LLMEngine(engine_args.engine_config()))
+    app = create_app(backend, config)
+    if engine_args.freeze_gc:
+        freeze_heap("router (colocated)")
     try:
-        Server(create_app(backend, config), config, loop="uvloop").run(sockets=[sock])
+        Server(app, config, loop="uvloop").run(sockets=[sock])
     finally:
         ended = backend.close()
         sock.close()
