@@ -154,7 +154,7 @@ class ReceiverCore:
 
     def landing(self, peer: str, header: Buffer, seal: Buffer, split: bool = False) -> Landing | None:
         """Where the payload frames after this header and seal may be received straight into (a
-        link's recv_into): the pool slots of its blocks, if peer holds a session and is paired,
+        link's one copy): the pool slots of its blocks, if peer holds a session and is paired,
         header decodes to a block frame or batch, every block passes the ledger's checks with
         the payload lengths the seal declares, the sink has the slots (a CPU pool of every head),
         and then the seal's MAC over the header and those lengths verifies (its sequence number

@@ -17,19 +17,23 @@ seal, payload*] (or [routing id, header, payload*, trailer] from a sender before
 to a receiver that announced split payloads, [routing id, header, seal] and then [routing id,
 payload] a message per payload: libzmq hands over a multipart message only once its last frame
 is in, so each payload of a split batch is copied while it is still warm, as it lands. A
-payload is copied once, from libzmq's buffer into its pool block: by recv_into, frame by frame,
-when the Lander (ReceiverCore.landing) names its slot from the header and the seal, whose MAC it
-has checked (each frame's buffer is freed as soon as it is copied, so the next frames libzmq
-allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped); else the
-message is received whole with copy=False and the sink copies it. libzmq disconnects a peer that sends a frame above the
-maximum message size; the receive high-water mark bounds what one peer can queue, in messages.
-It cannot bound the frames of one message: libzmq holds a multipart message whole, however many
-frames it has, before its first frame can be read (only a peer that passed ZMTP PLAIN gets that
-far: kvtransport.zmtp_auth). Of a message longer than any (MAX_MESSAGE_FRAMES), a link takes one
+payload is copied once, from libzmq's buffer into its pool block: each frame is received
+zero-copy (a pyzmq Frame, which tells its size and whether more frames follow without a
+getsockopt: ~3.7 us a call in pyzmq) and copied by one slice assignment, and only if it is
+exactly its slot's size, when the Lander (ReceiverCore.landing) names its slot from the header
+and the seal, whose MAC it has checked (each frame's buffer is freed as soon as it is copied, so
+the next frames libzmq allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps
+mapped); else the message is received whole with copy=False and the sink copies it. libzmq
+disconnects a peer that sends a frame above the maximum message size; the receive high-water
+mark bounds what one peer can queue, in messages. It cannot bound the frames of one message:
+libzmq holds a multipart message whole, however many frames it has, before its first frame can
+be read (only a peer that passed ZMTP PLAIN gets that far: kvtransport.zmtp_auth). Of a message longer than any (MAX_MESSAGE_FRAMES), a link takes one
 frame more than that (its handler drops the message) and skips the rest a frame at a time,
 holding none. A receive takes messages for max_poll_s at most (a node's --kv-poll-ms), and
 _DRAIN_BYTES at most, so that no flood of messages holds its caller's loop longer; a message
-being skipped goes on at the next one.
+being skipped goes on at the next one. It waits for its first message on a poll, and, while a
+peer owes a split batch payloads, for each next message in a blocking receive whose RCVTIMEO is
+what is left of its time (no poll and no zmq.Again a payload); else it drains without waiting.
 
 Both ends speak ZMTP PLAIN (kvtransport.zmtp_auth): the ROUTER reads nothing from a connection
 whose password does not prove the cluster secret; its refusals are handed to the Receiver by
@@ -58,6 +62,7 @@ _DRAIN_BYTES = 256 * WHOLE_BATCH_BYTES   # bytes received per wake-up before lea
 _MESSAGE_COST = 64 << 10                 # bytes any message counts for at least (its Python), so a drain
                                          # takes 8192 messages at most
 _POLLIN = int(zmq.POLLIN)                # as an int: pyzmq's flag enum costs ~4 us an operation
+_NOBLOCK, _RCVTIMEO = int(zmq.NOBLOCK), int(zmq.RCVTIMEO)
 MAX_SPLIT_HWM = 1 << 16                  # messages one peer may queue either way where each payload is one
 MAX_POLL_S = 0.02                        # a receive's work from its first message on (--kv-poll-ms): then the
                                          # node's loop serves the rest (its engine, the router, leases)
@@ -193,6 +198,15 @@ class ZmqSendLink(SendLink):
         self._ctx.term()
 
 
+def _copy(frame: zmq.Frame, slot: memoryview) -> int:
+    """frame's size, its bytes copied into slot (one memcpy) if it is exactly slot's size: a
+    frame received zero-copy tells its size before the copy, so a wrong one writes nothing."""
+    size = len(frame)
+    if size == len(slot):
+        slot[:] = memoryview(frame)     # not the Frame itself: its buffer has no strides (pyzmq 27: a crash)
+    return size
+
+
 class ZmqReceiveLink(ReceiveLink):
     lands = True
 
@@ -219,6 +233,10 @@ class ZmqReceiveLink(ReceiveLink):
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._handle: Handler = lambda peer, frames: None
         self._lander: Lander | None = None
+        self._poller = zmq.Poller()             # made once: Socket.poll makes one a call (~8 us)
+        self._poller.register(self._sock, _POLLIN)
+        self._wait_ms = -1                      # the socket's RCVTIMEO as last set (libzmq's default: none)
+        self._more = False                      # whether the message being read has a frame after the last read
 
     def bind(self, handle: Handler, lander: Lander | None = None) -> None:
         self._handle, self._lander = handle, lander
@@ -230,24 +248,42 @@ class ZmqReceiveLink(ReceiveLink):
         within timeout and max_poll_s, rather than return to the caller's loop between two of
         them. A drain ends on the zmq.Again of its last receive: one raise a drain costs less than
         asking the socket's EVENTS after every message (pyzmq's getsockopt: ~4 us)."""
-        deadline, budget, stop_at = time.monotonic() + timeout, _DRAIN_BYTES, None
-        while self._sock.poll(_ms(timeout), _POLLIN):
-            stop_at = stop_at or time.monotonic() + self._max_poll_s
-            while True:
-                if self._skipping is not None:
-                    taken = self._skip_on(stop_at)
-                else:
-                    try:
-                        peer = connection_name(self._sock.recv(zmq.NOBLOCK, copy=False))
-                    except zmq.Again:
-                        break
-                    taken = self._take(peer)
-                budget -= max(taken, _MESSAGE_COST)
-                if budget <= 0 or time.monotonic() >= stop_at:
-                    return              # a full drain: the caller checks leases and peers
-            timeout = min(deadline, stop_at) - time.monotonic()
-            if timeout <= 0 or self._lander is None or not self._lander.owing():
+        deadline, budget = time.monotonic() + timeout, _DRAIN_BYTES
+        if not self._poller.poll(_ms(timeout)):
+            return
+        stop_at = time.monotonic() + self._max_poll_s
+        while True:
+            if self._skipping is not None:
+                taken = self._skip_on(stop_at)
+            elif (first := self._first(min(deadline, stop_at))) is None:
                 return
+            else:
+                taken = self._take(connection_name(first))
+            budget -= max(taken, _MESSAGE_COST)
+            if budget <= 0 or time.monotonic() >= stop_at:
+                return              # a full drain: the caller checks leases and peers
+
+    def _first(self, until: float) -> zmq.Frame | None:
+        """The next message's first frame (its routing id), or None if none came: waited for
+        until `until` (time.monotonic) while a peer owes a split batch payloads, in one blocking
+        receive (RCVTIMEO, set when the milliseconds left change), else not at all."""
+        flags = _NOBLOCK
+        if self._lander is not None and self._lander.owing():
+            wait_ms = _ms(until - time.monotonic())
+            if wait_ms != self._wait_ms:
+                self._sock.setsockopt(_RCVTIMEO, wait_ms)
+                self._wait_ms = wait_ms
+            flags = 0
+        try:
+            return self._frame(flags)
+        except zmq.Again:
+            return None
+
+    def _frame(self, flags: int = _NOBLOCK) -> zmq.Frame:
+        """The next frame of the message being read (zero-copy); self._more: whether another follows."""
+        frame = self._sock.recv(flags, copy=False)
+        self._more = frame.more
+        return frame
 
     def _take(self, peer: str) -> int:
         """The rest of one message from peer (libzmq hands a multipart message over whole: every
@@ -255,30 +291,29 @@ class ZmqReceiveLink(ReceiveLink):
         has them; a peer that owes a split batch a payload has its next message received into the
         next slot. Of a message longer than any (MAX_MESSAGE_FRAMES), one frame more than that
         is taken (the handler drops it) and the rest skipped (_skip_on)."""
-        sock, more = self._sock, lambda: self._sock.get(zmq.RCVMORE)
         owed = self._lander.owed(peer) if self._lander is not None else None
         if owed is None:
-            first = sock.recv(zmq.NOBLOCK) if more() else None
+            first = self._frame().bytes if self._more else None
         elif type(first := self._pay(peer, owed)) is int:
             return first                        # a payload it owed: its bytes
         frames: list[Buffer] = [] if first is None else [first]    # the header: small, copied
-        if more():                              # the seal if it is one (else a payload: not copied)
-            frames.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
+        if self._more:                          # the seal if it is one (else a payload: not copied)
+            frames.append(self._frame().buffer)
         lands = self._lander is not None and len(frames) == 2
-        landing = self._lander.landing(peer, *frames, split=not more()) if lands else None
+        landing = self._lander.landing(peer, *frames, split=not self._more) if lands else None
         if landing is None:
             frames += self._rest(peer, len(frames))
             self._handle(peer, frames)
             return sum(len(f) for f in frames)
         head = len(frames[0]) + len(frames[1])
-        if not more():
+        if not self._more:
             return head                         # split: its payloads come as messages of their own
         sizes: list[int] = []
         start = time.perf_counter()
         for slot in landing.slots:
-            if not more():
+            if not self._more:
                 break
-            sizes.append(sock.recv_into(slot, flags=zmq.NOBLOCK))   # one copy; a longer frame is cut
+            sizes.append(_copy(self._frame(), slot))
         sizes += [len(f) for f in self._rest(peer, 2 + len(sizes))]     # frames past the slots: sizes only
         self._lander.landed(peer, landing, sizes, time.perf_counter() - start)
         return head + sum(sizes)
@@ -287,11 +322,11 @@ class ZmqReceiveLink(ReceiveLink):
         """The rest of the message being read (zero-copy), of which `taken` frames were read: up to
         one frame more than MAX_MESSAGE_FRAMES in all; what follows is left to _skip_on."""
         rest: list[memoryview] = []
-        while self._sock.get(zmq.RCVMORE):
+        while self._more:
             if taken + len(rest) > MAX_MESSAGE_FRAMES:
                 self._skipping = peer
                 break
-            rest.append(self._sock.recv(zmq.NOBLOCK, copy=False).buffer)
+            rest.append(self._frame().buffer)
         return rest
 
     def _skip_on(self, until: float) -> int:
@@ -307,20 +342,18 @@ class ZmqReceiveLink(ReceiveLink):
     def _pay(self, peer: str, landing: Landing) -> int | bytes:
         """peer's next message, owed to landing's split batch, received into its next slot: its
         size if it is a bare payload; else (the batch ends short, dropped) its first frame, for
-        the caller to take the rest of the message after it (b"" if it was longer than the slot:
-        libzmq's recv_into cannot tell a frame's size before it copies, so such a frame is lost,
-        and its message then fails its MAC, counted; an honest sender never interleaves, and the
-        slot is a block, or a layer slice, of that peer's own claimed transfer)."""
-        slot = landing.slots[len(landing.sizes)]
+        the caller to take the rest of the message after it (an honest sender never interleaves,
+        and the slot is a block, or a layer slice, of that peer's own claimed transfer)."""
         start = time.perf_counter()
-        size = self._sock.recv_into(slot, flags=zmq.NOBLOCK)
-        bare = not self._sock.get(zmq.RCVMORE)
-        if bare:
-            landing.sizes.append(size)
-            landing.seconds += time.perf_counter() - start
-        if not bare or len(landing.sizes) == len(landing.slots):
+        frame = self._frame()
+        if self._more:
             self._lander.landed(peer, landing, landing.sizes, landing.seconds)
-        return size if bare else bytes(slot[:size]) if size <= len(slot) else b""
+            return frame.bytes
+        landing.sizes.append(size := _copy(frame, landing.slots[len(landing.sizes)]))
+        landing.seconds += time.perf_counter() - start
+        if len(landing.sizes) == len(landing.slots):
+            self._lander.landed(peer, landing, landing.sizes, landing.seconds)
+        return size
 
     def take_refused(self) -> list[str]:
         return self._guard.take_refused()

@@ -17,7 +17,7 @@ from kvtransport.state import TransferState
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmtp_auth import ThreadGuard, connection_name, plain_client
-from pdwire.messages import BlockFrame, Commit
+from pdwire.messages import BlockBatch, BlockFrame, Commit, encode
 from tests.kvtransport.test_kvtransport_zmq import BLOCK_NBYTES, GEOM, RawPeer, _until
 
 pytestmark = pytest.mark.timeout(600)
@@ -102,6 +102,40 @@ def test_a_message_sealed_on_one_connection_is_refused_on_another_with_its_routi
         assert [type(e) for e in events] == [TransferCommitted]
         assert same_bytes(dst[3], src[1]) and same_bytes(dst[torch.arange(16) != 3], before[torch.arange(16) != 3])
         assert recv.metrics.drops == {DropReason.NOT_AUTHENTICATED: 1, DropReason.BAD_MAC: 1}
+    finally:
+        for peer in (a, b):
+            if peer is not None:
+                peer.sock.close()
+        recv.close()
+
+
+def test_payloads_owed_on_a_closed_connection_are_not_taken_from_one_with_its_routing_id():
+    """Connection A pairs and sends a split batch's [header, seal] for x1, owing its two payloads,
+    then closes; connection B with A's routing id and the PLAIN password sends two bare payloads:
+    neither goes into A's slots (A still owes both), each is dropped and counted, and no pool
+    byte changes: a payload message, which no MAC covers, lands only from the connection that
+    opened the batch."""
+    dst = make_pool(seed=2, **GEOM)
+    recv = ZmqReceiver(dst, make_identity(dst, "d0", "zmq"), TEST_SECRET)
+    before, src = dst.clone(), make_pool(seed=1, **GEOM)
+    routing_id, identity = b"p0/" + os.urandom(8).hex().encode(), make_identity(src, "p0", "zmq")
+    a, b = RawPeer(recv.endpoint, routing_id=routing_id), None
+    try:
+        ack = a.pair(recv, identity)
+        assert ack.accepted and ack.split_payloads
+        recv.register(Reservation("x1", (3, 5), sender_node_id="p0"))
+        header = encode(BlockBatch("x1", (0, 1), (3, 5), BLOCK_NBYTES, "float32", tuple(dst.shape[1:])))
+        a.sock.send_multipart([header, a.session.seal_first(header, [BLOCK_NBYTES] * 2, split=True)])
+        _until(recv, lambda: len(recv._core._owed) == 1)
+        (owed,) = recv._core._owed.values()
+        _close(recv, a, routing_id)
+        b = _take_over(recv, routing_id)
+        for _ in range(2):
+            b.sock.send(b"\xee" * BLOCK_NBYTES)
+        _until(recv, lambda: recv.metrics.frames_dropped == 2)
+        assert list(recv._core._owed.values()) == [owed] and owed.sizes == []
+        assert same_bytes(dst, before) and recv.metrics.blocks_written == 0
+        assert recv.metrics.drops == {DropReason.MALFORMED: 2}     # a lone frame: no sealed message
     finally:
         for peer in (a, b):
             if peer is not None:

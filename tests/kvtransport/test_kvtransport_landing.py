@@ -47,9 +47,9 @@ def _send_five_and_commit(send, recv, src) -> None:
 
 @pytest.mark.parametrize("split", [False, True])
 def test_block_frames_and_batches_land_without_the_sink(split, monkeypatch):
-    """BlockFrame and BlockBatch payloads go into the pool by recv_into, as frames of one message
-    or (split) as messages of their own: the sink's own copy is never called, yet every block
-    lands bit-exactly and the copy's time is counted."""
+    """BlockFrame and BlockBatch payloads go straight into the pool (one copy each), as frames of
+    one message or (split) as messages of their own: the sink's own copy is never called, yet
+    every block lands bit-exactly and the copy's time is counted."""
     src, dst, recv, send = _setup(split)
     before = dst.clone()
     monkeypatch.setattr(recv._core._sink, "write_many", lambda *a: pytest.fail("copied through the sink"))
@@ -157,7 +157,7 @@ def same_outside(dst, before, touched):
 
 @pytest.mark.parametrize("split", [False, True])
 def test_layer_slices_land_in_their_layers_only(split, monkeypatch):
-    """A LayerBatch lands by recv_into in its layers of each block (either form); the block's
+    """A LayerBatch lands straight in its layers of each block (either form); the block's
     other layers keep their bytes until their own slices come."""
     src, dst, recv, send = _setup(split)
     before = dst.clone()

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
+import zmq
 
 from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.metrics import DropReason
@@ -167,18 +168,25 @@ def _with(before, dsts, srcs, src):
     return out
 
 
+def _owing_blocks_1_and_2(send, recv, src):
+    """Pair send with recv, reserve x1 and send [header, seal] of its blocks 1 and 2 split: once
+    recv owes them, the header."""
+    _connect(send, recv)
+    recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
+    send.begin("x1", recv.endpoint)
+    header = send._core.batch_header("x1", [1, 2], [DST_IDS[1], DST_IDS[2]], src)
+    send._link.send(recv.endpoint, _split_header(send, recv.endpoint, header, [header.nbytes] * 2))
+    _until(recv, lambda: recv._core._owed != {})
+    return header
+
+
 def test_payloads_owed_to_a_transfer_that_ended_are_dropped():
     """The receiver aborts x1 between its split header and payloads: the owed batch is dropped
     once (FINISHED_XFER), its payloads are extras (MALFORMED), nothing is written or owed."""
     src, dst, recv, send = _pair("tcp")
     before, ep = dst.clone(), recv.endpoint
     try:
-        _connect(send, recv)
-        recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
-        send.begin("x1", ep)
-        header = send._core.batch_header("x1", [1, 2], [DST_IDS[1], DST_IDS[2]], src)
-        send._link.send(ep, _split_header(send, ep, header, [header.nbytes] * 2))
-        _until(recv, lambda: recv._core._owed != {})
+        header = _owing_blocks_1_and_2(send, recv, src)
         recv.abort("x1", "test")
         for _ in range(2):
             send._link.send(ep, [bytes(header.nbytes)])
@@ -186,6 +194,31 @@ def test_payloads_owed_to_a_transfer_that_ended_are_dropped():
                                                                       DropReason.MALFORMED: 2}))
         assert [type(e) for e in events] == [TransferFailed] and events[0].reason is FailReason.LOCAL_ABORT
         assert recv._core._owed == {} and recv.metrics.blocks_written == 0 and dst.equal(before)
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_a_wait_for_owed_payloads_ends_within_max_poll_s():
+    """While a peer owes a split batch payloads, the link waits for them in a blocking receive
+    whose timeout is what is left of max_poll_s (10 ms here), never of the call's own (60 s): a
+    receive returns with one payload of two taken, still owed, and the second completes the batch."""
+    src, dst, recv, send = _pair("tcp", max_poll_s=0.010)
+    before, ep = dst.clone(), recv.endpoint
+    try:
+        header = _owing_blocks_1_and_2(send, recv, src)
+        (owed,) = recv._core._owed.values()
+        first, second = send._channel.inline_many(src, [SRC_IDS[1], SRC_IDS[2]])
+        send._link.send(ep, [first])
+        recv._link.receive(60.0)
+        assert owed.sizes == [header.nbytes] and recv._core._owed != {}
+        assert 0 <= recv._link._sock.getsockopt(zmq.RCVTIMEO) <= 10
+        send._link.send(ep, [second])
+        send.send_blocks("x1", [3, 4, 5], list(DST_IDS[3:]), src, list(SRC_IDS[3:]))
+        send.commit("x1", 777, NUM_TOKENS)
+        (ev,) = _events(recv)
+        assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter()
+        assert _written_exactly(dst, before, src) and recv._core._owed == {}
     finally:
         send.close()
         recv.close()
