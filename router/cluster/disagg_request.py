@@ -232,12 +232,8 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
             return None     # D took the moved blocks in time; or P's part is done (D reports a broken transfer)
         return event.failure()
     node_id, msg = event
-    if isinstance(msg, RequestFailed):
-        if node_id == att.prefill_id and att.first_token:
-            log.info("%s: prefill node %s failed after its first token: %s", att.wire_rid,
-                     node_id, msg.reason)
-            return None
-        return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
+    if isinstance(msg, RequestFailed):     # P's after its first token too: its transfer to D broke
+        return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)     # (D aborted, then a migration)
     if isinstance(msg, Busy) and node_id == att.prefill_id and not att.first_token:
         return Failure(node_id, f"{node_id}: {msg.reason}", True, busy=True)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:

@@ -14,7 +14,10 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
        offset, so a token D re-sends is not emitted twice; the client is sent deltas only, less
        the text a stop string may still claim (router/stop_hold.py)
     5. P or D fails or leaves (RequestFailed, heartbeat timeout, new epoch, goodbye, an operator's
-       remove or drain deadline: router/cluster/node_operator.py): AbortRequest to both,
+       remove or drain deadline: router/cluster/node_operator.py; P's RequestFailed after its first
+       token too: its transfer to D broke, e.g. its Commit's send timed out, and D would hold the
+       reservation until its lease; P lost after its first token is not: D reports a transfer
+       that broke itself): AbortRequest to both,
        then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
        and min_tokens less those tokens: a retry before the first token, a migration after it
        (an operator's remove or drain deadline first moves D's requests with their KV blocks:
