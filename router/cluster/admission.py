@@ -26,15 +26,14 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
-from typing import Any
-
 from prometheus_client import Counter
 
 from pdwire.block_hash import chain_hashes
-from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed, TokenDelta
+from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed
 from pdwire.messages import Busy, Reserved
 from router.config import ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S, RouterConfig
 from router.cluster.control_server import ControlServer
+from router.cluster.bookings import Bookings
 from router.cluster.disagg_request import Attempt, Choice, Failure, Lost
 from router.cluster.grammar_first import compile_first, needs_compile
 from router.cluster.kv_index import KVIndex
@@ -80,7 +79,7 @@ class _Rounds:
 
 class Admission:
     """The DisaggregatedBackend's admission of one attempt at a time; it counts Busy replies and
-    books each attempt's nodes in the registry from the moment it picks them (`Attempt.bookings`)."""
+    books each attempt's nodes in the registry once it picks them (`bookings`, bookings.py)."""
 
     def __init__(self, config: RouterConfig, registry: NodeRegistry, server: ControlServer,
                  affinity: PrefixAffinity, capacity: CapacityWatch, index: KVIndex):
@@ -93,6 +92,7 @@ class Admission:
                                      (config.decode_balance_abs, config.decode_balance_rel))
         self._prefill_policy = PrefillPolicy(index if self._cost else affinity, config.prefill_load_weight)
         self._rng = random.Random(config.policy_seed)
+        self.bookings = Bookings(registry)
         self.busy = Counter("pdserve_router_busy_replies", "Busy replies from decode nodes.", registry=None)
         self.prefills = Counter("pdserve_router_prefills", "Prompts admitted, by where they were computed: "
                                 "on a prefill node (remote) or on their decode node (local).", ["where"],
@@ -203,7 +203,7 @@ class Admission:
         """D said Busy: counted, the attempt's bookings released, and D noted in `rounds` as
         refusing until it reports more free blocks."""
         self.busy.inc()
-        self._release_all(att)
+        self.bookings.release_all(att)
         rounds.refused[decode.node_id] = self._pool(decode).free_blocks
         rounds.busy_replies += 1
         rounds.last_busy = f"{decode.node_id}: {reply.reason or 'busy'}"
@@ -229,47 +229,8 @@ class Admission:
         return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // self._server.block_size))
 
     def _book(self, att: Attempt, decode: Node, hashes: list[bytes], prefill: PrefillChoice | None) -> None:
-        """Books the attempt on its nodes now, before either has heard of it (no prefill node:
-        D computes the prompt): on D the blocks it allocates, and when it prefills them itself
-        (att.local) as its queued prefill work too (routing_cost.py queued(D)); on P the blocks it
-        computes."""
         att.prefill = prefill
-        blocks = self._decode_blocks(att, decode, hashes)
-        att.bookings[decode.node_id] = self._registry.book(decode.node_id, blocks, blocks if att.local else 0)
-        if prefill is not None:
-            att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
-
-    def on_message(self, att: Attempt, node_id: str, msg: Any) -> None:
-        """A message of the attempt's, as it reaches the router (the control loop, before any
-        later message of the node's): D's Reserved takes D's booking, and D's last TokenDelta
-        (the request done, its blocks freed on D) releases it, now, not when the attempt's task
-        reads them, as a heartbeat D sent after either shows it: handled in between, it would
-        count the blocks twice (booked pending and shown used; shown free and still booked)
-        until the next heartbeat or the release."""
-        if node_id != att.decode_id:
-            return
-        if isinstance(msg, Reserved):
-            self._taken(att, node_id, msg)
-        elif isinstance(msg, TokenDelta) and msg.finish_reason and node_id in att.bookings:
-            self._registry.release(att.bookings.pop(node_id))
-
-    def _taken(self, att: Attempt, node_id: str, reserved: Reserved | None = None) -> None:
-        """The node has the attempt's work; D's `reserved` reply re-books it with the blocks D
-        took (a D from before Reserved.taken_blocks: the table's less its cached ones) and, for
-        a local prefill, the blocks it computes: its true uncached tail."""
-        booking = att.bookings.get(node_id)
-        if booking is None:
-            return
-        if reserved is None:
-            return self._registry.taken(booking)
-        uncached = len(reserved.dst_block_ids) - reserved.cached_prefix_blocks
-        taken = uncached if reserved.taken_blocks is None else reserved.taken_blocks
-        self._registry.taken(booking, taken, uncached if att.local else 0)
-
-    def _release_all(self, att: Attempt) -> None:
-        for booking in att.bookings.values():
-            self._registry.release(booking)
-        att.bookings.clear()
+        self.bookings.book(att, decode.node_id, self._decode_blocks(att, decode, hashes))
 
     async def _reserve(self, att: Attempt, decode: Node, deadline: float) -> Reserved | Busy | Failure | None:
         """Step 4: DecodeRequest to D, and its answer."""
@@ -293,7 +254,7 @@ class Admission:
                 att.contacted.discard(node_id)
                 att.decode_id = ""
                 return msg
-            if isinstance(msg, Reserved):       # taken as it arrived (on_message)
+            if isinstance(msg, Reserved):       # taken as it arrived (bookings.py)
                 att.cached_blocks = msg.cached_prefix_blocks
                 if att.writer:                  # a KV move: the writer ships (router/cluster/kv_move.py)
                     return msg
@@ -307,7 +268,7 @@ class Admission:
     def _send_prefill(self, att: Attempt, decode: Node, reserved: Reserved) -> None:
         """PrefillRequest to P, shipping into D's reservation."""
         att.contacted.add(att.prefill_id)
-        self._taken(att, att.prefill_id)
+        self.bookings.taken(att, att.prefill_id)
         self._server.send(att.prefill_id, PrefillRequest(
             att.wire_rid, att.prompt_ids, att.params, decode.endpoint, reserved.xfer_id,
             reserved.dst_block_ids, reserved.cached_prefix_blocks, att.base))
@@ -328,7 +289,7 @@ class Admission:
 
         A held block that no running request references is counted free by D until one does, so
         this undercounts what D takes by such blocks, and a stale index errs either way. D's
-        Reserved says what it took (taken_blocks), and _taken re-books that: the view is exact
+        Reserved says what it took (taken_blocks), and Bookings.taken re-books that: the view is exact
         from the reply on, until a release (registry.py: a request ending frees only its blocks no
         other request shares, while the release takes off all it took). The estimate does not book the overlap: the router cannot tell idle
         held blocks from referenced ones, and in a burst on one document they are referenced

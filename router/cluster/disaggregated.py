@@ -5,7 +5,7 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
     1. pick a decode node D and a prefill node P, or none when D computes the prompt itself
        (--routing cost: cached overlap and load, router/cluster/routing_cost.py; affinity:
        D least loaded with room, P by prefix affinity, then load), and book the request on them
-       at once, so a burst spreads
+       at once, so a burst spreads (router/cluster/bookings.py)
     2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait for room;
        no reservation within admission_timeout_s fails the request (503); a structured output's
        grammar is compiled on D and P at once before it (router/cluster/grammar_first.py)
@@ -79,12 +79,12 @@ class DisaggregatedBackend(Backend):
         self._vocab = vocab_size or (1 << 31)   # token ids are checked against it
         self._config = config
         capacity = CapacityWatch()
-        self._registry = NodeRegistry(config.heartbeat_timeout_s, on_capacity=capacity.notify)
-        self._server = ControlServer(self._registry, self, secret, config.control_endpoint,
+        registry = NodeRegistry(config.heartbeat_timeout_s, on_capacity=capacity.notify)
+        self._server = ControlServer(registry, self, secret, config.control_endpoint,
                                      expire_interval_s=min(0.25, config.heartbeat_timeout_s / 4))
         self._affinity = PrefixAffinity(config.affinity_blocks_per_node)
         self._kv_index = KVIndex(config.kv_index_max_blocks)
-        self._admission = Admission(config, self._registry, self._server, self._affinity, capacity, self._kv_index)
+        self._admission = Admission(config, registry, self._server, self._affinity, capacity, self._kv_index)
         self._requests: dict[str, PendingRequest] = {}
         self._attempts: dict[str, Attempt] = {}
         self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
@@ -210,7 +210,7 @@ class DisaggregatedBackend(Backend):
         att = self._attempts.get(msg.rid)
         if att is None or node_id not in (att.prefill_id, att.decode_id, att.writer):
             return False
-        self._admission.on_message(att, node_id, msg)
+        self._admission.bookings.on_message(att, node_id, msg)
         att.inbox.put_nowait((node_id, msg))
         return True
 
@@ -349,9 +349,7 @@ class DisaggregatedBackend(Backend):
         att.ended = True
         self._attempts.pop(att.wire_rid, None)
         self._moves.ended(att)
-        for booking in att.bookings.values():
-            self._registry.release(booking)
-        att.bookings.clear()
+        self._admission.bookings.release_all(att)
         if not att.decode_done:
             for node_id in sorted(att.contacted):
                 self._server.send(node_id, AbortRequest(att.wire_rid))
@@ -378,15 +376,12 @@ class DisaggregatedBackend(Backend):
         """Merges P's first token and D's deltas into the choice until it finishes, fails or moves."""
         timer = TransferTimer(UNTIMED if att.writer else self._kv_transfer_time)    # a KV move: not a prefill's
         while choice.finish_reason is None:
-            had_first = att.first_token
             event = await att.inbox.get()
             if isinstance(event, MoveOut):
                 return event
             failure = apply_event(choice, att, event, request, self._vocab)
             self._moves.note(att, event)
             timer.note(event, att)
-            if att.first_token and not had_first and att.prefill_id in att.bookings:
-                self._registry.release(att.bookings.pop(att.prefill_id))    # P's part is done
             if failure is not None:
                 return failure
         return None
