@@ -7,10 +7,10 @@ One admission, round by round:
     2. rank the decode nodes (policy.py; --routing cost: routing_cost.py, by cached overlap and
        load) and take the first one with room, skipping a node that said Busy to this request
        until it reports more free blocks; decide where the prompt is computed: on D itself when
-       its uncached tail is short (routing cost), else on a prefill node P; book the request on
-       D (and P) at once, so the next request sees them taken; a structured output with a
-       prefill node: both compile its grammar first, at once (grammar_first.py: no KV is held
-       while a grammar compiles); D's Busy there is a Busy of step 4
+       its uncached tail is short (routing cost), else on a prefill node P; a structured output
+       with a prefill node: both compile its grammar first, at once (grammar_first.py: no KV is
+       held or booked while a grammar compiles); D's Busy there is a Busy of step 4; then book
+       the request on D (and P) at once, so the next request sees them taken
     3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
        ending) or a timer (from retry_after_ms, doubling up to ADMISSION_MAX_WAIT_S, with jitter); when the
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
@@ -113,12 +113,13 @@ class Admission:
                 await self._wait_for_room(rounds)
                 continue
             att.local = self._prefill_here(decode, att, hashes)
-            self._book(att, decode, hashes, None if att.local else self._choose_prefill(choice, att, hashes))
+            att.prefill = None if att.local else self._choose_prefill(choice, att, hashes)
             reply = None
             if needs_compile(att):
                 reply = await compile_first(self._server, att, decode, rounds.deadline,
                                             self._config.admission_timeout_s)
             if reply is None:
+                self._book(att, decode, hashes)     # after the compiles: a slow one holds no capacity
                 reply = await self._reserve(att, decode, rounds.deadline)
             if not isinstance(reply, Busy):
                 return reply
@@ -135,7 +136,7 @@ class Admission:
         decode = self._choose_decode(choice, rounds, att, hashes)
         if decode is None or decode.node_id == att.writer:
             return None
-        self._book(att, decode, hashes, None)
+        self._book(att, decode, hashes)
         reply = await self._reserve(att, decode, rounds.deadline)
         if isinstance(reply, Busy):
             self._on_busy(att, decode, reply, rounds)
@@ -228,8 +229,7 @@ class Admission:
             return att.prefill
         return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // self._server.block_size))
 
-    def _book(self, att: Attempt, decode: Node, hashes: list[bytes], prefill: PrefillChoice | None) -> None:
-        att.prefill = prefill
+    def _book(self, att: Attempt, decode: Node, hashes: list[bytes]) -> None:
         self.bookings.book(att, decode.node_id, self._decode_blocks(att, decode, hashes))
 
     async def _reserve(self, att: Attempt, decode: Node, deadline: float) -> Reserved | Busy | Failure | None:

@@ -8,7 +8,8 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
        at once, so a burst spreads (router/cluster/bookings.py)
     2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait for room;
        no reservation within admission_timeout_s fails the request (503); a structured output's
-       grammar is compiled on D and P at once before it (router/cluster/grammar_first.py)
+       grammar is compiled on D and P at once before it, and only then booked
+       (router/cluster/grammar_first.py)
     3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router   (steps 1-3: admission.py)
     4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
        offset, so a token D re-sends is not emitted twice; the client is sent deltas only, less

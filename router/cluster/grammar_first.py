@@ -11,7 +11,8 @@ reserves KV blocks (step 3b of router/cluster/admission.py's round):
       P Busy           ─▶ Failure(busy): a 503 at once (its compiler's load: its time limit too)
       RequestFailed    ─▶ Failure: a grammar that does not compile is a 400
 
-No decode KV is held while either node compiles (it used to be: D reserved, then P compiled).
+No decode KV is held while either node compiles (it used to be: D reserved, then P compiled),
+nor booked: the router books D and P only once both hold the grammar.
 """
 from __future__ import annotations
 

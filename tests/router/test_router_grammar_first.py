@@ -45,6 +45,25 @@ def test_both_nodes_compile_at_once_and_the_decode_node_reserves_only_after_both
     run(test)
 
 
+def test_nothing_is_booked_while_the_grammar_compiles():
+    """While P and D compile, neither is booked (a slow compile holds no decode capacity in the
+    router's view); once both hold the grammar, both are, and D gets its DecodeRequest."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            c.generate(max_tokens=2, structured=REGEX)
+            await _compiles(p, d)
+            registry = c.backend.server.registry
+            decode, prefill = registry.get("decode-0"), registry.get("prefill-0")
+            d.send(GrammarReady("r1"))
+            await d.assert_silent()
+            assert [(n.inflight_requests, n.pending_blocks) for n in (decode, prefill)] == [(0, 0), (0, 0)]
+            p.send(GrammarReady("r1"))
+            await d.expect(DecodeRequest)
+            assert [(n.inflight_requests, n.pending_blocks) for n in (decode, prefill)] == [(1, 2), (1, 2)]
+    run(test)
+
+
 def test_a_decode_nodes_busy_compiler_is_a_busy_round_on_another_decode_node():
     """D answers Busy (too many compiles there): the router takes P's answer too (none is left to
     be taken for a later round's), then asks the other decode node; nothing is reserved on D."""
