@@ -7,10 +7,12 @@ One admission, round by round:
     2. rank the decode nodes (policy.py; --routing cost: routing_cost.py, by cached overlap and
        load) and take the first one with room, skipping a node that said Busy to this request
        until it reports more free blocks; decide where the prompt is computed: on D itself when
-       its uncached tail is short (routing cost), else on a prefill node P; a structured output
-       with a prefill node: both compile its grammar first, at once (grammar_first.py: no KV is
-       held or booked while a grammar compiles); D's Busy there is a Busy of step 4; then book
-       the request on D (and P) at once, so the next request sees them taken
+       its uncached tail is short (routing cost), else on a prefill node P, skipping one that
+       said Busy to it until its retry hint passes (busy_prefills.py: none left, wait for the
+       first hint); a structured output with a prefill node: both compile its grammar first, at
+       once (grammar_first.py: no KV is held or booked while a grammar compiles); D's Busy there
+       is a Busy of step 4, P's goes to 2 again; then book the request on D (and P) at once, so
+       the next request sees them taken
     3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
        ending) or a timer (from retry_after_ms, doubling up to ADMISSION_MAX_WAIT_S, with jitter); when the
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
@@ -18,14 +20,16 @@ One admission, round by round:
        booking now counts the blocks D says it took), and sends P its PrefillRequest unless D
        prefills; Busy releases the bookings and goes to 1
        (a KV move's reservation, reserve_move, is one round of 2 and 4: its writer is a decode node)
-    5. past admission_timeout_s: 503 naming why (no live node, every decode node busy or full,
-       or a decode node that did not answer)
+    5. past admission_timeout_s (from the choice's first prefill Busy, if earlier): 503 naming
+       why (no live node, every decode or prefill node busy, decode nodes full, or a decode node
+       that did not answer)
 """
 from __future__ import annotations
 
 import asyncio
 import random
 from dataclasses import dataclass, field
+
 from prometheus_client import Counter
 
 from pdwire.block_hash import chain_hashes
@@ -101,11 +105,12 @@ class Admission:
     async def admit(self, choice: Choice, att: Attempt) -> Failure | None:
         """Picks P and D and gets D's reservation. Raises NoNodeAvailable when that cannot happen."""
         loop = asyncio.get_running_loop()
-        rounds = _Rounds(loop.time() + self._config.admission_timeout_s, 0)
+        rounds = _Rounds(min(loop.time() + self._config.admission_timeout_s,
+                             choice.busy_prefills.deadline or float("inf")), 0)
         while True:
             await self._wait_for_nodes(choice, rounds.deadline)
             if loop.time() >= rounds.deadline:
-                raise NoNodeAvailable(self._timeout_reason(rounds))
+                raise NoNodeAvailable(self._timeout_reason(rounds, choice))
             rounds.need_blocks = self._need_blocks(att)
             hashes = chain_hashes(att.prompt_ids, self._server.block_size)
             decode = self._choose_decode(choice, rounds, att, hashes)
@@ -114,10 +119,16 @@ class Admission:
                 continue
             att.local = self._prefill_here(decode, att, hashes)
             att.prefill = None if att.local else self._choose_prefill(choice, att, hashes)
+            if not att.local and att.prefill is None:
+                await self._wait_for_prefill(choice, rounds)
+                continue
             reply = None
             if needs_compile(att):
                 reply = await compile_first(self._server, att, decode, rounds.deadline,
                                             self._config.admission_timeout_s)
+            if isinstance(reply, Failure) and reply.busy:
+                self.note_prefill_busy(choice, reply)
+                continue
             if reply is None:
                 self._book(att, decode, hashes)     # after the compiles: a slow one holds no capacity
                 reply = await self._reserve(att, decode, rounds.deadline)
@@ -177,10 +188,8 @@ class Admission:
 
     async def _wait_for_room(self, rounds: _Rounds) -> None:
         """Step 3: until a decode node may have more room, or the timer fires (a heartbeat
-        does not restart the timer)."""
+        does not restart the timer); at once past the deadline (the next round's 503)."""
         now = asyncio.get_running_loop().time()
-        if now >= rounds.deadline:
-            raise NoNodeAvailable(self._timeout_reason(rounds))
         if rounds.probe_at is None:
             rounds.probe_at = now + self._jittered(rounds.wait_s)
         await self._capacity.wait(min(rounds.probe_at, rounds.deadline) - now)
@@ -192,8 +201,10 @@ class Admission:
         """wait_s to 1.5 x wait_s, so waiting requests do not ask in step."""
         return wait_s * (1.0 + 0.5 * self._rng.random())
 
-    def _timeout_reason(self, rounds: _Rounds) -> str:
+    def _timeout_reason(self, rounds: _Rounds, choice: Choice) -> str:
         timeout = self._config.admission_timeout_s
+        if choice.busy_prefills.replies and not rounds.busy_replies:
+            return choice.busy_prefills.reason(timeout)
         if rounds.busy_replies:
             return (f"every decode node was busy for the admission timeout of {timeout} s "
                     f"({rounds.busy_replies} Busy replies; last: {rounds.last_busy})")
@@ -221,13 +232,31 @@ class Admission:
         return self._cost is not None and att.params.prompt_logprobs is None and \
             self._cost.prefill_here(decode, hashes, len(att.prompt_ids), self._server.block_size)
 
-    def _choose_prefill(self, choice: Choice, att: Attempt, hashes: list[bytes]) -> PrefillChoice:
+    def _choose_prefill(self, choice: Choice, att: Attempt, hashes: list[bytes]) -> PrefillChoice | None:
         """The attempt's prefill node: the one chosen in an earlier round while it is still a
-        candidate (its prefix was recorded there), else the policy's choice."""
-        nodes = _prefer(self._registry.candidates(NodeRole.PREFILL), choice.avoid)
+        candidate (its prefix was recorded there), else the policy's choice; a node that said Busy
+        to the choice is no candidate until its retry hint passes (None while none is left)."""
+        now = asyncio.get_running_loop().time()
+        nodes = [n for n in self._registry.candidates(NodeRole.PREFILL)
+                 if not choice.busy_prefills.refused(n.node_id, now)]
+        if not nodes:
+            return None
+        nodes = _prefer(nodes, choice.avoid)
         if att.prefill is not None and any(n is att.prefill.node for n in nodes):
             return att.prefill
         return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // self._server.block_size))
+
+    async def _wait_for_prefill(self, choice: Choice, rounds: _Rounds) -> None:
+        """Every live prefill node said Busy to the choice: until the first retry hint passes."""
+        now = asyncio.get_running_loop().time()
+        await asyncio.sleep(max(0.0, min(choice.busy_prefills.next_retry(now), rounds.deadline) - now))
+
+    def note_prefill_busy(self, choice: Choice, failure: Failure) -> None:
+        """A prefill node said Busy to the choice (its grammar compiler's load): it is asked again
+        once its retry hint passes, another one at once; the choice's admission timeout runs from
+        the first such answer."""
+        choice.busy_prefills.note(failure.node_id, failure.reason, failure.retry_after_s,
+                                  asyncio.get_running_loop().time(), self._config.admission_timeout_s)
 
     def _book(self, att: Attempt, decode: Node, hashes: list[bytes]) -> None:
         self.bookings.book(att, decode.node_id, self._decode_blocks(att, decode, hashes))

@@ -9,7 +9,7 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
     2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait for room;
        no reservation within admission_timeout_s fails the request (503); a structured output's
        grammar is compiled on D and P at once before it, and only then booked
-       (router/cluster/grammar_first.py)
+       (router/cluster/grammar_first.py); P's Busy there: another P, or P after its retry hint
     3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router   (steps 1-3: admission.py)
     4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
        offset, so a token D re-sends is not emitted twice; the client is sent deltas only, less
@@ -18,7 +18,7 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
        remove or drain deadline: router/cluster/node_operator.py; P's RequestFailed after its first
        token too: its transfer to D broke, e.g. its Commit's send timed out, and D would hold the
        reservation until its lease; P lost after its first token is not: D reports a transfer
-       that broke itself): AbortRequest to both,
+       that broke itself; P's Busy is no failure: admission.py): AbortRequest to both,
        then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
        and min_tokens less those tokens: a retry before the first token, a migration after it
        (an operator's remove or drain deadline first moves D's requests with their KV blocks:
@@ -89,7 +89,8 @@ class DisaggregatedBackend(Backend):
         self._requests: dict[str, PendingRequest] = {}
         self._attempts: dict[str, Attempt] = {}
         self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
-                                "token after a node failed, by cause.", ["cause"], registry=None)
+                                "token after a node failed (or a prefill node was busy), by cause.", ["cause"],
+                                registry=None)
         self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after tokens "
                                    "were emitted, by cause and how: with their KV blocks (kv_move) or "
                                    "re-prefilled from prompt + emitted tokens (reprefill).", ["cause", "how"],
@@ -357,10 +358,14 @@ class DisaggregatedBackend(Backend):
 
     def _after_failure(self, choice: Choice, failure: Failure) -> None:
         """Raises if the choice may not run again; else notes the node to avoid. A prefill node's
-        busy grammar compiler is a 503 at once (as a decode node's or the colocated engine's): a
-        retry would take another decode reservation for the same refusal."""
+        Busy (its grammar compiler's load) is no failure: the next attempt takes another prefill
+        node, or the same once its retry hint passed, and it is a 503 only once the admission
+        timeout has passed since the choice's first such answer."""
         if failure.busy:
-            raise NoNodeAvailable(failure.reason)
+            self._admission.note_prefill_busy(choice, failure)
+            if choice.busy_prefills.timed_out(asyncio.get_running_loop().time()):
+                raise NoNodeAvailable(choice.busy_prefills.reason(self._config.admission_timeout_s))
+            return
         if not failure.retryable:
             raise (RuntimeError if choice.token_ids else ValueError)(failure.reason)
         if failure.uses_retry:
