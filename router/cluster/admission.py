@@ -254,9 +254,11 @@ class Admission:
     def note_prefill_busy(self, choice: Choice, failure: Failure) -> None:
         """A prefill node said Busy to the choice (its grammar compiler's load): it is asked again
         once its retry hint passes, another one at once; the choice's admission timeout runs from
-        the first such answer."""
-        choice.busy_prefills.note(failure.node_id, failure.reason, failure.retry_after_s,
-                                  asyncio.get_running_loop().time(), self._config.admission_timeout_s)
+        the first such answer: past it, raises NoNodeAvailable (a 503)."""
+        now, timeout = asyncio.get_running_loop().time(), self._config.admission_timeout_s
+        choice.busy_prefills.note(failure.node_id, failure.reason, failure.retry_after_s, now, timeout)
+        if choice.busy_prefills.timed_out(now):
+            raise NoNodeAvailable(choice.busy_prefills.reason(timeout))
 
     def _book(self, att: Attempt, decode: Node, hashes: list[bytes]) -> None:
         self.bookings.book(att, decode.node_id, self._decode_blocks(att, decode, hashes))

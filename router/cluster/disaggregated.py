@@ -47,7 +47,7 @@ from pdwire import control
 from pdwire.control import AbortRequest
 from pdwire.schema import MAX_RID_LEN
 from router.cluster.admission import Admission, CapacityWatch
-from router.backend import Backend, NodeMetrics, NoNodeAvailable
+from router.backend import Backend, NodeMetrics
 from router.cluster.disagg_request import (Attempt, Choice, Failure, Lost, PendingRequest, TransferTimer, apply_event,
                                            check_control_size)
 from router.config import RouterConfig
@@ -362,10 +362,7 @@ class DisaggregatedBackend(Backend):
         node, or the same once its retry hint passed, and it is a 503 only once the admission
         timeout has passed since the choice's first such answer."""
         if failure.busy:
-            self._admission.note_prefill_busy(choice, failure)
-            if choice.busy_prefills.timed_out(asyncio.get_running_loop().time()):
-                raise NoNodeAvailable(choice.busy_prefills.reason(self._config.admission_timeout_s))
-            return
+            return self._admission.note_prefill_busy(choice, failure)
         if not failure.retryable:
             raise (RuntimeError if choice.token_ids else ValueError)(failure.reason)
         if failure.uses_retry:
