@@ -38,6 +38,7 @@ from pdwire.messages import Busy, Reserved
 from router.config import ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S, RouterConfig
 from router.cluster.control_server import ControlServer
 from router.cluster.bookings import Bookings
+from router.cluster.busy_prefills import BusyPrefills
 from router.cluster.disagg_request import Attempt, Choice, Failure, Lost
 from router.cluster.grammar_first import compile_first, needs_compile
 from router.cluster.kv_index import KVIndex
@@ -132,6 +133,8 @@ class Admission:
             if reply is None:
                 self._book(att, decode, hashes)     # after the compiles: a slow one holds no capacity
                 reply = await self._reserve(att, decode, rounds.deadline)
+            if reply is None and att.local:     # D computes the prompt: a later prefill Busy is a new wait
+                choice.busy_prefills = BusyPrefills()
             if not isinstance(reply, Busy):
                 return reply
             self._on_busy(att, decode, reply, rounds)

@@ -1,6 +1,8 @@
 """The prefill nodes that answered one choice Busy (their grammar compiler's load), as its admission
 retries them (router/cluster/admission.py): each is skipped until its retry hint passes, and the
-choice's first such answer starts its admission timeout, past which the choice is a 503.
+choice's first such answer starts its admission timeout, past which the choice is a 503. Once a
+node computes the prompt (a prefill node's first token, or a local prefill admitted), the wait
+is over: the choice starts afresh, so a migration long after is not a 503 for an old Busy.
 
     P Busy (retry 50 ms) ──▶ another prefill node at once, or P again once 50 ms have passed
       ... Busy again ...  ──▶ the same, until admission_timeout_s after the first Busy: 503

@@ -249,6 +249,7 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
         return Failure.prefill_busy(node_id, msg)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
         att.first_token = True
+        choice.busy_prefills = BusyPrefills()   # a prefill node took it: a later Busy is a new wait
         if msg.prompt_logprobs is not None and request.prompt_logprobs is None:
             request.prompt_logprobs = _prompt_scores(msg.prompt_logprobs, request.prompt_ids, vocab)
         logprobs = None if msg.logprobs is None else (msg.logprobs,)

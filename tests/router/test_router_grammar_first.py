@@ -92,22 +92,28 @@ def test_nothing_is_booked_while_the_grammar_compiles():
 def test_a_prefill_nodes_busy_compiler_is_asked_again_after_its_retry_hint():
     """D compiled it, P (the only prefill node) answers Busy (its load: too many compiles, or past
     its time limit): nothing is reserved, and once P's retry hint has passed both are asked to
-    compile again; then the request runs as usual."""
+    compile again; then the request runs as usual, and P's first token ends the wait (a later
+    Busy, e.g. in a migration, would start its admission timeout afresh)."""
     async def test():
         async with Cluster() as c:
             p, d = await c.pair()
-            out = c.generate(max_tokens=1, structured=REGEX)
+            out = c.generate(max_tokens=2, structured=REGEX)
             await _compiles(p, d)
+            choice = c.backend._requests["r1"].choices[0]
             p.send(Busy("r1", "the grammar did not compile within 5.0 s", 50))
             d.send(GrammarReady("r1"))
             await _compiles(p, d)
+            assert choice.busy_prefills.replies == 1 and choice.busy_prefills.deadline is not None
             p.send(GrammarReady("r1"))
             d.send(GrammarReady("r1"))
             await d.expect(DecodeRequest)
             d.send(Reserved("r1", "x1", (3, 4), 0))
             await p.expect(PrefillRequest)
-            p.send(FirstToken("r1", 11, "a", None, "length"))
-            assert view(await out.next()) == ([([11], "a", "length")], True)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            assert (choice.busy_prefills.replies, choice.busy_prefills.deadline) == (0, None)
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+            assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
     run(test)
 
 
