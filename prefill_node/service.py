@@ -9,7 +9,9 @@ Request lifecycle:
   3. each step, the BlockShipper ships every block that became full (the partial last block
      once the whole prompt is computed), zero-copy, pinned until sent
   4. the step that samples the first token sends it to the router at once (FirstToken), then
-     Commit to D; the prompt's full blocks stay in this node's prefix cache
+     Commit to D; the prompt's full blocks stay in this node's prefix cache; a Commit whose send
+     times out (D stopped draining) is a RequestFailed after the first token: the router aborts
+     the request at D, which would hold it until the lease, and migrates it
   5. AbortRequest, a bad request or a failed transfer: the engine drops the request, the
      transfer is aborted, the router hears RequestFailed; blocks are freed exactly once
 
@@ -112,7 +114,11 @@ class PrefillService(NodeService):
             except ProtocolError as err:    # (not retryable: no node could send them)
                 self._abort(out.request_id, f"cannot send the first token: {err}", notify=True, retryable=False)
                 continue
-            self._send_or_lose(lambda: self.sender.commit(shipment.xfer_id, token, shipment.prompt_len))
+            try:
+                self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
+            except TransportError as err:
+                self.link.send(RequestFailed(out.request_id, f"transfer failed: its Commit was not sent: {err}"[:500],
+                                             True))
             self.shipper.close(out.request_id)
             self._params.pop(out.request_id, None)
 
@@ -185,9 +191,9 @@ class PrefillService(NodeService):
 
     @staticmethod
     def _send_or_lose(send) -> None:
-        """A Commit or an Abort; one into a decode node that stopped draining times out (the sender
-        loses it, failing its other transfers): that node fails the transfer itself, when this
-        node's silence or the lease runs out."""
+        """An Abort; one into a decode node that stopped draining times out (the sender loses it,
+        failing its other transfers): that node fails the transfer itself, when this node's
+        silence or the lease runs out."""
         try:
             send()
         except TransportError as err:

@@ -7,10 +7,12 @@ One admission, round by round:
     2. rank the decode nodes (policy.py; --routing cost: routing_cost.py, by cached overlap and
        load) and take the first one with room, skipping a node that said Busy to this request
        until it reports more free blocks; decide where the prompt is computed: on D itself when
-       its uncached tail is short (routing cost), else on a prefill node P; book the request on
-       D (and P) at once, so the next request sees them taken; a structured output with a
-       prefill node: both compile its grammar first, at once (grammar_first.py: no KV is held
-       while a grammar compiles); D's Busy there is a Busy of step 4
+       its uncached tail is short (routing cost), else on a prefill node P, skipping one that
+       said Busy to it until its retry hint passes (busy_prefills.py: none left, wait for the
+       first hint); a structured output with a prefill node: both compile its grammar first, at
+       once (grammar_first.py: no KV is held or booked while a grammar compiles); D's Busy there
+       is a Busy of step 4, P's goes to 2 again; then book the request on D (and P) at once, so
+       the next request sees them taken
     3. no node has room: wait for a capacity change (a decode node's heartbeat, or work on one
        ending) or a timer (from retry_after_ms, doubling up to ADMISSION_MAX_WAIT_S, with jitter); when the
        timer fires, ask the least loaded node anyway (the router's view may be wrong); go to 1
@@ -18,23 +20,25 @@ One admission, round by round:
        booking now counts the blocks D says it took), and sends P its PrefillRequest unless D
        prefills; Busy releases the bookings and goes to 1
        (a KV move's reservation, reserve_move, is one round of 2 and 4: its writer is a decode node)
-    5. past admission_timeout_s: 503 naming why (no live node, every decode node busy or full,
-       or a decode node that did not answer)
+    5. past admission_timeout_s (from the choice's first prefill Busy, if earlier): 503 naming
+       why (no live node, every decode or prefill node busy, decode nodes full, or a decode node
+       that did not answer)
 """
 from __future__ import annotations
 
 import asyncio
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import Counter
 
 from pdwire.block_hash import chain_hashes
-from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed, TokenDelta
+from pdwire.control import DecodeRequest, PrefillRequest, RequestFailed
 from pdwire.messages import Busy, Reserved
 from router.config import ADMISSION_FIRST_WAIT_S, ADMISSION_MAX_WAIT_S, RouterConfig
 from router.cluster.control_server import ControlServer
+from router.cluster.bookings import Bookings
+from router.cluster.busy_prefills import BusyPrefills
 from router.cluster.disagg_request import Attempt, Choice, Failure, Lost
 from router.cluster.grammar_first import compile_first, needs_compile
 from router.cluster.kv_index import KVIndex
@@ -80,7 +84,7 @@ class _Rounds:
 
 class Admission:
     """The DisaggregatedBackend's admission of one attempt at a time; it counts Busy replies and
-    books each attempt's nodes in the registry from the moment it picks them (`Attempt.bookings`)."""
+    books each attempt's nodes in the registry once it picks them (`bookings`, bookings.py)."""
 
     def __init__(self, config: RouterConfig, registry: NodeRegistry, server: ControlServer,
                  affinity: PrefixAffinity, capacity: CapacityWatch, index: KVIndex):
@@ -93,6 +97,7 @@ class Admission:
                                      (config.decode_balance_abs, config.decode_balance_rel))
         self._prefill_policy = PrefillPolicy(index if self._cost else affinity, config.prefill_load_weight)
         self._rng = random.Random(config.policy_seed)
+        self.bookings = Bookings(registry)
         self.busy = Counter("pdserve_router_busy_replies", "Busy replies from decode nodes.", registry=None)
         self.prefills = Counter("pdserve_router_prefills", "Prompts admitted, by where they were computed: "
                                 "on a prefill node (remote) or on their decode node (local).", ["where"],
@@ -101,11 +106,12 @@ class Admission:
     async def admit(self, choice: Choice, att: Attempt) -> Failure | None:
         """Picks P and D and gets D's reservation. Raises NoNodeAvailable when that cannot happen."""
         loop = asyncio.get_running_loop()
-        rounds = _Rounds(loop.time() + self._config.admission_timeout_s, 0)
+        rounds = _Rounds(min(loop.time() + self._config.admission_timeout_s,
+                             choice.busy_prefills.deadline or float("inf")), 0)
         while True:
             await self._wait_for_nodes(choice, rounds.deadline)
             if loop.time() >= rounds.deadline:
-                raise NoNodeAvailable(self._timeout_reason(rounds))
+                raise NoNodeAvailable(self._timeout_reason(rounds, choice))
             rounds.need_blocks = self._need_blocks(att)
             hashes = chain_hashes(att.prompt_ids, self._server.block_size)
             decode = self._choose_decode(choice, rounds, att, hashes)
@@ -113,13 +119,22 @@ class Admission:
                 await self._wait_for_room(rounds)
                 continue
             att.local = self._prefill_here(decode, att, hashes)
-            self._book(att, decode, hashes, None if att.local else self._choose_prefill(choice, att, hashes))
+            att.prefill = None if att.local else self._choose_prefill(choice, att, hashes)
+            if not att.local and att.prefill is None:
+                await self._wait_for_prefill(choice, rounds)
+                continue
             reply = None
             if needs_compile(att):
                 reply = await compile_first(self._server, att, decode, rounds.deadline,
                                             self._config.admission_timeout_s)
+            if isinstance(reply, Failure) and reply.busy:
+                self.note_prefill_busy(choice, reply)
+                continue
             if reply is None:
+                self._book(att, decode, hashes)     # after the compiles: a slow one holds no capacity
                 reply = await self._reserve(att, decode, rounds.deadline)
+            if reply is None and att.local:     # D computes the prompt: a later prefill Busy is a new wait
+                choice.busy_prefills = BusyPrefills()
             if not isinstance(reply, Busy):
                 return reply
             self._on_busy(att, decode, reply, rounds)
@@ -135,7 +150,7 @@ class Admission:
         decode = self._choose_decode(choice, rounds, att, hashes)
         if decode is None or decode.node_id == att.writer:
             return None
-        self._book(att, decode, hashes, None)
+        self._book(att, decode, hashes)
         reply = await self._reserve(att, decode, rounds.deadline)
         if isinstance(reply, Busy):
             self._on_busy(att, decode, reply, rounds)
@@ -176,10 +191,8 @@ class Admission:
 
     async def _wait_for_room(self, rounds: _Rounds) -> None:
         """Step 3: until a decode node may have more room, or the timer fires (a heartbeat
-        does not restart the timer)."""
+        does not restart the timer); at once past the deadline (the next round's 503)."""
         now = asyncio.get_running_loop().time()
-        if now >= rounds.deadline:
-            raise NoNodeAvailable(self._timeout_reason(rounds))
         if rounds.probe_at is None:
             rounds.probe_at = now + self._jittered(rounds.wait_s)
         await self._capacity.wait(min(rounds.probe_at, rounds.deadline) - now)
@@ -191,8 +204,10 @@ class Admission:
         """wait_s to 1.5 x wait_s, so waiting requests do not ask in step."""
         return wait_s * (1.0 + 0.5 * self._rng.random())
 
-    def _timeout_reason(self, rounds: _Rounds) -> str:
+    def _timeout_reason(self, rounds: _Rounds, choice: Choice) -> str:
         timeout = self._config.admission_timeout_s
+        if choice.busy_prefills.replies and not rounds.busy_replies:
+            return choice.busy_prefills.reason(timeout)
         if rounds.busy_replies:
             return (f"every decode node was busy for the admission timeout of {timeout} s "
                     f"({rounds.busy_replies} Busy replies; last: {rounds.last_busy})")
@@ -203,7 +218,7 @@ class Admission:
         """D said Busy: counted, the attempt's bookings released, and D noted in `rounds` as
         refusing until it reports more free blocks."""
         self.busy.inc()
-        self._release_all(att)
+        self.bookings.release_all(att)
         rounds.refused[decode.node_id] = self._pool(decode).free_blocks
         rounds.busy_replies += 1
         rounds.last_busy = f"{decode.node_id}: {reply.reason or 'busy'}"
@@ -220,56 +235,36 @@ class Admission:
         return self._cost is not None and att.params.prompt_logprobs is None and \
             self._cost.prefill_here(decode, hashes, len(att.prompt_ids), self._server.block_size)
 
-    def _choose_prefill(self, choice: Choice, att: Attempt, hashes: list[bytes]) -> PrefillChoice:
+    def _choose_prefill(self, choice: Choice, att: Attempt, hashes: list[bytes]) -> PrefillChoice | None:
         """The attempt's prefill node: the one chosen in an earlier round while it is still a
-        candidate (its prefix was recorded there), else the policy's choice."""
-        nodes = _prefer(self._registry.candidates(NodeRole.PREFILL), choice.avoid)
+        candidate (its prefix was recorded there), else the policy's choice; a node that said Busy
+        to the choice is no candidate until its retry hint passes (None while none is left)."""
+        now = asyncio.get_running_loop().time()
+        nodes = [n for n in self._registry.candidates(NodeRole.PREFILL)
+                 if not choice.busy_prefills.refused(n.node_id, now)]
+        if not nodes:
+            return None
+        nodes = _prefer(nodes, choice.avoid)
         if att.prefill is not None and any(n is att.prefill.node for n in nodes):
             return att.prefill
         return self._prefill_policy.choose(nodes, hashes, -(-len(att.prompt_ids) // self._server.block_size))
 
-    def _book(self, att: Attempt, decode: Node, hashes: list[bytes], prefill: PrefillChoice | None) -> None:
-        """Books the attempt on its nodes now, before either has heard of it (no prefill node:
-        D computes the prompt): on D the blocks it allocates, and when it prefills them itself
-        (att.local) as its queued prefill work too (routing_cost.py queued(D)); on P the blocks it
-        computes."""
-        att.prefill = prefill
-        blocks = self._decode_blocks(att, decode, hashes)
-        att.bookings[decode.node_id] = self._registry.book(decode.node_id, blocks, blocks if att.local else 0)
-        if prefill is not None:
-            att.bookings[prefill.node.node_id] = self._registry.book(prefill.node.node_id, prefill.new_blocks)
+    async def _wait_for_prefill(self, choice: Choice, rounds: _Rounds) -> None:
+        """Every live prefill node said Busy to the choice: until the first retry hint passes."""
+        now = asyncio.get_running_loop().time()
+        await asyncio.sleep(max(0.0, min(choice.busy_prefills.next_retry(now), rounds.deadline) - now))
 
-    def on_message(self, att: Attempt, node_id: str, msg: Any) -> None:
-        """A message of the attempt's, as it reaches the router (the control loop, before any
-        later message of the node's): D's Reserved takes D's booking, and D's last TokenDelta
-        (the request done, its blocks freed on D) releases it, now, not when the attempt's task
-        reads them, as a heartbeat D sent after either shows it: handled in between, it would
-        count the blocks twice (booked pending and shown used; shown free and still booked)
-        until the next heartbeat or the release."""
-        if node_id != att.decode_id:
-            return
-        if isinstance(msg, Reserved):
-            self._taken(att, node_id, msg)
-        elif isinstance(msg, TokenDelta) and msg.finish_reason and node_id in att.bookings:
-            self._registry.release(att.bookings.pop(node_id))
+    def note_prefill_busy(self, choice: Choice, failure: Failure) -> None:
+        """A prefill node said Busy to the choice (its grammar compiler's load): it is asked again
+        once its retry hint passes, another one at once; the choice's admission timeout runs from
+        the first such answer: past it, raises NoNodeAvailable (a 503)."""
+        now, timeout = asyncio.get_running_loop().time(), self._config.admission_timeout_s
+        choice.busy_prefills.note(failure.node_id, failure.reason, failure.retry_after_s, now, timeout)
+        if choice.busy_prefills.timed_out(now):
+            raise NoNodeAvailable(choice.busy_prefills.reason(timeout))
 
-    def _taken(self, att: Attempt, node_id: str, reserved: Reserved | None = None) -> None:
-        """The node has the attempt's work; D's `reserved` reply re-books it with the blocks D
-        took (a D from before Reserved.taken_blocks: the table's less its cached ones) and, for
-        a local prefill, the blocks it computes: its true uncached tail."""
-        booking = att.bookings.get(node_id)
-        if booking is None:
-            return
-        if reserved is None:
-            return self._registry.taken(booking)
-        uncached = len(reserved.dst_block_ids) - reserved.cached_prefix_blocks
-        taken = uncached if reserved.taken_blocks is None else reserved.taken_blocks
-        self._registry.taken(booking, taken, uncached if att.local else 0)
-
-    def _release_all(self, att: Attempt) -> None:
-        for booking in att.bookings.values():
-            self._registry.release(booking)
-        att.bookings.clear()
+    def _book(self, att: Attempt, decode: Node, hashes: list[bytes]) -> None:
+        self.bookings.book(att, decode.node_id, self._decode_blocks(att, decode, hashes))
 
     async def _reserve(self, att: Attempt, decode: Node, deadline: float) -> Reserved | Busy | Failure | None:
         """Step 4: DecodeRequest to D, and its answer."""
@@ -293,7 +288,7 @@ class Admission:
                 att.contacted.discard(node_id)
                 att.decode_id = ""
                 return msg
-            if isinstance(msg, Reserved):       # taken as it arrived (on_message)
+            if isinstance(msg, Reserved):       # taken as it arrived (bookings.py)
                 att.cached_blocks = msg.cached_prefix_blocks
                 if att.writer:                  # a KV move: the writer ships (router/cluster/kv_move.py)
                     return msg
@@ -307,7 +302,7 @@ class Admission:
     def _send_prefill(self, att: Attempt, decode: Node, reserved: Reserved) -> None:
         """PrefillRequest to P, shipping into D's reservation."""
         att.contacted.add(att.prefill_id)
-        self._taken(att, att.prefill_id)
+        self.bookings.taken(att, att.prefill_id)
         self._server.send(att.prefill_id, PrefillRequest(
             att.wire_rid, att.prompt_ids, att.params, decode.endpoint, reserved.xfer_id,
             reserved.dst_block_ids, reserved.cached_prefix_blocks, att.base))
@@ -328,7 +323,7 @@ class Admission:
 
         A held block that no running request references is counted free by D until one does, so
         this undercounts what D takes by such blocks, and a stale index errs either way. D's
-        Reserved says what it took (taken_blocks), and _taken re-books that: the view is exact
+        Reserved says what it took (taken_blocks), and Bookings.taken re-books that: the view is exact
         from the reply on, until a release (registry.py: a request ending frees only its blocks no
         other request shares, while the release takes off all it took). The estimate does not book the overlap: the router cannot tell idle
         held blocks from referenced ones, and in a burst on one document they are referenced

@@ -16,7 +16,8 @@ from pdwire import control
 from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
 from pdwire.messages import Busy
 from router.backend import NoNodeAvailable
-from router.cluster.membership import NODE_FAILURE, OPERATOR_CAUSES, NodeLoss
+from router.cluster.busy_prefills import BusyPrefills
+from router.cluster.membership import BUSY, NODE_FAILURE, OPERATOR_CAUSES, NodeLoss
 from router.cluster.policy import PrefillChoice
 from router.cluster.registry import Booking
 from router.request_deltas import RequestDeltas
@@ -43,14 +44,23 @@ class Failure(NamedTuple):
     reason: str
     retryable: bool
     cause: str = NODE_FAILURE   # a LossCause's value when a node was lost: the retry's metric label
-    busy: bool = False      # the prefill node's grammar compiler was busy: a 503 at once, not a retry
+    retry_after_s: float | None = None  # a prefill node's Busy (its grammar compiler's load): ask
+                                        # again after this, within the admission timeout (busy_prefills.py)
+
+    @property
+    def busy(self) -> bool:
+        return self.retry_after_s is not None
 
     @property
     def uses_retry(self) -> bool:
         """Whether the next attempt uses one of the request's max_retries: not when an operator's
         remove or drain deadline moved it (router/cluster/node_operator.py), a KV move that failed
-        included; that is no failure of the request."""
-        return self.cause not in OPERATOR_CAUSES
+        included, nor after a Busy; that is no failure of the request."""
+        return self.cause not in OPERATOR_CAUSES and not self.busy
+
+    @classmethod
+    def prefill_busy(cls, node_id: str, busy: Busy) -> Failure:
+        return cls(node_id, f"{node_id}: {busy.reason or 'busy'}", True, BUSY, busy.retry_after_ms / 1000)
 
 
 @dataclass(slots=True, eq=False)
@@ -98,6 +108,7 @@ class Choice:
     num_attempts: int = 0
     retries: int = 0                # attempts after a failure that uses a retry (Failure.uses_retry)
     avoid: set[str] = field(default_factory=set)    # nodes that failed this choice
+    busy_prefills: BusyPrefills = field(default_factory=BusyPrefills)  # prefill nodes that said Busy to it
 
     def __post_init__(self) -> None:
         self.out = StopHold(self.index, self.params)
@@ -232,16 +243,13 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
             return None     # D took the moved blocks in time; or P's part is done (D reports a broken transfer)
         return event.failure()
     node_id, msg = event
-    if isinstance(msg, RequestFailed):
-        if node_id == att.prefill_id and att.first_token:
-            log.info("%s: prefill node %s failed after its first token: %s", att.wire_rid,
-                     node_id, msg.reason)
-            return None
-        return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)
+    if isinstance(msg, RequestFailed):     # P's after its first token too: its transfer to D broke
+        return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)     # (D aborted, then a migration)
     if isinstance(msg, Busy) and node_id == att.prefill_id and not att.first_token:
-        return Failure(node_id, f"{node_id}: {msg.reason}", True, busy=True)
+        return Failure.prefill_busy(node_id, msg)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
         att.first_token = True
+        choice.busy_prefills = BusyPrefills()   # a prefill node took it: a later Busy is a new wait
         if msg.prompt_logprobs is not None and request.prompt_logprobs is None:
             request.prompt_logprobs = _prompt_scores(msg.prompt_logprobs, request.prompt_ids, vocab)
         logprobs = None if msg.logprobs is None else (msg.logprobs,)

@@ -5,16 +5,20 @@ Life of one choice of a request (n > 1 runs n of them, `rid#i`, with seed + i):
     1. pick a decode node D and a prefill node P, or none when D computes the prompt itself
        (--routing cost: cached overlap and load, router/cluster/routing_cost.py; affinity:
        D least loaded with room, P by prefix affinity, then load), and book the request on them
-       at once, so a burst spreads
+       at once, so a burst spreads (router/cluster/bookings.py)
     2. D ◀─DecodeRequest─ router; D ─▶ Reserved, or Busy: try another D, or wait for room;
        no reservation within admission_timeout_s fails the request (503); a structured output's
-       grammar is compiled on D and P at once before it (router/cluster/grammar_first.py)
+       grammar is compiled on D and P at once before it, and only then booked
+       (router/cluster/grammar_first.py); P's Busy there: another P, or P after its retry hint
     3. P ◀─PrefillRequest(D's kv_endpoint, xfer_id, dst_block_ids)─ router   (steps 1-3: admission.py)
     4. P ─FirstToken─▶ client at once; D ─TokenDelta...─▶ client, merged by token index and text
        offset, so a token D re-sends is not emitted twice; the client is sent deltas only, less
        the text a stop string may still claim (router/stop_hold.py)
     5. P or D fails or leaves (RequestFailed, heartbeat timeout, new epoch, goodbye, an operator's
-       remove or drain deadline: router/cluster/node_operator.py): AbortRequest to both,
+       remove or drain deadline: router/cluster/node_operator.py; P's RequestFailed after its first
+       token too: its transfer to D broke, e.g. its Commit's send timed out, and D would hold the
+       reservation until its lease; P lost after its first token is not: D reports a transfer
+       that broke itself; P's Busy is no failure: admission.py): AbortRequest to both,
        then a new attempt on other nodes from prompt + the tokens emitted so far, with max_tokens
        and min_tokens less those tokens: a retry before the first token, a migration after it
        (an operator's remove or drain deadline first moves D's requests with their KV blocks:
@@ -43,7 +47,7 @@ from pdwire import control
 from pdwire.control import AbortRequest
 from pdwire.schema import MAX_RID_LEN
 from router.cluster.admission import Admission, CapacityWatch
-from router.backend import Backend, NodeMetrics, NoNodeAvailable
+from router.backend import Backend, NodeMetrics
 from router.cluster.disagg_request import (Attempt, Choice, Failure, Lost, PendingRequest, TransferTimer, apply_event,
                                            check_control_size)
 from router.config import RouterConfig
@@ -76,16 +80,17 @@ class DisaggregatedBackend(Backend):
         self._vocab = vocab_size or (1 << 31)   # token ids are checked against it
         self._config = config
         capacity = CapacityWatch()
-        self._registry = NodeRegistry(config.heartbeat_timeout_s, on_capacity=capacity.notify)
-        self._server = ControlServer(self._registry, self, secret, config.control_endpoint,
+        registry = NodeRegistry(config.heartbeat_timeout_s, on_capacity=capacity.notify)
+        self._server = ControlServer(registry, self, secret, config.control_endpoint,
                                      expire_interval_s=min(0.25, config.heartbeat_timeout_s / 4))
         self._affinity = PrefixAffinity(config.affinity_blocks_per_node)
         self._kv_index = KVIndex(config.kv_index_max_blocks)
-        self._admission = Admission(config, self._registry, self._server, self._affinity, capacity, self._kv_index)
+        self._admission = Admission(config, registry, self._server, self._affinity, capacity, self._kv_index)
         self._requests: dict[str, PendingRequest] = {}
         self._attempts: dict[str, Attempt] = {}
         self._retries = Counter("pdserve_router_retries", "Requests run again before their first "
-                                "token after a node failed, by cause.", ["cause"], registry=None)
+                                "token after a node failed (or a prefill node was busy), by cause.", ["cause"],
+                                registry=None)
         self._migrations = Counter("pdserve_router_migrations", "Requests moved to other nodes after tokens "
                                    "were emitted, by cause and how: with their KV blocks (kv_move) or "
                                    "re-prefilled from prompt + emitted tokens (reprefill).", ["cause", "how"],
@@ -207,7 +212,7 @@ class DisaggregatedBackend(Backend):
         att = self._attempts.get(msg.rid)
         if att is None or node_id not in (att.prefill_id, att.decode_id, att.writer):
             return False
-        self._admission.on_message(att, node_id, msg)
+        self._admission.bookings.on_message(att, node_id, msg)
         att.inbox.put_nowait((node_id, msg))
         return True
 
@@ -346,19 +351,18 @@ class DisaggregatedBackend(Backend):
         att.ended = True
         self._attempts.pop(att.wire_rid, None)
         self._moves.ended(att)
-        for booking in att.bookings.values():
-            self._registry.release(booking)
-        att.bookings.clear()
+        self._admission.bookings.release_all(att)
         if not att.decode_done:
             for node_id in sorted(att.contacted):
                 self._server.send(node_id, AbortRequest(att.wire_rid))
 
     def _after_failure(self, choice: Choice, failure: Failure) -> None:
         """Raises if the choice may not run again; else notes the node to avoid. A prefill node's
-        busy grammar compiler is a 503 at once (as a decode node's or the colocated engine's): a
-        retry would take another decode reservation for the same refusal."""
+        Busy (its grammar compiler's load) is no failure: the next attempt takes another prefill
+        node, or the same once its retry hint passed, and it is a 503 only once the admission
+        timeout has passed since the choice's first such answer."""
         if failure.busy:
-            raise NoNodeAvailable(failure.reason)
+            return self._admission.note_prefill_busy(choice, failure)
         if not failure.retryable:
             raise (RuntimeError if choice.token_ids else ValueError)(failure.reason)
         if failure.uses_retry:
@@ -375,15 +379,12 @@ class DisaggregatedBackend(Backend):
         """Merges P's first token and D's deltas into the choice until it finishes, fails or moves."""
         timer = TransferTimer(UNTIMED if att.writer else self._kv_transfer_time)    # a KV move: not a prefill's
         while choice.finish_reason is None:
-            had_first = att.first_token
             event = await att.inbox.get()
             if isinstance(event, MoveOut):
                 return event
             failure = apply_event(choice, att, event, request, self._vocab)
             self._moves.note(att, event)
             timer.note(event, att)
-            if att.first_token and not had_first and att.prefill_id in att.bookings:
-                self._registry.release(att.bookings.pop(att.prefill_id))    # P's part is done
             if failure is not None:
                 return failure
         return None

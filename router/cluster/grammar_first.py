@@ -8,10 +8,13 @@ reserves KV blocks (step 3b of router/cluster/admission.py's round):
       both ready       ─▶ DecodeRequest to D, which finds the grammar compiled and reserves at once;
                           P finds it compiled too when its PrefillRequest comes
       D Busy           ─▶ a Busy round (another D, or wait for room); P's compile goes on, cached
-      P Busy           ─▶ Failure(busy): a 503 at once (its compiler's load: its time limit too)
+      P Busy           ─▶ Failure(busy) (its compiler's load: its time limit too): another
+                          prefill node, or P once its retry hint passed (admission.py); a 503
+                          only past the admission timeout
       RequestFailed    ─▶ Failure: a grammar that does not compile is a 400
 
-No decode KV is held while either node compiles (it used to be: D reserved, then P compiled).
+No decode KV is held while either node compiles (it used to be: D reserved, then P compiled),
+nor booked: the router books D and P only once both hold the grammar.
 """
 from __future__ import annotations
 
@@ -70,5 +73,5 @@ def _verdict(att: Attempt, decode: Any, prefill: Any) -> Busy | Failure | None:
     if isinstance(prefill, RequestFailed):
         return Failure(att.prefill_id, f"{att.prefill_id}: {prefill.reason}", prefill.retryable)
     if isinstance(prefill, Busy):
-        return Failure(att.prefill_id, f"{att.prefill_id}: {prefill.reason}", True, busy=True)
+        return Failure.prefill_busy(att.prefill_id, prefill)
     return None

@@ -115,10 +115,7 @@ class KVMoves:
         if isinstance(event, Lost) and event.node_id == att.writer and not event.overdue:
             asyncio.get_running_loop().call_later(self._timeout_s, att.inbox.put_nowait, event._replace(overdue=True))
         elif att.writer and isinstance(event, tuple) and event[0] == att.decode_id and isinstance(event[1], TokenDelta):
-            booking = att.bookings.pop(att.writer, None)
-            if booking is not None:
-                self._server.registry.release(booking)
-            att.writer = ""
+            att.writer = ""         # (its booking went as the delta arrived: router/cluster/bookings.py)
             self._wake(att)
 
     async def move(self, request: PendingRequest, choice: Choice, att: Attempt,

@@ -33,6 +33,7 @@ class LossCause(Enum):
 
 DEFAULT_DRAIN_DEADLINE_S = 60.0  # a drained node's running requests move after this long
 NODE_FAILURE = "node_failure"   # the cause label of a retry after a node's RequestFailed
+BUSY = "busy"                   # ... and after a prefill node's Busy
 OPERATOR_CAUSES = frozenset({LossCause.REMOVED.value, LossCause.DRAINED.value})    # an operator's: moves, not failures
 
 

@@ -23,9 +23,10 @@ b is the router's estimate until taken(), which may replace it with what the nod
 that, once. Until the next heartbeat a release can overstate the room it frees: a request that
 pulled idle cached blocks into use (its b counts them) and ends while later requests share them
 frees only its own tail on the node. Bounded by one heartbeat; the node's Busy guards it.
-A decode node's reservation is taken() the moment its Reserved reaches the router, on the
-control loop, before the heartbeats it sent after it (which show the reservation) are handled;
-and released the moment its last TokenDelta (the request done, its blocks freed) does, likewise.
+A booking is taken() and released on the control loop the moment the message that says so
+reaches the router (a decode node's Reserved, its last TokenDelta, a node's RequestFailed, a
+prefill node's FirstToken: router/cluster/bookings.py), before the heartbeats the node sent
+after it (which show its effect) are handled.
 
 A decode node's booking may carry prefill work too (p: the prompt blocks it computes itself, a
 local prefill). A heartbeat reports sequences and blocks, not a queue of prefills, so p counts

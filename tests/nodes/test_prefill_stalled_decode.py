@@ -1,6 +1,7 @@
 """A decode node that stops draining its KV queue: the prefill node's send times out once, that
 decode node is lost with every transfer to it (no send waits on its full queue again, no Commit or
-Abort goes there), each of its requests fails once, retryably, and the prefill node serves on."""
+Abort goes there), each of its requests fails once, retryably, and the prefill node serves on; a
+request whose Commit's own send timed out fails after its first token."""
 from __future__ import annotations
 
 import threading
@@ -69,3 +70,30 @@ def test_a_decode_node_that_stops_draining_fails_its_requests_once_each(model_di
         h.submit("after", PROMPT, GREEDY)
         (after,) = h.wait(["after"])
         assert after.failed is None and tokens(after) == tokens(warm) and len(tokens(warm)) == 3
+
+
+def test_a_commit_whose_send_times_out_fails_its_request_after_its_first_token(model_dir):
+    """The Commit's own send meets the full queue (the first token went out before it): the
+    request fails, retryably, after its first token, so that the router aborts it at the decode
+    node (which would hold it until its lease) and runs it again; the prefill node serves on."""
+    with serving(model_dir[0], block_size=8, num_blocks=64) as h:
+        h.submit("warm", PROMPT, GREEDY)
+        (warm,) = h.wait(["warm"])
+        sender, stalls = h.prefill.sender, []
+        commit = sender.commit
+
+        def cut(xfer_id: str, first_token: int, num_tokens: int) -> None:
+            if not stalls:
+                stalls.append(_stall(sender._link, h.hellos["decode-0"].kv_endpoint))
+            commit(xfer_id, first_token, num_tokens)
+        sender.commit = cut
+        h.submit("c", PROMPT, GREEDY)
+        h.pump(lambda: any(node == "prefill-0" for node, _ in h.results["c"].failures))
+        (failed,) = [f for node, f in h.results["c"].failures if node == "prefill-0"]
+        assert failed.retryable and "Commit" in failed.reason
+        assert h.results["c"].first is not None         # after its first token
+        assert stalls[0] == [h.hellos["decode-0"].kv_endpoint]      # the Commit's send, and none after it
+        h.send("decode-0", AbortRequest("c"))           # as the router does
+        h.submit("after", PROMPT, GREEDY)
+        (after,) = h.wait(["after"])
+        assert after.failed is None and tokens(after) == tokens(warm)

@@ -170,7 +170,8 @@ def test_both_nodes_answer_compile_grammar_once_their_compile_is_done(slow_harne
 
 
 def test_a_prefill_nodes_busy_grammar_compiler_answers_busy():
-    """GrammarBusy on a prefill node is a Busy (the router answers a 503), not a retryable
+    """GrammarBusy on a prefill node is a Busy (the router asks another prefill node, or this one
+    after its retry hint, and answers a 503 past its admission timeout), not a retryable
     RequestFailed (the router retried it, each time taking a decode reservation, then a 500); a
     grammar that cannot compile stays a non-retryable failure (a 400); one past this node's time
     limit, which its decode node compiled in time, is this node's load: a Busy, not a 400."""

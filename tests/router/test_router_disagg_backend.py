@@ -284,22 +284,25 @@ def test_retries_are_bounded():
     run(test)
 
 
-def test_a_prefill_nodes_busy_grammar_compiler_is_a_503_at_once():
-    """P answers Busy (its grammar compiler has too many compiles) before its first token: the
-    request ends NoNodeAvailable (a 503, as with a decode node's busy compiler), D's reservation is
-    aborted and no other is taken (it was a retryable failure: a retry loop ending in a 500)."""
+def test_a_prefill_nodes_busy_grammar_compiler_after_the_reservation_is_asked_again():
+    """P answers its PrefillRequest Busy (its grammar compiler has too many compiles): D's
+    reservation is aborted, and once P's retry hint has passed the request runs again on P (the
+    only prefill node), using none of its max_retries (a retry loop would end in a 500), counted
+    as a retry for "busy"; no 503 before the admission timeout."""
     async def test():
-        async with Cluster() as c:
+        async with Cluster(dataclasses.replace(CONFIG, max_retries=0)) as c:
             p, d = await c.pair()
-            out = c.generate()
-            await d.expect(DecodeRequest)
-            d.send(Reserved("r1", "x1", (3, 4), 0))
-            await p.expect(PrefillRequest)
+            out = c.generate(max_tokens=1)
+            await admit(d, p)
             p.send(Busy("r1", "18 grammars are compiling or queued on this node", 50))
-            err = await out.next()
-            assert isinstance(err, NoNodeAvailable) and "grammars are compiling" in str(err)
             assert (await d.expect(AbortRequest)).rid == "r1"
-            await d.assert_silent()
+            assert (await d.expect(DecodeRequest)).rid == "r1~1"
+            d.send(Reserved("r1~1", "x2", (3, 4), 0))
+            assert (await p.expect(AbortRequest)).rid == "r1"
+            assert (await p.expect(PrefillRequest)).rid == "r1~1"
+            p.send(FirstToken("r1~1", 11, "a", None, "length"))
+            assert view(await out.next()) == ([([11], "a", "length")], True)
+            assert counter(c.backend.collectors()[0], {"cause": "busy"}) == 1
     run(test)
 
 

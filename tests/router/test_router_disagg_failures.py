@@ -10,7 +10,7 @@ import zmq
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeCommand, NodeGoodbye, NodeHello,
-                                 NodeStatus, PrefillRequest, TokenDelta)
+                                 NodeStatus, PrefillRequest, RequestFailed, TokenDelta)
 from pdwire.messages import Reserved
 from router.config import RouterConfig
 from router.http.metrics import RouterMetrics
@@ -132,6 +132,35 @@ def test_prefill_death_after_first_token_changes_nothing():
             d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
             assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
             await d.assert_silent()
+    run(test)
+
+
+def test_a_prefill_nodes_failure_after_its_first_token_aborts_the_decode_node_and_migrates():
+    """P's first token is in, then its transfer to D breaks (here its Commit's send timed out) and
+    P reports RequestFailed: D is aborted at once (it would hold the reservation until its lease),
+    and the request runs again from prompt + the token streamed, its stream going on exactly
+    where it was; one migration, counted for node_failure."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(max_tokens=4)
+            await admit(d, p)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            p.send(RequestFailed("r1", "transfer failed: its Commit was not sent: not draining", True))
+            assert (await d.expect(AbortRequest)).rid == "r1"
+            req = await d.expect(DecodeRequest)
+            assert (req.rid, list(req.prompt_ids), req.params.max_tokens, req.prior_outputs) == \
+                ("r1~1", PROMPT + [11], 3, 1)
+            d.send(Reserved("r1~1", "x2", (5, 6), 0))
+            assert (await p.expect(AbortRequest)).rid == "r1"
+            assert (await p.expect(PrefillRequest)).rid == "r1~1"
+            p.send(FirstToken("r1~1", 12, "b", None, ""))
+            d.send(TokenDelta("r1~1", 0, (12, 13, 14), 0, "bcd", None, "length"))
+            while (final := await out.next()) is not END and not final.finished:
+                pass
+            assert view(final) == ([([11, 12, 13, 14], "abcd", "length")], True)
+            assert counter(c.backend.collectors()[1], {"cause": "node_failure", "how": "reprefill"}) == 1
     run(test)
 
 

@@ -3,12 +3,14 @@ node reserves KV blocks (router/cluster/grammar_first.py), against scripted node
 waits on a compile, and each node's answer keeps its meaning (Busy, 503, 400)."""
 from __future__ import annotations
 
+import dataclasses
+
 from pdwire.control import AbortRequest, CompileGrammar, DecodeRequest, FirstToken, PrefillRequest, RequestFailed
 from pdwire.control import GrammarReady, TokenDelta
 from pdwire.messages import Busy, Reserved
 from pdwire.structured_output import GrammarKind, StructuredOutput
 from router.backend import NoNodeAvailable
-from tests.disagg_harness import END, Cluster, run, view
+from tests.disagg_harness import CONFIG, END, Cluster, first_of, run, view
 
 REGEX = StructuredOutput(GrammarKind.REGEX, "[ab]{2}")
 
@@ -68,19 +70,83 @@ def test_a_decode_nodes_busy_compiler_is_a_busy_round_on_another_decode_node():
     run(test)
 
 
-def test_a_prefill_nodes_busy_compiler_is_a_503_and_nothing_is_reserved():
-    """D compiled it, P answers Busy (its load: too many compiles, or past its time limit): a 503
-    at once, both nodes aborted, no DecodeRequest sent (no KV reserved for nothing)."""
+def test_nothing_is_booked_while_the_grammar_compiles():
+    """While P and D compile, neither is booked (a slow compile holds no decode capacity in the
+    router's view); once both hold the grammar, both are, and D gets its DecodeRequest."""
     async def test():
         async with Cluster() as c:
             p, d = await c.pair()
+            c.generate(max_tokens=2, structured=REGEX)
+            await _compiles(p, d)
+            registry = c.backend.server.registry
+            decode, prefill = registry.get("decode-0"), registry.get("prefill-0")
+            d.send(GrammarReady("r1"))
+            await d.assert_silent()
+            assert [(n.inflight_requests, n.pending_blocks) for n in (decode, prefill)] == [(0, 0), (0, 0)]
+            p.send(GrammarReady("r1"))
+            await d.expect(DecodeRequest)
+            assert [(n.inflight_requests, n.pending_blocks) for n in (decode, prefill)] == [(1, 2), (1, 2)]
+    run(test)
+
+
+def test_a_prefill_nodes_busy_compiler_is_asked_again_after_its_retry_hint():
+    """D compiled it, P (the only prefill node) answers Busy (its load: too many compiles, or past
+    its time limit): nothing is reserved, and once P's retry hint has passed both are asked to
+    compile again; then the request runs as usual, and P's first token ends the wait (a later
+    Busy, e.g. in a migration, would start its admission timeout afresh)."""
+    async def test():
+        async with Cluster() as c:
+            p, d = await c.pair()
+            out = c.generate(max_tokens=2, structured=REGEX)
+            await _compiles(p, d)
+            choice = c.backend._requests["r1"].choices[0]
+            p.send(Busy("r1", "the grammar did not compile within 5.0 s", 50))
+            d.send(GrammarReady("r1"))
+            await _compiles(p, d)
+            assert choice.busy_prefills.replies == 1 and choice.busy_prefills.deadline is not None
+            p.send(GrammarReady("r1"))
+            d.send(GrammarReady("r1"))
+            await d.expect(DecodeRequest)
+            d.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            assert view(await out.next()) == ([([11], "a", None)], False)
+            assert (choice.busy_prefills.replies, choice.busy_prefills.deadline) == (0, None)
+            d.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+            assert view(await out.next()) == ([([11, 12], "ab", "length")], True)
+    run(test)
+
+
+def test_a_prefill_nodes_busy_compiler_sends_the_request_to_another_prefill_node():
+    """P answers Busy with a retry hint of a minute: the other prefill node compiles at once."""
+    async def test():
+        async with Cluster() as c:
+            ps = [await c.node("prefill-0", "prefill"), await c.node("prefill-1", "prefill")]
+            d = await c.node("decode-0", "decode")
+            c.generate(max_tokens=1, structured=REGEX)
+            busy, _ = await first_of(ps, CompileGrammar)
+            await _compiles(d)
+            busy.send(Busy("r1", "18 grammars are compiling or queued on this node", 60_000))
+            d.send(GrammarReady("r1"))
+            other = ps[1 - ps.index(busy)]
+            await _compiles(other, d)
+            await busy.assert_silent()
+    run(test)
+
+
+def test_a_prefill_node_busy_for_the_admission_timeout_is_a_503_and_nothing_is_reserved():
+    """P stays busy (its retry hint outlasts the admission timeout): a 503 naming P's reason once
+    the timeout has passed, both nodes aborted, no DecodeRequest sent (no KV reserved for nothing)."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, admission_timeout_s=2.0)) as c:
+            p, d = await c.pair()
             out = c.generate(structured=REGEX)
             await _compiles(p, d)
-            p.send(Busy("r1", "the grammar did not compile within 5.0 s", 50))
-            await d.assert_silent()         # D's verdict comes first
             d.send(GrammarReady("r1"))
+            p.send(Busy("r1", "the grammar did not compile within 5.0 s", 60_000))
             err = await out.next()
-            assert isinstance(err, NoNodeAvailable) and "did not compile" in str(err)
+            assert isinstance(err, NoNodeAvailable) and "every prefill node was busy" in str(err) \
+                and "prefill-0: the grammar did not compile" in str(err)
             assert (await d.expect(AbortRequest)).rid == "r1" and (await p.expect(AbortRequest)).rid == "r1"
             await d.assert_silent(), await p.assert_silent()
     run(test)
