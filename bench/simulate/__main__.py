@@ -3,6 +3,7 @@
     python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
     python -m bench.simulate pool run1.json run2.json --out P.json          # several profile runs, one fit
     python -m bench.simulate pool new.json old.json --only prefill_warm --out P.json   # old's, plus new's warm steps
+    python -m bench.simulate pool A.json B.json --agree 0.05 --out P.json   # two made back to back: pooled only if they agree
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
         [--front-from TRACES...] [--loop-from COLOCATED_TRACE DECODE_TRACE ...] [--beside-from TRACES...]
     python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention] [--jitter 10] [--speed]
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--out", required=True)
     r.add_argument("--only", default="", help="comma-separated step kinds (e.g. prefill_warm): take only these "
                                                "from the runs before the last (the last run's steps all)")
+    r.add_argument("--agree", type=float, metavar="TOLERANCE",
+                   help="two profiles made back to back: compare them (agreement.py) and write the pooled one only if "
+                        "every step kind, feature and the transfer agree within TOLERANCE (e.g. 0.05); else exit 1")
     r.set_defaults(func=_pool)
     c = sub.add_parser("calibrate", help="fit the profile's serving overheads to measured runs; writes a new profile")
     c.add_argument("measured", nargs="+")
@@ -161,6 +165,14 @@ def _pool(args) -> None:
     from dataclasses import replace
     from pdplan.profile import Profile, StepCost
     runs = [Profile.load(p) for p in args.profiles]
+    if args.agree is not None:
+        from bench.simulate.agreement import compare
+        if len(runs) != 2 or args.only:
+            raise SystemExit("--agree compares exactly two whole profiles (no --only)")
+        ok, report = compare(*runs, args.agree)
+        print(report)
+        if not ok:
+            raise SystemExit(f"not written: {args.out} (make both profiles again)")
     kinds = set(filter(None, args.only.split(",")))
     samples = [s for run in runs[:-1] for s in run.samples if not kinds or s.kind in kinds] + runs[-1].samples
     pooled = replace(runs[-1], step=StepCost.fit(samples), samples=samples,
