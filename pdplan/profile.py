@@ -135,6 +135,10 @@ class Overheads:
     colocated_step_s: float = 0.0
     colocated_admit_s: float = 0.0
     colocated_admit_token_s: float = 0.0
+    # not the serving path but the machine's: a step's price multiplier while another core of the same
+    # machine runs a prefill step (shared L3 and memory bus; traced 1.05-1.15x for a decode step:
+    # bench/simulate/trace.py beside_prefill); only nodes pinned on one machine pay it (pdplan/sim_bus.py)
+    beside_prefill: float = 1.0
 
     def front_s(self, prompt_len: int) -> float:
         """Arrival to the first engine admission, for a prompt of prompt_len tokens."""

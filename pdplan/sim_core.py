@@ -19,6 +19,12 @@ prefilled while another request streams waits for the core: traced, a prefill st
 decode node took 1.1-2.1x its own CPU time, one with the decode node idle 1.0-1.03x
 (bench/README.md, "What the trace found"). With no machine given (separate hosts) it costs nothing.
 
+The cores of one machine share its L3 and memory bus: traced, a decode step's own CPU was
+0.97-1.02x its price with the prefill node idle and 1.05-1.15x while the prefill node ran a step
+on the other core (bench/README.md, plan8). A machine's cores (CoreMap with machine_cores) are tied
+by a SharedBus (sim_bus.py): while another core of it runs a prefill step, a core's steps need
+`slow` times their price of its time (slow_to). Separate hosts share nothing.
+
     work left     ████████░░░░      a step of 80 ms alone ends 80 ms after it starts; if another
                   ▲ start   ▲ end   node's step starts 40 ms in, both advance at half speed: the
                                     first ends 80 ms later (at 120 ms), the other's work from then
@@ -29,23 +35,41 @@ from __future__ import annotations
 from typing import Callable
 
 from pdplan.events import EventLoop
+from pdplan.sim_bus import SharedBus
 
 
 class SimCore:
     def __init__(self, loop: EventLoop, background: float = 0.0):
         self.loop, self.background = loop, background
-        self._jobs: dict[int, list] = {}        # job id -> [work left (s), on_done]
+        self._jobs: dict[int, list] = {}        # job id -> [work left (s), on_done, owner, prefill]
         self._spinning: set[str] = set()        # nodes runnable here with no step: each takes a share
         self.spin_cpu: dict[str, float] = {}    # node -> core seconds it spun away
         self._next_id = 0
         self._since = 0.0                       # when the work left was last brought up to date
         self._version = 0                       # the one finish event still valid
+        self.slow = 1.0                         # core time per second of price (another core's prefill: sim_bus.py)
+        self.bus = None                         # the SharedBus of this core's machine, if any
+        self.prefilling = 0                     # prefill steps running here (the bus tells the other cores)
+        self.bus_cpu: dict[str, float] = {}     # owner -> core seconds its steps took beyond their price (slow)
 
-    def run(self, work_s: float, on_done: Callable[[], None]) -> None:
-        """One step of `work_s` seconds of this core's time; on_done() when it has had them."""
+    def run(self, work_s: float, on_done: Callable[[], None], owner: str = "", prefill: bool = False) -> None:
+        """One step of `work_s` seconds of this core's time (at slow 1); on_done() when it has had
+        them. owner: whose step (bus_cpu); prefill: a step that computes a prompt's tokens, which
+        slows the other cores of a shared bus while it runs."""
         self._advance()
-        self._jobs[self._next_id] = [work_s, on_done]
+        self._jobs[self._next_id] = [work_s, on_done, owner, prefill]
         self._next_id += 1
+        self.prefilling += prefill
+        self._schedule()
+        if prefill and self.bus is not None:
+            self.bus.changed()
+
+    def slow_to(self, slow: float) -> None:
+        """From now on each step here needs `slow` seconds of the core per second of its price."""
+        if slow == self.slow:
+            return
+        self._advance()
+        self.slow = slow
         self._schedule()
 
     def spin(self, node: str, on: bool) -> None:
@@ -72,7 +96,9 @@ class SimCore:
         if self._jobs or self._spinning:
             share = (now - self._since) / (len(self._jobs) + len(self._spinning) + self.background)
             for job in self._jobs.values():
-                job[0] -= share
+                job[0] -= share / self.slow
+                if self.slow != 1.0:
+                    self.bus_cpu[job[2]] = self.bus_cpu.get(job[2], 0.0) + share * (1 - 1 / self.slow)
             for node in self._spinning:
                 self.spin_cpu[node] = self.spin_cpu.get(node, 0.0) + share
         self._since = now
@@ -83,16 +109,20 @@ class SimCore:
             return
         version, left = self._version, min(job[0] for job in self._jobs.values())
         runnable = len(self._jobs) + len(self._spinning) + self.background
-        self.loop.after(max(left, 0.0) * runnable, lambda: self._finish(version))
+        self.loop.after(max(left, 0.0) * runnable * self.slow, lambda: self._finish(version))
 
     def _finish(self, version: int) -> None:
         if version != self._version:
             return                              # the set of steps changed since: a newer event stands
         self._advance()
         done = [jid for jid, job in self._jobs.items() if job[0] <= 1e-9]     # 1 ns: float residue
-        callbacks = [self._jobs.pop(jid)[1] for jid in done]
+        jobs = [self._jobs.pop(jid) for jid in done]
+        prefills = sum(job[3] for job in jobs)
+        self.prefilling -= prefills
         self._schedule()
-        for cb in callbacks:
+        if prefills and self.bus is not None:
+            self.bus.changed()
+        for cb in (job[1] for job in jobs):
             cb()
 
 
@@ -134,15 +164,18 @@ class CoreMap:
     """Which SimCore each node steps on: nodes pinned to the same core id share one; every other
     node gets a core of its own. background: core id -> runnable processes of other work there.
     machine_cores: the cores of the machine the pinned nodes run on (0: not one machine; floating
-    work is then free)."""
+    work is then free). beside_prefill: on that machine, a step's price multiplier while another
+    of its cores runs a prefill step (sim_bus.py; 1: none)."""
 
     def __init__(self, loop: EventLoop, pins: tuple[tuple[str, int], ...] = (),
-                 background: dict[int, float] | None = None, machine_cores: int = 0):
+                 background: dict[int, float] | None = None, machine_cores: int = 0, beside_prefill: float = 1.0):
         self.loop = loop
         self._pins = dict(pins)
         self._background = background or {}
         self._shared: dict[int, SimCore] = {}
         self.floating = FloatingWork([self._core(i) for i in range(machine_cores)])
+        if machine_cores > 1 and beside_prefill != 1.0:
+            SharedBus(self.floating.cores, beside_prefill)
 
     def of(self, node: str) -> SimCore:
         core = self._pins.get(node)

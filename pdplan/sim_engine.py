@@ -9,7 +9,8 @@ Each step (as the real scheduler):
   2. waiting sequences in order while the budget, max_num_seqs and the blocks allow (prefix
      hits reused; the whole prompt's blocks allocated at admission, a watermark kept free)
   3. the step ends once its core has given it profile.step_seconds(shapes) (later if the core is
-     shared with busy nodes: sim_core.py): computed tokens move on, full prompt
+     shared with busy nodes, or another core of its machine prefills: sim_core.py, sim_bus.py):
+     computed tokens move on, full prompt
      blocks enter the prefix cache, a sequence whose context is all computed samples a token
 A decode node's reservations (reserve / adopt) hold blocks without running; while one waits for its
 blocks and no step runs, the node spins on its core (kick). Control messages
@@ -179,7 +180,7 @@ class SimEngine:
         dt = self.profile.step.of([(n, seq.computed) for seq, n in plan]) + self.loop_cost.of(sampled, admitted)
         self.stepping, self._step_start = True, self.loop.now
         self.busy_s += dt             # core time: a step stretched by sharing counts its own work only
-        self.core.run(dt, lambda: self._end_step(plan))
+        self.core.run(dt, lambda: self._end_step(plan), self.name, any(n > 1 for _, n in plan))
 
     def _end_step(self, plan: list[tuple[SimSeq, int]]) -> None:
         """Nothing is preempted while a step runs (scheduling happens between steps)."""

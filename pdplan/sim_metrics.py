@@ -37,7 +37,7 @@ class SimSummary:
     utilization: dict[str, float]   # pool -> busy share of its nodes' time
     preemptions: int
     admission_waits: int
-    node_times: dict[str, tuple[float, float]] = field(default_factory=dict)   # node -> (s on its core, s its steps took)
+    node_times: dict[str, tuple[float, float]] = field(default_factory=dict)   # node -> (core s: prices + bus, s its steps took)
     spin_s: dict[str, float] = field(default_factory=dict)     # node -> core s it spun (a decode node's open transfers)
 
     def to_dict(self) -> dict:

@@ -74,7 +74,7 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
     for r in requests:
         r.token_times = []
     loop = EventLoop()
-    cores = CoreMap(loop, topology.pins, background, topology.machine_cores)
+    cores = CoreMap(loop, topology.pins, background, topology.machine_cores, profile.overheads.beside_prefill)
     if topology.colocated:
         pool = ColocatedPool(topology.colocated, profile, loop, cores)
         for r in requests:
@@ -97,5 +97,6 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
         preemptions = decode.preemptions
     loop.run(max(r.arrival for r in requests) + horizon_s)
     summary = summarize(requests, slo, {k: (f(), n) for k, (f, n) in busy.items()}, preemptions(), waits(), warmup_s)
-    return replace(summary, node_times={n.engine.name: (n.engine.busy_s, n.engine.wall_s) for n in nodes},
+    return replace(summary, node_times={n.engine.name: (n.engine.busy_s + n.engine.core.bus_cpu.get(n.engine.name, 0.0),
+                                                        n.engine.wall_s) for n in nodes},
                    spin_s={n.engine.name: n.engine.spin_s for n in nodes if n.engine.spin_s})

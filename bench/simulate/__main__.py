@@ -3,8 +3,9 @@
     python -m bench.simulate measure --workload rag --rates 0.5,1     # real runs, pinned (minutes)
     python -m bench.simulate pool run1.json run2.json --out P.json          # several profile runs, one fit
     python -m bench.simulate pool new.json old.json --only prefill_warm --out P.json   # old's, plus new's warm steps
+    python -m bench.simulate pool A.json B.json --agree 0.05 --out P.json   # two made back to back: pooled only if they agree
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
-        [--front-from TRACES...] [--loop-from COLOCATED_TRACE DECODE_TRACE ...]
+        [--front-from TRACES...] [--loop-from COLOCATED_TRACE DECODE_TRACE ...] [--beside-from TRACES...]
     python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention] [--jitter 10] [--speed]
     python -m bench.simulate repeat bench/validation/quiet3/simulate_measured_rag_*.json --profile C.json
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--out", required=True)
     r.add_argument("--only", default="", help="comma-separated step kinds (e.g. prefill_warm): take only these "
                                                "from the runs before the last (the last run's steps all)")
+    r.add_argument("--agree", type=float, metavar="TOLERANCE",
+                   help="two profiles made back to back: compare them (agreement.py) and write the pooled one only if "
+                        "every step kind, feature and the transfer agree within TOLERANCE (e.g. 0.05); else exit 1")
     r.set_defaults(func=_pool)
     c = sub.add_parser("calibrate", help="fit the profile's serving overheads to measured runs; writes a new profile")
     c.add_argument("measured", nargs="+")
@@ -70,6 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--loop-from", nargs=2, action="append", default=[], metavar=("COLOCATED", "DECODE"),
                    help="a colocated trace folder and a disaggregated one made under the same conditions (repeatable): "
                         "what the colocated server's loop costs its engine beyond a decode node's (loop_cost.py)")
+    c.add_argument("--beside-from", nargs="*", default=[],
+                   help="disaggregated trace folders: a decode step's CPU beside the prefill node's step over alone "
+                        "(bus_cost.py), the price multiplier of a step while another core of the machine prefills "
+                        "(pdplan/sim_bus.py; default 1: none)")
     c.set_defaults(func=_calibrate)
     s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
     s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
@@ -157,6 +165,14 @@ def _pool(args) -> None:
     from dataclasses import replace
     from pdplan.profile import Profile, StepCost
     runs = [Profile.load(p) for p in args.profiles]
+    if args.agree is not None:
+        from bench.simulate.agreement import compare
+        if len(runs) != 2 or args.only:
+            raise SystemExit("--agree compares exactly two whole profiles (no --only)")
+        ok, report = compare(*runs, args.agree)
+        print(report)
+        if not ok:
+            raise SystemExit(f"not written: {args.out} (make both profiles again)")
     kinds = set(filter(None, args.only.split(",")))
     samples = [s for run in runs[:-1] for s in run.samples if not kinds or s.kind in kinds] + runs[-1].samples
     pooled = replace(runs[-1], step=StepCost.fit(samples), samples=samples,
@@ -174,11 +190,21 @@ def _calibrate(args) -> None:
     per_token = front_end(args.front_from)[1] if args.front_from else 0.0
     admit = admission(args.front_from)[1] if args.front_from else 0.0
     loop = colocated_extra([c for c, _ in args.loop_from], [d for _, d in args.loop_from]) if args.loop_from else (0.0, 0.0, 0.0)
+    beside = _beside(args.beside_from, Profile.load(args.profile)) if args.beside_from else 1.0
     traced = Overheads(prompt_token_s=per_token, admit_token_s=admit, colocated_step_s=loop[0], colocated_admit_s=loop[1],
-                       colocated_admit_token_s=loop[2])
+                       colocated_admit_token_s=loop[2], beside_prefill=beside)
     profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, traced)
     profile.save(args.out)
     print(f"wrote {args.out}: {profile.overheads}")
+
+
+def _beside(out_dirs: list[str], profile) -> float:
+    from bench.simulate.bus_cost import beside_prefill
+    factor, points = beside_prefill(out_dirs, profile)
+    for f in points:
+        print(f"{f.out_dir}: a decode step beside a prefill step {f.factor:.3f}x alone ({f.beside} / {f.alone} steps)")
+    print(f"beside_prefill {factor:.3f} (the median of {len(points)} points, at least 1)")
+    return factor
 
 
 def _study(args) -> None:

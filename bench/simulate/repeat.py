@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import statistics
 
-from bench.simulate.validate import ranked_before, topology
+from bench.simulate.validate import point_requests, ranked_before, topology
 from pdplan.profile import Profile
 from pdplan.simulation import SLOTargets, simulate
-from pdplan.workload import sim_requests
 
 WARM = "rag"        # bench/serving/workloads.py: a question whose document an earlier request sent
 
@@ -28,9 +27,7 @@ def warm_questions(measured: dict, profile: Profile) -> list[dict]:
     for i, rate in enumerate(sweep["rates"]):
         simulated = {}
         for system, run in systems.items():
-            reqs = sim_requests(sweep["workload"], sweep["num_requests"], rate, sweep["seed"] + i, profile.block_size,
-                                sweep["knobs"]["max_model_len"], burstiness=sweep["burstiness"],
-                                output_cap=sweep["output_cap"])
+            reqs = point_requests(sweep, i, rate, profile)
             simulate(profile, reqs, topology(system, run, measured.get("machine", {}).get("nproc", 0)),
                      SLOTargets(), ranked_before=ranked_before(run, i))
             simulated[system] = [r.ttft * 1e3 for r in reqs]

@@ -147,6 +147,11 @@ def analyze(out_dir: str, profile_path: str | None = None) -> str:
         profile = Profile.load(profile_path)
         text += "\n\n" + overlap_table(step_ratios(events, profile)) + "\n\n" + prefill_step_table(events, profile)
         text += "\n\n" + shared_core_table(events, profile)
+        from bench.simulate.bus_cost import point_factor
+        beside = point_factor(out_dir, profile)
+        if beside:
+            text += f"\n\na decode step's CPU / price beside a prefill step over alone: {beside.factor:.3f} " \
+                    f"({beside.beside} / {beside.alone} steps; bus_cost.py)"
     measured = os.path.join(out_dir, "measured.json")
     if os.path.exists(measured):
         with open(measured) as f:

@@ -58,9 +58,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     rows = []
     for system, out in measured["systems"].items():
         for i, point in enumerate(out["points"]):
-            reqs = sim_requests(sweep["workload"], sweep["num_requests"], point["rate"], sweep["seed"] + i,
-                                profile.block_size, sweep["knobs"]["max_model_len"],
-                                burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
+            reqs = point_requests(sweep, i, point["rate"], profile)
             placed = [r.get("decode_node", "") for r in point.get("requests", [])]
             if replay and len(placed) == len(reqs):
                 for r, node in zip(reqs, placed):
@@ -97,6 +95,13 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                     row[label] |= {"loaded": pred, "loaded_error": (pred - real) / real if real else None}
             rows.append(row)
     return rows
+
+
+def point_requests(sweep: dict, i: int, rate: float, profile: Profile) -> list:
+    """The requests of a measured sweep's point i, at `rate`, as measure.py sent them: the same
+    prompts, lengths and arrival times, in the order its file records them."""
+    return sim_requests(sweep["workload"], sweep["num_requests"], rate, sweep["seed"] + i, profile.block_size,
+                        sweep["knobs"]["max_model_len"], burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
 
 
 def ranked_before(out: dict, point: int) -> int:
