@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from engine.block_manager import PinHandle
 from engine.llm_engine import LLMEngine
@@ -49,6 +49,9 @@ from kvtransport.base import KVSender, TransportError
 from node_shell.shipper import SEND_TIMEOUT_S, BlockShipper, Shipment
 from pdwire.control import Paused, RequestFailed, ShipRequest
 from pdwire.handshake import HandshakeError
+
+if TYPE_CHECKING:
+    import zmq
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 3.0     # pairing with the receiving decode node, on this node's loop
@@ -88,6 +91,14 @@ class KVMover:
 
     def busy(self) -> bool:
         return bool(self.held or self.shipper.shipments)
+
+    def needs_poll(self) -> bool:
+        """Whether shipped blocks stay pinned until their bytes have left (no socket says when)."""
+        return bool(self.shipper.shipments)
+
+    def waitables(self) -> list[zmq.Socket]:
+        """The sender's sockets (replies of the receiving nodes), once a move made it."""
+        return [] if self.sender is None else self.sender.waitables()
 
     def pause(self, rid: str, sent_tokens: int, before_last: int) -> Paused:
         """Step 1. sent_tokens / before_last: what the streamer sent of rid (tokens, and characters

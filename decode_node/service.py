@@ -10,7 +10,8 @@ Request lifecycle:
      a block arrives with every kv head, so at tp > 1 rank 0 keeps its heads and the other
      ranks get theirs with the next step, before it runs (TPModelRunner.write_blocks)
   3. when every expected block and the Commit (first token) arrived, the engine adopts the
-     blocks and the sequence joins the running batch
+     blocks and the sequence joins the running batch (a node with nothing to step meanwhile
+     sleeps on the receiver's socket and the router's, woken by the first frame: node_shell/runtime.py)
   4. each step streams TokenDeltas to the router; preemption recomputes locally
   5. on finish, AbortRequest, or a failed transfer (lease expiry, P's death, P's abort) the
      blocks are freed exactly once; a failed transfer is reported as RequestFailed (retryable)
@@ -97,7 +98,7 @@ class DecodeService(NodeService):
 
     # -- the loop's hooks -------------------------------------------------------------------
     def poll(self, timeout: float) -> None:
-        for msg in self.link.poll(timeout):
+        for msg in self.link.poll(timeout, self.receiver.waitables() + self.mover.waitables()):
             if isinstance(msg, DecodeRequest):
                 self._reserve(msg)
             elif isinstance(msg, CompileGrammar):
@@ -136,6 +137,11 @@ class DecodeService(NodeService):
 
     def busy(self) -> bool:
         return bool(self.xfer_rid) or self.mover.busy()
+
+    def needs_poll(self) -> bool:
+        """A transfer's frames all come through the receiver's socket, which poll() waits on, so
+        only a KV move's pins (released once their bytes have left) need looking at soon."""
+        return self.mover.needs_poll()
 
     def close_transport(self) -> None:
         self.mover.close()

@@ -13,11 +13,13 @@ steps below, with the moving decode node in P's place).
      or            [TransferFailed]     free the reserved blocks (exactly one event per xfer)
 
 Both sides call poll() from their loop at least every heartbeat interval: it moves frames,
-sends heartbeats, expires leases and detects dead peers. Neither class is thread-safe.
+sends heartbeats, expires leases and detects dead peers; a loop with nothing else to do sleeps on
+waitables() (beside its own sockets) between polls. Neither class is thread-safe.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +27,9 @@ from kvtransport.events import TransferEvent, TransferFailed
 from pdwire.handshake import PeerIdentity
 from kvtransport.metrics import ReceiverMetrics, SenderMetrics
 from kvtransport.receiver_state import Reservation
+
+if TYPE_CHECKING:
+    import zmq
 
 
 class TransportError(RuntimeError):
@@ -115,6 +120,12 @@ class KVSender(ABC):
     def is_sent(self, xfer_id: str) -> bool:
         """True once every payload of xfer_id has left this process (source blocks reusable)."""
 
+    def waitables(self) -> list[zmq.Socket]:
+        """Sockets that turn readable when a receiver replies (pairing steps included), for a node's
+        loop to wait on beside its own, then poll(0.0) (and try_connect); none for a backend without
+        sockets. No socket says when a payload has left (is_sent): look again soon for that."""
+        return []
+
     @abstractmethod
     def poll(self, timeout: float = 0.0) -> list[TransferFailed]:
         """Read replies, send due heartbeats, detect dead receivers; wait at most timeout.
@@ -138,6 +149,12 @@ class KVReceiver(ABC):
     def register(self, reservation: Reservation) -> None:
         """Expect reservation's blocks. ValueError if its id is reused or a block is already
         reserved by a live transfer or outside the pool."""
+
+    def waitables(self) -> list[zmq.Socket]:
+        """Sockets that turn readable when a message arrives, for a node's loop to wait on beside its
+        own, then poll(0.0): every frame comes through them (torch_dist's payloads follow their
+        headers, which do). None for a backend without sockets (the fake one): poll it."""
+        return []
 
     @abstractmethod
     def poll(self, timeout: float = 0.0) -> list[TransferEvent]:

@@ -10,9 +10,12 @@ channels; kvtransport.sender and kvtransport.receiver run the flow over it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from kvtransport.session import Buffer
+
+if TYPE_CHECKING:
+    import zmq
 
 Handler = Callable[[str, list[Buffer]], None]     # (endpoint or peer, frames of one message)
 
@@ -88,6 +91,11 @@ class SendLink(ABC):
     def receive(self, timeout: float, handle: Handler) -> None:
         """Hand every message waiting on paired connections to handle; wait at most timeout."""
 
+    def waitables(self) -> list[zmq.Socket]:
+        """The open connections' sockets, readable when a reply waits: for a caller's loop to wait
+        on beside its own (then receive() or recv() with no wait); none for a link without sockets."""
+        return []
+
     @abstractmethod
     def endpoints(self) -> list[str]:
         """The endpoints with an open connection."""
@@ -115,6 +123,11 @@ class ReceiveLink(ABC):
     @abstractmethod
     def receive(self, timeout: float) -> None:
         """Hand waiting messages to the handler; wait at most timeout for the first."""
+
+    def waitables(self) -> list[zmq.Socket]:
+        """The sockets that turn readable when a message waits: for a caller's loop to wait on
+        beside its own (then receive(0)); none for a link without sockets."""
+        return []
 
     def take_refused(self) -> list[str]:
         """The addresses of the connections refused at the transport's own handshake since the

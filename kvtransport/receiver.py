@@ -8,7 +8,7 @@ moves payloads into the pool. Backends differ only in the strategies they are bu
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from kvtransport.base import KVReceiver
 from kvtransport.events import TransferEvent
@@ -18,6 +18,9 @@ from kvtransport.receiver_core import PayloadSink, ReceiverCore
 from kvtransport.receiver_state import ReceiveLedger, Reservation
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import BATCH_BYTES
+
+if TYPE_CHECKING:
+    import zmq
 
 
 class Receiver(KVReceiver):
@@ -42,6 +45,9 @@ class Receiver(KVReceiver):
 
     def register(self, reservation: Reservation) -> None:
         self._core.register(reservation)
+
+    def waitables(self) -> list[zmq.Socket]:
+        return self._link.waitables()
 
     def poll(self, timeout: float = 0.0) -> list[TransferEvent]:
         """Handle messages until an event is ready or timeout passes; then check liveness."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Callable, Generator
+from typing import TYPE_CHECKING, Callable, Generator
 
 import torch
 
@@ -34,6 +34,9 @@ from kvtransport.payload_channel import PayloadChannel
 from kvtransport.sender_core import SenderCore
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import BATCH_BYTES, BlockBatch, BlockFrame, LayerBatch, batch_blocks
+
+if TYPE_CHECKING:
+    import zmq
 
 Pairing = Generator[None, "float | None", PeerIdentity]    # a handshake's steps: send() each its wait
 
@@ -162,6 +165,9 @@ class Sender(KVSender):
         else:
             self._pending.pop(xfer_id, None)
         return not pending
+
+    def waitables(self) -> list[zmq.Socket]:
+        return self._link.waitables()
 
     def poll(self, timeout: float = 0.0) -> list[TransferFailed]:
         for endpoint, error in self._channel.broken():

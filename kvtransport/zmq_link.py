@@ -185,6 +185,9 @@ class ZmqSendLink(SendLink):
         if not live and timeout > 0:
             time.sleep(timeout)
 
+    def waitables(self) -> list[zmq.Socket]:
+        return list(self._socks.values())
+
     def endpoints(self) -> list[str]:
         return list(self._socks)
 
@@ -354,6 +357,9 @@ class ZmqReceiveLink(ReceiveLink):
         if len(landing.sizes) == len(landing.slots):
             self._lander.landed(peer, landing, landing.sizes, landing.seconds)
         return size
+
+    def waitables(self) -> list[zmq.Socket]:
+        return [self._sock]
 
     def take_refused(self) -> list[str]:
         return self._guard.take_refused()

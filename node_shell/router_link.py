@@ -7,14 +7,16 @@
              router fails over when it sees the new epoch
 
 Nothing here blocks: sends never wait (a full queue means the router stopped reading, and the
-link starts over), and replies are polled with the caller's timeout. Frames that fail
-authentication or decoding are dropped and counted; they never stop the node.
+link starts over), and replies are polled with the caller's timeout, in one wait with the
+caller's other sockets (its KV transport's), so an idle node sleeps until any of them has input.
+Frames that fail authentication or decoding are dropped and counted; they never stop the node.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import zmq
 
@@ -70,13 +72,15 @@ class RouterLink:
         except zmq.Again:
             self._lose("the router is not reading (send queue full)")
 
-    def poll(self, timeout: float) -> list[Any]:
+    def poll(self, timeout: float, wake_on: Sequence[zmq.Socket] = ()) -> list[Any]:
         """Messages from the router that arrive within `timeout` s (all that are queued, at
-        least); sends a heartbeat when one is due. Node commands are handled here."""
+        least), the wait cut short as soon as one of `wake_on` (e.g. the KV transport's sockets,
+        which the caller reads next) has input; sends a heartbeat when one is due. Node commands
+        are handled here."""
         self.beat_if_due()
         wait = max(0.0, min(timeout, self._next_beat - time.monotonic()))
         messages = []
-        if self._sock.poll(int(wait * 1000), zmq.POLLIN):
+        if self._ready(math.ceil(wait * 1000), wake_on):
             while self._sock is not None:
                 try:
                     frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -86,6 +90,14 @@ class RouterLink:
                 if msg is not None and not self._command(msg):
                     messages.append(msg)
         return messages
+
+    def _ready(self, wait_ms: int, wake_on: Sequence[zmq.Socket]) -> bool:
+        """Whether the router's socket has input, waiting up to wait_ms for it or for input on
+        any of wake_on (one wait in the kernel over them all: a node with nothing to step sleeps)."""
+        if not wake_on or wait_ms == 0:
+            return bool(self._sock.poll(wait_ms, zmq.POLLIN))
+        ready = zmq.zmq_poll([(self._sock, zmq.POLLIN), *((s, zmq.POLLIN) for s in wake_on)], wait_ms)
+        return any(s is self._sock for s, _ in ready)
 
     def goodbye(self, reason: str) -> None:
         """Tell the router this node is leaving (if a session is up); close() lets it go out."""

@@ -1,7 +1,11 @@
 """The loop that serves a node: poll the router and the transport, step the engine, forward.
 
 The loop never blocks on the network while the engine has work: control messages and transport
-frames are polled with a zero timeout between steps, and with a short one when idle.
+frames are polled with a zero timeout between steps. With no step to run it sleeps in the kernel,
+in one wait over the router link's socket and the KV transport's (NodeService.poll), woken by the
+first control message or frame to arrive, or after IDLE_POLL_S (heartbeats, leases, grammar
+compiles, KV events); after BUSY_POLL_S while work is due that no socket announces
+(NodeService.needs_poll: blocks pinned until their bytes have left).
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ if TYPE_CHECKING:
     from node_shell.service import NodeService
 
 log = logging.getLogger(__name__)
-IDLE_POLL_S = 0.005
+IDLE_POLL_S = 0.005        # the longest an idle loop sleeps (woken sooner by any socket's input)
+BUSY_POLL_S = 0.001        # ... while service.needs_poll(): a short bounded poll, not a spin
 EXIT_BLOCKS_BROKEN = 70     # the node closed cleanly but its block accounting did not hold (EX_SOFTWARE)
 
 
@@ -57,7 +62,7 @@ def run(service: NodeService) -> bool:
     try:
         while not stopping and not service.should_stop():
             working = service.engine.has_unfinished_requests()
-            service.poll(0.0 if working or service.busy() else IDLE_POLL_S)
+            service.poll(0.0 if working else BUSY_POLL_S if service.needs_poll() else IDLE_POLL_S)
             if service.engine.has_unfinished_requests():
                 outputs, failed = service.engine.safe_step()      # a broken engine raises: the node ends
                 for rid, why in failed.items():

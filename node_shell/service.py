@@ -122,7 +122,9 @@ class NodeService(ABC):
 
     @abstractmethod
     def poll(self, timeout: float) -> None:
-        """Take control messages and transport events for up to `timeout` seconds."""
+        """Take control messages and transport events, waiting up to `timeout` seconds for the first
+        to arrive: one wait over the router link's socket and the transport's (RouterLink.poll's
+        wake_on), so that a frame ends it as soon as a control message does."""
 
     @abstractmethod
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
@@ -131,6 +133,11 @@ class NodeService(ABC):
     @abstractmethod
     def busy(self) -> bool:
         """Whether work is pending besides the engine's own (e.g. transfers in flight)."""
+
+    @abstractmethod
+    def needs_poll(self) -> bool:
+        """Whether work is due that no socket poll() waits on announces (blocks pinned until their
+        bytes have left: no socket says when), so that the idle loop looks again soon."""
 
     @abstractmethod
     def fail(self, rid: str, reason: str) -> None:

@@ -4,11 +4,9 @@ A node with a core of its own (a separate host: the planner's default) runs each
 the time the profile prices it. Nodes pinned to one core (the validation runs' 1P+2D on this
 2-core machine: both decode nodes on core 1) time-share it as the OS does: while k of them are in
 a step, each step's remaining work advances at 1/k of the core's speed; a node between steps
-(idle) takes nothing. Other work on the machine (a shared test box) can be given as `background`:
-b runnable processes that never sleep, so k steps advance at 1/(k + b) each. A node that polls
-without sleeping between steps (a decode node while a transfer to it is open: node_shell/runtime.py
-polls with no timeout while its service is busy()) spins: it takes a share as a step does, for as
-long as it spins (spin()).
+(idle, or a decode node waiting for a transfer's blocks: its loop sleeps until a frame lands,
+node_shell/runtime.py) takes nothing. Other work on the machine (a shared test box) can be given
+as `background`: b runnable processes that never sleep, so k steps advance at 1/(k + b) each.
 
 Processes pinned nowhere (the load generator; a disaggregated deployment's router) are floating
 work (FloatingWork): CPU seconds per streamed token that the OS runs on an idle core of the machine
@@ -42,8 +40,6 @@ class SimCore:
     def __init__(self, loop: EventLoop, background: float = 0.0):
         self.loop, self.background = loop, background
         self._jobs: dict[int, list] = {}        # job id -> [work left (s), on_done, owner, prefill]
-        self._spinning: set[str] = set()        # nodes runnable here with no step: each takes a share
-        self.spin_cpu: dict[str, float] = {}    # node -> core seconds it spun away
         self._next_id = 0
         self._since = 0.0                       # when the work left was last brought up to date
         self._version = 0                       # the one finish event still valid
@@ -72,35 +68,20 @@ class SimCore:
         self.slow = slow
         self._schedule()
 
-    def spin(self, node: str, on: bool) -> None:
-        """`node` runnable here without a step of its own (on) or asleep (off): while it spins it
-        takes a share of the core as a step does, and its steps do not (one process: a step's
-        node does not spin)."""
-        if on == (node in self._spinning):
-            return
-        self._advance()
-        if on:
-            self._spinning.add(node)
-        else:
-            self._spinning.discard(node)
-        self._schedule()
-
     @property
     def sharing(self) -> int:
-        """Steps running on this core now, and nodes spinning on it."""
-        return len(self._jobs) + len(self._spinning)
+        """Steps running on this core now."""
+        return len(self._jobs)
 
     def _advance(self) -> None:
-        """Every running step, and every spinning node, gets its share of the time since the last change."""
+        """Every running step gets its share of the time since the last change."""
         now = self.loop.now
-        if self._jobs or self._spinning:
-            share = (now - self._since) / (len(self._jobs) + len(self._spinning) + self.background)
+        if self._jobs:
+            share = (now - self._since) / (len(self._jobs) + self.background)
             for job in self._jobs.values():
                 job[0] -= share / self.slow
                 if self.slow != 1.0:
                     self.bus_cpu[job[2]] = self.bus_cpu.get(job[2], 0.0) + share * (1 - 1 / self.slow)
-            for node in self._spinning:
-                self.spin_cpu[node] = self.spin_cpu.get(node, 0.0) + share
         self._since = now
 
     def _schedule(self) -> None:
@@ -108,8 +89,7 @@ class SimCore:
         if not self._jobs:
             return
         version, left = self._version, min(job[0] for job in self._jobs.values())
-        runnable = len(self._jobs) + len(self._spinning) + self.background
-        self.loop.after(max(left, 0.0) * runnable * self.slow, lambda: self._finish(version))
+        self.loop.after(max(left, 0.0) * (len(self._jobs) + self.background) * self.slow, lambda: self._finish(version))
 
     def _finish(self, version: int) -> None:
         if version != self._version:

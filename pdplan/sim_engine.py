@@ -12,8 +12,8 @@ Each step (as the real scheduler):
      shared with busy nodes, or another core of its machine prefills: sim_core.py, sim_bus.py):
      computed tokens move on, full prompt
      blocks enter the prefix cache, a sequence whose context is all computed samples a token
-A decode node's reservations (reserve / adopt) hold blocks without running; while one waits for its
-blocks and no step runs, the node spins on its core (kick). Control messages
+A decode node's reservations (reserve / adopt) hold blocks without running, and take none of its
+core while their blocks are due (its loop sleeps until a frame lands). Control messages
 reach a node between its steps (node_shell/runtime.py polls there): between_steps() defers what a
 message does until the running step ends.
 """
@@ -128,7 +128,6 @@ class SimEngine:
             return None
         self._allocate(seq, hits)
         self.reserved[seq.req.rid] = seq
-        self._spin()
         return SimReserved(hits, need)
 
     def prefill_here(self, rid: int) -> None:
@@ -155,21 +154,9 @@ class SimEngine:
 
     # -- the step loop -----------------------------------------------------------------------
     def kick(self) -> None:
-        """Start a step if none runs and one can; a node left without one spins while a transfer to
-        it is open (a reservation not yet adopted: its loop polls without sleeping, node_shell/runtime.py)."""
-        if not self.stepping:
-            self._start_step()
-        self._spin()
-
-    def _spin(self) -> None:
-        self.core.spin(self.name, not self.stepping and bool(self.reserved))
-
-    @property
-    def spin_s(self) -> float:
-        """Core seconds this node spent spinning (kick)."""
-        return self.core.spin_cpu.get(self.name, 0.0)
-
-    def _start_step(self) -> None:
+        """Start a step if none runs and one can; a node left without one takes nothing of its core."""
+        if self.stepping:
+            return
         plan = self._schedule()
         if not plan:
             return

@@ -38,7 +38,6 @@ class SimSummary:
     preemptions: int
     admission_waits: int
     node_times: dict[str, tuple[float, float]] = field(default_factory=dict)   # node -> (core s: prices + bus, s its steps took)
-    spin_s: dict[str, float] = field(default_factory=dict)     # node -> core s it spun (a decode node's open transfers)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -98,5 +98,4 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
     loop.run(max(r.arrival for r in requests) + horizon_s)
     summary = summarize(requests, slo, {k: (f(), n) for k, (f, n) in busy.items()}, preemptions(), waits(), warmup_s)
     return replace(summary, node_times={n.engine.name: (n.engine.busy_s + n.engine.core.bus_cpu.get(n.engine.name, 0.0),
-                                                        n.engine.wall_s) for n in nodes},
-                   spin_s={n.engine.name: n.engine.spin_s for n in nodes if n.engine.spin_s})
+                                                        n.engine.wall_s) for n in nodes})

@@ -70,7 +70,7 @@ class PrefillService(NodeService):
 
     # -- the loop's hooks -------------------------------------------------------------------
     def poll(self, timeout: float) -> None:
-        for msg in self.link.poll(timeout):
+        for msg in self.link.poll(timeout, self.sender.waitables()):    # replies and pairing steps wake it too
             if isinstance(msg, PrefillRequest):
                 self._unpaired.setdefault(msg.kv_endpoint, []).append(msg)
             elif isinstance(msg, CompileGrammar):
@@ -124,6 +124,11 @@ class PrefillService(NodeService):
 
     def busy(self) -> bool:
         return bool(self.shipper.shipments)
+
+    def needs_poll(self) -> bool:
+        """With no step to run, every shipment is closed and waits only for its bytes to leave,
+        to unpin its blocks: no socket says when."""
+        return self.busy()
 
     def close_transport(self) -> None:
         self.sender.close()

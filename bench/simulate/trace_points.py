@@ -56,8 +56,8 @@ def _router_link(mod) -> None:
         return send(self, msg)
 
     @functools.wraps(poll)
-    def traced_poll(self, timeout):
-        msgs = poll(self, timeout)
+    def traced_poll(self, *args):
+        msgs = poll(self, *args)
         for m in msgs:
             emit("recv", **_msg(m))
         return msgs

@@ -48,8 +48,8 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     where the file records it; with `jitter`, each figure's spread over that many runs with the
     requests sent a fraction of a ms late and the steps priced 1% higher or lower (sensitivity.py). A row of a run that recorded placement
     counts the requests whose simulated decode node is the measured one (`placement`: agreed,
-    recorded); `cpu_per_price`: each pinned node's measured CPU time over its simulated CPU (its steps'
-    prices and its spinning: how fast its engine ran against the profile, its loop's work included);
+    recorded); `cpu_per_price`: each pinned node's measured CPU time over the time its simulated
+    steps were priced at (how fast its engine ran against the profile, its loop's work included);
     with `speed`, a colocated point is also simulated with every step priced at that ratio
     (`at_speed`: each figure's error; it reads the run it predicts, as `contention` does)."""
     sweep = measured["sweep"]
@@ -112,10 +112,9 @@ def ranked_before(out: dict, point: int) -> int:
 
 
 def cpu_per_price(point: dict, sim) -> dict[str, float]:
-    """Pinned node -> its measured CPU time (schedstat, the point's `cpu`) over its simulated CPU time:
-    its steps' prices and the time it spun (a decode node waiting for a transfer: sim_engine.py)."""
-    return {node: round(c["run_s"] / (sim.node_times[node][0] + sim.spin_s.get(node, 0.0)), 2)
-            for node, c in point.get("cpu", {}).items() if sim.node_times.get(node, (0.0,))[0] > 0}
+    """Pinned node -> its measured CPU time (schedstat, the point's `cpu`) over its simulated busy time."""
+    return {node: round(c["run_s"] / sim.node_times[node][0], 2) for node, c in point.get("cpu", {}).items()
+            if sim.node_times.get(node, (0.0,))[0] > 0}
 
 
 def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None:
@@ -171,7 +170,7 @@ def validate(paths: list[str], profile_path: str, contention: bool = False, repl
         with open(path) as f:
             rows += predict(json.load(f), profile, contention, replay, jitter, speed)
     table = markdown(rows)
-    table += "\n\nmeasured CPU / simulated CPU (steps + spin): " + "; ".join(
+    table += "\n\nmeasured CPU / simulated busy: " + "; ".join(
         f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.2f}" for n, v in r["cpu_per_price"].items())
         for r in rows if r["cpu_per_price"])
     stolen = [r for r in rows if r["core_steal_s"]]

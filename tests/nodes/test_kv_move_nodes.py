@@ -203,6 +203,9 @@ class _Stalled:
     def poll(self, timeout: float = 0.0) -> list:
         return []
 
+    def waitables(self) -> list:
+        return []
+
     def is_sent(self, xfer_id: str) -> bool:
         return True
 
@@ -341,14 +344,14 @@ def test_two_ships_in_one_poll_have_a_heartbeat_between_them(harness):
         blocks[rid] = -(-(len(PROMPT) + harness.pause(rid).num_tokens - 1) // 8)
     entered = threading.Event()
 
-    def held(timeout: float) -> list:
+    def held(timeout: float, wake_on=()) -> list:
         """One poll that returns once both ShipRequests have come (a loop busy while they arrive)."""
         entered.set()
         deadline, got = time.monotonic() + HANG_S, []
         while sum(isinstance(m, ShipRequest) for m in got) < 2:
             assert time.monotonic() < deadline, "the ShipRequests did not come"
             got += poll(0.01)
-        link.poll = lambda timeout: _counted(poll(timeout), ships_per_poll)
+        link.poll = lambda timeout, wake_on=(): _counted(poll(timeout, wake_on), ships_per_poll)
         return _counted(got, ships_per_poll)
     link.poll = held
     assert entered.wait(HANG_S)         # no poll before this one takes a ShipRequest

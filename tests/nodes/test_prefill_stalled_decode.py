@@ -34,7 +34,7 @@ def _hold_polls_until(link, rids: set[str]) -> threading.Event:
     The event is set once that poll has begun (an earlier poll may take a PrefillRequest)."""
     poll, entered = link.poll, threading.Event()
 
-    def held(timeout: float) -> list:
+    def held(timeout: float, wake_on=()) -> list:
         entered.set()
         got = []
         while not rids <= {getattr(m, "rid", None) for m in got if isinstance(m, PrefillRequest)}:

@@ -9,7 +9,7 @@ from bench.simulate.validate import topology
 from pdplan.events import EventLoop
 from pdplan.sim_core import CoreMap, SimCore
 from pdplan.simulation import Topology, simulate
-from tests.planner.test_simulator import STEP, profile, request, tokens
+from tests.planner.test_simulator import profile, request, tokens
 
 
 def _run(core: SimCore, loop: EventLoop, starts: list[tuple[float, float]]) -> list[float]:
@@ -50,7 +50,7 @@ def test_the_core_map_shares_only_pinned_names():
 
 def test_two_decode_nodes_on_one_core_double_the_time_between_tokens():
     """Two requests on the two decode nodes of 1P+2D: every gap that falls while both decode is
-    twice the same gap on dedicated cores."""
+    twice the same gap on dedicated cores; outside that window gaps are as on dedicated cores."""
     def timelines(topo: Topology) -> list[list[float]]:
         reqs = [request(i, tokens(96, 3 + 100 * i), 40) for i in range(2)]   # > 64 tokens: via the prefill node
         simulate(profile(), reqs, topo)
@@ -61,8 +61,7 @@ def test_two_decode_nodes_on_one_core_double_the_time_between_tokens():
              for k, (a, b) in enumerate(zip(shared[r][1:], shared[r][2:]), start=1) if start < a and b < end]
     assert len(pairs) >= 10
     assert [s for s, _ in pairs] == [pytest.approx(2 * o, rel=0.03) for _, o in pairs]
-    assert shared[0][0] == pytest.approx(own[0][0])     # the first token: the prefill node's, on core 0
-    assert shared[0][1] > own[0][1]     # its first decode step: beside the other node, spinning for its blocks
+    assert shared[0][:2] == pytest.approx(own[0][:2])   # before the second arrives: alone, full speed
 
 
 def test_the_validation_topology_is_the_measured_pinning():
@@ -104,34 +103,18 @@ def test_the_contention_fit_recovers_a_known_background():
     assert fitted[0] == 0.0 and fitted[1] == pytest.approx(0.6, abs=0.01)
 
 
-def test_a_spinning_node_takes_a_share_as_a_step_does():
-    """A node spinning from 0 to 0.3 s beside a 100 ms step: the step ends at 0.2 s (half speed), and
-    the spinner got 0.1 s of the core then and all of it after: 0.2 s."""
-    loop = EventLoop()
-    core = SimCore(loop)
-    loop.at(0.0, lambda: core.spin("decode-1", True))
-    loop.at(0.3, lambda: core.spin("decode-1", False))
-    assert _run(core, loop, [(0.0, 0.1)]) == [pytest.approx(0.2)]
-    assert core.spin_cpu == {"decode-1": pytest.approx(0.2)}
-    assert core.sharing == 0
-
-
-def test_a_decode_node_waiting_for_its_blocks_spins_beside_its_core_neighbour():
+def test_a_decode_node_waiting_for_its_blocks_leaves_its_core_to_its_neighbour():
     """1P+2D on the validation's pinning: while one decode node waits for a long prompt's blocks (its
-    loop polls without sleeping), the other decode node's steps on the same core take twice their
-    price; on cores of their own they do not, and the waiting node's spin is the whole wait."""
+    loop sleeps until a frame lands: node_shell/runtime.py), the other decode node's steps on the same
+    core take their price, as on cores of their own."""
     def run(topo: Topology):
         reqs = [request(0, tokens(20), 200), request(1, tokens(1000, 5000), 3, at=0.3)]
-        return reqs, simulate(profile(), reqs, topo)
-    (streamer, remote), shared = run(topology("1p2d", {}))
-    (own_streamer, own_remote), own = run(Topology.disaggregated(1, 2))
+        simulate(profile(), reqs, topo)
+        return reqs
+    streamer, remote = run(topology("1p2d", {}))
+    own_streamer, _ = run(Topology.disaggregated(1, 2))
     assert streamer.decode_node != remote.decode_node
     wait = (remote.arrival + 0.05, remote.token_times[0] - 0.05)      # the remote prompt on the prefill node
     inside = lambda r: [b - a for a, b in zip(r.token_times, r.token_times[1:]) if wait[0] < a and b < wait[1]]  # noqa: E731
-    gaps, own_gaps = inside(streamer), inside(own_streamer)
-    assert len(gaps) >= 10 and len(own_gaps) >= 10
-    assert gaps == [pytest.approx(2 * own_gaps[0], rel=0.05)] * len(gaps)
-    spun = own.spin_s[remote.decode_node]
-    adopted = own_remote.token_times[1] - STEP.of([(1, 1000)])       # its first decode step follows the blocks
-    assert spun == pytest.approx(adopted - own_remote.arrival, rel=0.05)     # reserved on arrival (no overheads)
-    assert 0.4 * spun < shared.spin_s[remote.decode_node] < 0.6 * spun
+    gaps = inside(streamer)
+    assert len(gaps) >= 10 and gaps == pytest.approx(inside(own_streamer))
