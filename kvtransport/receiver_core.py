@@ -222,7 +222,7 @@ class ReceiverCore:
 
     def landed(self, peer: str, landing: Landing, sizes: list[int], seconds: float) -> None:
         """The payload frames after landing's seal went into its slots (frame k: sizes[k] bytes,
-        its first len(slot) of them in slot k; frames past the slots: sizes only), in seconds:
+        copied into slot k only if exactly its size; frames past the slots: sizes only), in seconds:
         if they are the sizes the seal declared (which the ledger checked), mark the blocks written.
         A split batch ends here too, owed no more: complete, or cut short by another message."""
         self._sessions[peer].last_seen = self._clock()      # paired: landing() saw it

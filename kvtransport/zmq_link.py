@@ -32,8 +32,12 @@ frame more than that (its handler drops the message) and skips the rest a frame 
 holding none. A receive takes messages for max_poll_s at most (a node's --kv-poll-ms), and
 _DRAIN_BYTES at most, so that no flood of messages holds its caller's loop longer; a message
 being skipped goes on at the next one. It waits for its first message on a poll, and, while a
-peer owes a split batch payloads, for each next message in a blocking receive whose RCVTIMEO is
-what is left of its time (no poll and no zmq.Again a payload); else it drains without waiting.
+peer owes a split batch payloads, for each next message on that poll again, for what is left of
+its time (a Poller made once; no zmq.Again a payload); else it drains without waiting. Not a
+blocking receive with RCVTIMEO: pyzmq restarts an interrupted one (EINTR, any signal with a
+Python handler) with its whole timeout, so signals arriving faster than it would hold the loop
+without end; its poll counts down what it has waited (in whole seconds only, pyzmq 27: a storm
+of signals stretches a wait by up to ~1 s).
 
 Both ends speak ZMTP PLAIN (kvtransport.zmtp_auth): the ROUTER reads nothing from a connection
 whose password does not prove the cluster secret; its refusals are handed to the Receiver by
@@ -62,7 +66,7 @@ _DRAIN_BYTES = 256 * WHOLE_BATCH_BYTES   # bytes received per wake-up before lea
 _MESSAGE_COST = 64 << 10                 # bytes any message counts for at least (its Python), so a drain
                                          # takes 8192 messages at most
 _POLLIN = int(zmq.POLLIN)                # as an int: pyzmq's flag enum costs ~4 us an operation
-_NOBLOCK, _RCVTIMEO = int(zmq.NOBLOCK), int(zmq.RCVTIMEO)
+_NOBLOCK = int(zmq.NOBLOCK)
 MAX_SPLIT_HWM = 1 << 16                  # messages one peer may queue either way where each payload is one
 MAX_POLL_S = 0.02                        # a receive's work from its first message on (--kv-poll-ms): then the
                                          # node's loop serves the rest (its engine, the router, leases)
@@ -238,7 +242,6 @@ class ZmqReceiveLink(ReceiveLink):
         self._lander: Lander | None = None
         self._poller = zmq.Poller()             # made once: Socket.poll makes one a call (~8 us)
         self._poller.register(self._sock, _POLLIN)
-        self._wait_ms = -1                      # the socket's RCVTIMEO as last set (libzmq's default: none)
         self._more = False                      # whether the message being read has a frame after the last read
 
     def bind(self, handle: Handler, lander: Lander | None = None) -> None:
@@ -268,17 +271,11 @@ class ZmqReceiveLink(ReceiveLink):
 
     def _first(self, until: float) -> zmq.Frame | None:
         """The next message's first frame (its routing id), or None if none came: waited for
-        until `until` (time.monotonic) while a peer owes a split batch payloads, in one blocking
-        receive (RCVTIMEO, set when the milliseconds left change), else not at all."""
-        flags = _NOBLOCK
-        if self._lander is not None and self._lander.owing():
-            wait_ms = _ms(until - time.monotonic())
-            if wait_ms != self._wait_ms:
-                self._sock.setsockopt(_RCVTIMEO, wait_ms)
-                self._wait_ms = wait_ms
-            flags = 0
+        until `until` (time.monotonic) while a peer owes a split batch payloads, else not at all."""
+        if self._lander is not None and self._lander.owing() and not self._poller.poll(_ms(until - time.monotonic())):
+            return None
         try:
-            return self._frame(flags)
+            return self._frame()
         except zmq.Again:
             return None
 

@@ -75,7 +75,7 @@ def _bad(kind, header, block):
     n = header.nbytes
     return {
         "short payload": (header, [n, n], [block, block[:-1]]),
-        "long payload": (header, [n, n], [block, bytes(block) + b"\x00" * 64]),     # cut to its slot
+        "long payload": (header, [n, n], [block, bytes(block) + b"\x00" * 64]),     # too long: nothing of it lands
         "fewer payloads": (header, [n, n], [block]),
         "more payloads": (header, [n, n], [block, block, block]),
         "declared lengths": (header, [n, n - 8], [block, block[:-8]]),       # the seal's, not the header's
