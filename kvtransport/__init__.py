@@ -13,6 +13,7 @@
     state.py           TransferState: RESERVED -> TRANSFERRING -> COMMITTED | FAILED
     events.py          TransferCommitted / TransferFailed, FailReason
     metrics.py         ReceiverMetrics / SenderMetrics counters, DropReason
+    log_limiter.py     LogLimiter: warnings about what peers send, one a (peer, reason) per 10 s
     receiver_state.py  Reservation and ReceiveLedger: frame checks, leases, exactly-once outcomes
     receiver_core.py   receive side shared by backends: handshake, dispatch, peer liveness, PayloadSink
     sender_core.py     send side shared by backends: links, open transfers, heartbeats

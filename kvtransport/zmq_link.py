@@ -46,6 +46,7 @@ import zmq
 
 from kvtransport.base import TransportError
 from kvtransport.link import Completion, Handler, Lander, Landing, ReceiveLink, SendLink
+from kvtransport.log_limiter import LogLimiter
 from kvtransport.session import Buffer
 from kvtransport.zmtp_auth import ThreadGuard, connection_name, plain_client, routing_id
 from pdwire.messages import MAX_BATCH_BLOCKS, MAX_HEADER_BYTES, WHOLE_BATCH_BYTES
@@ -202,6 +203,7 @@ class ZmqReceiveLink(ReceiveLink):
         max_poll_s: the most a receive() takes messages for, from its first."""
         self._max_poll_s = max_poll_s
         self._skipping: str | None = None      # the peer whose over-long message is being skipped
+        self._log = LogLimiter(log)             # per (peer, what): a flooding peer cannot flood the log
         self._ctx = zmq.Context(io_threads=1)
         self._guard = ThreadGuard(self._ctx, secret)
         self._guard.start()
@@ -299,8 +301,8 @@ class ZmqReceiveLink(ReceiveLink):
         their bytes."""
         frames, nbytes = _skip(self._sock, until)
         if not self._sock.get(zmq.RCVMORE):
-            log.warning("a message of more than %d frames from %s: the frames past them skipped",
-                        MAX_MESSAGE_FRAMES, self._skipping)
+            self._log.warning((self._skipping, "skipped"), "a message of more than %d frames from %s: the frames "
+                              "past them skipped", MAX_MESSAGE_FRAMES, self._skipping)
             self._skipping = None
         return max(nbytes, frames)
 
@@ -329,7 +331,7 @@ class ZmqReceiveLink(ReceiveLink):
         try:
             self._sock.send_multipart([routing_id(peer), *frames], zmq.NOBLOCK)
         except zmq.ZMQError as e:   # peer gone (EHOSTUNREACH) or not draining (EAGAIN)
-            log.info("reply to %s not sent: %s", peer, e)
+            self._log.log(logging.INFO, (peer, "unsent"), "reply to %s not sent: %s", peer, e)
 
     def close(self) -> None:
         self._sock.close(linger=0)
