@@ -25,10 +25,11 @@ import torch
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Framer, FrameError
+from kvtransport.link import Dropped
 from pdwire.handshake import PeerIdentity, check_compatible, dtype_name
 from pdwire.messages import (WHOLE_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck,
                              LayerBatch, Message)
-from kvtransport.metrics import SenderMetrics
+from kvtransport.metrics import DropReason, SenderMetrics
 from kvtransport.session import AuthKind, Buffer, Initiator, Session, check_secret, parse_auth_frame
 
 log = logging.getLogger("kvtransport")
@@ -198,7 +199,7 @@ class SenderCore:
         return frames
 
     def handle(self, endpoint: str, frames: Sequence[Buffer]) -> None:
-        """One message from the receiver at endpoint; bad ones are logged and dropped."""
+        """One message from the receiver at endpoint; bad ones are counted (logged) and dropped."""
         link = self._links.get(endpoint)
         if link is None:
             return
@@ -206,10 +207,9 @@ class SenderCore:
         if auth is not None and auth[0] is AuthKind.RESET:      # it no longer knows our session
             return self._lose(endpoint, FailReason.PEER_RESTARTED, "receiver has no session for us")
         try:
-            msg = self._unpack(link.session, endpoint, frames)
-        except TransportError as e:
-            log.warning("%s", e)
-            return
+            msg = self._message(link.session, frames)
+        except FrameError as e:
+            return self.metrics.count_drop(e.reason, endpoint, e.detail)
         link.last_seen = self._clock()
         if type(msg) is Heartbeat and msg.epoch != link.remote.epoch:
             self._lose(endpoint, FailReason.PEER_RESTARTED, f"epoch {msg.epoch}")
@@ -219,6 +219,10 @@ class SenderCore:
             self._lose(endpoint, reason, msg.reason)
         elif type(msg) is Abort and self._open.get(msg.xfer_id) == endpoint:
             self._fail(msg.xfer_id, FailReason.PEER_ABORTED, msg.reason)
+
+    def dropped(self, endpoint: str, drop: Dropped) -> None:
+        """A message from endpoint that the link dropped unread (e.g. too many frames): counted."""
+        self.metrics.count_drop(drop.reason, endpoint, drop.detail)
 
     def due_heartbeats(self) -> list[tuple[str, list[Buffer]]]:
         """(endpoint, frames) of each heartbeat due now; also drops links silent too long."""
@@ -257,10 +261,14 @@ class SenderCore:
 
     def _unpack(self, session: Session, endpoint: str, frames: Sequence[Buffer]) -> Message:
         try:
-            msg, payloads = self.framer.unpack(session, frames)
+            return self._message(session, frames)
         except FrameError as e:
             raise TransportError(f"bad message from {endpoint}: {e}") from None
+
+    def _message(self, session: Session, frames: Sequence[Buffer]) -> Message:
+        """The message sealed in frames; FrameError (why) if it is bad, or carries payloads."""
+        msg, payloads = self.framer.unpack(session, frames)
         if payloads:
-            raise TransportError(f"unexpected payload from {endpoint}")
+            raise FrameError(DropReason.MALFORMED, "unexpected payload")
         return msg
 
