@@ -6,7 +6,8 @@ receiver counts as lost:
   link    one paired receiver (endpoint -> its session, identity, when it was last heard from);
           pairing is auth_hello() -> on_challenge() -> accept_ack() (kvtransport.session)
   open    xfer_id -> endpoint, from begin() until commit() / abort() / failure
-  tick    every heartbeat_interval each link gets Heartbeat(epoch, open xfers on that link);
+  tick    every heartbeat_interval each link gets Heartbeat(epoch, open xfers on that link), in
+          as many as it takes of MAX_HEARTBEAT_XFERS xfers each;
           a link silent for peer_timeout is lost and its open transfers fail (PEER_DEAD);
           a receiver answering with a new epoch, or no longer knowing us, restarted
           (PEER_RESTARTED); so did one that has no session for us (RESET); the node must
@@ -27,8 +28,8 @@ from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Framer, FrameError
 from kvtransport.link import Dropped
 from pdwire.handshake import PeerIdentity, check_compatible, dtype_name
-from pdwire.messages import (WHOLE_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck,
-                             LayerBatch, Message)
+from pdwire.messages import (MAX_HEARTBEAT_XFERS, WHOLE_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat,
+                             Hello, HelloAck, LayerBatch, Message)
 from kvtransport.metrics import DropReason, SenderMetrics
 from kvtransport.session import AuthKind, Buffer, Initiator, Session, check_secret, parse_auth_frame
 
@@ -225,7 +226,8 @@ class SenderCore:
         self.metrics.count_drop(drop.reason, endpoint, drop.detail)
 
     def due_heartbeats(self) -> list[tuple[str, list[Buffer]]]:
-        """(endpoint, frames) of each heartbeat due now; also drops links silent too long."""
+        """(endpoint, frames) of each heartbeat due now (a link's open transfers named over as many
+        as it takes, MAX_HEARTBEAT_XFERS each); also drops links silent too long."""
         now = self._clock()
         for endpoint in [e for e, l in self._links.items() if now - l.last_seen > self._peer_timeout]:
             self._lose(endpoint, FailReason.PEER_DEAD, f"silent for {self._peer_timeout}s")
@@ -234,7 +236,9 @@ class SenderCore:
             if now >= link.next_heartbeat:
                 link.next_heartbeat = now + self._interval
                 xfers = tuple(x for x, e in self._open.items() if e == endpoint)
-                due.append((endpoint, self.pack(endpoint, Heartbeat(self.identity.epoch, xfers))))
+                for k in range(0, max(1, len(xfers)), MAX_HEARTBEAT_XFERS):     # a header is small
+                    beat = Heartbeat(self.identity.epoch, xfers[k:k + MAX_HEARTBEAT_XFERS])
+                    due.append((endpoint, self.pack(endpoint, beat)))
         return due
 
     def take_events(self) -> list[TransferFailed]:
