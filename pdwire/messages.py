@@ -44,6 +44,8 @@ SPLIT_PAYLOADS = True           # a ZMQ receiver takes a batch's payloads as mes
                                 # (HelloAck.split_payloads) by default (bench/README.md, twelfth session)
 RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
                                 # announced batch bytes, by default (--kv-recv-queue-mib)
+PAYLOAD_WAIT_S = 2.0            # a decode node's loop waits this long for a payload after its header
+                                # (torch_dist, gloo), by default (--kv-payload-wait-s)
 
 
 def announced_batch_bytes(max_batch_bytes: int, split: bool) -> int:
