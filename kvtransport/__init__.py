@@ -22,7 +22,8 @@
     sender.py          Sender: the one send flow, over a SendLink and a PayloadChannel
     receiver.py        Receiver: the one receive flow, over a ReceiveLink and a PayloadSink
     link.py            SendLink / ReceiveLink: the link strategies' contracts
-    zmq_link.py        DEALER per decode node (zero-copy, HWM backpressure); one ROUTER (TCP or IPC)
+    zmq_link.py        one ROUTER (TCP or IPC): payloads received straight into the pool, bounded drains
+    zmq_send_link.py   DEALER per decode node (zero-copy, HWM backpressure); small replies, served in turn
     fake_link.py       in-process delivery with FaultPlan injection, ManualClock
     payload_channel.py PayloadChannel: inline frames, or out of band (torch_dist.DistChannel)
     zmq_sender.py      ZmqSender    = Sender(zmq link, inline payloads)

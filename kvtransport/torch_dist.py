@@ -41,7 +41,8 @@ from kvtransport.payload_channel import PayloadChannel
 from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.sender import Sender
-from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink, ZmqSendLink
+from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink
+from kvtransport.zmq_send_link import ZmqSendLink
 from pdwire.handshake import KVLayout, PeerIdentity
 from pdwire.messages import PAYLOAD_WAIT_S, BlockFrame, Message, P2PJoin
 

@@ -14,7 +14,8 @@ from kvtransport.events import TransferCommitted
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
-from kvtransport.zmq_link import MAX_MESSAGE_FRAMES, MAX_REPLY_FRAMES, MAX_SKIP_FRAMES
+from kvtransport.zmq_link import MAX_MESSAGE_FRAMES
+from kvtransport.zmq_send_link import MAX_REPLY_FRAMES, MAX_SKIP_FRAMES
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmtp_auth import plain_client
 from tests.kvtransport.test_kvtransport_zmq import DST_IDS, GEOM, HANG_S, NUM_TOKENS, SRC_IDS, _connect, _pair, _until

@@ -11,7 +11,8 @@ from zmq.utils.monitor import recv_monitor_message
 from kvtransport.link import Dropped
 from kvtransport.metrics import DropReason
 from kvtransport.testing import TEST_SECRET
-from kvtransport.zmq_link import MAX_REPLY_BYTES, MAX_REPLY_FRAMES, ZmqReceiveLink, ZmqSendLink
+from kvtransport.zmq_link import ZmqReceiveLink
+from kvtransport.zmq_send_link import MAX_REPLY_BYTES, MAX_REPLY_FRAMES, ZmqSendLink
 from tests.kvtransport.test_kvtransport_zmq import HANG_S, _connect, _pair
 
 pytestmark = pytest.mark.timeout(300)
