@@ -13,6 +13,7 @@
     state.py           TransferState: RESERVED -> TRANSFERRING -> COMMITTED | FAILED
     events.py          TransferCommitted / TransferFailed, FailReason
     metrics.py         ReceiverMetrics / SenderMetrics counters, DropReason
+    log_limiter.py     LogLimiter: warnings about what peers send, one a (peer, reason) per 10 s
     receiver_state.py  Reservation and ReceiveLedger: frame checks, leases, exactly-once outcomes
     receiver_core.py   receive side shared by backends: handshake, dispatch, peer liveness, PayloadSink
     sender_core.py     send side shared by backends: links, open transfers, heartbeats
@@ -21,7 +22,8 @@
     sender.py          Sender: the one send flow, over a SendLink and a PayloadChannel
     receiver.py        Receiver: the one receive flow, over a ReceiveLink and a PayloadSink
     link.py            SendLink / ReceiveLink: the link strategies' contracts
-    zmq_link.py        DEALER per decode node (zero-copy, HWM backpressure); one ROUTER (TCP or IPC)
+    zmq_link.py        one ROUTER (TCP or IPC): payloads received straight into the pool, bounded drains
+    zmq_send_link.py   DEALER per decode node (zero-copy, HWM backpressure); small replies, served in turn
     fake_link.py       in-process delivery with FaultPlan injection, ManualClock
     payload_channel.py PayloadChannel: inline frames, or out of band (torch_dist.DistChannel)
     zmq_sender.py      ZmqSender    = Sender(zmq link, inline payloads)

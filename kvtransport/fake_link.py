@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvtransport.base import TransportError
-from kvtransport.link import Completion, Handler, Lander, ReceiveLink, SendLink, Sent
+from kvtransport.link import Completion, DropHandler, Dropped, Handler, Lander, ReceiveLink, SendLink, Sent
 from kvtransport.session import Buffer
 
 SCHEME = "fake://"
@@ -105,7 +105,7 @@ class FakeSendLink(SendLink):
             raise TransportError(f"no receiver at {endpoint}")
         self._open.add(endpoint)
 
-    def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
+    def recv(self, endpoint: str, timeout: float) -> list[Buffer] | Dropped | None:
         replies = [f for e, f in self._inbox if e == endpoint]
         self._inbox = [(e, f) for e, f in self._inbox if e != endpoint]
         return replies[0] if replies else None
@@ -126,7 +126,7 @@ class FakeSendLink(SendLink):
     def try_send(self, endpoint: str, frames: list[Buffer]) -> None:
         self.send(endpoint, frames)
 
-    def receive(self, timeout: float, handle: Handler) -> None:
+    def receive(self, timeout: float, handle: Handler, drop: DropHandler) -> None:
         inbox, self._inbox = self._inbox, []
         for endpoint, frames in inbox:
             handle(endpoint, frames)

@@ -10,14 +10,25 @@ channels; kvtransport.sender and kvtransport.receiver run the flow over it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
+from kvtransport.metrics import DropReason
 from kvtransport.session import Buffer
 
 if TYPE_CHECKING:
     import zmq
 
 Handler = Callable[[str, list[Buffer]], None]     # (endpoint or peer, frames of one message)
+
+
+class Dropped(NamedTuple):
+    """A message a send link read and dropped before any handler saw it (e.g. more frames than any
+    reply has), for its caller to count: unlike an empty message, or none."""
+    reason: DropReason
+    detail: str
+
+
+DropHandler = Callable[[str, Dropped], None]     # (endpoint, what the link dropped)
 
 
 class Landing(Protocol):
@@ -65,8 +76,9 @@ class SendLink(ABC):
         """A new connection to endpoint (none is open); TransportError if it is unreachable."""
 
     @abstractmethod
-    def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
-        """The next message from endpoint while pairing, or None after timeout seconds."""
+    def recv(self, endpoint: str, timeout: float) -> list[Buffer] | Dropped | None:
+        """The next message from endpoint while pairing (Dropped: one the link dropped), or None
+        after timeout seconds."""
 
     @abstractmethod
     def paired(self, endpoint: str) -> None:
@@ -88,8 +100,9 @@ class SendLink(ABC):
         """Send one message if that does not block; else drop it (heartbeats)."""
 
     @abstractmethod
-    def receive(self, timeout: float, handle: Handler) -> None:
-        """Hand every message waiting on paired connections to handle; wait at most timeout."""
+    def receive(self, timeout: float, handle: Handler, drop: DropHandler) -> None:
+        """Hand every message waiting on paired connections to handle (those the link drops to
+        drop); wait at most timeout."""
 
     def waitables(self) -> list[zmq.Socket]:
         """The open connections' sockets, readable when a reply waits: for a caller's loop to wait

@@ -6,12 +6,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
+from kvtransport.log_limiter import LogLimiter
 from pdwire.figures import TransferCounters
 
 log = logging.getLogger("kvtransport")
-
-_LOG_FIRST = 10       # log the first few drops of each reason, then one in _LOG_EVERY
-_LOG_EVERY = 1000
 
 
 class DropReason(Enum):
@@ -36,24 +34,30 @@ class DropReason(Enum):
 
 
 @dataclass(slots=True)
-class ReceiverMetrics:
+class _Drops:
+    """What one side dropped of the messages it received: counted exactly, by reason; logged at
+    most once a LOG_INTERVAL_S per (peer, reason) (kvtransport.log_limiter)."""
+    drops: Counter = field(default_factory=Counter)   # DropReason -> frames (receiver) or messages dropped
+    drop_log: LogLimiter = field(default_factory=lambda: LogLimiter(log), repr=False, compare=False)
+
+    def count_drop(self, reason: DropReason, peer: str, detail: str = "") -> None:
+        """Count one dropped frame or message and log it (rate-limited per peer and reason)."""
+        self.drops[reason] += 1
+        self.drop_log.warning((peer, reason), "dropped frame from %s: %s %s (%d so far)", peer, reason.value,
+                              detail, self.drops[reason])
+
+    @property
+    def frames_dropped(self) -> int:
+        return sum(self.drops.values())
+
+
+@dataclass(slots=True)
+class ReceiverMetrics(_Drops):
     blocks_written: int = 0
     bytes_written: int = 0
     write_seconds: float = 0.0          # time spent copying payloads into the pool
     transfers_committed: int = 0
     transfers_failed: int = 0
-    drops: Counter = field(default_factory=Counter)   # DropReason -> frames dropped
-
-    def count_drop(self, reason: DropReason, peer: str, detail: str = "") -> None:
-        """Count one dropped frame and log it (rate-limited per reason)."""
-        self.drops[reason] += 1
-        n = self.drops[reason]
-        if n <= _LOG_FIRST or n % _LOG_EVERY == 0:
-            log.warning("dropped frame from %s: %s %s (%d so far)", peer, reason.value, detail, n)
-
-    @property
-    def frames_dropped(self) -> int:
-        return sum(self.drops.values())
 
     def counters(self) -> TransferCounters:
         """What a decode node's heartbeat reports."""
@@ -63,7 +67,8 @@ class ReceiverMetrics:
 
 
 @dataclass(slots=True)
-class SenderMetrics:
+class SenderMetrics(_Drops):
+    """drops: the receivers' replies dropped (too many frames, a bad MAC, not a message)."""
     blocks_sent: int = 0
     bytes_sent: int = 0
     send_seconds: float = 0.0           # time spent handing payloads to the transport
@@ -74,4 +79,5 @@ class SenderMetrics:
     def counters(self) -> TransferCounters:
         """What a prefill node's heartbeat reports."""
         return TransferCounters(blocks_sent=self.blocks_sent, bytes_sent=self.bytes_sent,
-                                transfers_done=self.commits_sent, transfers_failed=self.transfers_failed)
+                                transfers_done=self.commits_sent, transfers_failed=self.transfers_failed,
+                                frames_dropped=self.frames_dropped)

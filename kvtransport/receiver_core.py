@@ -23,7 +23,7 @@ multipart message from peer) and `tick()` (expire leases and dead peers), and su
      as above claims the transfer and keeps the slots the peer owes (owed(), one batch a
      peer), the link receives each next message of that peer into the next slot, and landed()
      once all came, or once the peer sent anything but a bare payload (then short: dropped)
-  4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply
+  4. Commit / Abort   -> ledger; Heartbeat -> renew leases of the transfers it names, reply naming those held
   5. tick: no message from a peer for peer_timeout -> its transfers fail (PEER_DEAD)
 """
 from __future__ import annotations
@@ -308,7 +308,8 @@ class ReceiverCore:
             self.ledger.on_abort(peer, msg)
         elif type(msg) is Heartbeat:
             self.ledger.renew(peer, msg.open_xfers)
-            self._reply(peer, Heartbeat(self.identity.epoch, tuple(self.ledger.live_xfers(peer))))
+            held = tuple(x for x in msg.open_xfers if self.ledger.holds(peer, x))
+            self._reply(peer, Heartbeat(self.identity.epoch, held))
         else:
             raise FrameError(DropReason.UNEXPECTED, type(msg).__name__)
 

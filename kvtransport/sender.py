@@ -29,7 +29,7 @@ import torch
 
 from kvtransport.base import KVSender, TransportError
 from kvtransport.events import FailReason, TransferFailed
-from kvtransport.link import Completion, SendLink
+from kvtransport.link import Completion, Dropped, SendLink
 from kvtransport.payload_channel import PayloadChannel
 from kvtransport.sender_core import SenderCore
 from pdwire.handshake import PeerIdentity
@@ -175,7 +175,7 @@ class Sender(KVSender):
                 self._core.lost(endpoint, FailReason.CHANNEL_BROKEN, error)
         deadline = time.monotonic() + timeout
         while True:
-            self._link.receive(max(0.0, deadline - time.monotonic()), self._core.handle)
+            self._link.receive(max(0.0, deadline - time.monotonic()), self._core.handle, self._core.dropped)
             for endpoint, frames in self._core.due_heartbeats():
                 self._link.try_send(endpoint, frames)
             events = self._core.take_events()
@@ -205,11 +205,14 @@ class Sender(KVSender):
         return remote
 
     def _reply(self, endpoint: str, deadline: float) -> Generator[None, float, list]:
-        """The receiver's next message: each step waits up to the seconds sent to it."""
+        """The receiver's next message: each step waits up to the seconds sent to it; one the link
+        dropped is counted, and the next one waited for."""
         while True:
             wait = yield
             frames = self._link.recv(endpoint, max(0.0, min(wait, deadline - time.monotonic())))
-            if frames is not None:
+            if type(frames) is Dropped:
+                self._core.dropped(endpoint, frames)
+            elif frames is not None:
                 return frames
             if time.monotonic() >= deadline:
                 raise TransportError(f"{endpoint} did not answer the pairing in time")

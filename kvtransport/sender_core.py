@@ -6,7 +6,8 @@ receiver counts as lost:
   link    one paired receiver (endpoint -> its session, identity, when it was last heard from);
           pairing is auth_hello() -> on_challenge() -> accept_ack() (kvtransport.session)
   open    xfer_id -> endpoint, from begin() until commit() / abort() / failure
-  tick    every heartbeat_interval each link gets Heartbeat(epoch, open xfers on that link);
+  tick    every heartbeat_interval each link gets Heartbeat(epoch, open xfers on that link), in
+          as many as it takes of MAX_HEARTBEAT_XFERS xfers each;
           a link silent for peer_timeout is lost and its open transfers fail (PEER_DEAD);
           a receiver answering with a new epoch, or no longer knowing us, restarted
           (PEER_RESTARTED); so did one that has no session for us (RESET); the node must
@@ -25,10 +26,11 @@ import torch
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferFailed
 from kvtransport.framing import Framer, FrameError
+from kvtransport.link import Dropped
 from pdwire.handshake import PeerIdentity, check_compatible, dtype_name
-from pdwire.messages import (WHOLE_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat, Hello, HelloAck,
-                             LayerBatch, Message)
-from kvtransport.metrics import SenderMetrics
+from pdwire.messages import (MAX_HEARTBEAT_XFERS, WHOLE_BATCH_BYTES, Abort, BlockBatch, BlockFrame, Commit, Heartbeat,
+                             Hello, HelloAck, LayerBatch, Message)
+from kvtransport.metrics import DropReason, SenderMetrics
 from kvtransport.session import AuthKind, Buffer, Initiator, Session, check_secret, parse_auth_frame
 
 log = logging.getLogger("kvtransport")
@@ -198,7 +200,7 @@ class SenderCore:
         return frames
 
     def handle(self, endpoint: str, frames: Sequence[Buffer]) -> None:
-        """One message from the receiver at endpoint; bad ones are logged and dropped."""
+        """One message from the receiver at endpoint; bad ones are counted (logged) and dropped."""
         link = self._links.get(endpoint)
         if link is None:
             return
@@ -206,10 +208,9 @@ class SenderCore:
         if auth is not None and auth[0] is AuthKind.RESET:      # it no longer knows our session
             return self._lose(endpoint, FailReason.PEER_RESTARTED, "receiver has no session for us")
         try:
-            msg = self._unpack(link.session, endpoint, frames)
-        except TransportError as e:
-            log.warning("%s", e)
-            return
+            msg = self._message(link.session, frames)
+        except FrameError as e:
+            return self.metrics.count_drop(e.reason, endpoint, e.detail)
         link.last_seen = self._clock()
         if type(msg) is Heartbeat and msg.epoch != link.remote.epoch:
             self._lose(endpoint, FailReason.PEER_RESTARTED, f"epoch {msg.epoch}")
@@ -220,8 +221,13 @@ class SenderCore:
         elif type(msg) is Abort and self._open.get(msg.xfer_id) == endpoint:
             self._fail(msg.xfer_id, FailReason.PEER_ABORTED, msg.reason)
 
+    def dropped(self, endpoint: str, drop: Dropped) -> None:
+        """A message from endpoint that the link dropped unread (e.g. too many frames): counted."""
+        self.metrics.count_drop(drop.reason, endpoint, drop.detail)
+
     def due_heartbeats(self) -> list[tuple[str, list[Buffer]]]:
-        """(endpoint, frames) of each heartbeat due now; also drops links silent too long."""
+        """(endpoint, frames) of each heartbeat due now (a link's open transfers named over as many
+        as it takes, MAX_HEARTBEAT_XFERS each); also drops links silent too long."""
         now = self._clock()
         for endpoint in [e for e, l in self._links.items() if now - l.last_seen > self._peer_timeout]:
             self._lose(endpoint, FailReason.PEER_DEAD, f"silent for {self._peer_timeout}s")
@@ -230,7 +236,9 @@ class SenderCore:
             if now >= link.next_heartbeat:
                 link.next_heartbeat = now + self._interval
                 xfers = tuple(x for x, e in self._open.items() if e == endpoint)
-                due.append((endpoint, self.pack(endpoint, Heartbeat(self.identity.epoch, xfers))))
+                for k in range(0, max(1, len(xfers)), MAX_HEARTBEAT_XFERS):     # a header is small
+                    beat = Heartbeat(self.identity.epoch, xfers[k:k + MAX_HEARTBEAT_XFERS])
+                    due.append((endpoint, self.pack(endpoint, beat)))
         return due
 
     def take_events(self) -> list[TransferFailed]:
@@ -257,10 +265,14 @@ class SenderCore:
 
     def _unpack(self, session: Session, endpoint: str, frames: Sequence[Buffer]) -> Message:
         try:
-            msg, payloads = self.framer.unpack(session, frames)
+            return self._message(session, frames)
         except FrameError as e:
             raise TransportError(f"bad message from {endpoint}: {e}") from None
+
+    def _message(self, session: Session, frames: Sequence[Buffer]) -> Message:
+        """The message sealed in frames; FrameError (why) if it is bad, or carries payloads."""
+        msg, payloads = self.framer.unpack(session, frames)
         if payloads:
-            raise TransportError(f"unexpected payload from {endpoint}")
+            raise FrameError(DropReason.MALFORMED, "unexpected payload")
         return msg
 

@@ -41,9 +41,10 @@ from kvtransport.payload_channel import PayloadChannel
 from kvtransport.receiver import Receiver
 from kvtransport.receiver_core import PayloadSink
 from kvtransport.sender import Sender
-from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink, ZmqSendLink
+from kvtransport.zmq_link import DEFAULT_BIND, ZmqReceiveLink
+from kvtransport.zmq_send_link import ZmqSendLink
 from pdwire.handshake import KVLayout, PeerIdentity
-from pdwire.messages import BlockFrame, Message, P2PJoin
+from pdwire.messages import PAYLOAD_WAIT_S, BlockFrame, Message, P2PJoin
 
 log = logging.getLogger("kvtransport")
 
@@ -59,7 +60,6 @@ _RECV_RANK, _SEND_RANK = 0, 1
 MAX_JOIN_S = 3.0
 _CLOSE_WAIT_S = 0.5     # a dropped pair's send thread: once its sends are done it ends at once
 MAX_PENDING_JOINS = 64  # a decode node's group joins under way at once (each ends by its timeout)
-PAYLOAD_WAIT_S = 2.0    # a decode node's loop waits this long for a payload after its header (gloo)
 
 
 def _left(deadline: float) -> datetime.timedelta:

@@ -1,14 +1,6 @@
-"""The ZMQ link: a DEALER socket per decode node on the send side, one ROUTER on the receive side.
+"""The ZMQ link: one ROUTER on the receive side (a DEALER per decode node on the send side).
 
-Send side: payload frames alias pool blocks (copy=False); the last frame of a tracked message
-(its last payload, or the trailer after them) carries a zmq tracker, done once libzmq has
-released it. libzmq releases the parts of the messages queued on one connection in order (its
-encoder takes the next part once one is written, and a closing pipe drops them in order), so
-that tracker also covers every payload sent before it on that connection: the Sender tracks one
-message per send_blocks call, as a tracker costs ~40 us of Python (an Event and the tracker object). The send high-water mark gives backpressure: a send blocks while
-`hwm` messages are queued for a peer, then raises TransportError after `send_timeout` seconds.
-The routing id is node_id/<64 random bits> per connection, so a restarted or reconnected sender
-is a new peer to the receiver, and no other process can guess it to take the connection's place.
+Send side: kvtransport.zmq_send_link.
 
 Receive side: peers are told apart by their connection (zmtp_auth.connection_name: the routing id
 and the User-Id the ZAP handler gave the connection, so a connection that reuses a closed one's
@@ -47,15 +39,14 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 import time
 
 import zmq
 
-from kvtransport.base import TransportError
-from kvtransport.link import Completion, Handler, Lander, Landing, ReceiveLink, SendLink
+from kvtransport.link import Handler, Lander, Landing, ReceiveLink
+from kvtransport.log_limiter import LogLimiter
 from kvtransport.session import Buffer
-from kvtransport.zmtp_auth import ThreadGuard, connection_name, plain_client, routing_id
+from kvtransport.zmtp_auth import ThreadGuard, connection_name, routing_id
 from pdwire.messages import MAX_BATCH_BLOCKS, MAX_HEADER_BYTES, WHOLE_BATCH_BYTES
 
 log = logging.getLogger("kvtransport")
@@ -87,122 +78,20 @@ def _ms(timeout: float) -> int:
     return max(0, math.ceil(timeout * 1000))
 
 
-def _skip(sock: zmq.Socket, until: float | None = None) -> tuple[int, int]:
+def _skip(sock: zmq.Socket, until: float | None = None, most: int | None = None) -> tuple[int, int]:
     """Read the rest of the message being read into nothing, frame by frame (each buffer freed as
-    it goes), until it ends or `until` (time.monotonic) passes: (frames, bytes) skipped."""
+    it goes), until it ends, `until` (time.monotonic) passes or `most` frames are skipped:
+    (frames, bytes) skipped."""
     frames = nbytes = 0
     while sock.get(zmq.RCVMORE):
         nbytes += sock.recv_into(_NOWHERE, flags=zmq.NOBLOCK)      # the frame's size; nothing copied
         frames += 1
-        if until is not None and time.monotonic() >= until:
+        if (until is not None and time.monotonic() >= until) or frames == most:
             break
     return frames, nbytes
 
 
 _NOWHERE = memoryview(bytearray(0))
-
-
-def _reply(sock: zmq.Socket) -> list[bytes] | None:
-    """The next message on a send link's socket (replies are small: copied), or None if it has
-    more frames than any message (MAX_MESSAGE_FRAMES): the rest are skipped and it is logged."""
-    frames = [sock.recv(zmq.NOBLOCK)]
-    while sock.get(zmq.RCVMORE):
-        if len(frames) == MAX_MESSAGE_FRAMES:
-            log.warning("a reply of more than %d frames dropped (%d more skipped)", MAX_MESSAGE_FRAMES,
-                        _skip(sock)[0])
-            return None
-        frames.append(sock.recv(zmq.NOBLOCK))
-    return frames
-
-
-class ZmqSendLink(SendLink):
-    def __init__(self, node_id: str, secret: bytes, hwm: int = 64, send_timeout: float = 10.0,
-                 send_hwm: int | None = None, max_poll_s: float = MAX_POLL_S) -> None:
-        """hwm: messages queued per connection either way; send_hwm, if given, the outgoing ones;
-        max_poll_s: the most a receive() takes messages for, from its first."""
-        self._node_id, self._hwm, self._send_timeout = node_id, hwm, send_timeout
-        self._max_poll_s = max_poll_s
-        self._send_hwm = hwm if send_hwm is None else send_hwm
-        self._secret = secret
-        self._ctx = zmq.Context(io_threads=1)
-        self._socks: dict[str, zmq.Socket] = {}     # every open connection
-        self._live: set[str] = set()                # those paired
-
-    def open(self, endpoint: str) -> None:
-        sock = self._socks[endpoint] = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, f"{self._node_id}/{secrets.token_hex(8)}".encode())
-        sock.setsockopt(zmq.SNDHWM, self._send_hwm)
-        sock.setsockopt(zmq.RCVHWM, self._hwm)
-        sock.setsockopt(zmq.SNDTIMEO, int(self._send_timeout * 1000))
-        sock.setsockopt(zmq.LINGER, 1000)
-        plain_client(sock, self._secret)
-        try:
-            sock.connect(endpoint)
-        except zmq.ZMQError as e:       # e.g. a malformed endpoint, or a host that does not resolve
-            self.close(endpoint)
-            raise TransportError(f"cannot connect to {endpoint!r}: {e}") from None
-
-    def recv(self, endpoint: str, timeout: float) -> list[Buffer] | None:
-        sock = self._socks[endpoint]
-        if not sock.poll(_ms(timeout), zmq.POLLIN):
-            return None
-        return _reply(sock) or []
-
-    def paired(self, endpoint: str) -> None:
-        self._live.add(endpoint)
-
-    def send(self, endpoint: str, frames: list) -> None:
-        """Payload frames of 64 KiB and more (pyzmq's copy threshold) leave zero-copy, untracked:
-        the caller tracks a later message on this connection (send_tracked)."""
-        try:
-            self._socks[endpoint].send_multipart(frames, copy=False)
-        except zmq.Again:
-            raise TransportError(f"{endpoint} not draining: send blocked {self._send_timeout}s") from None
-
-    def send_tracked(self, endpoint: str, frames: list[Buffer]) -> Completion:
-        *head, last = frames        # released after every frame before it (see above)
-        tracked = zmq.Frame(last, copy=False, track=True)
-        self.send(endpoint, [*head, tracked])
-        return tracked.tracker
-
-    def try_send(self, endpoint: str, frames: list[Buffer]) -> None:
-        try:
-            self._socks[endpoint].send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            pass     # queue full: the blocks in it prove we are alive anyway
-
-    def receive(self, timeout: float, handle: Handler) -> None:
-        live = {e: s for e, s in self._socks.items() if e in self._live}
-        poller = zmq.Poller()
-        for sock in live.values():
-            poller.register(sock, zmq.POLLIN)
-        ready = dict(poller.poll(_ms(timeout))) if live else {}
-        stop_at = time.monotonic() + self._max_poll_s
-        for endpoint, sock in live.items():
-            while sock in ready and time.monotonic() < stop_at:
-                try:
-                    frames = _reply(sock)
-                except zmq.Again:
-                    break
-                if frames is not None:
-                    handle(endpoint, frames)
-        if not live and timeout > 0:
-            time.sleep(timeout)
-
-    def waitables(self) -> list[zmq.Socket]:
-        return list(self._socks.values())
-
-    def endpoints(self) -> list[str]:
-        return list(self._socks)
-
-    def close(self, endpoint: str, linger: float = 0.0) -> None:
-        self._live.discard(endpoint)
-        sock = self._socks.pop(endpoint, None)
-        if sock is not None:
-            sock.close(linger=int(linger * 1000))
-
-    def shutdown(self) -> None:
-        self._ctx.term()
 
 
 def _copy(frame: zmq.Frame, slot: memoryview) -> int:
@@ -223,6 +112,7 @@ class ZmqReceiveLink(ReceiveLink):
         max_poll_s: the most a receive() takes messages for, from its first."""
         self._max_poll_s = max_poll_s
         self._skipping: str | None = None      # the peer whose over-long message is being skipped
+        self._log = LogLimiter(log)             # per (peer, what): a flooding peer cannot flood the log
         self._ctx = zmq.Context(io_threads=1)
         self._guard = ThreadGuard(self._ctx, secret)
         self._guard.start()
@@ -334,8 +224,8 @@ class ZmqReceiveLink(ReceiveLink):
         their bytes."""
         frames, nbytes = _skip(self._sock, until)
         if not self._sock.get(zmq.RCVMORE):
-            log.warning("a message of more than %d frames from %s: the frames past them skipped",
-                        MAX_MESSAGE_FRAMES, self._skipping)
+            self._log.warning((self._skipping, "skipped"), "a message of more than %d frames from %s: the frames "
+                              "past them skipped", MAX_MESSAGE_FRAMES, self._skipping)
             self._skipping = None
         return max(nbytes, frames)
 
@@ -365,7 +255,7 @@ class ZmqReceiveLink(ReceiveLink):
         try:
             self._sock.send_multipart([routing_id(peer), *frames], zmq.NOBLOCK)
         except zmq.ZMQError as e:   # peer gone (EHOSTUNREACH) or not draining (EAGAIN)
-            log.info("reply to %s not sent: %s", peer, e)
+            self._log.log(logging.INFO, (peer, "unsent"), "reply to %s not sent: %s", peer, e)
 
     def close(self) -> None:
         self._sock.close(linger=0)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from kvtransport.payload_channel import InlineChannel
 from kvtransport.sender import Sender
-from kvtransport.zmq_link import MAX_POLL_S, MAX_SPLIT_HWM, ZmqSendLink
+from kvtransport.zmq_link import MAX_POLL_S, MAX_SPLIT_HWM
+from kvtransport.zmq_send_link import ZmqSendLink
 from pdwire.handshake import PeerIdentity
 from pdwire.messages import BATCH_BYTES, MAX_BATCH_BLOCKS
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from engine.args import EngineArgs
 from engine.flags import add_dataclass_args, build_dataclass
-from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT, RECV_QUEUE_BYTES, SPLIT_PAYLOADS
+from pdwire.messages import BATCH_BYTES, BATCH_BYTES_LIMIT, PAYLOAD_WAIT_S, RECV_QUEUE_BYTES, SPLIT_PAYLOADS
 
 
 KV_TRANSPORTS = ("zmq", "torch_dist")
@@ -60,7 +60,7 @@ class NodeConfig(EngineArgs):
                                          # (NCCL between CUDA pools, gloo between CPU pools)
     p2p_host: str = "127.0.0.1"          # torch_dist: the address this node's process groups bind and
                                          # announce to its peers (a concrete address, not a wildcard)
-    kv_payload_wait_s: float = 2.0       # decode nodes (torch_dist, CPU pools): how long the loop waits for a
+    kv_payload_wait_s: float = PAYLOAD_WAIT_S  # decode nodes (torch_dist, CPU pools): how long the loop waits for a
                                          # block's payload after its header; past it the transfer fails, the
                                          # pair is broken (the prefill node pairs again) and the loop serves on
     cluster_secret_file: str | None = None  # the node network's secret (mode 0600); else $PDSERVE_CLUSTER_SECRET

@@ -129,7 +129,7 @@ class NodeStatus:
     kv_bytes_received: int = 0
     kv_transfers_done: int = 0       # committed: sent (P) or adopted-ready (D)
     kv_transfers_failed: int = 0
-    kv_frames_dropped: int = 0       # malformed or hostile frames a decode node dropped
+    kv_frames_dropped: int = 0       # malformed or hostile frames a decode node (or replies a prefill node) dropped
     # prefix-cache totals since the node started, in prompt tokens (optional: older peers send none)
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0       # <= prefix_queried_tokens

@@ -14,7 +14,7 @@ class TransferCounters(NamedTuple):
     bytes_received: int = 0
     transfers_done: int = 0          # committed: sent (P) or adopted-ready (D)
     transfers_failed: int = 0
-    frames_dropped: int = 0          # malformed or hostile frames a decode node dropped
+    frames_dropped: int = 0          # malformed or hostile frames a decode node (or replies a prefill node) dropped
 
 
 class PrefixCounters(NamedTuple):

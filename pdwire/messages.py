@@ -27,7 +27,10 @@ from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSI
                                 ProtocolError, check_bool, check_hashes, check_id, check_ids,
                                 check_int, check_ints, check_str)
 
-MAX_HEADER_BYTES = 1 << 20   # a Reserve for a 1M-token prompt (65536 hashes) fits
+MAX_HEADER_BYTES = 64 << 10  # a KV message's header (the KV transport's cap; control messages have theirs):
+                             # the largest legal ones encode to ~0.7 KB (a BlockBatch of MAX_BATCH_BLOCKS),
+                             # ~2.9 KB (a HelloAck) and ~17 KB (a Heartbeat of MAX_HEARTBEAT_XFERS ids)
+MAX_HEARTBEAT_XFERS = 256    # transfers one Heartbeat names (a sender with more names them over several)
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
 OLD_ACK_BATCH_BYTES = 4 << 20   # what a HelloAck without max_batch_bytes (a receiver from before it) takes
 BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib), one
@@ -41,6 +44,8 @@ SPLIT_PAYLOADS = True           # a ZMQ receiver takes a batch's payloads as mes
                                 # (HelloAck.split_payloads) by default (bench/README.md, twelfth session)
 RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
                                 # announced batch bytes, by default (--kv-recv-queue-mib)
+PAYLOAD_WAIT_S = 2.0            # a decode node's loop waits this long for a payload after its header
+                                # (torch_dist, gloo), by default (--kv-payload-wait-s)
 
 
 def announced_batch_bytes(max_batch_bytes: int, split: bool) -> int:
@@ -215,7 +220,7 @@ class Heartbeat:
 
     def __post_init__(self) -> None:
         check_id(self.epoch, "epoch")
-        object.__setattr__(self, "open_xfers", check_ids(self.open_xfers, "open_xfers", 1 << 16))
+        object.__setattr__(self, "open_xfers", check_ids(self.open_xfers, "open_xfers", MAX_HEARTBEAT_XFERS))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,9 @@ the message its I/O thread is writing, the one the receiver's I/O thread has rea
 queue, and both kernel socket buffers, which small_kernel_buffers() keeps to their minimum (made
 before the receiver binds): in_flight() bytes at most.
 
-It sends messages of the size the receiver expects (a block, a batch); frames up to the
-receiver's MAXMSGSIZE (a header's 1 MiB) would park more, as many of them as it queues.
+It sends messages of the size the receiver expects (a block, a batch), a frame a block as a sender
+does; frames up to the receiver's MAXMSGSIZE (a header's 64 KiB, where blocks are smaller) would
+park more, as many of them as it queues.
 """
 import zmq
 

@@ -4,8 +4,6 @@ other prefill nodes.
 
 Both prefill nodes and the decode node run in this process (gloo pairs threads as well as
 processes); the decode node's loop is the test's thread."""
-import dataclasses
-
 import pytest
 
 from kvtransport import torch_dist
@@ -13,7 +11,6 @@ from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.torch_dist import DistReceiver, DistSender
-from node_shell.config import NodeConfig
 from tests.kvtransport.test_kvtransport_dist_join import GEOM, HANG_S, _until
 
 pytestmark = pytest.mark.timeout(600)
@@ -79,8 +76,3 @@ def test_the_payload_wait_must_be_positive_and_finite(wait_s):
     with pytest.raises(ValueError, match="payload_wait_s"):
         DistReceiver(dst, make_identity(dst, "d0", "torch_dist"), TEST_SECRET, payload_wait_s=wait_s)
 
-
-def test_a_node_waits_the_transports_default():
-    """--kv-payload-wait-s's default is the transport's (node_shell.config imports no torch, so it
-    cannot take the constant itself)."""
-    assert {f.name: f.default for f in dataclasses.fields(NodeConfig)}["kv_payload_wait_s"] == torch_dist.PAYLOAD_WAIT_S

@@ -1,7 +1,8 @@
 """A flood from an authenticated peer against the receiving node's loop: one poll takes messages
 for max_poll_s at most (in the link's own clock, made to tick per call here), and of a message
 longer than any (MAX_MESSAGE_FRAMES) the receiver takes one frame more than that, counts it
-dropped and skips the rest, over as many polls as it takes, serving the others meanwhile."""
+dropped and skips the rest, over as many polls as it takes, serving the others meanwhile; so does
+a sender of a reply longer than any (MAX_REPLY_FRAMES)."""
 import time
 from collections import Counter
 
@@ -14,6 +15,7 @@ from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import TEST_SECRET, make_identity, make_pool, same_bytes
 from kvtransport.zmq_link import MAX_MESSAGE_FRAMES
+from kvtransport.zmq_send_link import MAX_REPLY_FRAMES, MAX_SKIP_FRAMES
 from kvtransport.zmq_receiver import ZmqReceiver
 from kvtransport.zmtp_auth import plain_client
 from tests.kvtransport.test_kvtransport_zmq import DST_IDS, GEOM, HANG_S, NUM_TOKENS, SRC_IDS, _connect, _pair, _until
@@ -95,7 +97,8 @@ def test_a_message_longer_than_any_is_skipped_without_being_held(monkeypatch):
 
 def test_a_reply_longer_than_any_is_skipped_by_the_sender():
     """A receiver's reply of 20,000 frames: the sender's poll hands none of it on (it reads
-    MAX_MESSAGE_FRAMES of it at most, skips the rest) and serves on: a transfer then commits."""
+    MAX_REPLY_FRAMES of it, counts it dropped once) and skips the rest MAX_SKIP_FRAMES a poll at
+    most, over several polls; then it serves on: a transfer commits."""
     src, dst, recv, send = _pair("tcp")
     ep = recv.endpoint
     seen, handle = [], send._core.handle
@@ -107,13 +110,18 @@ def test_a_reply_longer_than_any_is_skipped_by_the_sender():
         deadline = time.monotonic() + HANG_S
         while not send._link._socks[ep].poll(0) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert send.poll(0) == [] and not send._link._socks[ep].poll(0)
+        skipping_polls = 0
+        while (skipping_polls == 0 or ep in send._link._skipping) and time.monotonic() < deadline:
+            assert send.poll(0) == []
+            skipping_polls += 1
+        assert skipping_polls >= 20_000 // MAX_SKIP_FRAMES and not send._link._socks[ep].poll(0)
+        assert send.metrics.drops == Counter({DropReason.MALFORMED: 1})
         recv.register(Reservation("x1", DST_IDS, cached_prefix_blocks=1))
         send.begin("x1", ep)
         send.send_blocks("x1", [1, 2, 3, 4, 5], list(DST_IDS[1:]), src, list(SRC_IDS[1:]))
         send.commit("x1", 7, NUM_TOKENS)
         _until(recv, lambda: recv.metrics.transfers_committed == 1)
-        assert all(n <= MAX_MESSAGE_FRAMES for n in seen)
+        assert all(n <= MAX_REPLY_FRAMES for n in seen)
     finally:
         send.close()
         recv.close()

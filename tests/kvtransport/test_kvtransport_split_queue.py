@@ -88,7 +88,7 @@ def test_the_queue_is_sized_from_the_bytes_announced(monkeypatch):
                               (dict(max_queue_bytes=1 << 20, hwm=16), block, (1 << 20) // block)]:
         recv = ZmqReceiver(pool, identity, TEST_SECRET, **kw)
         try:
-            got = queued_bytes(recv, message, min(message, 1 << 20), want * message + 2 * in_flight(message))
+            got = queued_bytes(recv, message, min(message, block), want * message + 2 * in_flight(message))
             assert want * message <= got <= want * message + in_flight(message), (kw, got / message, want)
         finally:
             recv.close()

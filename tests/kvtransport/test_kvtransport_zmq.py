@@ -302,7 +302,7 @@ def test_receive_queue_is_bounded_in_bytes(monkeypatch, split, queue_bytes, batc
                        max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes)
     message = BLOCK_NBYTES if split else max(announced_batch_bytes(batch_bytes, False), BLOCK_NBYTES)
     try:
-        got = queued_bytes(recv, message, min(message, 1 << 20), want * message + 2 * in_flight(message))
+        got = queued_bytes(recv, message, min(message, BLOCK_NBYTES), want * message + 2 * in_flight(message))
         assert want * message <= got <= want * message + in_flight(message), (got / message, want)
         assert recv._link._sock.getsockopt(zmq.SNDHWM) == hwm
     finally:

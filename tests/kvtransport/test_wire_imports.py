@@ -42,3 +42,15 @@ def test_top_level_names_are_ours():
     for name in names:
         assert set(claims.get(name, [])) <= {"pdserve"}, (name, claims[name])
         assert Path(importlib.import_module(name).__file__).resolve().is_relative_to(ROOT), name
+
+
+def test_a_nodes_config_takes_the_transports_defaults_without_torch():
+    """node_shell.config (every node's CLI) loads no torch, and its --kv-payload-wait-s default is
+    the one constant torch_dist waits by (pdwire.messages.PAYLOAD_WAIT_S), not a copy of it."""
+    assert not _imports_torch("node_shell.config")
+    code = ("import dataclasses, inspect; from node_shell.config import NodeConfig; "
+            "from kvtransport.torch_dist import DistReceiver; from pdwire.messages import PAYLOAD_WAIT_S; "
+            "d = {f.name: f.default for f in dataclasses.fields(NodeConfig)}['kv_payload_wait_s']; "
+            "print(d is PAYLOAD_WAIT_S is inspect.signature(DistReceiver).parameters['payload_wait_s'].default)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

@@ -378,7 +378,7 @@ def test_a_decode_node_bounds_what_one_prefill_connection_may_queue(monkeypatch,
             block = service.receiver._core.identity.layout.block_nbytes
             assert service.receiver._core._split is split
             message = block if split else 2 << 20
-            got = queued_bytes(service.receiver, message, min(message, 1 << 20),
+            got = queued_bytes(service.receiver, message, min(message, block),
                                 (8 << 20) + 2 * in_flight(message))
             assert 8 << 20 <= got <= (8 << 20) + in_flight(message), (split, got / message)
         finally:
