@@ -8,6 +8,9 @@ inside xgrammar's C++, which cannot be stopped (nor can a process wait for it at
                    ──compile(spec, limit)──▶ [kind, spec] ─▶ child ─▶ the compiled grammar's JSON
                                  past the limit: the child is killed (GrammarTimeout); a new
                                  one starts at this thread's next compile
+                                 the child dies while it compiles, and not by our hand (a crash,
+                                 an OOM kill): the grammar's fault, a ValueError (kept: a retry
+                                 gets its 400 at once and starts no worker)
     close(): every child killed; a thread waiting on one ends at once (GrammarBusy). The
     interpreter's exit closes the workers before it joins the compile threads, so no exit waits
     for a compile (an offline LLM's script that never calls close() included)
@@ -35,6 +38,12 @@ from pdwire.structured_output import StructuredOutput
 CLOSED_POLL_S = 0.2       # how often a waiting thread looks whether the workers closed (a killed child wakes it at once)
 _ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds this package, last
 _BOOT = "import sys; sys.path.append(sys.argv[1]); from engine.grammar_child import run; run()"
+CRASHED = "invalid grammar: the grammar compiler crashed on it"
+
+
+class WorkerEnded(GrammarBusy):
+    """The child ended by itself (it crashed, or the system killed it): busy while it starts or
+    waits for a grammar; while it compiles one, that grammar is blamed (CRASHED)."""
 
 
 class CompileWorker:
@@ -72,9 +81,15 @@ class CompileWorker:
 
     def compile(self, spec: StructuredOutput) -> bytes:
         """`spec` compiled, as the CompiledGrammar's JSON. Raises ValueError if it does not
-        compile, GrammarTimeout past the time limit (the child killed), GrammarBusy if closing."""
+        compile or the child died compiling it (CRASHED), GrammarTimeout past the time limit (the
+        child killed), GrammarBusy if closing."""
         deadline = time.monotonic() + self._limits.timeout_s
-        reply = self._receive(deadline) if self._send(json.dumps(spec.to_wire()).encode(), deadline) else None
+        reply = None
+        if self._send(json.dumps(spec.to_wire()).encode(), deadline):
+            try:
+                reply = self._receive(deadline)
+            except WorkerEnded as err:
+                raise ValueError(CRASHED) from err
         if reply is None:
             self.kill()
             raise GrammarTimeout.after(self._limits.timeout_s)
@@ -167,7 +182,7 @@ class CompileWorker:
         """The child ended by itself (it crashed, or was killed by close())."""
         closing = self._closed.is_set()
         self.kill()
-        raise GrammarBusy.closing() if closing else GrammarBusy("the grammar compile worker ended: try again")
+        raise GrammarBusy.closing() if closing else WorkerEnded("the grammar compile worker ended: try again")
 
 
 class GrammarWorkers:

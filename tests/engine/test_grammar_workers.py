@@ -4,6 +4,7 @@ once; a compiled grammar comes back whole (the same masks as one compiled in thi
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -61,6 +62,29 @@ def test_a_compile_past_its_time_limit_is_killed_and_its_place_is_free(tok):
     finally:
         assert compiler.close() is True
     assert _workers() - others == set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGKILL])
+def test_a_grammar_its_worker_dies_compiling_fails_invalid_and_is_kept(tok, sig):
+    """A worker that dies while it compiles a grammar (a crash, an OOM kill: here a signal) fails
+    that grammar as invalid (a ValueError, a 400; it used to be GrammarBusy, retried at once in a
+    new worker, 2.8 s and 276 MiB each time), and the error is kept: the same grammar submitted
+    again is answered by the same job, no worker started."""
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1))
+    try:
+        job = compiler.submit(SLOW)
+        _started(job)
+        (worker,) = _workers() - others
+        os.kill(worker, sig)
+        error = job.future.exception(timeout=HANG_S)
+        assert type(error) is ValueError and "crashed" in str(error)
+        assert _workers() - others == set()
+        assert compiler.submit(SLOW) is job and _workers() - others == set()
+        with pytest.raises(ValueError, match="crashed"):
+            compiler.compiled(SLOW)
+    finally:
+        assert compiler.close() is True
 
 
 def test_close_ends_a_running_compile_at_once(tok):
