@@ -2,7 +2,7 @@
 that compiles one grammar at a time, so that a compile past its time limit ends when the process
 is killed (a thread inside xgrammar's C++ cannot be stopped).
 
-    python -c "...; from engine.grammar_child import run; run()"   (GrammarWorkers starts it)
+    python -P -c "...; from engine.grammar_child import run; run()"   (GrammarWorkers starts it)
 
 Frames on stdin and stdout, each a 4-byte big-endian length and that many bytes; nothing else goes
 to stdout (fd 1 is pointed at stderr, so no library's print can break a frame):

@@ -36,8 +36,9 @@ from engine.grammar_child import COMPILED, FAILED, HEADER, MAX_FRAME_BYTES, READ
 from pdwire.structured_output import StructuredOutput
 
 CLOSED_POLL_S = 0.2       # how often a waiting thread looks whether the workers closed (a killed child wakes it at once)
-_ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds this package, last
-_BOOT = "import sys; sys.path.append(sys.argv[1]); from engine.grammar_child import run; run()"
+_ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds this package, first
+# -P: the current directory is not put on sys.path (its own `engine/` could shadow this one)
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from engine.grammar_child import run; run()"
 CRASHED = "invalid grammar: the grammar compiler crashed on it"
 
 
@@ -61,7 +62,7 @@ class CompileWorker:
             if self._closed.is_set():
                 raise GrammarBusy.closing()
             if self._proc is None:
-                self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, _ROOT], stdin=subprocess.PIPE,
+                self._proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _ROOT], stdin=subprocess.PIPE,
                                               stdout=subprocess.PIPE)
                 os.set_blocking(self._proc.stdin.fileno(), False)
                 self._ready = False

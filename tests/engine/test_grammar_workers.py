@@ -100,6 +100,19 @@ def test_close_ends_a_running_compile_at_once(tok):
     assert isinstance(job.future.exception(timeout=HANG_S), GrammarBusy) and _workers() - others == set()
 
 
+def test_a_worker_ignores_an_engine_package_in_the_current_directory(tok, tmp_path, monkeypatch):
+    """The worker imports this tree's engine, not one in the node's current directory (`python -c`
+    put the current directory first on sys.path: a fake `engine/` there broke every compile)."""
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text("raise SystemExit('the fake engine')\n")
+    monkeypatch.chdir(tmp_path)
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(max_compiles=1))
+    try:
+        assert compiler.compiled(StructuredOutput(GrammarKind.REGEX, "[0-9]{3}")) is not None
+    finally:
+        assert compiler.close() is True
+
+
 def test_a_grammar_compiled_in_a_worker_masks_as_one_compiled_here(tmp_path):
     """The worker's compiled grammar, loaded here, allows exactly the tokens an in-process compile
     of the same JSON schema allows, step by step along the output of its first allowed tokens
