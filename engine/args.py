@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.grammar_limits import COMPILE_TIMEOUT_S, MAX_COMPILES, MAX_QUEUED, WORKER_START_TIMEOUT_S
+from engine.grammar_limits import COMPILE_TIMEOUT_S, MAX_COMPILED_MIB, MAX_COMPILES, MAX_QUEUED, WORKER_START_TIMEOUT_S
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -37,6 +37,7 @@ class EngineArgs:
     grammar_max_compiles: int = MAX_COMPILES  # grammars compiling at once (a worker process each)
     grammar_max_queued: int = MAX_QUEUED      # grammars waiting to compile; past them a new one is busy (retried on another node)
     grammar_worker_start_timeout_s: float = WORKER_START_TIMEOUT_S  # a grammar compile worker process (xgrammar and the tokenizer loading) not ready this long: its compile is busy
+    grammar_max_compiled_mib: float = MAX_COMPILED_MIB  # a grammar whose compiled form (its JSON, as a compile worker sends it) is larger than this fails (a 400)
 
     def engine_config(self) -> EngineConfig:
         from engine.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -49,5 +50,6 @@ class EngineArgs:
         return EngineConfig(self.model, self.dtype, self.max_model_len, self.device, self.seed, cache, scheduler,
                             self.tensor_parallel_size,
                             GrammarLimits(self.grammar_compile_timeout_s, self.grammar_max_compiles,
-                                          self.grammar_max_queued, self.grammar_worker_start_timeout_s),
+                                          self.grammar_max_queued, self.grammar_worker_start_timeout_s,
+                                          self.grammar_max_compiled_mib),
                             tensor_parallel_timeout_s=self.tensor_parallel_timeout_s)

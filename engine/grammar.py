@@ -111,7 +111,7 @@ class GrammarCompiler:
         """On a compile thread: compiled in its worker process, loaded here."""
         compiled = self._workers.compile(spec)
         try:
-            return self._xgr.CompiledGrammar.deserialize_json(compiled.decode(), self._info)
+            return self._xgr.CompiledGrammar.deserialize_json(str(compiled, "utf-8"), self._info)
         except Exception as err:    # noqa: BLE001 -- xgrammar's own types; never seen: one library, both ends
             raise ValueError(f"invalid {spec.kind.value}: its compiled form did not load: {str(err)[:200]}") from err
 

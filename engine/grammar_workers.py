@@ -6,6 +6,8 @@ inside xgrammar's C++, which cannot be stopped (nor can a process wait for it at
     compile thread ──ready()──▶ its own CompileWorker (claimed at first use): the child spawned
                                  (at first use), sent the TokenizerInfo, READY awaited
                    ──compile(spec, limit)──▶ [kind, spec] ─▶ child ─▶ the compiled grammar's JSON
+                                 (over --grammar-max-compiled-mib: the child fails it; a larger
+                                 frame is refused before it is read, the child killed)
                                  past the limit: the child is killed (GrammarTimeout); a new
                                  one starts at this thread's next compile
                                  the child dies while it compiles, and not by our hand (a crash,
@@ -32,13 +34,13 @@ from typing import Callable, NoReturn
 
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout, worker_late
 from engine.grammar_limits import GrammarLimits
-from engine.grammar_child import COMPILED, FAILED, HEADER, MAX_FRAME_BYTES, READY
+from engine.grammar_child import COMPILED, FAILED, HEADER, READY
 from pdwire.structured_output import StructuredOutput
 
 CLOSED_POLL_S = 0.2       # how often a waiting thread looks whether the workers closed (a killed child wakes it at once)
 _ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds this package, first
 # -P: the current directory is not put on sys.path (its own `engine/` could shadow this one)
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from engine.grammar_child import run; run()"
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from engine.grammar_child import run; run(float(sys.argv[2]))"
 CRASHED = "invalid grammar: the grammar compiler crashed on it"
 
 
@@ -62,7 +64,8 @@ class CompileWorker:
             if self._closed.is_set():
                 raise GrammarBusy.closing()
             if self._proc is None:
-                self._proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _ROOT], stdin=subprocess.PIPE,
+                self._proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _ROOT,
+                                               repr(self._limits.max_compiled_mib)], stdin=subprocess.PIPE,
                                               stdout=subprocess.PIPE)
                 os.set_blocking(self._proc.stdin.fileno(), False)
                 self._ready = False
@@ -80,9 +83,9 @@ class CompileWorker:
         self._ready = True
         self._on_ready()
 
-    def compile(self, spec: StructuredOutput) -> bytes:
-        """`spec` compiled, as the CompiledGrammar's JSON. Raises ValueError if it does not
-        compile or the child died compiling it (CRASHED), GrammarTimeout past the time limit (the
+    def compile(self, spec: StructuredOutput) -> memoryview:
+        """`spec` compiled, as the CompiledGrammar's JSON (UTF-8). Raises ValueError if it does not
+        compile, compiled it is over max_compiled_mib, or the child died compiling it (CRASHED), GrammarTimeout past the time limit (the
         child killed), GrammarBusy if closing."""
         deadline = time.monotonic() + self._limits.timeout_s
         reply = None
@@ -95,7 +98,7 @@ class CompileWorker:
             self.kill()
             raise GrammarTimeout.after(self._limits.timeout_s)
         if reply[:1] == COMPILED:
-            return reply[1:]
+            return memoryview(reply)[1:]
         if reply[:1] == FAILED:
             raise ValueError(reply[1:].decode(errors="replace"))
         self.kill()
@@ -136,27 +139,29 @@ class CompileWorker:
                 self._gone()
         return True
 
-    def _receive(self, deadline: float) -> bytes | None:
-        """The next frame; None if the deadline came first."""
+    def _receive(self, deadline: float) -> bytearray | None:
+        """The next frame; None if the deadline came first. A frame over a compiled grammar's
+        limit (and its tag) is not read: the child killed, the grammar too large (ValueError)."""
         head = self._read(HEADER.size, deadline)
         if head is None:
             return None
         (size,) = HEADER.unpack(head)
-        if size > MAX_FRAME_BYTES:
+        if size > self._limits.max_compiled_bytes + 1:
             self.kill()
-            raise GrammarBusy(f"the grammar compile worker sent {size} bytes, over {MAX_FRAME_BYTES}: try again")
+            raise self._limits.too_large()
         return self._read(size, deadline)
 
-    def _read(self, size: int, deadline: float) -> bytes | None:
-        fd, out = self._fd("stdout"), bytearray()
-        while len(out) < size:
+    def _read(self, size: int, deadline: float) -> bytearray | None:
+        """`size` bytes read into one buffer (no copy after), or None if the deadline came first."""
+        fd, out, got = self._fd("stdout"), bytearray(size), 0
+        view = memoryview(out)
+        while got < size:
             if not self._wait(fd, deadline, write=False):
                 return None
-            chunk = os.read(fd, min(size - len(out), 1 << 20))
-            if not chunk:
+            if not (count := os.readv(fd, [view[got:]])):
                 self._gone()
-            out += chunk
-        return bytes(out)
+            got += count
+        return out
 
     def _wait(self, fd: int, deadline: float, write: bool) -> bool:
         """Until `fd` is ready (True) or the deadline (False), looking every CLOSED_POLL_S whether the

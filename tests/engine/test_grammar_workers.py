@@ -87,6 +87,22 @@ def test_a_grammar_its_worker_dies_compiling_fails_invalid_and_is_kept(tok, sig)
         assert compiler.close() is True
 
 
+def test_a_grammar_compiled_over_the_size_limit_fails_invalid(tok):
+    """A compiled grammar larger than --grammar-max-compiled-mib fails as invalid (a ValueError,
+    kept); its worker stays and compiles the next grammar, under the limit."""
+    others = _workers()
+    small, large = StructuredOutput(GrammarKind.REGEX, "a"), StructuredOutput(GrammarKind.REGEX, "[0-9]{1,40}")
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(max_compiles=1, max_compiled_mib=0.02))
+    try:
+        with pytest.raises(ValueError, match="grammar-max-compiled-mib"):
+            compiler.compiled(large)
+        worker = _workers() - others
+        assert compiler.compiled(small) is not None and _workers() - others == worker
+        assert compiler.submit(large).future.exception() is not None
+    finally:
+        assert compiler.close() is True
+
+
 def test_close_ends_a_running_compile_at_once(tok):
     """close() kills the worker a compile runs in: True (nothing runs any more) within its short
     wait, the job ended GrammarBusy (it used to be False, the compile running on for minutes in a
