@@ -76,7 +76,8 @@ class GrammarCompiler:
         self.limits = limits
         self._workers = GrammarWorkers(self._info.serialize_json(), limits)
         weakref.finalize(self, self._workers.close)     # a compiler dropped unclosed ends its processes
-        self._jobs = CompileJobs(self._compile, limits, self._workers.ready, self._workers.warm_since)
+        self._jobs = CompileJobs(self._compile, limits, self._workers.ready, self._workers.warm_since,
+                                 self._workers.abandoner)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._lock = threading.Lock()       # the bitmask buffer is shared by one engine's steps
 

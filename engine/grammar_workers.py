@@ -13,6 +13,9 @@ inside xgrammar's C++, which cannot be stopped (nor can a process wait for it at
                                  the child dies while it compiles, and not by our hand (a crash,
                                  an OOM kill): the grammar's fault, a ValueError (kept: a retry
                                  gets its 400 at once and starts no worker)
+    abandoner(): on the thread, before a job's ready(): what abandons that job's compile (its last
+    request left): it ends at its start, or, running, its child is killed (a signal, no wait: the
+    caller may be a node's loop) and it ends at once (GrammarBusy, not kept), not at the time limit
     close(): every child killed; a thread waiting on one ends at once (GrammarBusy). The
     interpreter's exit closes the workers before it joins the compile threads, so no exit waits
     for a compile (an offline LLM's script that never calls close() included)
@@ -21,6 +24,7 @@ The thread only waits on a pipe here (select), so the GIL is free while a gramma
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -42,6 +46,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds 
 # -P: the current directory is not put on sys.path (its own `engine/` could shadow this one)
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from engine.grammar_child import run; run(float(sys.argv[2]))"
 CRASHED = "invalid grammar: the grammar compiler crashed on it"
+ABANDONED = "the grammar's compile was abandoned: no request waits for it"
 
 
 class WorkerEnded(GrammarBusy):
@@ -56,7 +61,9 @@ class CompileWorker:
         self._info, self._limits, self._closed, self._on_ready = info, limits, closed, on_ready
         self._proc: subprocess.Popen | None = None
         self._ready = False
-        self._lock = threading.Lock()       # the process: its thread and close()
+        self._ticket: threading.Event | None = None     # the job using it (abandoner() to compile()'s end): set, abandoned
+        self._compiling = False     # compile() waits on the child
+        self._lock = threading.Lock()       # the process, ticket and flag: its thread, close() and abandon()
 
     def start(self) -> None:
         """Spawn the child unless it runs (it loads xgrammar meanwhile); never waits for it."""
@@ -85,8 +92,40 @@ class CompileWorker:
 
     def compile(self, spec: StructuredOutput) -> memoryview:
         """`spec` compiled, as the CompiledGrammar's JSON (UTF-8). Raises ValueError if it does not
-        compile, compiled it is over max_compiled_mib, or the child died compiling it (CRASHED), GrammarTimeout past the time limit (the
-        child killed), GrammarBusy if closing."""
+        compile, compiled it is over max_compiled_mib, or the child died compiling it (CRASHED),
+        GrammarTimeout past the time limit (the child killed), GrammarBusy if closing or abandoned."""
+        with self._lock:
+            ticket = self._ticket
+            abandoned = ticket is not None and ticket.is_set()
+            self._compiling = not abandoned
+        try:
+            if abandoned:
+                raise GrammarBusy(ABANDONED)
+            return self._compile(spec)
+        finally:
+            with self._lock:
+                self._compiling, self._ticket = False, None
+                late = not abandoned and ticket is not None and ticket.is_set()
+            if late:        # abandoned while it ran: its child, signalled, is not kept for the next
+                self.kill()
+
+    def abandoner(self) -> Callable[[], None]:
+        """On its thread, before ready(): what abandons the compile to come, from any thread."""
+        ticket = threading.Event()
+        with self._lock:
+            self._ticket = ticket
+        return functools.partial(self._abandon, ticket)
+
+    def _abandon(self, ticket: threading.Event) -> None:
+        """Nobody waits for the compile `ticket` names: it ends at its start, or, running, its child
+        is killed (its thread meets the end of its pipe, reaps it and ends it GrammarBusy); nothing
+        once it is over. Only signals: the caller may be a node's loop."""
+        with self._lock:
+            ticket.set()
+            if self._ticket is ticket and self._compiling and self._proc is not None:
+                self._proc.kill()
+
+    def _compile(self, spec: StructuredOutput) -> memoryview:
         deadline = time.monotonic() + self._limits.timeout_s
         reply = None
         if self._send(json.dumps(spec.to_wire()).encode(), deadline):
@@ -185,10 +224,16 @@ class CompileWorker:
         return getattr(proc, name).fileno()
 
     def _gone(self) -> NoReturn:
-        """The child ended by itself (it crashed, or was killed by close())."""
+        """The child ended (it crashed, or was killed by close() or abandon())."""
+        with self._lock:
+            abandoned = self._ticket is not None and self._ticket.is_set()
         closing = self._closed.is_set()
         self.kill()
-        raise GrammarBusy.closing() if closing else WorkerEnded("the grammar compile worker ended: try again")
+        if closing:
+            raise GrammarBusy.closing()
+        if abandoned:
+            raise GrammarBusy(ABANDONED)
+        raise WorkerEnded("the grammar compile worker ended: try again")
 
 
 class GrammarWorkers:
@@ -212,8 +257,12 @@ class GrammarWorkers:
         """This thread's worker started and loaded (CompileJobs' prepare: before a compile's clock)."""
         self._claim().ready()
 
-    def compile(self, spec: StructuredOutput) -> bytes:
+    def compile(self, spec: StructuredOutput) -> memoryview:
         return self._claim().compile(spec)
+
+    def abandoner(self) -> Callable[[], None]:
+        """What abandons this thread's compile (CompileJobs: its job's last waiter left)."""
+        return self._claim().abandoner()
 
     def warm_since(self) -> float | None:
         """When the first worker was ready (monotonic), or None: until then nothing queues."""

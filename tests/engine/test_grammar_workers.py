@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from engine.grammar import GrammarCompiler
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout
 from engine.grammar_limits import GrammarLimits
+from engine.grammar_workers import GrammarWorkers
 from pdwire.structured_output import GrammarKind, StructuredOutput
 from tests.engine.slow_grammar import SLOW, wide_tokenizer
 from tests.tiny_chat_model import tiny_chat_model_folder
@@ -99,6 +101,53 @@ def test_a_grammar_compiled_over_the_size_limit_fails_invalid(tok):
         worker = _workers() - others
         assert compiler.compiled(small) is not None and _workers() - others == worker
         assert compiler.submit(large).future.exception() is not None
+    finally:
+        assert compiler.close() is True
+
+
+def test_a_compile_its_last_waiter_leaves_is_killed(tok):
+    """The last request waiting for a running compile leaves (aborted, its wait ran out): its
+    worker is killed at once (it used to compile on to the time limit, 600 s here), the job ends
+    GrammarBusy and is not kept; the same grammar submitted again is a new job."""
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1))
+    try:
+        job = compiler.submit(SLOW)
+        job.join()
+        _started(job)
+        assert len(_workers() - others) == 1
+        job.leave()
+        assert isinstance(job.future.exception(timeout=HANG_S), GrammarBusy)
+        assert _workers() - others == set()
+        again = compiler.submit(SLOW)
+        assert again is not job and not again.done
+    finally:
+        assert compiler.close() is True
+
+
+def test_a_compile_abandoned_while_its_worker_starts_ends_at_its_start(tok, monkeypatch):
+    """A job whose last waiter leaves while its worker starts never compiles: it ends GrammarBusy
+    once the worker is ready, and that worker is kept (the next grammar compiles in it)."""
+    readying, go, real_ready = threading.Event(), threading.Event(), GrammarWorkers.ready
+
+    def held_ready(self):
+        readying.set()
+        go.wait(HANG_S)
+        real_ready(self)
+    monkeypatch.setattr(GrammarWorkers, "ready", held_ready)
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1))
+    try:
+        job = compiler.submit(SLOW)
+        job.join()
+        assert readying.wait(HANG_S)
+        job.leave()
+        go.set()
+        error = job.future.exception(timeout=HANG_S)
+        assert isinstance(error, GrammarBusy) and "abandoned" in str(error) and job.started is not None
+        assert len(worker := _workers() - others) == 1
+        assert compiler.compiled(StructuredOutput(GrammarKind.REGEX, "[0-9]{3}")) is not None
+        assert _workers() - others == worker
     finally:
         assert compiler.close() is True
 
