@@ -1,8 +1,8 @@
-"""A grammar compile worker: a child process of a grammar compiler (engine/grammar_workers.py)
+"""A grammar compile worker: a child process of a grammar compiler (engine/grammar_worker.py)
 that compiles one grammar at a time, so that a compile past its time limit ends when the process
 is killed (a thread inside xgrammar's C++ cannot be stopped).
 
-    python -P -c "...; from engine.grammar_child import run; run(max_compiled_mib)"   (GrammarWorkers starts it)
+    python -P -c "...; from engine.grammar_child import run; run(max_compiled_mib)"   (CompileWorker starts it)
 
 Frames on stdin and stdout, each a 4-byte big-endian length and that many bytes; nothing else goes
 to stdout (fd 1 is pointed at stderr, so no library's print can break a frame):
