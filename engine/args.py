@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.grammar_limits import COMPILE_TIMEOUT_S, MAX_COMPILED_MIB, MAX_COMPILES, MAX_QUEUED, WORKER_START_TIMEOUT_S
+from engine.grammar_limits import (COMPILE_TIMEOUT_S, MAX_COMPILED_MIB, MAX_COMPILES, MAX_QUEUED, WORKER_IDLE_TIMEOUT_S,
+                                   WORKER_START_TIMEOUT_S)
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -38,6 +39,7 @@ class EngineArgs:
     grammar_max_queued: int = MAX_QUEUED      # grammars waiting to compile; past them a new one is busy (retried on another node)
     grammar_worker_start_timeout_s: float = WORKER_START_TIMEOUT_S  # a grammar compile worker process (xgrammar and the tokenizer loading) not ready this long: its compile is busy
     grammar_max_compiled_mib: float = MAX_COMPILED_MIB  # a grammar whose compiled form (its JSON, as a compile worker sends it) is larger than this fails (a 400)
+    grammar_worker_idle_timeout_s: float = WORKER_IDLE_TIMEOUT_S  # a grammar compile worker process that compiled nothing this long ends (its memory freed); the next compile starts another
 
     def engine_config(self) -> EngineConfig:
         from engine.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -51,5 +53,5 @@ class EngineArgs:
                             self.tensor_parallel_size,
                             GrammarLimits(self.grammar_compile_timeout_s, self.grammar_max_compiles,
                                           self.grammar_max_queued, self.grammar_worker_start_timeout_s,
-                                          self.grammar_max_compiled_mib),
+                                          self.grammar_max_compiled_mib, self.grammar_worker_idle_timeout_s),
                             tensor_parallel_timeout_s=self.tensor_parallel_timeout_s)

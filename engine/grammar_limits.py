@@ -1,7 +1,8 @@
 """GrammarLimits: how long, how many at once and how many queued a node compiles structured
 outputs' grammars (engine/grammar_jobs.py), how long a compile worker process may take to
-start and how large a compiled grammar it may send back (engine/grammar_workers.py). The one place their defaults are written; imports
-nothing heavy (engine/args.py, which the CLIs are generated from, reads them)."""
+start, how long it is kept idle and how large a compiled grammar it may send back
+(engine/grammar_worker.py). The one place their defaults are written; imports nothing heavy
+(engine/args.py, which the CLIs are generated from, reads them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ MAX_COMPILES = 2            # compiles running at once (a worker process each): 
 MAX_QUEUED = 16             # compiles waiting for a thread; past them a new grammar is busy (retryable)
 WORKER_START_TIMEOUT_S = 60.0   # a compile worker process loading xgrammar and the tokenizer this long is busy
 MAX_COMPILED_MIB = 64.0     # a compiled grammar's JSON over this is invalid (too large); the parent buffers no more
+WORKER_IDLE_TIMEOUT_S = 300.0   # a compile worker process (~270 MiB) that compiled nothing this long ends; the next compile starts one (seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,13 +22,15 @@ class GrammarLimits:
     max_queued: int = MAX_QUEUED            # see MAX_QUEUED
     worker_start_timeout_s: float = WORKER_START_TIMEOUT_S     # see WORKER_START_TIMEOUT_S
     max_compiled_mib: float = MAX_COMPILED_MIB     # see MAX_COMPILED_MIB
+    worker_idle_timeout_s: float = WORKER_IDLE_TIMEOUT_S   # see WORKER_IDLE_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        for name, seconds in (("grammar_compile_timeout_s", self.timeout_s),
-                              ("grammar_worker_start_timeout_s", self.worker_start_timeout_s),
-                              ("grammar_max_compiled_mib", self.max_compiled_mib)):
-            if not 0 < seconds < float("inf"):
-                raise ValueError(f"{name} must be > 0 and finite, got {seconds!r}")
+        for name, amount in (("grammar_compile_timeout_s", self.timeout_s),
+                             ("grammar_worker_start_timeout_s", self.worker_start_timeout_s),
+                             ("grammar_max_compiled_mib", self.max_compiled_mib),
+                             ("grammar_worker_idle_timeout_s", self.worker_idle_timeout_s)):
+            if not 0 < amount < float("inf"):
+                raise ValueError(f"{name} must be > 0 and finite, got {amount!r}")
         for name, value in (("grammar_max_compiles", self.max_compiles), ("grammar_max_queued", self.max_queued)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if "compiles" in name else 0):
                 raise ValueError(f"{name} must be an int >= {1 if 'compiles' in name else 0}, got {value!r}")

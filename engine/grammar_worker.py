@@ -17,6 +17,10 @@ thread of engine/grammar_jobs.py one, for good.
                request left): it ends at its start, or, running, its child is killed (a signal,
                no wait: the caller may be a node's loop) and it ends at once (GrammarBusy, not
                kept), not at the time limit
+    reap_idle() any thread (GrammarWorkers' reaper): the child of a worker its thread has not used
+               for --grammar-worker-idle-timeout-s killed (its memory freed); the next ready()
+               starts another. In use means from ready() to compile()'s end, so a compile's
+               child is never reaped
     stop()     any thread (close()): the child killed; its thread, if it waits on it, ends
                GrammarBusy
 
@@ -54,7 +58,8 @@ class WorkerEnded(GrammarBusy):
 
 
 class CompileWorker:
-    """One child process, used by one compile thread at a time."""
+    """One child process, used by one compile thread at a time; other threads only end it
+    (abandon, reap_idle, stop)."""
 
     def __init__(self, info: bytes, limits: GrammarLimits, closed: threading.Event, on_ready: Callable[[], None]):
         self._info, self._limits, self._closed, self._on_ready = info, limits, closed, on_ready
@@ -62,13 +67,16 @@ class CompileWorker:
         self._ready = False
         self._ticket: threading.Event | None = None     # the job using it (abandoner() to compile()'s end): set, abandoned
         self._compiling = False     # compile() waits on the child
-        self._lock = threading.Lock()       # the process, ticket and flag: its thread, close() and abandon()
+        self._in_use = False        # its thread uses the child: from ready() to compile()'s end
+        self._idle_since = time.monotonic()     # when its thread last stopped using it
+        self._lock = threading.Lock()       # the process, ticket and flags: its thread, and the others' ends
 
     def start(self) -> None:
         """Spawn the child unless it runs (it loads xgrammar meanwhile); never waits for it."""
         with self._lock:
             if self._closed.is_set():
                 raise GrammarBusy.closing()
+            self._in_use = True
             if self._proc is None:
                 self._proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _ROOT,
                                                repr(self._limits.max_compiled_mib)], stdin=subprocess.PIPE,
@@ -103,7 +111,8 @@ class CompileWorker:
             return self._compile(spec)
         finally:
             with self._lock:
-                self._compiling, self._ticket = False, None
+                self._compiling, self._ticket, self._in_use = False, None, False
+                self._idle_since = time.monotonic()
                 late = not abandoned and ticket is not None and ticket.is_set()
             if late:        # abandoned while it ran: its child, signalled, is not kept for the next
                 self.kill()
@@ -148,10 +157,19 @@ class CompileWorker:
         with self._lock:
             proc, self._proc, self._ready = self._proc, None, False
         if proc is not None:
-            proc.kill()
-            proc.wait()
-            proc.stdin.close()
-            proc.stdout.close()
+            _end(proc)
+
+    def reap_idle(self, now: float) -> float | None:
+        """Any thread: end the child if its thread has not used it for the idle limit; else when it
+        is due (monotonic), or None while there is no child or it is in use."""
+        with self._lock:
+            if self._proc is None or self._in_use:
+                return None
+            if (due := self._idle_since + self._limits.worker_idle_timeout_s) > now:
+                return due
+            proc, self._proc, self._ready = self._proc, None, False
+        _end(proc)      # its thread is not using it: the pipes are this thread's to close
+        return None
 
     def stop(self) -> None:
         """End the child (any thread: close()); its thread, if it waits on it, meets the end of its
@@ -233,3 +251,11 @@ class CompileWorker:
         if abandoned:
             raise GrammarBusy(ABANDONED)
         raise WorkerEnded("the grammar compile worker ended: try again")
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill a child no thread waits on, reap it and close its pipes."""
+    proc.kill()
+    proc.wait()
+    proc.stdin.close()
+    proc.stdout.close()

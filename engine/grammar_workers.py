@@ -5,6 +5,8 @@ inside xgrammar's C++, which cannot be stopped (nor can a process wait for it at
 
     compile thread ──▶ its own CompileWorker (engine/grammar_worker.py: claimed at first use, its
                        child spawned at first use): abandoner(), ready(), compile()
+    reaper thread (from the first claim to close()): a child its thread has not used for
+    --grammar-worker-idle-timeout-s is killed (~270 MiB freed); its next compile starts another
     close(): every child killed; a thread waiting on one ends at once (GrammarBusy). The
     interpreter's exit closes the workers before it joins the compile threads, so no exit waits
     for a compile (an offline LLM's script that never calls close() included)
@@ -28,6 +30,8 @@ class GrammarWorkers:
 
     def __init__(self, tokenizer_info_json: str, limits: GrammarLimits):
         self._closed = threading.Event()
+        self._idle_timeout_s = limits.worker_idle_timeout_s
+        self._reaper: threading.Thread | None = None    # started at the first claim
         info = tokenizer_info_json.encode()
         self._free = [CompileWorker(info, limits, self._closed, self._note_ready) for _ in range(limits.max_compiles)]
         self._warm_at: float | None = None      # monotonic seconds the first worker was ready
@@ -68,7 +72,19 @@ class GrammarWorkers:
         if worker is None:
             with self._lock:
                 worker = self._mine.worker = self._free.pop()
+                if self._reaper is None:
+                    self._reaper = threading.Thread(target=self._reap, name="grammar-worker-reaper", daemon=True)
+                    self._reaper.start()
         return worker
+
+    def _reap(self) -> None:
+        """The reaper: ends the children idle past the limit, waking when the next one is due (at
+        most the limit apart: a child in use is due a limit after its use ends), until close()."""
+        while True:
+            now = time.monotonic()
+            dues = [due for worker in self._all if (due := worker.reap_idle(now)) is not None]
+            if self._closed.wait(min(dues, default=now + self._idle_timeout_s) - now):
+                return
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -1,6 +1,7 @@
 """Grammar compiles run in worker processes (engine/grammar_workers.py): a compile past its time
-limit is killed there, its core and its place freed at once; close() ends a running compile at
-once; a compiled grammar comes back whole (the same masks as one compiled in this process)."""
+limit, or one nobody waits for any more, is killed there, its core and its place freed at once;
+a worker that crashes on a grammar fails it; an idle worker ends; close() ends a running compile
+at once; a compiled grammar comes back whole (the same masks as one compiled in this process)."""
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ import torch
 from engine.grammar import GrammarCompiler
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout
 from engine.grammar_limits import GrammarLimits
+from engine.grammar_worker import CompileWorker
 from engine.grammar_workers import GrammarWorkers
 from pdwire.structured_output import GrammarKind, StructuredOutput
 from tests.engine.slow_grammar import SLOW, wide_tokenizer
@@ -152,6 +154,42 @@ def test_a_compile_abandoned_while_its_worker_starts_ends_at_its_start(tok, monk
         assert compiler.close() is True
 
 
+def test_an_idle_worker_ends_and_the_next_compile_starts_another(tok):
+    """A worker that compiled nothing for --grammar-worker-idle-timeout-s ends (its memory freed;
+    it used to live as long as its node), and the next grammar compiles in a new one."""
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(max_compiles=1, worker_idle_timeout_s=0.2))
+    try:
+        assert compiler.compiled(StructuredOutput(GrammarKind.REGEX, "[0-9]{3}")) is not None
+        _until(lambda: _workers() - others == set(), "the idle worker never ended")
+        assert compiler.compiled(StructuredOutput(GrammarKind.REGEX, "[a-z]{3}")) is not None
+    finally:
+        assert compiler.close() is True
+
+
+def test_a_compiling_worker_is_never_reaped_as_idle(tok, monkeypatch):
+    """The reaper passes over a worker whose compile runs however long it runs (it wakes every
+    idle limit meanwhile): only the time limit or close() ends it."""
+    rounds, reap_idle = [], CompileWorker.reap_idle
+
+    def counted(self, now):
+        rounds.append(now)
+        return reap_idle(self, now)
+    monkeypatch.setattr(CompileWorker, "reap_idle", counted)
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1,
+                                                                 worker_idle_timeout_s=0.05))
+    try:
+        job = compiler.submit(SLOW)
+        _started(job)
+        (worker,) = _workers() - others
+        seen = len(rounds)
+        _until(lambda: len(rounds) >= seen + 3, "the reaper stopped")
+        assert not job.done and _workers() - others == {worker}
+    finally:
+        assert compiler.close() is True
+
+
 def test_close_ends_a_running_compile_at_once(tok):
     """close() kills the worker a compile runs in: True (nothing runs any more) within its short
     wait, the job ended GrammarBusy (it used to be False, the compile running on for minutes in a
@@ -210,6 +248,13 @@ def _started(job) -> None:
     while job.started is None and not job.done and time.monotonic() < deadline:
         time.sleep(0.005)
     assert job.started is not None, job.future.exception() if job.done else "its worker never started"
+
+
+def _until(condition, why: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert condition(), why
 
 
 def _first_allowed(row: torch.Tensor) -> int:
