@@ -10,7 +10,10 @@ from dataclasses import dataclass
 COMPILE_TIMEOUT_S = 5.0     # a compile running this long fails its requests; a request queued this long is busy
 MAX_COMPILES = 2            # compiles running at once (a worker process each): one slow grammar leaves one free
 MAX_QUEUED = 16             # compiles waiting for a thread; past them a new grammar is busy (retryable)
-WORKER_START_TIMEOUT_S = 60.0   # a compile worker process loading xgrammar and the tokenizer this long is busy
+# a compile worker process loading xgrammar and the tokenizer this long is busy (and killed). Above the router's
+# admission timeout (30 s) on purpose: a loaded 2-core machine took over 20 s, and the router's timeout abandons
+# the request, not the worker start (README.md, structured output)
+WORKER_START_TIMEOUT_S = 60.0
 MAX_COMPILED_MIB = 64.0     # a compiled grammar's JSON over this is invalid (too large); the parent buffers no more
 WORKER_IDLE_TIMEOUT_S = 300.0   # a compile worker process (~270 MiB) that compiled nothing this long ends; the next compile starts one (seconds)
 
