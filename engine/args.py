@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.grammar_limits import COMPILE_TIMEOUT_S, MAX_COMPILES, MAX_QUEUED, WORKER_START_TIMEOUT_S
+from engine.grammar_limits import (COMPILE_TIMEOUT_S, MAX_COMPILED_MIB, MAX_COMPILES, MAX_QUEUED, WORKER_IDLE_TIMEOUT_S,
+                                   WORKER_START_TIMEOUT_S)
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -36,7 +37,9 @@ class EngineArgs:
     grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S  # a structured output's grammar compiling this long fails its requests (a 400) and its worker process is killed; one queued this long is busy (retried elsewhere). A node's loop never waits for a compile
     grammar_max_compiles: int = MAX_COMPILES  # grammars compiling at once (a worker process each)
     grammar_max_queued: int = MAX_QUEUED      # grammars waiting to compile; past them a new one is busy (retried on another node)
-    grammar_worker_start_timeout_s: float = WORKER_START_TIMEOUT_S  # a grammar compile worker process (xgrammar and the tokenizer loading) not ready this long: its compile is busy
+    grammar_worker_start_timeout_s: float = WORKER_START_TIMEOUT_S  # a grammar compile worker process (xgrammar and the tokenizer loading) not ready this long: its compile is busy and it is killed (disaggregated, the router's --admission-timeout-s, 30 s, ends the request first; the worker goes on starting)
+    grammar_max_compiled_mib: float = MAX_COMPILED_MIB  # a grammar whose compiled form (its JSON, as a compile worker sends it) is larger than this fails (a 400)
+    grammar_worker_idle_timeout_s: float = WORKER_IDLE_TIMEOUT_S  # a grammar compile worker process that compiled nothing this long ends (its memory freed); the next compile starts another
     freeze_gc: bool = True                # once started, freeze the process's heap out of the cyclic garbage collector's reach (gc.freeze(), as vLLM does): its collections then skip the model, the blocks and torch's modules (engine/heap.py)
 
     def engine_config(self) -> EngineConfig:
@@ -50,5 +53,6 @@ class EngineArgs:
         return EngineConfig(self.model, self.dtype, self.max_model_len, self.device, self.seed, cache, scheduler,
                             self.tensor_parallel_size,
                             GrammarLimits(self.grammar_compile_timeout_s, self.grammar_max_compiles,
-                                          self.grammar_max_queued, self.grammar_worker_start_timeout_s),
+                                          self.grammar_max_queued, self.grammar_worker_start_timeout_s,
+                                          self.grammar_max_compiled_mib, self.grammar_worker_idle_timeout_s),
                             tensor_parallel_timeout_s=self.tensor_parallel_timeout_s)

@@ -76,7 +76,8 @@ class GrammarCompiler:
         self.limits = limits
         self._workers = GrammarWorkers(self._info.serialize_json(), limits)
         weakref.finalize(self, self._workers.close)     # a compiler dropped unclosed ends its processes
-        self._jobs = CompileJobs(self._compile, limits, self._workers.ready, self._workers.warm_since)
+        self._jobs = CompileJobs(self._compile, limits, self._workers.ready, self._workers.warm_since,
+                                 self._workers.abandoner)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._lock = threading.Lock()       # the bitmask buffer is shared by one engine's steps
 
@@ -111,7 +112,7 @@ class GrammarCompiler:
         """On a compile thread: compiled in its worker process, loaded here."""
         compiled = self._workers.compile(spec)
         try:
-            return self._xgr.CompiledGrammar.deserialize_json(compiled.decode(), self._info)
+            return self._xgr.CompiledGrammar.deserialize_json(str(compiled, "utf-8"), self._info)
         except Exception as err:    # noqa: BLE001 -- xgrammar's own types; never seen: one library, both ends
             raise ValueError(f"invalid {spec.kind.value}: its compiled form did not load: {str(err)[:200]}") from err
 

@@ -1,8 +1,8 @@
-"""A grammar compile worker: a child process of a grammar compiler (engine/grammar_workers.py)
+"""A grammar compile worker: a child process of a grammar compiler (engine/grammar_worker.py)
 that compiles one grammar at a time, so that a compile past its time limit ends when the process
 is killed (a thread inside xgrammar's C++ cannot be stopped).
 
-    python -c "...; from engine.grammar_child import run; run()"   (GrammarWorkers starts it)
+    python -P -c "...; from engine.grammar_child import run; run(max_compiled_mib)"   (CompileWorker starts it)
 
 Frames on stdin and stdout, each a 4-byte big-endian length and that many bytes; nothing else goes
 to stdout (fd 1 is pointed at stderr, so no library's print can break a frame):
@@ -11,6 +11,7 @@ to stdout (fd 1 is pointed at stderr, so no library's print can break a frame):
                      the StructuredOutput's [kind, spec] as JSON
     child -> parent: READY once the tokenizer is loaded; per compile COMPILED + the
                      CompiledGrammar's JSON (serialize_json), or FAILED + the ValueError's text
+                     (a compiled grammar over max_compiled_mib, --grammar-max-compiled-mib, too)
 
 It ends when its stdin closes, or within PARENT_POLL_S of its parent's end (os._exit included).
 """
@@ -25,7 +26,7 @@ import time
 from typing import BinaryIO
 
 HEADER = struct.Struct(">I")
-MAX_FRAME_BYTES = 1 << 30       # a frame either way (a compiled grammar's JSON: ~ its memory_size_bytes)
+MAX_FRAME_BYTES = 1 << 30       # a frame from the parent (the tokenizer's info); replies: max_compiled_mib
 READY, COMPILED, FAILED = b"=", b"+", b"-"
 PARENT_POLL_S = 0.5
 
@@ -48,7 +49,9 @@ def write_frame(stream: BinaryIO, payload: bytes) -> None:
     stream.flush()
 
 
-def main() -> None:
+def main(max_compiled_mib: float) -> None:
+    from engine.grammar_limits import GrammarLimits
+    limits = GrammarLimits(max_compiled_mib=max_compiled_mib)
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     _watch_parent(os.getppid())
@@ -68,8 +71,8 @@ def main() -> None:
                 .serialize_json().encode()
         except ValueError as err:
             reply = FAILED + str(err).encode()
-        if len(reply) > MAX_FRAME_BYTES:
-            reply = FAILED + f"invalid grammar: compiled, it is over {MAX_FRAME_BYTES} bytes".encode()
+        if len(reply) > limits.max_compiled_bytes + 1:
+            reply = FAILED + str(limits.too_large()).encode()
         write_frame(out, reply)
 
 
@@ -82,9 +85,9 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def run() -> None:
+def run(max_compiled_mib: float) -> None:
     """The worker's life: main(), and a quiet end when its parent goes first."""
     try:
-        main()
+        main(max_compiled_mib)
     except (BrokenPipeError, KeyboardInterrupt):
         os._exit(0)

@@ -8,8 +8,11 @@ loop, whose heartbeats must not stop: it starts a compile here, parks the reques
                  └─▶ new job: max_compiles threads, max_queued waiting; past them GrammarBusy
 
 A job counts the requests that wait for it (join, leave): when the last one leaves a job still
-queued (aborted, refused busy, its wait ran out), the job is cancelled and its place freed; no
-thread ever compiles a grammar nobody waits for.
+queued (aborted, refused busy, its wait ran out), the job is cancelled and its place freed; one
+a thread took up is abandoned: it leaves pending (a new submit of its grammar starts another job),
+its compile ends at its start or, running, its worker process is killed (it ends GrammarBusy, not
+kept). No thread compiles on a grammar nobody waits for. An abandoned job still counts, and
+close() still waits for it, until its thread is free.
 
 A thread compiles in a worker process of its own (engine/grammar_workers.py; `prepare` readies it
 before the job's clock starts): a job past its time limit fails its requests (the waits do), and
@@ -65,6 +68,7 @@ class CompileJob:
     started: float | None = None                        # monotonic seconds its compile began
     waiters: int = 0                                    # requests parked on it (join, leave)
     on_idle: Callable[["CompileJob"], None] | None = None   # called when the last waiter leaves
+    abandon: Callable[[], None] | None = None           # ends its compile (set by the thread that took it up)
 
     @property
     def done(self) -> bool:
@@ -76,7 +80,7 @@ class CompileJob:
 
     def leave(self) -> None:
         """A request waits no more (compiled, aborted, refused, its wait ran out); the last one
-        to leave a job not started yet cancels it."""
+        to leave a job not done cancels it, or abandons its compile."""
         self.waiters -= 1
         if self.waiters <= 0 and self.on_idle is not None and not self.done:
             self.on_idle(self)
@@ -107,25 +111,30 @@ class CompileJobs:
     max_queued more waiting, the same spec compiled once, the last RECENT results kept.
     `prepare()` runs on a job's thread before its clock starts (its worker process loading);
     `warm_since()` says when the compiler first could compile: a queued job's wait counts from
-    then, so the first requests do not turn busy while the first workers start."""
+    then, so the first requests do not turn busy while the first workers start; `abandoner()`, on
+    a job's thread before it runs, gives what ends that job's compile when nobody waits for it
+    any more (from any thread; it must not wait)."""
 
     def __init__(self, compile_fn: Callable[[Any], Any], limits: GrammarLimits,
-                 prepare: Callable[[], None] = lambda: None, warm_since: Callable[[], float | None] = lambda: 0.0):
+                 prepare: Callable[[], None] = lambda: None, warm_since: Callable[[], float | None] = lambda: 0.0,
+                 abandoner: Callable[[], Callable[[], None] | None] = lambda: None):
         self._compile = compile_fn
+        self._abandoner = abandoner
         self._prepare = prepare
         self._warm_since = warm_since
         self._limits = limits
         self._pool = ThreadPoolExecutor(limits.max_compiles, thread_name_prefix="grammar-compile")
         self._pending: dict[Hashable, CompileJob] = {}     # queued or running
         self._recent: OrderedDict[Hashable, CompileJob] = OrderedDict()
+        self._abandoned: set[CompileJob] = set()   # abandoned jobs whose thread is not free yet
         self._recent_bytes = 0
-        self._lock = threading.Lock()       # pending and recent: the caller's thread and the compiles'
+        self._lock = threading.Lock()       # pending, abandoned and recent: the caller's thread and the compiles'
         self._closed = False
 
     @property
     def pending(self) -> int:
-        """Jobs queued or running."""
-        return len(self._pending)
+        """Jobs queued or running (an abandoned one until its thread is free)."""
+        return len(self._pending) + len(self._abandoned)
 
     def submit(self, key: Hashable, spec: Any) -> CompileJob:
         """The job compiling `spec` (keyed by `key`): a recent or a pending one, else a new one.
@@ -138,8 +147,8 @@ class CompileJobs:
                 return job
             if self._closed:
                 raise GrammarBusy.closing()
-            if len(self._pending) >= self._limits.max_compiles + self._limits.max_queued:
-                raise GrammarBusy(f"{len(self._pending)} grammars are compiling or queued on this node "
+            if self.pending >= self._limits.max_compiles + self._limits.max_queued:
+                raise GrammarBusy(f"{self.pending} grammars are compiling or queued on this node "
                                   "(--grammar-max-compiles, --grammar-max-queued): try again")
             job = self._pending[key] = CompileJob(self._limits, self._warm_since)
             job.on_idle = lambda j: self._cancel(key, j)
@@ -154,17 +163,28 @@ class CompileJobs:
             for key, job in list(self._pending.items()):
                 if job.future.cancel():
                     del self._pending[key]
-            running = [job.future for job in self._pending.values()]
+            running = [job.future for job in (*self._pending.values(), *self._abandoned)]
         self._pool.shutdown(wait=False, cancel_futures=True)
         return not wait(running, timeout=wait_s).not_done
 
     def _cancel(self, key: Hashable, job: CompileJob) -> None:
-        """The last waiter left `job`: drop it if no thread took it up yet."""
+        """The last waiter left `job`: drop it if no thread took it up yet, else abandon it (its
+        compile ends; a new submit of its grammar starts another job). The abandon is called
+        outside the lock: it only signals the worker, and never waits."""
         with self._lock:
-            if job.future.cancel() and self._pending.get(key) is job:
-                del self._pending[key]
+            if job.future.cancel():
+                if self._pending.get(key) is job:
+                    del self._pending[key]
+                return
+            if job.done or job.abandon is None or self._pending.get(key) is not job:
+                return
+            del self._pending[key]
+            self._abandoned.add(job)
+        job.abandon()
 
     def _run(self, key: Hashable, job: CompileJob, spec: Any) -> None:
+        with self._lock:    # before it runs: once it does, its last waiter leaving abandons it
+            job.abandon = self._abandoner()
         if not job.future.set_running_or_notify_cancel():
             return      # cancelled while queued: nobody waits for it
         job.readying = time.monotonic()
@@ -175,12 +195,17 @@ class CompileJobs:
         except BaseException as err:     # noqa: BLE001 -- handed to whoever waits on the job
             job.future.set_exception(err)
         with self._lock:
-            self._pending.pop(key, None)
+            if self._pending.get(key) is job:
+                del self._pending[key]
+            self._abandoned.discard(job)
             if not isinstance(job.future.exception(), (GrammarBusy, GrammarTimeout)):
                 self._keep(key, job)    # a result, or a grammar that does not compile
 
     def _keep(self, key: Hashable, job: CompileJob) -> None:
-        """`job` (done) in `recent`, the oldest dropped past RECENT entries or RECENT_BYTES (held)."""
+        """`job` (done) in `recent`, the oldest dropped past RECENT entries or RECENT_BYTES (held).
+        It replaces one of the same key (an abandoned job ends after the new job of its grammar)."""
+        if (old := self._recent.pop(key, None)) is not None:
+            self._recent_bytes -= _size(old)
         self._recent[key] = job
         self._recent_bytes += _size(job)
         while len(self._recent) > RECENT or (self._recent_bytes > RECENT_BYTES and len(self._recent) > 1):

@@ -6,7 +6,7 @@ A request waits at most the time limit for a compile thread (then GrammarBusy: a
 be free), at most --grammar-worker-start-timeout-s for that thread's worker process to start
 (GrammarBusy too), and at most the time limit once it compiles (then ValueError: this grammar is
 too costly for any node, a 400). A request that leaves (settled, dropped, cleared) leaves its job: the last
-to leave a job still queued cancels it.
+to leave a job still queued cancels it; one running is abandoned (its worker process killed).
 """
 from __future__ import annotations
 

@@ -3,171 +3,24 @@ one per compile thread of engine/grammar_jobs.py (at most max_compiles), so that
 time limit is ended by killing its process: its core is free at once, and no thread is ever left
 inside xgrammar's C++, which cannot be stopped (nor can a process wait for it at its exit).
 
-    compile thread ──ready()──▶ its own CompileWorker (claimed at first use): the child spawned
-                                 (at first use), sent the TokenizerInfo, READY awaited
-                   ──compile(spec, limit)──▶ [kind, spec] ─▶ child ─▶ the compiled grammar's JSON
-                                 past the limit: the child is killed (GrammarTimeout); a new
-                                 one starts at this thread's next compile
+    compile thread ──▶ its own CompileWorker (engine/grammar_worker.py: claimed at first use, its
+                       child spawned at first use): abandoner(), ready(), compile()
+    reaper thread (from the first claim to close()): a child its thread has not used for
+    --grammar-worker-idle-timeout-s is killed (~270 MiB freed); its next compile starts another
     close(): every child killed; a thread waiting on one ends at once (GrammarBusy). The
     interpreter's exit closes the workers before it joins the compile threads, so no exit waits
     for a compile (an offline LLM's script that never calls close() included)
-
-The thread only waits on a pipe here (select), so the GIL is free while a grammar compiles.
 """
 from __future__ import annotations
 
-import json
-import os
-import select
-import subprocess
-import sys
 import threading
 import time
 import weakref
-from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Callable
 
-from engine.grammar_jobs import GrammarBusy, GrammarTimeout, worker_late
 from engine.grammar_limits import GrammarLimits
-from engine.grammar_child import COMPILED, FAILED, HEADER, MAX_FRAME_BYTES, READY
+from engine.grammar_worker import CompileWorker
 from pdwire.structured_output import StructuredOutput
-
-CLOSED_POLL_S = 0.2       # how often a waiting thread looks whether the workers closed (a killed child wakes it at once)
-_ROOT = str(Path(__file__).resolve().parent.parent)     # where the child finds this package, last
-_BOOT = "import sys; sys.path.append(sys.argv[1]); from engine.grammar_child import run; run()"
-
-
-class CompileWorker:
-    """One child process, used by one compile thread at a time."""
-
-    def __init__(self, info: bytes, limits: GrammarLimits, closed: threading.Event, on_ready: Callable[[], None]):
-        self._info, self._limits, self._closed, self._on_ready = info, limits, closed, on_ready
-        self._proc: subprocess.Popen | None = None
-        self._ready = False
-        self._lock = threading.Lock()       # the process: its thread and close()
-
-    def start(self) -> None:
-        """Spawn the child unless it runs (it loads xgrammar meanwhile); never waits for it."""
-        with self._lock:
-            if self._closed.is_set():
-                raise GrammarBusy.closing()
-            if self._proc is None:
-                self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, _ROOT], stdin=subprocess.PIPE,
-                                              stdout=subprocess.PIPE)
-                os.set_blocking(self._proc.stdin.fileno(), False)
-                self._ready = False
-
-    def ready(self) -> None:
-        """Until the child has loaded the tokenizer; raises GrammarBusy if it has not within the
-        start limit (--grammar-worker-start-timeout-s), or died."""
-        self.start()
-        if self._ready:
-            return
-        deadline = time.monotonic() + self._limits.worker_start_timeout_s
-        if not self._send(self._info, deadline) or self._receive(deadline) != READY:
-            self.kill()
-            raise worker_late(self._limits)
-        self._ready = True
-        self._on_ready()
-
-    def compile(self, spec: StructuredOutput) -> bytes:
-        """`spec` compiled, as the CompiledGrammar's JSON. Raises ValueError if it does not
-        compile, GrammarTimeout past the time limit (the child killed), GrammarBusy if closing."""
-        deadline = time.monotonic() + self._limits.timeout_s
-        reply = self._receive(deadline) if self._send(json.dumps(spec.to_wire()).encode(), deadline) else None
-        if reply is None:
-            self.kill()
-            raise GrammarTimeout.after(self._limits.timeout_s)
-        if reply[:1] == COMPILED:
-            return reply[1:]
-        if reply[:1] == FAILED:
-            raise ValueError(reply[1:].decode(errors="replace"))
-        self.kill()
-        raise GrammarBusy("the grammar compile worker answered out of turn: try again")
-
-    def kill(self) -> None:
-        """End the child and close its pipes (its thread only; idempotent): the next compile
-        starts another."""
-        with self._lock:
-            proc, self._proc, self._ready = self._proc, None, False
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-            proc.stdin.close()
-            proc.stdout.close()
-
-    def stop(self) -> None:
-        """End the child (any thread: close()); its thread, if it waits on it, meets the end of its
-        pipe and closes it (closing a pipe under another thread's wait could wake it on another file)."""
-        with self._lock:
-            proc = self._proc
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-
-    def _send(self, payload: bytes, deadline: float) -> bool:
-        """Write a frame; False if the deadline came first."""
-        data = memoryview(HEADER.pack(len(payload)) + payload)
-        fd = self._fd("stdin")
-        while data:
-            if not self._wait(fd, deadline, write=True):
-                return False
-            try:
-                data = data[os.write(fd, data):]
-            except BlockingIOError:
-                continue
-            except OSError:     # the child ended
-                self._gone()
-        return True
-
-    def _receive(self, deadline: float) -> bytes | None:
-        """The next frame; None if the deadline came first."""
-        head = self._read(HEADER.size, deadline)
-        if head is None:
-            return None
-        (size,) = HEADER.unpack(head)
-        if size > MAX_FRAME_BYTES:
-            self.kill()
-            raise GrammarBusy(f"the grammar compile worker sent {size} bytes, over {MAX_FRAME_BYTES}: try again")
-        return self._read(size, deadline)
-
-    def _read(self, size: int, deadline: float) -> bytes | None:
-        fd, out = self._fd("stdout"), bytearray()
-        while len(out) < size:
-            if not self._wait(fd, deadline, write=False):
-                return None
-            chunk = os.read(fd, min(size - len(out), 1 << 20))
-            if not chunk:
-                self._gone()
-            out += chunk
-        return bytes(out)
-
-    def _wait(self, fd: int, deadline: float, write: bool) -> bool:
-        """Until `fd` is ready (True) or the deadline (False), looking every CLOSED_POLL_S whether the
-        workers closed (GrammarBusy)."""
-        while True:
-            if self._closed.is_set():
-                self.kill()
-                raise GrammarBusy.closing()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            poller = select.poll()
-            poller.register(fd, select.POLLOUT if write else select.POLLIN)
-            if poller.poll(1000 * min(left, CLOSED_POLL_S)):
-                return True     # ready, or the child's end (the read or write that follows sees it)
-
-    def _fd(self, name: str) -> int:
-        proc = self._proc
-        if proc is None:
-            raise GrammarBusy.closing()
-        return getattr(proc, name).fileno()
-
-    def _gone(self) -> NoReturn:
-        """The child ended by itself (it crashed, or was killed by close())."""
-        closing = self._closed.is_set()
-        self.kill()
-        raise GrammarBusy.closing() if closing else GrammarBusy("the grammar compile worker ended: try again")
 
 
 class GrammarWorkers:
@@ -177,6 +30,8 @@ class GrammarWorkers:
 
     def __init__(self, tokenizer_info_json: str, limits: GrammarLimits):
         self._closed = threading.Event()
+        self._idle_timeout_s = limits.worker_idle_timeout_s
+        self._reaper: threading.Thread | None = None    # started at the first claim
         info = tokenizer_info_json.encode()
         self._free = [CompileWorker(info, limits, self._closed, self._note_ready) for _ in range(limits.max_compiles)]
         self._warm_at: float | None = None      # monotonic seconds the first worker was ready
@@ -191,8 +46,12 @@ class GrammarWorkers:
         """This thread's worker started and loaded (CompileJobs' prepare: before a compile's clock)."""
         self._claim().ready()
 
-    def compile(self, spec: StructuredOutput) -> bytes:
+    def compile(self, spec: StructuredOutput) -> memoryview:
         return self._claim().compile(spec)
+
+    def abandoner(self) -> Callable[[], None]:
+        """What abandons this thread's compile (CompileJobs: its job's last waiter left)."""
+        return self._claim().abandoner()
 
     def warm_since(self) -> float | None:
         """When the first worker was ready (monotonic), or None: until then nothing queues."""
@@ -213,7 +72,19 @@ class GrammarWorkers:
         if worker is None:
             with self._lock:
                 worker = self._mine.worker = self._free.pop()
+                if self._reaper is None:
+                    self._reaper = threading.Thread(target=self._reap, name="grammar-worker-reaper", daemon=True)
+                    self._reaper.start()
         return worker
+
+    def _reap(self) -> None:
+        """The reaper: ends the children idle past the limit, waking when the next one is due (at
+        most the limit apart: a child in use is due a limit after its use ends), until close()."""
+        while True:
+            now = time.monotonic()
+            dues = [due for worker in self._all if (due := worker.reap_idle(now)) is not None]
+            if self._closed.wait(min(dues, default=now + self._idle_timeout_s) - now):
+                return
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -1,6 +1,7 @@
 """CompileJobs and GrammarWaits with a stub compile (no model, no xgrammar): a queued compile
-whose requests all left is cancelled and frees its place; close() cancels the queued compiles
-and waits a bounded time for the running ones; a process with a compile that never ends still
+whose requests all left is cancelled and frees its place, a running one is abandoned and holds
+its place until its thread is free; close() cancels the queued compiles and waits a bounded time
+for the running ones (abandoned ones too); a process with a compile that never ends still
 exits, with its own status; the kept results are bounded in bytes as well as in number."""
 from __future__ import annotations
 
@@ -93,6 +94,27 @@ def test_close_cancels_the_queued_compiles_and_waits_a_bounded_time(stub):
     assert jobs.close(wait_s=30) is True and stub.started == ["held"]
 
 
+def test_an_abandoned_compile_holds_its_place_until_its_thread_is_free(stub):
+    """A running job whose last waiter left is abandoned: it leaves pending (a new submit of its
+    grammar is a new job), but it holds its place and close() waits for it until its thread is
+    free (gram4's abandon dropped it: close() said True while its thread still compiled, and a
+    colocated router's exit then waited for that thread forever)."""
+    abandoned = []
+    jobs = CompileJobs(stub.compile, GrammarLimits(max_compiles=1, max_queued=0),
+                       abandoner=lambda: lambda: abandoned.append("held"))
+    job = jobs.submit("held", "held")
+    job.join()
+    while job.started is None:
+        time.sleep(0.001)
+    job.leave()
+    assert abandoned == ["held"] and jobs.pending == 1 and not job.done
+    with pytest.raises(GrammarBusy, match="--grammar-max-queued"):
+        jobs.submit("held", "held")
+    assert jobs.close(wait_s=0.05) is False
+    stub.gate.set()
+    assert jobs.close(wait_s=30) is True and jobs.pending == 0 and abandoned == ["held"]
+
+
 EXIT_WITH_A_HELD_COMPILE = textwrap.dedent("""
     import threading, time
     from engine.grammar_jobs import CompileJobs
@@ -130,3 +152,36 @@ def test_kept_results_are_bounded_in_bytes(monkeypatch):
     assert jobs.submit("c", "c") is firsts[2] and jobs.submit("b", "b") is firsts[1]
     assert jobs.submit("a", "a") is not firsts[0]       # dropped: compiled again
     jobs.close()
+
+
+def test_a_result_kept_twice_under_one_key_counts_its_bytes_once(monkeypatch, stub):
+    """An abandoned job that still ends with a result, after the new job of its grammar did,
+    replaces that one in the kept results and its bytes count once (they were counted twice:
+    the bound in bytes dropped results that fit)."""
+    monkeypatch.setattr(grammar_jobs, "RECENT_BYTES", 250)
+    jobs = CompileJobs(lambda spec: stub.compile(spec) and SimpleNamespace(memory_size_bytes=100),
+                       GrammarLimits(max_compiles=2), abandoner=lambda: lambda: None)
+    old = jobs.submit("held", "held-x")
+    old.join()
+    while old.started is None:
+        time.sleep(0.001)
+    old.leave()         # abandoned: a stub compile cannot be stopped, it ends when the gate opens
+    new = jobs.submit("held", "y")
+    assert new is not old and new.future.result(timeout=30).memory_size_bytes == 100
+    _until_idle(jobs, 1)
+    stub.gate.set()
+    old.future.result(timeout=30)
+    _until_idle(jobs, 0)
+    assert jobs.submit("held", "held-x") is old
+    a = jobs.submit("a", "a")
+    a.future.result(timeout=30)
+    _until_idle(jobs, 0)
+    assert jobs.submit("held", "held-x") is old and jobs.submit("a", "a") is a     # 200 bytes kept, not 300
+    jobs.close()
+
+
+def _until_idle(jobs: CompileJobs, pending: int) -> None:
+    deadline = time.monotonic() + 60
+    while jobs.pending != pending and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert jobs.pending == pending
