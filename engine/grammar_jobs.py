@@ -198,8 +198,9 @@ class CompileJobs:
             if self._pending.get(key) is job:
                 del self._pending[key]
             self._abandoned.discard(job)
-            if not isinstance(job.future.exception(), (GrammarBusy, GrammarTimeout)):
-                self._keep(key, job)    # a result, or a grammar that does not compile
+            error = job.future.exception()
+            if error is None or (isinstance(error, ValueError) and not isinstance(error, GrammarTimeout)):
+                self._keep(key, job)    # a result, or a grammar that does not compile (not the node's state: an OSError, no memory)
 
     def _keep(self, key: Hashable, job: CompileJob) -> None:
         """`job` (done) in `recent`, the oldest dropped past RECENT entries or RECENT_BYTES (held).

@@ -78,9 +78,13 @@ class CompileWorker:
                 raise GrammarBusy.closing()
             self._in_use = True
             if self._proc is None:
-                self._proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _ROOT,
-                                               repr(self._limits.max_compiled_mib)], stdin=subprocess.PIPE,
-                                              stdout=subprocess.PIPE)
+                try:
+                    self._proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _ROOT,
+                                                   repr(self._limits.max_compiled_mib)], stdin=subprocess.PIPE,
+                                                  stdout=subprocess.PIPE)
+                except OSError as err:      # out of processes, descriptors or memory: the node's load, not the grammar's
+                    self._in_use = False
+                    raise GrammarBusy(f"could not start a grammar compile worker: {err}") from err
                 os.set_blocking(self._proc.stdin.fileno(), False)
                 self._ready = False
 
@@ -91,7 +95,12 @@ class CompileWorker:
         if self._ready:
             return
         deadline = time.monotonic() + self._limits.worker_start_timeout_s
-        if not self._send(self._info, deadline) or self._receive(deadline) != READY:
+        try:
+            started = self._send(self._info, deadline) and self._receive(deadline) == READY
+        except BaseException:
+            self.kill()         # a frame half sent or read: this child is not spoken to again
+            raise
+        if not started:
             self.kill()
             raise worker_late(self._limits)
         self._ready = True
@@ -136,11 +145,17 @@ class CompileWorker:
     def _compile(self, spec: StructuredOutput) -> memoryview:
         deadline = time.monotonic() + self._limits.timeout_s
         reply = None
-        if self._send(json.dumps(spec.to_wire()).encode(), deadline):
-            try:
-                reply = self._receive(deadline)
-            except WorkerEnded as err:
-                raise ValueError(CRASHED) from err
+        try:
+            if self._send(json.dumps(spec.to_wire()).encode(), deadline):
+                try:
+                    reply = self._receive(deadline)
+                except WorkerEnded as err:
+                    raise ValueError(CRASHED) from err
+        except (ValueError, GrammarBusy):
+            raise
+        except BaseException:
+            self.kill()         # e.g. no memory for the reply's buffer: its rest would be the next compile's answer
+            raise
         if reply is None:
             self.kill()
             raise GrammarTimeout.after(self._limits.timeout_s)
