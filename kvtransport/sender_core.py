@@ -49,6 +49,7 @@ class _Link:
     sealed_first: bool          # the receiver reads [header, seal, payload*] (its HelloAck)
     split: bool                 # ... and [header, seal] then each payload alone (its HelloAck)
     announced_split: bool = False   # the receiver took split payloads (its HelloAck), whether or not we split
+    beats: int = 0              # heartbeats due so far: where the next one starts naming its transfers
 
 
 class SenderCore:
@@ -236,6 +237,10 @@ class SenderCore:
             if now >= link.next_heartbeat:
                 link.next_heartbeat = now + self._interval
                 xfers = tuple(x for x, e in self._open.items() if e == endpoint)
+                if len(xfers) > MAX_HEARTBEAT_XFERS:    # each tick starts a chunk on: a full queue that takes
+                    turn = link.beats * MAX_HEARTBEAT_XFERS % len(xfers)    # one message still names them all in turn
+                    xfers = xfers[turn:] + xfers[:turn]
+                link.beats += 1
                 for k in range(0, max(1, len(xfers)), MAX_HEARTBEAT_XFERS):     # a header is small
                     beat = Heartbeat(self.identity.epoch, xfers[k:k + MAX_HEARTBEAT_XFERS])
                     due.append((endpoint, self.pack(endpoint, beat)))
