@@ -11,7 +11,8 @@ Request lifecycle:
   4. the step that samples the first token sends it to the router at once (FirstToken), then
      Commit to D; the prompt's full blocks stay in this node's prefix cache; a Commit whose send
      times out (D stopped draining) is a RequestFailed after the first token: the router aborts
-     the request at D, which would hold it until the lease, and migrates it
+     the request at D, which would hold it until the lease, and migrates it; D is lost with
+     every transfer to it, and its other requests of the same step fail before their first tokens
   5. AbortRequest, a bad request or a failed transfer: the engine drops the request, the
      transfer is aborted, the router hears RequestFailed; blocks are freed exactly once
 
@@ -114,13 +115,14 @@ class PrefillService(NodeService):
             except ProtocolError as err:    # (not retryable: no node could send them)
                 self._abort(out.request_id, f"cannot send the first token: {err}", notify=True, retryable=False)
                 continue
+            self.shipper.close(out.request_id)
+            self._params.pop(out.request_id, None)
             try:
                 self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
             except TransportError as err:
                 self.link.send(RequestFailed(out.request_id, f"transfer failed: its Commit was not sent: {err}"[:500],
                                              True))
-            self.shipper.close(out.request_id)
-            self._params.pop(out.request_id, None)
+                self._fail_lost_transfers()     # the decode node's other requests: before their first tokens
 
     def busy(self) -> bool:
         return bool(self.shipper.shipments)
