@@ -33,7 +33,8 @@ import logging
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
-from pdwire.control import AbortRequest, CompileGrammar, FirstToken, PrefillRequest, RequestFailed
+from pdwire.control import (TRANSFER_FAILED, UNREACHABLE_DECODE, AbortRequest, CompileGrammar, FirstToken,
+                            PrefillRequest, RequestFailed)
 from pdwire.handshake import HandshakeError, PeerIdentity
 from kvtransport.base import TransportError
 from kvtransport.metrics import SenderMetrics
@@ -90,7 +91,7 @@ class PrefillService(NodeService):
             rid = next((r for r, s in self.shipper.shipments.items()
                         if s.xfer_id == failed.xfer_id and not s.closed), None)
             if rid is not None:
-                self._abort(rid, f"transfer failed: {failed.reason.value} {failed.detail}", notify=True)
+                self._abort(rid, f"{TRANSFER_FAILED}: {failed.reason.value} {failed.detail}", notify=True)
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
         for rid, why in self.shipper.take_failed().items():     # a send failed inside the step
@@ -120,7 +121,7 @@ class PrefillService(NodeService):
             try:
                 self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
             except TransportError as err:
-                self.link.send(RequestFailed(out.request_id, f"transfer failed: its Commit was not sent: {err}"[:500],
+                self.link.send(RequestFailed(out.request_id, f"{TRANSFER_FAILED}: its Commit was not sent: {err}"[:500],
                                              True))
                 self._fail_lost_transfers()     # the decode node's other requests: before their first tokens
 
@@ -146,7 +147,7 @@ class PrefillService(NodeService):
                     continue
                 error = ""
             except (HandshakeError, RuntimeError, ValueError) as e:
-                error = f"cannot reach decode node: {e}"[:500]
+                error = f"{UNREACHABLE_DECODE}: {e}"[:500]
             for req in self._unpaired.pop(endpoint):
                 if error:
                     self.link.send(RequestFailed(req.rid, error, True))
@@ -159,7 +160,7 @@ class PrefillService(NodeService):
         try:
             self.sender.begin(req.xfer_id, req.kv_endpoint)
         except (HandshakeError, RuntimeError, ValueError) as e:
-            self.link.send(RequestFailed(req.rid, f"cannot reach decode node: {e}"[:500], True))
+            self.link.send(RequestFailed(req.rid, f"{UNREACHABLE_DECODE}: {e}"[:500], True))
             return
         try:    # P samples the first token only (min_tokens > 0 still bans EOS on it)
             prefill_params = dataclasses.replace(req.params, max_tokens=1, n=1,

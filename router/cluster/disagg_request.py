@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
-from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
+from pdwire.control import TRANSFER_FAILED, UNREACHABLE_DECODE, FirstToken, PrefillRequest, RequestFailed, TokenDelta
 from pdwire.messages import Busy
 from router.backend import NoNodeAvailable
 from router.cluster.busy_prefills import BusyPrefills
@@ -243,8 +243,8 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
             return None     # D took the moved blocks in time; or P's part is done (D reports a broken transfer)
         return event.failure()
     node_id, msg = event
-    if isinstance(msg, RequestFailed):     # P's after its first token too: its transfer to D broke
-        return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)     # (D aborted, then a migration)
+    if isinstance(msg, RequestFailed):     # P's after its first token too: its transfer to D broke (D aborted,
+        return Failure(_at_fault(att, node_id, msg), f"{node_id}: {msg.reason}", msg.retryable)    # then a migration)
     if isinstance(msg, Busy) and node_id == att.prefill_id and not att.first_token:
         return Failure.prefill_busy(node_id, msg)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
@@ -259,6 +259,14 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
     if att.first_token:
         _merge_held(choice, att)
     return None
+
+
+def _at_fault(att: Attempt, node_id: str, msg: RequestFailed) -> str:
+    """The node a failure reported by node_id blames: a prefill node's failed transfer (or pairing),
+    its decode node's (e.g. a Commit into its full queue), so that the next attempt avoids D, not P."""
+    if node_id == att.prefill_id and att.decode_id and msg.reason.startswith((TRANSFER_FAILED, UNREACHABLE_DECODE)):
+        return att.decode_id
+    return node_id
 
 
 def _prompt_scores(entries: tuple, prompt_ids: list[int], vocab: int) -> list[dict[int, float] | None] | None:
