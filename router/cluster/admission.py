@@ -277,8 +277,10 @@ class Admission:
             event = await att.next_event(deadline, lambda: f"decode node {decode.node_id} did not answer the "
                                          "reservation within the admission timeout of "
                                          f"{self._config.admission_timeout_s} s")
-            if isinstance(event, Lost):
-                return event.failure()
+            if isinstance(event, Lost):     # (one of an earlier round's nodes: not this round's failure)
+                if event.node_id in (decode.node_id, att.prefill_id, att.writer):
+                    return event.failure()
+                continue
             node_id, msg = event
             if node_id != att.decode_id:
                 continue

@@ -117,6 +117,37 @@ def test_a_prefill_nodes_busy_compiler_is_asked_again_after_its_retry_hint():
     run(test)
 
 
+def test_a_decode_node_lost_after_an_earlier_rounds_compile_does_not_fail_the_next_round():
+    """D0 compiled the grammar, P answered Busy, and D0 is lost while the request waits for P's
+    retry hint: D0 holds nothing of the request, so the next round (on D1, the same attempt) runs
+    as usual; no retry is used (none is allowed here)."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, heartbeat_timeout_s=1.0, max_retries=0)) as c:
+            p = await c.node("prefill-0", "prefill")
+            ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
+            out = c.generate(max_tokens=2, structured=REGEX)
+            d0, _ = await first_of(ds, CompileGrammar)
+            await p.expect(CompileGrammar)
+            d1 = ds[1 - ds.index(d0)]
+            d0.send(GrammarReady("r1"))
+            p.send(Busy("r1", "18 grammars are compiling", 2500))   # asked again in 2.5 s
+            d0.die()                        # lost by its silence (1 s) while the request waits
+            await _compiles(d1, p)          # round 2, the same attempt
+            choice = c.backend._requests["r1"].choices[0]
+            assert (choice.num_attempts, choice.attempt.decode_id) == (1, d1.node_id)
+            d1.send(GrammarReady("r1"))
+            p.send(GrammarReady("r1"))
+            assert (await d1.expect(DecodeRequest)).rid == "r1"
+            d1.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            d1.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+            while (final := await out.next()) is not END and not final.finished:
+                pass
+            assert view(final) == ([([11, 12], "ab", "length")], True)
+    run(test)
+
+
 def test_a_prefill_nodes_busy_compiler_sends_the_request_to_another_prefill_node():
     """P answers Busy with a retry hint of a minute: the other prefill node compiles at once."""
     async def test():
