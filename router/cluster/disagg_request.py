@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from pdwire.outputs import RequestOutput
+from pdwire.schema import MAX_RID_LEN
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
 from pdwire.control import TRANSFER_FAILED, UNREACHABLE_DECODE, FirstToken, PrefillRequest, RequestFailed, TokenDelta
@@ -83,6 +84,11 @@ class Attempt:
     bookings: dict[str, Booking] = field(default_factory=dict)  # by node id: to release at the end
     ended: bool = False
     writer: str = ""                # a KV move: the decode node shipping D its blocks, until D's first delta
+
+    def __post_init__(self) -> None:
+        if len(self.wire_rid) > MAX_RID_LEN:    # its `~k` suffix grows with each attempt (none bounds them all)
+            raise RuntimeError(f"request failed: its attempt id {self.wire_rid[:24]}... would pass {MAX_RID_LEN} "
+                               "characters (too many attempts)")
 
     @property
     def prefill_id(self) -> str:

@@ -4,12 +4,21 @@ waits on a compile, and each node's answer keeps its meaning (Busy, 503, 400).""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
+
+import pytest
 
 from pdwire.control import AbortRequest, CompileGrammar, DecodeRequest, FirstToken, PrefillRequest, RequestFailed
 from pdwire.control import GrammarReady, TokenDelta
 from pdwire.messages import Busy, Reserved
 from pdwire.structured_output import GrammarKind, StructuredOutput
+from pdwire.sampling_params import SamplingParams
+from pdwire.schema import MAX_RID_LEN
 from router.backend import NoNodeAvailable
+from router.cluster.admission import Admission, _Rounds
+from router.cluster.busy_prefills import BusyPrefills
+from router.cluster.disagg_request import Attempt, Choice
+from router.config import ADMISSION_FIRST_WAIT_S
 from tests.disagg_harness import CONFIG, END, Cluster, first_of, run, view
 
 REGEX = StructuredOutput(GrammarKind.REGEX, "[ab]{2}")
@@ -196,3 +205,29 @@ def test_a_grammar_the_decode_node_cannot_compile_is_a_400_at_once():
             assert isinstance(err, ValueError) and "did not compile" in str(err)
             assert (await p.expect(AbortRequest)).rid == "r1"
     run(test)
+
+
+def test_a_busy_hint_of_zero_waits_the_least_admission_wait():
+    """A prefill node's Busy with retry_after_ms=0 is asked again after ADMISSION_FIRST_WAIT_S, not
+    at once in a loop until the admission timeout."""
+    busy = BusyPrefills()
+    busy.note("prefill-0", "prefill-0: busy", 0.0, 10.0, 30.0)
+    assert busy.refused("prefill-0", 10.0) and busy.next_retry(10.0) == 10.0 + ADMISSION_FIRST_WAIT_S
+    assert not busy.refused("prefill-0", 10.0 + ADMISSION_FIRST_WAIT_S)
+
+
+@pytest.mark.parametrize("on_prefills, says", [(True, "every prefill node was busy"), (False, "no decode node had room")])
+def test_the_admission_timeouts_reason_names_what_the_last_round_waited_for(on_prefills, says):
+    """A prefill node's earlier Busy does not make a timeout spent waiting for decode room a
+    'prefill nodes busy' 503."""
+    choice = Choice(0, "r1", SamplingParams())
+    choice.busy_prefills.note("prefill-0", "prefill-0: busy", 0.05, 0.0, 30.0)
+    rounds = _Rounds(30.0, 4, on_prefills=on_prefills)
+    assert Admission._timeout_reason(SimpleNamespace(_config=CONFIG), rounds, choice).startswith(says)
+
+
+def test_an_attempt_id_past_the_wire_limit_fails_the_request():
+    """The `~k` suffix of the k-th attempt may not carry a request id past MAX_RID_LEN."""
+    Attempt("r" * (MAX_RID_LEN - 4) + "~999", [1], SamplingParams(), 0, 0)
+    with pytest.raises(RuntimeError, match="too many attempts"):
+        Attempt("r" * (MAX_RID_LEN - 4) + "~1000", [1], SamplingParams(), 0, 0)
