@@ -35,6 +35,7 @@ from engine.llm_engine import LLMEngine
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence, SequenceGroup
 from kvtransport.base import KVSender, TransportError
+from pdwire.control import TRANSFER_FAILED
 
 # A send into a receiver whose queue is full (it stopped draining) holds the node's loop until the
 # sender gives up, after this (a TransportError: that transfer fails). Every node that ships passes
@@ -111,7 +112,7 @@ class BlockShipper:
                 self.sender.send_layers(s.xfer_id, list(range(s.next_index, n)), list(s.dst_block_ids[s.next_index:]),
                                         kv_cache, sources, start, end - start)
             except TransportError as err:       # this transfer only: the forward and the others go on
-                self.failed[s.rid] = f"transfer failed: {err}"
+                self.failed[s.rid] = f"{TRANSFER_FAILED}: {err}"
 
     def on_computed(self, group: SequenceGroup, seq: Sequence) -> None:
         s = self.shipments.get(group.request_id)
@@ -125,7 +126,7 @@ class BlockShipper:
         try:
             self._send(s, seq.block_table, end)
         except TransportError as err:           # inside the engine's step: fail this request, not the step
-            self.failed[s.rid] = f"transfer failed: {err}"
+            self.failed[s.rid] = f"{TRANSFER_FAILED}: {err}"
 
     def take_failed(self) -> dict[str, str]:
         """The requests whose sends failed during the last step, with why; the caller fails them."""

@@ -310,6 +310,11 @@ class TokenDelta:
         _logprobs(self.logprobs)
 
 
+# A prefill node's RequestFailed whose reason starts so blames its transfer to the decode node: the
+# router's next attempt avoids that decode node (the prefill node may take it again)
+TRANSFER_FAILED, UNREACHABLE_DECODE = "transfer failed", "cannot reach decode node"
+
+
 @dataclass(frozen=True, slots=True)
 class RequestFailed:
     rid: str

@@ -11,7 +11,8 @@ Request lifecycle:
   4. the step that samples the first token sends it to the router at once (FirstToken), then
      Commit to D; the prompt's full blocks stay in this node's prefix cache; a Commit whose send
      times out (D stopped draining) is a RequestFailed after the first token: the router aborts
-     the request at D, which would hold it until the lease, and migrates it
+     the request at D, which would hold it until the lease, and migrates it; D is lost with
+     every transfer to it, and its other requests of the same step fail before their first tokens
   5. AbortRequest, a bad request or a failed transfer: the engine drops the request, the
      transfer is aborted, the router hears RequestFailed; blocks are freed exactly once
 
@@ -32,7 +33,8 @@ import logging
 from engine.grammar_jobs import GrammarBusy, GrammarTimeout
 from pdwire.outputs import RequestOutput
 from pdwire.sampling_params import SamplingParams
-from pdwire.control import AbortRequest, CompileGrammar, FirstToken, PrefillRequest, RequestFailed
+from pdwire.control import (TRANSFER_FAILED, UNREACHABLE_DECODE, AbortRequest, CompileGrammar, FirstToken,
+                            PrefillRequest, RequestFailed)
 from pdwire.handshake import HandshakeError, PeerIdentity
 from kvtransport.base import TransportError
 from kvtransport.metrics import SenderMetrics
@@ -89,7 +91,7 @@ class PrefillService(NodeService):
             rid = next((r for r, s in self.shipper.shipments.items()
                         if s.xfer_id == failed.xfer_id and not s.closed), None)
             if rid is not None:
-                self._abort(rid, f"transfer failed: {failed.reason.value} {failed.detail}", notify=True)
+                self._abort(rid, f"{TRANSFER_FAILED}: {failed.reason.value} {failed.detail}", notify=True)
 
     def on_outputs(self, outputs: list[RequestOutput]) -> None:
         for rid, why in self.shipper.take_failed().items():     # a send failed inside the step
@@ -114,13 +116,14 @@ class PrefillService(NodeService):
             except ProtocolError as err:    # (not retryable: no node could send them)
                 self._abort(out.request_id, f"cannot send the first token: {err}", notify=True, retryable=False)
                 continue
+            self.shipper.close(out.request_id)
+            self._params.pop(out.request_id, None)
             try:
                 self.sender.commit(shipment.xfer_id, token, shipment.prompt_len)
             except TransportError as err:
-                self.link.send(RequestFailed(out.request_id, f"transfer failed: its Commit was not sent: {err}"[:500],
+                self.link.send(RequestFailed(out.request_id, f"{TRANSFER_FAILED}: its Commit was not sent: {err}"[:500],
                                              True))
-            self.shipper.close(out.request_id)
-            self._params.pop(out.request_id, None)
+                self._fail_lost_transfers()     # the decode node's other requests: before their first tokens
 
     def busy(self) -> bool:
         return bool(self.shipper.shipments)
@@ -144,7 +147,7 @@ class PrefillService(NodeService):
                     continue
                 error = ""
             except (HandshakeError, RuntimeError, ValueError) as e:
-                error = f"cannot reach decode node: {e}"[:500]
+                error = f"{UNREACHABLE_DECODE}: {e}"[:500]
             for req in self._unpaired.pop(endpoint):
                 if error:
                     self.link.send(RequestFailed(req.rid, error, True))
@@ -157,7 +160,7 @@ class PrefillService(NodeService):
         try:
             self.sender.begin(req.xfer_id, req.kv_endpoint)
         except (HandshakeError, RuntimeError, ValueError) as e:
-            self.link.send(RequestFailed(req.rid, f"cannot reach decode node: {e}"[:500], True))
+            self.link.send(RequestFailed(req.rid, f"{UNREACHABLE_DECODE}: {e}"[:500], True))
             return
         try:    # P samples the first token only (min_tokens > 0 still bans EOS on it)
             prefill_params = dataclasses.replace(req.params, max_tokens=1, n=1,

@@ -80,6 +80,7 @@ class _Rounds:
     wait_s: float = ADMISSION_FIRST_WAIT_S           # the timer's period: doubles each time it fires
     probe_at: float | None = None           # when the timer fires (loop time); None: not set
     probe: bool = False                     # the timer fired: ask the least loaded node anyway
+    on_prefills: bool = False               # the last round waited for busy prefill nodes, not for room
 
 
 class Admission:
@@ -112,6 +113,7 @@ class Admission:
             await self._wait_for_nodes(choice, rounds.deadline)
             if loop.time() >= rounds.deadline:
                 raise NoNodeAvailable(self._timeout_reason(rounds, choice))
+            rounds.on_prefills = False
             rounds.need_blocks = self._need_blocks(att)
             hashes = chain_hashes(att.prompt_ids, self._server.block_size)
             decode = self._choose_decode(choice, rounds, att, hashes)
@@ -121,6 +123,7 @@ class Admission:
             att.local = self._prefill_here(decode, att, hashes)
             att.prefill = None if att.local else self._choose_prefill(choice, att, hashes)
             if not att.local and att.prefill is None:
+                rounds.on_prefills = True
                 await self._wait_for_prefill(choice, rounds)
                 continue
             reply = None
@@ -129,6 +132,7 @@ class Admission:
                                             self._config.admission_timeout_s)
             if isinstance(reply, Failure) and reply.busy:
                 self.note_prefill_busy(choice, reply)
+                rounds.on_prefills = True
                 continue
             if reply is None:
                 self._book(att, decode, hashes)     # after the compiles: a slow one holds no capacity
@@ -206,7 +210,7 @@ class Admission:
 
     def _timeout_reason(self, rounds: _Rounds, choice: Choice) -> str:
         timeout = self._config.admission_timeout_s
-        if choice.busy_prefills.replies and not rounds.busy_replies:
+        if choice.busy_prefills.replies and rounds.on_prefills:
             return choice.busy_prefills.reason(timeout)
         if rounds.busy_replies:
             return (f"every decode node was busy for the admission timeout of {timeout} s "
@@ -277,8 +281,10 @@ class Admission:
             event = await att.next_event(deadline, lambda: f"decode node {decode.node_id} did not answer the "
                                          "reservation within the admission timeout of "
                                          f"{self._config.admission_timeout_s} s")
-            if isinstance(event, Lost):
-                return event.failure()
+            if isinstance(event, Lost):     # (one of an earlier round's nodes: not this round's failure)
+                if event.node_id in (decode.node_id, att.prefill_id, att.writer):
+                    return event.failure()
+                continue
             node_id, msg = event
             if node_id != att.decode_id:
                 continue

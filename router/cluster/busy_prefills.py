@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.config import ADMISSION_FIRST_WAIT_S
+
 
 @dataclass(slots=True)
 class BusyPrefills:
@@ -21,7 +23,7 @@ class BusyPrefills:
 
     def note(self, node_id: str, why: str, retry_after_s: float, now: float, timeout_s: float) -> None:
         """The node said Busy (`why`: its id and reason) at `now`, to ask again after retry_after_s."""
-        self.until[node_id] = now + retry_after_s
+        self.until[node_id] = now + max(retry_after_s, ADMISSION_FIRST_WAIT_S)   # (a hint of 0: not a busy loop)
         if self.deadline is None:
             self.deadline = now + timeout_s
         self.replies += 1

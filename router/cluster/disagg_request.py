@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from pdwire.outputs import RequestOutput
+from pdwire.schema import MAX_RID_LEN
 from pdwire.sampling_params import SamplingParams
 from pdwire import control
-from pdwire.control import FirstToken, PrefillRequest, RequestFailed, TokenDelta
+from pdwire.control import TRANSFER_FAILED, UNREACHABLE_DECODE, FirstToken, PrefillRequest, RequestFailed, TokenDelta
 from pdwire.messages import Busy
 from router.backend import NoNodeAvailable
 from router.cluster.busy_prefills import BusyPrefills
@@ -83,6 +84,11 @@ class Attempt:
     bookings: dict[str, Booking] = field(default_factory=dict)  # by node id: to release at the end
     ended: bool = False
     writer: str = ""                # a KV move: the decode node shipping D its blocks, until D's first delta
+
+    def __post_init__(self) -> None:
+        if len(self.wire_rid) > MAX_RID_LEN:    # its `~k` suffix grows with each attempt (none bounds them all)
+            raise RuntimeError(f"request failed: its attempt id {self.wire_rid[:24]}... would pass {MAX_RID_LEN} "
+                               "characters (too many attempts)")
 
     @property
     def prefill_id(self) -> str:
@@ -243,8 +249,8 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
             return None     # D took the moved blocks in time; or P's part is done (D reports a broken transfer)
         return event.failure()
     node_id, msg = event
-    if isinstance(msg, RequestFailed):     # P's after its first token too: its transfer to D broke
-        return Failure(node_id, f"{node_id}: {msg.reason}", msg.retryable)     # (D aborted, then a migration)
+    if isinstance(msg, RequestFailed):     # P's after its first token too: its transfer to D broke (D aborted,
+        return Failure(_at_fault(att, node_id, msg), f"{node_id}: {msg.reason}", msg.retryable)    # then a migration)
     if isinstance(msg, Busy) and node_id == att.prefill_id and not att.first_token:
         return Failure.prefill_busy(node_id, msg)
     if isinstance(msg, FirstToken) and node_id == att.prefill_id and not att.first_token:
@@ -259,6 +265,14 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
     if att.first_token:
         _merge_held(choice, att)
     return None
+
+
+def _at_fault(att: Attempt, node_id: str, msg: RequestFailed) -> str:
+    """The node a failure reported by node_id blames: a prefill node's failed transfer (or pairing),
+    its decode node's (e.g. a Commit into its full queue), so that the next attempt avoids D, not P."""
+    if node_id == att.prefill_id and att.decode_id and msg.reason.startswith((TRANSFER_FAILED, UNREACHABLE_DECODE)):
+        return att.decode_id
+    return node_id
 
 
 def _prompt_scores(entries: tuple, prompt_ids: list[int], vocab: int) -> list[dict[int, float] | None] | None:

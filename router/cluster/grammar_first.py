@@ -48,8 +48,10 @@ async def compile_first(server: ControlServer, att: Attempt, decode: Node, deadl
     while _waiting(answers, nodes):
         event = await att.next_event(deadline, lambda: f"{' and '.join(n for n in nodes if n not in answers)} did "
                                      f"not compile the request's grammar within the admission timeout of {timeout_s} s")
-        if isinstance(event, Lost):
-            return event.failure()
+        if isinstance(event, Lost):     # (one of an earlier round's nodes: not this round's failure)
+            if event.node_id in nodes:
+                return event.failure()
+            continue
         node_id, msg = event
         if node_id in nodes and isinstance(msg, ANSWERS):
             answers.setdefault(node_id, msg)
@@ -72,6 +74,7 @@ def _verdict(att: Attempt, decode: Any, prefill: Any) -> Busy | Failure | None:
         return decode
     if isinstance(prefill, RequestFailed):
         return Failure(att.prefill_id, f"{att.prefill_id}: {prefill.reason}", prefill.retryable)
-    if isinstance(prefill, Busy):
+    if isinstance(prefill, Busy):       # D only compiled: the next round picks D afresh
+        att.decode_id = ""
         return Failure.prefill_busy(att.prefill_id, prefill)
     return None

@@ -97,3 +97,39 @@ def test_a_commit_whose_send_times_out_fails_its_request_after_its_first_token(m
         h.submit("after", PROMPT, GREEDY)
         (after,) = h.wait(["after"])
         assert after.failed is None and tokens(after) == tokens(warm)
+
+
+def test_a_cut_commit_fails_the_other_requests_to_its_decode_node_before_their_first_tokens(model_dir):
+    """Two requests to one decode node finish in the same step and the first one's Commit send
+    times out: that loses the decode node with the other's transfer, so the other fails too,
+    retryably and before its first token (not a first token and then silence while the decode
+    node holds its reservation until the lease); each fails once."""
+    with serving(model_dir[0], block_size=8, num_blocks=64) as h:
+        h.submit("warm", PROMPT, GREEDY)
+        (warm,) = h.wait(["warm"])
+        sender, stalls, committed = h.prefill.sender, [], []
+        commit = sender.commit
+
+        def cut(xfer_id: str, first_token: int, num_tokens: int) -> None:
+            committed.append(xfer_id)
+            if not stalls:
+                stalls.append(_stall(sender._link, h.hellos["decode-0"].kv_endpoint))
+            commit(xfer_id, first_token, num_tokens)
+        sender.commit = cut
+        assert _hold_polls_until(h.prefill.link, {"a", "b"}).wait(HANG_S)
+        for rid in ("a", "b"):
+            h.submit(rid, PROMPT, GREEDY)
+        h.pump(lambda: all(any(n == "prefill-0" for n, _ in h.results[r].failures) for r in ("a", "b")))
+        for rid in ("a", "b"):
+            h.send("decode-0", AbortRequest(rid))           # as the router does
+        beats = h.beats["prefill-0"]
+        h.pump(lambda: h.beats["prefill-0"] >= beats + 3)   # no second failure comes later
+        (cut_rid,) = [r for r in ("a", "b") if h.results[r].first is not None]
+        (other,) = {"a", "b"} - {cut_rid}
+        assert len(committed) == 1 and stalls[0] == [h.hellos["decode-0"].kv_endpoint]
+        for rid, said in ((cut_rid, "Commit"), (other, "transfer failed")):
+            (failed,) = [f for node, f in h.results[rid].failures if node == "prefill-0"]
+            assert failed.retryable and said in failed.reason
+        h.submit("after", PROMPT, GREEDY)
+        (after,) = h.wait(["after"])
+        assert after.failed is None and tokens(after) == tokens(warm)

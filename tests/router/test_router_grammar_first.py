@@ -4,12 +4,21 @@ waits on a compile, and each node's answer keeps its meaning (Busy, 503, 400).""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
+
+import pytest
 
 from pdwire.control import AbortRequest, CompileGrammar, DecodeRequest, FirstToken, PrefillRequest, RequestFailed
 from pdwire.control import GrammarReady, TokenDelta
 from pdwire.messages import Busy, Reserved
 from pdwire.structured_output import GrammarKind, StructuredOutput
+from pdwire.sampling_params import SamplingParams
+from pdwire.schema import MAX_RID_LEN
 from router.backend import NoNodeAvailable
+from router.cluster.admission import Admission, _Rounds
+from router.cluster.busy_prefills import BusyPrefills
+from router.cluster.disagg_request import Attempt, Choice
+from router.config import ADMISSION_FIRST_WAIT_S
 from tests.disagg_harness import CONFIG, END, Cluster, first_of, run, view
 
 REGEX = StructuredOutput(GrammarKind.REGEX, "[ab]{2}")
@@ -117,6 +126,37 @@ def test_a_prefill_nodes_busy_compiler_is_asked_again_after_its_retry_hint():
     run(test)
 
 
+def test_a_decode_node_lost_after_an_earlier_rounds_compile_does_not_fail_the_next_round():
+    """D0 compiled the grammar, P answered Busy, and D0 is lost while the request waits for P's
+    retry hint: D0 holds nothing of the request, so the next round (on D1, the same attempt) runs
+    as usual; no retry is used (none is allowed here)."""
+    async def test():
+        async with Cluster(dataclasses.replace(CONFIG, heartbeat_timeout_s=1.0, max_retries=0)) as c:
+            p = await c.node("prefill-0", "prefill")
+            ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
+            out = c.generate(max_tokens=2, structured=REGEX)
+            d0, _ = await first_of(ds, CompileGrammar)
+            await p.expect(CompileGrammar)
+            d1 = ds[1 - ds.index(d0)]
+            d0.send(GrammarReady("r1"))
+            p.send(Busy("r1", "18 grammars are compiling", 2500))   # asked again in 2.5 s
+            d0.die()                        # lost by its silence (1 s) while the request waits
+            await _compiles(d1, p)          # round 2, the same attempt
+            choice = c.backend._requests["r1"].choices[0]
+            assert (choice.num_attempts, choice.attempt.decode_id) == (1, d1.node_id)
+            d1.send(GrammarReady("r1"))
+            p.send(GrammarReady("r1"))
+            assert (await d1.expect(DecodeRequest)).rid == "r1"
+            d1.send(Reserved("r1", "x1", (3, 4), 0))
+            await p.expect(PrefillRequest)
+            p.send(FirstToken("r1", 11, "a", None, ""))
+            d1.send(TokenDelta("r1", 0, (11, 12), 0, "ab", None, "length"))
+            while (final := await out.next()) is not END and not final.finished:
+                pass
+            assert view(final) == ([([11, 12], "ab", "length")], True)
+    run(test)
+
+
 def test_a_prefill_nodes_busy_compiler_sends_the_request_to_another_prefill_node():
     """P answers Busy with a retry hint of a minute: the other prefill node compiles at once."""
     async def test():
@@ -165,3 +205,29 @@ def test_a_grammar_the_decode_node_cannot_compile_is_a_400_at_once():
             assert isinstance(err, ValueError) and "did not compile" in str(err)
             assert (await p.expect(AbortRequest)).rid == "r1"
     run(test)
+
+
+def test_a_busy_hint_of_zero_waits_the_least_admission_wait():
+    """A prefill node's Busy with retry_after_ms=0 is asked again after ADMISSION_FIRST_WAIT_S, not
+    at once in a loop until the admission timeout."""
+    busy = BusyPrefills()
+    busy.note("prefill-0", "prefill-0: busy", 0.0, 10.0, 30.0)
+    assert busy.refused("prefill-0", 10.0) and busy.next_retry(10.0) == 10.0 + ADMISSION_FIRST_WAIT_S
+    assert not busy.refused("prefill-0", 10.0 + ADMISSION_FIRST_WAIT_S)
+
+
+@pytest.mark.parametrize("on_prefills, says", [(True, "every prefill node was busy"), (False, "no decode node had room")])
+def test_the_admission_timeouts_reason_names_what_the_last_round_waited_for(on_prefills, says):
+    """A prefill node's earlier Busy does not make a timeout spent waiting for decode room a
+    'prefill nodes busy' 503."""
+    choice = Choice(0, "r1", SamplingParams())
+    choice.busy_prefills.note("prefill-0", "prefill-0: busy", 0.05, 0.0, 30.0)
+    rounds = _Rounds(30.0, 4, on_prefills=on_prefills)
+    assert Admission._timeout_reason(SimpleNamespace(_config=CONFIG), rounds, choice).startswith(says)
+
+
+def test_an_attempt_id_past_the_wire_limit_fails_the_request():
+    """The `~k` suffix of the k-th attempt may not carry a request id past MAX_RID_LEN."""
+    Attempt("r" * (MAX_RID_LEN - 4) + "~999", [1], SamplingParams(), 0, 0)
+    with pytest.raises(RuntimeError, match="too many attempts"):
+        Attempt("r" * (MAX_RID_LEN - 4) + "~1000", [1], SamplingParams(), 0, 0)
