@@ -77,5 +77,5 @@ def _quick_grid():
     from pdplan.profiler import ProfileGrid
     return ProfileGrid(prompt_lens=(16, 256), chunk_sizes=(256,), cached_prefixes=(256,), warm_documents=(256,), warm_tails=(16,),
                        warm_repeats=1, batch_sizes=(1, 4),
-                       contexts=(32,), decode_steps=2, mixed=(4, 32, 256),
+                       contexts=(32,), decode_steps=2, mixed=((4, 32, 256),),
                       transfer_blocks=8)

@@ -8,7 +8,8 @@ plan, so chunking and prefix hits are whatever the engine really did):
      warm question: a cached document, then a short fresh question after it, alone (RAG's step:
      a few new tokens reading thousands of cached ones)
   3. decode: B sequences of context C, a few steps after their prompts are in
-  4. mixed: a decode batch with a long prompt arriving (what a colocated engine runs)
+  4. mixed: a decode batch with a long prompt arriving (what a colocated engine runs), at chat
+     and RAG shapes (a 3,072-token prompt beside 4-32 sequences of 256-2,048 context)
   5. transfer: blocks of the engine's block size over ZeroMQ TCP loopback, copied into a
      preallocated buffer on the receiving thread (as a decode node must)
 """
@@ -40,7 +41,8 @@ class ProfileGrid:
     max_batch_tokens: int = 16384                          # skips B x C over it (time, pool size)
     decode_steps: int = 4
     repeats: int = 2                                       # each decode point, in a shuffled order
-    mixed: tuple[int, int, int] = (16, 256, 1536)          # decoding seqs, their context, the prompt that joins
+    mixed: tuple[tuple[int, int, int], ...] = (            # decoding seqs, their context, the prompt that joins
+        (16, 256, 1536), (32, 256, 3072), (8, 1024, 3072), (4, 2048, 3072))   # ... chats, and RAG's long prompts
     transfer_blocks: int = 64
 
 
@@ -171,15 +173,30 @@ class Profiler:
         return points
 
     def mixed(self) -> list[StepSample]:
+        """Each (batch, context, prompt) of the grid: `batch` sequences decoding at `context`, then a
+        prompt joins; the steps that prefill a chunk of it beside the decode batch are kept."""
         engine, rec = self._engine()
         vocab = engine.model_config.vocab_size
-        batch, context, prompt = self.grid.mixed
-        for _ in range(batch):
-            self._add(engine, _ids(self.rng, context, vocab), 12)
-        for _ in range(3):
-            engine.step()
-        self._add(engine, _ids(self.rng, prompt, vocab), 1)
-        samples = [s for s in timed_steps(engine, rec, "mixed") if any(n > 1 for n, _ in s.shapes)]
+        chunk = self.args.max_num_batched_tokens
+        samples = []
+        for batch, context, prompt in self.grid.mixed:
+            prompt = min(prompt, engine.max_model_len - 1)
+            decode_steps = -(-batch * context // chunk) + batch + -(-prompt // chunk) + 4
+            bs = engine.block_manager.block_size
+            need = batch * -(-(context + decode_steps) // bs) + -(-(prompt + 1) // bs)
+            if context + decode_steps > engine.max_model_len or need > engine.block_manager.num_blocks:
+                self.log(f"profile: mixed {batch} x {context} + {prompt} skipped: over the model's "
+                         f"{engine.max_model_len} tokens or the pool's {engine.block_manager.num_blocks} blocks")
+                continue
+            for _ in range(batch):
+                self._add(engine, _ids(self.rng, context, vocab), decode_steps)
+            rec.last = []
+            while engine.has_unfinished_requests() and any(n > 1 for n, _ in (rec.last or [(2, 0)])):
+                engine.step()                        # until every sequence of the batch decodes
+            self._add(engine, _ids(self.rng, prompt, vocab), 1)
+            samples += [s for s in timed_steps(engine, rec, "mixed")
+                        if any(n > 1 for n, _ in s.shapes) and any(n == 1 for n, _ in s.shapes)]
+            self.log(f"profile: mixed: {batch} decoding at {context} beside a {prompt}-token prompt")
         self.log(f"profile: mixed: {len(samples)} steps")
         return samples
 

@@ -77,7 +77,7 @@ def test_profiler_measures_the_builtin_engine_and_a_socket():
     from pdplan.profiler import ProfileGrid, Profiler
     grid = ProfileGrid(prompt_lens=(16, 96), chunk_sizes=(64,), cached_prefixes=(32,), warm_documents=(32,),
                        warm_tails=(8,), warm_repeats=2, batch_sizes=(1, 3),
-                       contexts=(24,), decode_steps=2, mixed=(3, 24, 200),
+                       contexts=(24,), decode_steps=2, mixed=((3, 24, 200),),
                        transfer_blocks=8)
     p = Profiler(EngineArgs(dtype="float32", num_blocks=256, max_num_seqs=8, max_num_batched_tokens=128),
                  grid, log=lambda *_: None).run()
@@ -122,3 +122,21 @@ def test_pool_only_adds_the_named_kinds_of_the_earlier_runs(tmp_path):
     p = Profile.load(tmp_path / "p.json")
     assert p.samples == warm + steps and p.machine["cpu"] == "old"
     assert p.step.per_prefill_ctx == pytest.approx(TRUE.per_prefill_ctx, rel=1e-6)
+
+
+def test_mixed_steps_are_measured_at_each_point_of_the_grid():
+    """Each (batch, context, prompt) yields steps that prefill a chunk of the prompt beside all the
+    batch's decodes (a colocated engine's step), and a point past the pool is skipped, said so."""
+    from engine.args import EngineArgs
+    from pdplan.profiler import ProfileGrid, Profiler
+    said = []
+    grid = ProfileGrid(mixed=((3, 24, 200), (2, 48, 100), (8, 200, 100)))
+    profiler = Profiler(EngineArgs(dtype="float32", num_blocks=96, max_num_seqs=8, max_num_batched_tokens=64),
+                        grid, log=said.append)
+    samples = profiler.mixed()
+    decoding = sorted({sum(n == 1 for n, _ in s.shapes) for s in samples})
+    assert decoding == [2, 3], [s.shapes for s in samples]
+    assert all(sum(n > 1 for n, _ in s.shapes) == 1 for s in samples)
+    assert {c for s in samples for n, c in s.shapes if n == 1} <= set(range(24, 48 + 16))
+    assert sum("skipped" in line for line in said) == 1
+    assert sum(n for s in samples for n, _ in s.shapes if n > 1) >= 200 + 100 - 2 * 64
