@@ -89,9 +89,6 @@ class KVMover:
         self.shipper = BlockShipper()
         self.held: dict[str, Held] = {}
 
-    def busy(self) -> bool:
-        return bool(self.held or self.shipper.shipments)
-
     def needs_poll(self) -> bool:
         """Whether shipped blocks stay pinned until their bytes have left (no socket says when)."""
         return bool(self.shipper.shipments)

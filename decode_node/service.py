@@ -135,9 +135,6 @@ class DecodeService(NodeService):
             if delta is not None:
                 self.link.send(delta)
 
-    def busy(self) -> bool:
-        return bool(self.xfer_rid) or self.mover.busy()
-
     def needs_poll(self) -> bool:
         """A transfer's frames all come through the receiver's socket, which poll() waits on, so
         only a KV move's pins (released once their bytes have left) need looking at soon."""

@@ -18,7 +18,10 @@ A thread compiles in a worker process of its own (engine/grammar_workers.py; `pr
 before the job's clock starts): a job past its time limit fails its requests (the waits do), and
 its process is killed at that limit, so its thread and core are free at once. A failure that is
 the node's load, not the grammar's (GrammarBusy, GrammarTimeout), is not kept: a retry compiles
-again. close() cancels the queued compiles and waits at most CLOSE_WAIT_S for the running ones
+again. A grammar whose worker died compiling it (GrammarCrashed) is kept only at its second crash
+(CRASHES_KEPT_AT): a one-off death (an OOM kill of a worker that was large already) lets the next
+request compile it again, while one that kills every worker costs two deaths, not one a request.
+close() cancels the queued compiles and waits at most CLOSE_WAIT_S for the running ones
 (GrammarCompiler.close kills their processes first, so they end at once). The threads only wait
 on a pipe, never inside xgrammar's C++, and the interpreter's exit kills their processes before it
 joins them (engine/grammar_workers.py): no exit waits for a compile.
@@ -36,6 +39,7 @@ from engine.grammar_limits import GrammarLimits
 
 RECENT = 64             # compiled grammars kept (done jobs, a grammar's own errors too)
 RECENT_BYTES = 256 << 20    # and at most this many bytes of them (CompiledGrammar.memory_size_bytes)
+CRASHES_KEPT_AT = 2      # a grammar whose worker died compiling it this many times running is kept as failing
 CLOSE_WAIT_S = 2.0      # close(): how long it waits for the compiles running; past it the caller leaves
 
 
@@ -101,6 +105,11 @@ class CompileJob:
                            "others: try again") if now - max(since, warm) >= limits.timeout_s else None
 
 
+class GrammarCrashed(ValueError):
+    """The worker process died compiling the grammar (a crash, an OOM kill): a 400, kept as the
+    grammar's fault only once it happened CRASHES_KEPT_AT times (CompileJobs)."""
+
+
 def worker_late(limits: GrammarLimits) -> GrammarBusy:
     return GrammarBusy(f"the grammar compile worker did not start within {limits.worker_start_timeout_s} s "
                        "(--grammar-worker-start-timeout-s): try again")
@@ -128,6 +137,7 @@ class CompileJobs:
         self._recent: OrderedDict[Hashable, CompileJob] = OrderedDict()
         self._abandoned: set[CompileJob] = set()   # abandoned jobs whose thread is not free yet
         self._recent_bytes = 0
+        self._crashed: OrderedDict[Hashable, int] = OrderedDict()     # key -> crashes, not kept yet (LRU, RECENT)
         self._lock = threading.Lock()       # pending, abandoned and recent: the caller's thread and the compiles'
         self._closed = False
 
@@ -198,9 +208,23 @@ class CompileJobs:
             if self._pending.get(key) is job:
                 del self._pending[key]
             self._abandoned.discard(job)
-            error = job.future.exception()
-            if error is None or (isinstance(error, ValueError) and not isinstance(error, GrammarTimeout)):
-                self._keep(key, job)    # a result, or a grammar that does not compile (not the node's state: an OSError, no memory)
+            if self._kept(key, job.future.exception()):
+                self._keep(key, job)
+
+    def _kept(self, key: Hashable, error: BaseException | None) -> bool:
+        """Whether a job ended with `error` is kept: a result, or a grammar that does not compile
+        (not the node's state: an OSError, no memory, a timeout), or crashed its worker again."""
+        if isinstance(error, GrammarCrashed):
+            crashes = self._crashed.pop(key, 0) + 1
+            if crashes < CRASHES_KEPT_AT:
+                self._crashed[key] = crashes
+                while len(self._crashed) > RECENT:
+                    self._crashed.popitem(last=False)
+                return False
+            return True
+        if kept := error is None or (isinstance(error, ValueError) and not isinstance(error, GrammarTimeout)):
+            self._crashed.pop(key, None)    # its crash was a one-off: a later one counts from one
+        return kept
 
     def _keep(self, key: Hashable, job: CompileJob) -> None:
         """`job` (done) in `recent`, the oldest dropped past RECENT entries or RECENT_BYTES (held).

@@ -11,8 +11,8 @@ thread of engine/grammar_jobs.py one, for good.
                over --grammar-max-compiled-mib: the child fails it; a larger frame is refused
                  before it is read, the child killed
                the child dies while it compiles, and not by our hand (a crash, an OOM kill): the
-                 grammar's fault, a ValueError (kept: a retry gets its 400 at once and starts no
-                 worker)
+                 grammar's fault, GrammarCrashed (a ValueError: kept at its second crash, then a
+                 retry gets its 400 at once and starts no worker)
     abandoner() on the thread, before a job's ready(): what abandons that job's compile (its last
                request left): it ends at its start, or, running, its child is killed (a signal,
                no wait: the caller may be a node's loop) and it ends at once (GrammarBusy, not
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 from engine.grammar_child import COMPILED, FAILED, HEADER, READY
-from engine.grammar_jobs import GrammarBusy, GrammarTimeout, worker_late
+from engine.grammar_jobs import GrammarBusy, GrammarCrashed, GrammarTimeout, worker_late
 from engine.grammar_limits import GrammarLimits
 from pdwire.structured_output import StructuredOutput
 
@@ -108,7 +108,7 @@ class CompileWorker:
 
     def compile(self, spec: StructuredOutput) -> memoryview:
         """`spec` compiled, as the CompiledGrammar's JSON (UTF-8). Raises ValueError if it does not
-        compile, compiled it is over max_compiled_mib, or the child died compiling it (CRASHED),
+        compile, compiled it is over max_compiled_mib, or the child died compiling it (GrammarCrashed),
         GrammarTimeout past the time limit (the child killed), GrammarBusy if closing or abandoned."""
         with self._lock:
             ticket = self._ticket
@@ -150,7 +150,7 @@ class CompileWorker:
                 try:
                     reply = self._receive(deadline)
                 except WorkerEnded as err:
-                    raise ValueError(CRASHED) from err
+                    raise GrammarCrashed(CRASHED) from err
         except (ValueError, GrammarBusy):
             raise
         except BaseException:

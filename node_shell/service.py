@@ -131,10 +131,6 @@ class NodeService(ABC):
         """Forward the outputs of one engine step."""
 
     @abstractmethod
-    def busy(self) -> bool:
-        """Whether work is pending besides the engine's own (e.g. transfers in flight)."""
-
-    @abstractmethod
     def needs_poll(self) -> bool:
         """Whether work is due that no socket poll() waits on announces (blocks pinned until their
         bytes have left: no socket says when), so that the idle loop looks again soon."""

@@ -1,8 +1,9 @@
 """What the autoscaler reads, all from the router itself: windowed TTFT and inter-token latency
 percentiles from its own Prometheus histograms (the bucket counts now less those `window_s` ago,
-interpolated within a bucket as Prometheus' histogram_quantile does), the Busy replies counted in
-the window, and per pool the nodes' figures (prompt tokens booked on prefill nodes, KV usage of
-decode nodes) from the node registry."""
+interpolated within a bucket as Prometheus' histogram_quantile does), the decode nodes' Busy
+replies counted in the window (a prefill node's Busy is its grammar compiler's load), and per
+pool the nodes' figures (prompt tokens booked on prefill nodes, KV usage of decode nodes) from the
+node registry."""
 from __future__ import annotations
 
 import math
@@ -13,13 +14,14 @@ from typing import Callable
 TTFT = "pdserve_time_to_first_token_seconds"
 ITL = "pdserve_inter_token_latency_seconds"
 BUSY = "pdserve_router_busy_replies_total"
+BUSY_DECODE = {"role": "decode"}    # the series of BUSY the decode pool's signal reads
 
 
 @dataclass(frozen=True, slots=True)
 class Signals:
     ttft_p90_ms: float | None       # None: no first token in the window
     itl_p90_ms: float | None
-    busy_replies: float             # in the window
+    busy_replies: float             # decode nodes', in the window
     queued_prefill_tokens: float    # per active prefill node
     decode_kv_usage: float          # mean over active decode nodes, 0..1
     prefill_nodes: int              # active
@@ -45,7 +47,7 @@ class MetricsWindow:
     def sample(self) -> None:
         now = self.clock()
         self.snapshots.append(_Snapshot(now, {TTFT: self._buckets(TTFT), ITL: self._buckets(ITL)},
-                                        self.registry.get_sample_value(BUSY) or 0.0))
+                                        self.registry.get_sample_value(BUSY, BUSY_DECODE) or 0.0))
         while len(self.snapshots) > 2 and self.snapshots[1].t <= now - self.window_s:
             self.snapshots.popleft()
 

@@ -125,13 +125,10 @@ class PrefillService(NodeService):
                                              True))
                 self._fail_lost_transfers()     # the decode node's other requests: before their first tokens
 
-    def busy(self) -> bool:
-        return bool(self.shipper.shipments)
-
     def needs_poll(self) -> bool:
         """With no step to run, every shipment is closed and waits only for its bytes to leave,
         to unpin its blocks: no socket says when."""
-        return self.busy()
+        return bool(self.shipper.shipments)
 
     def close_transport(self) -> None:
         self.sender.close()

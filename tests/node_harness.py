@@ -31,6 +31,14 @@ _SECRET_DIR = tempfile.mkdtemp(prefix="pdserve-test-")
 HANG_S = 300.0
 
 
+def settled(service: PrefillService | DecodeService) -> bool:
+    """Nothing in flight on the node: no request in its engine, no shipment whose bytes have not
+    all left (needs_poll), and on a decode node no transfer open and no KV move holding blocks."""
+    if service.engine.has_unfinished_requests() or service.needs_poll():
+        return False
+    return not isinstance(service, DecodeService) or not (service.xfer_rid or service.mover.held)
+
+
 def secret_file() -> str:
     """A 0600 file holding the test cluster secret (made once per test process)."""
     path = os.path.join(_SECRET_DIR, "cluster-secret")
@@ -150,8 +158,7 @@ class NodeHarness:
 
     def idle(self) -> None:
         """Wait until both nodes are idle and every pinned block is released."""
-        self.pump(lambda: not self.prefill.busy() and not self.decode.busy()
-                  and not self.decode.engine.has_unfinished_requests())
+        self.pump(lambda: settled(self.prefill) and settled(self.decode))
 
     def close(self) -> None:
         for node in ("prefill-0", "decode-0"):

@@ -84,8 +84,9 @@ class _Rounds:
 
 
 class Admission:
-    """The DisaggregatedBackend's admission of one attempt at a time; it counts Busy replies and
-    books each attempt's nodes in the registry once it picks them (`bookings`, bookings.py)."""
+    """The DisaggregatedBackend's admission of one attempt at a time; it counts Busy replies (by the
+    replying node's role) and books each attempt's nodes in the registry once it picks them
+    (`bookings`, bookings.py)."""
 
     def __init__(self, config: RouterConfig, registry: NodeRegistry, server: ControlServer,
                  affinity: PrefixAffinity, capacity: CapacityWatch, index: KVIndex):
@@ -99,7 +100,11 @@ class Admission:
         self._prefill_policy = PrefillPolicy(index if self._cost else affinity, config.prefill_load_weight)
         self._rng = random.Random(config.policy_seed)
         self.bookings = Bookings(registry)
-        self.busy = Counter("pdserve_router_busy_replies", "Busy replies from decode nodes.", registry=None)
+        self.busy = Counter("pdserve_router_busy_replies", "Busy replies from nodes, by the role of the node "
+                            "that sent it: a decode node's KV blocks, a prefill node's grammar compiler.",
+                            ["role"], registry=None)
+        for role in NodeRole:
+            self.busy.labels(role.value)        # both series from the start, at 0
         self.prefills = Counter("pdserve_router_prefills", "Prompts admitted, by where they were computed: "
                                 "on a prefill node (remote) or on their decode node (local).", ["where"],
                                 registry=None)
@@ -221,7 +226,7 @@ class Admission:
     def _on_busy(self, att: Attempt, decode: Node, reply: Busy, rounds: _Rounds) -> None:
         """D said Busy: counted, the attempt's bookings released, and D noted in `rounds` as
         refusing until it reports more free blocks."""
-        self.busy.inc()
+        self.busy.labels(NodeRole.DECODE.value).inc()
         self.bookings.release_all(att)
         rounds.refused[decode.node_id] = self._pool(decode).free_blocks
         rounds.busy_replies += 1
@@ -262,6 +267,7 @@ class Admission:
         """A prefill node said Busy to the choice (its grammar compiler's load): it is asked again
         once its retry hint passes, another one at once; the choice's admission timeout runs from
         the first such answer: past it, raises NoNodeAvailable (a 503)."""
+        self.busy.labels(NodeRole.PREFILL.value).inc()
         now, timeout = asyncio.get_running_loop().time(), self._config.admission_timeout_s
         choice.busy_prefills.note(failure.node_id, failure.reason, failure.retry_after_s, now, timeout)
         if choice.busy_prefills.timed_out(now):

@@ -61,8 +61,9 @@ def test_router_flags_parse_and_its_ports_are_served_and_scraped():
     assert config.host == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in router["ports"]}
     assert ports == {"http": config.port, "control": control_port}
-    service = {p["name"]: p["port"] for p in objects[("Service", "pdserve-router")]["spec"]["ports"]}
-    assert service == ports
+    services = {p["name"]: p["port"] for name in ("pdserve-router", "pdserve-router-control")
+                for p in objects[("Service", name)]["spec"]["ports"]}
+    assert services == ports
     annotations = objects[("Deployment", "pdserve-router")]["spec"]["template"]["metadata"]["annotations"]
     assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(config.port),
                            "prometheus.io/path": "/metrics"}
@@ -71,14 +72,16 @@ def test_router_flags_parse_and_its_ports_are_served_and_scraped():
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_node_flags_parse_and_reach_the_router_service(role):
     """Each pool is its own Deployment; its args build a valid NodeConfig whose router endpoint is
-    the router Service's control port, and a decode pod advertises its pod IP on its KV port."""
+    the control Service's port, which routes to the router pod, and a decode pod advertises its pod
+IP on its KV port."""
     objects = _objects()
     container = _container(objects, f"pdserve-{role}")
     assert container["command"] == ["pdserve", role]
     config = NodeConfig.from_argv(f"pdserve {role}", _args(container))
-    service = objects[("Service", "pdserve-router")]
+    service = objects[("Service", "pdserve-router-control")]
     control = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "control")
     assert config.router == f"tcp://{service['metadata']['name']}:{control}"
+    assert _routes_to(objects, service, "pdserve-router")
     assert config.node_id == POD_VALUES["POD_NAME"] and config.p2p_host == POD_VALUES["POD_IP"]
     if role == "decode":
         kv_port = int(config.kv_bind.rsplit(":", 1)[1])
@@ -99,3 +102,25 @@ def test_every_pod_takes_the_cluster_secret_from_the_secret_in_its_environment()
         assert not any("secret" in arg for arg in container["args"])
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         assert _flag(container["args"], "--model").startswith(tuple(mounts))
+
+
+def test_the_router_is_ready_when_it_can_serve_and_the_nodes_reach_it_before():
+    """The router's readiness probe is /health on the API port (200 once both pools have a live
+    node: tests/router/test_router_control_plane.py); the client Service routes only to a ready
+    router, the control Service to one not ready yet too: the nodes must reach it to make it
+    ready (they reached it through the client Service, which no router would ever enter)."""
+    objects = _objects()
+    probe = _container(objects, "pdserve-router")["readinessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/health", "http")
+    clients, control = objects[("Service", "pdserve-router")], objects[("Service", "pdserve-router-control")]
+    assert [p["name"] for p in clients["spec"]["ports"]] == ["http"]
+    assert not clients["spec"].get("publishNotReadyAddresses", False)
+    assert [p["name"] for p in control["spec"]["ports"]] == ["control"]
+    assert control["spec"]["publishNotReadyAddresses"] is True
+    assert _routes_to(objects, clients, "pdserve-router") and _routes_to(objects, control, "pdserve-router")
+
+
+def _routes_to(objects: dict, service: dict, deployment: str) -> bool:
+    """Whether the Service's selector picks the Deployment's pods."""
+    labels = objects[("Deployment", deployment)]["spec"]["template"]["metadata"]["labels"]
+    return service["spec"]["selector"].items() <= labels.items()

@@ -2,7 +2,8 @@
 whose requests all left is cancelled and frees its place, a running one is abandoned and holds
 its place until its thread is free; close() cancels the queued compiles and waits a bounded time
 for the running ones (abandoned ones too); a process with a compile that never ends still
-exits, with its own status; the kept results are bounded in bytes as well as in number."""
+exits, with its own status; the kept results are bounded in bytes as well as in number; a grammar
+that crashed its worker once is compiled again, and kept as failing at its second crash."""
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine import grammar_jobs
-from engine.grammar_jobs import CompileJobs, GrammarBusy
+from engine.grammar_jobs import CompileJobs, GrammarBusy, GrammarCrashed
 from engine.grammar_limits import GrammarLimits
 from engine.grammar_waits import GrammarWaits
 
@@ -178,6 +179,38 @@ def test_a_result_kept_twice_under_one_key_counts_its_bytes_once(monkeypatch, st
     _until_idle(jobs, 0)
     assert jobs.submit("held", "held-x") is old and jobs.submit("a", "a") is a     # 200 bytes kept, not 300
     jobs.close()
+
+
+def test_a_grammar_is_kept_as_crashing_only_at_its_second_crash():
+    """A worker's death while it compiles a grammar fails that job, but a one-off (an OOM kill)
+    does not poison the grammar: the next submit compiles it again; the second crash in a row is
+    kept (a retry gets it at once, no compile)."""
+    crashing, compiled = {"bad", "flaky"}, []
+
+    def compile_(spec):
+        compiled.append(spec)
+        if spec in crashing:
+            raise GrammarCrashed("invalid grammar: the grammar compiler crashed on it")
+        return SimpleNamespace(spec=spec, memory_size_bytes=0)
+    jobs = CompileJobs(compile_, GrammarLimits(max_compiles=1))
+    first = _ended(jobs, "bad")
+    assert isinstance(first.future.exception(), GrammarCrashed)
+    second = _ended(jobs, "bad")
+    assert second is not first and isinstance(second.future.exception(), GrammarCrashed)
+    assert jobs.submit("bad", "bad") is second and compiled == ["bad", "bad"]
+    _ended(jobs, "flaky")
+    crashing.discard("flaky")
+    good = _ended(jobs, "flaky")
+    assert good.future.result().spec == "flaky" and compiled == ["bad", "bad", "flaky", "flaky"]
+    jobs.close()
+
+
+def _ended(jobs: CompileJobs, key: str):
+    """`key` submitted, once its job ended and left pending (kept or not)."""
+    job = jobs.submit(key, key)
+    job.future.exception(timeout=30)
+    _until_idle(jobs, 0)
+    return job
 
 
 def _until_idle(jobs: CompileJobs, pending: int) -> None:

@@ -1,15 +1,16 @@
 """A KV message's header is small: MAX_HEADER_BYTES (64 KiB) holds the largest legal one of every
 kind that travels between nodes with room to spare; a sender names its open transfers over as
 many heartbeats as it takes; a receiver's MAXMSGSIZE admits the largest header even where its
-blocks are smaller."""
+blocks are smaller, and a sender's admits the largest reply a heartbeat gets."""
 import time
 
 import pytest
 
 from kvtransport.fake import FakeNetwork, FakeReceiver, FakeSender, ManualClock
 from kvtransport.receiver_state import Reservation
-from kvtransport.testing import TEST_SECRET, make_identity, make_pool
+from kvtransport.testing import TEST_SECRET, TINY_MODEL, make_identity, make_pool
 from kvtransport.zmq_receiver import ZmqReceiver
+from kvtransport.zmq_send_link import MAX_REPLY_BYTES
 from kvtransport.zmq_sender import ZmqSender
 from pdwire.handshake import KVLayout, PeerIdentity
 from pdwire.messages import (BATCH_BYTES_LIMIT, MAX_BATCH_BLOCKS, MAX_HEADER_BYTES, MAX_HEARTBEAT_XFERS, Abort,
@@ -95,6 +96,35 @@ def test_a_receiver_of_small_blocks_takes_the_largest_header():
         while len(encode(beat)) not in seen and time.monotonic() < deadline:
             recv.poll(0.02)
         assert len(encode(beat)) in seen and recv.metrics.frames_dropped == 0
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_a_heartbeats_largest_reply_reaches_a_zmq_sender():
+    """A receiver (its epoch the longest id) that holds MAX_HEARTBEAT_XFERS transfers of the longest
+    ids answers the heartbeat naming them all with one naming them all back: its largest reply, a
+    frame the sender's MAXMSGSIZE (MAX_REPLY_BYTES) takes over a real socket (a larger one would
+    disconnect the sender silently); nothing dropped, no transfer failed."""
+    geom = dict(num_blocks=4, num_layers=1, block_size=1, num_kv_heads=1, head_dim=1)
+    src, dst = make_pool(seed=1, **geom), make_pool(seed=None, **geom)
+    recv = ZmqReceiver(dst, PeerIdentity("d0", "e" * MAX_ID_LEN, "zmq", KVLayout.for_pool(dst, TINY_MODEL)),
+                       TEST_SECRET)
+    send = ZmqSender(make_identity(src, "p0", "zmq"), TEST_SECRET, heartbeat_interval=0.05)
+    xfers = tuple(f"{k:0{MAX_ID_LEN}d}" for k in range(MAX_HEARTBEAT_XFERS))
+    largest = len(encode(Heartbeat("e" * MAX_ID_LEN, xfers)))
+    seen, handle = [], send._core.handle
+    send._core.handle = lambda endpoint, frames: (seen.append(len(frames[0])), handle(endpoint, frames))
+    try:
+        _connect(send, recv)
+        for k, xfer_id in enumerate(xfers):
+            recv.register(Reservation(xfer_id, (k % geom["num_blocks"],), cached_prefix_blocks=1, lease_s=HANG_S))
+            send.begin(xfer_id, recv.endpoint)
+        events, deadline = [], time.monotonic() + HANG_S
+        while largest not in seen and time.monotonic() < deadline:
+            events += send.poll(0.02) + recv.poll(0.02)
+        assert largest in seen and largest <= MAX_REPLY_BYTES // 2
+        assert events == [] and send.metrics.frames_dropped == 0 and recv.metrics.frames_dropped == 0
     finally:
         send.close()
         recv.close()

@@ -4,7 +4,7 @@ import logging
 from collections import Counter
 
 from kvtransport.fake import ManualClock
-from kvtransport.log_limiter import LOG_INTERVAL_S, LogLimiter
+from kvtransport.log_limiter import LOG_INTERVAL_S, MAX_KEYS, LogLimiter
 from kvtransport.metrics import DropReason, ReceiverMetrics, SenderMetrics
 
 log = logging.getLogger("kvtransport.test")
@@ -42,3 +42,15 @@ def test_a_flood_of_drops_is_counted_exactly_and_logged_once_per_peer_and_reason
         assert metrics.drops == Counter({DropReason.BAD_MAC: 1001, DropReason.MALFORMED: 1})
         assert metrics.counters().frames_dropped == 1002
         assert len(_lines(caplog)) == 3 and all(line.startswith("dropped frame from p") for line in _lines(caplog))
+
+
+def test_past_1024_keys_the_least_recently_logged_is_forgotten_and_the_rest_stay_limited(caplog):
+    """By default the limiter remembers MAX_KEYS (1,024) keys: one peer more forgets the one that
+    logged first (it logs again), every other is still held back within its interval."""
+    caplog.set_level(logging.WARNING, logger="kvtransport.test")
+    limiter = LogLimiter(log, clock=ManualClock())
+    assert MAX_KEYS == 1024
+    assert all(limiter.warning(("p%d" % k, "bad_mac"), "from p%d", k) for k in range(MAX_KEYS + 1))
+    assert not any(limiter.warning(("p%d" % k, "bad_mac"), "from p%d", k) for k in range(1, MAX_KEYS + 1))
+    assert limiter.warning(("p0", "bad_mac"), "from p0")        # forgotten: logs at once
+    assert len(_lines(caplog)) == MAX_KEYS + 2

@@ -22,7 +22,7 @@ from pdwire.control import (AbortRequest, DecodeRequest, NodeCommand, Paused, Pa
                             ShipRequest)
 from pdwire.messages import Reserved
 from tests.model_factory import hf_greedy
-from tests.node_harness import HANG_S, NodeHarness, Result, secret_file, tokens
+from tests.node_harness import HANG_S, NodeHarness, Result, secret_file, settled, tokens
 
 PROMPT = [(i * 37) % 500 + 3 for i in range(21)]       # 2 full blocks of 8 and a partial one
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -80,7 +80,7 @@ class MoveHarness(NodeHarness):
 
     def idle(self) -> None:
         super().idle()
-        self.pump(lambda: not self.decode1.busy() and not self.decode1.engine.has_unfinished_requests(), 30.0)
+        self.pump(lambda: settled(self.decode1), 30.0)
 
     def close(self) -> None:
         self.send("decode-1", NodeCommand("leave"))

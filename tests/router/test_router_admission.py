@@ -99,7 +99,7 @@ def test_busy_nodes_are_not_asked_again_until_they_report_room():
             await until(lambda: all(_free(c, r.node) == 8 for r in ds))     # a heartbeat with 8 free blocks came
             outs = [c.generate(f"r{i}", max_tokens=2) for i in range(requests)]
             await asyncio.sleep(window_s)       # time passes: the Busy replies it brings are counted
-            busy = counter(c.backend.collectors()[2])
+            busy = counter(c.backend.collectors()[2], {"role": "decode"})
             assert requests <= busy <= 8 * requests * window_s, busy    # today: ~40 per request
             for r in ds:
                 r.busy, r.node.free_blocks = False, 64
@@ -133,7 +133,7 @@ def test_a_request_waits_for_a_heartbeat_with_room_without_asking(monkeypatch):
             assert waits[0] == 2 and d.rids == []
             d.node.free_blocks = 2
             await _finish([out])
-            assert d.rids == ["r1"] and counter(c.backend.collectors()[2]) == 0
+            assert d.rids == ["r1"] and counter(c.backend.collectors()[2], {"role": "decode"}) == 0
     run(test)
 
 

@@ -174,7 +174,7 @@ def test_prometheus_exposes_router_counters_and_nodes():
                         {"prefill-0": p.kv_counters, "decode-0": d.kv_counters})    # heartbeats with them came
             text = RouterMetrics(c.backend).render().decode()
             for series in ("pdserve_router_retries_total", "pdserve_router_migrations_total",
-                           "pdserve_router_busy_replies_total",
+                           'pdserve_router_busy_replies_total{role="prefill"} 0.0',
                            'pdserve_num_requests_running{node="decode-0",role="decode"} 1.0',
                            'pdserve_kv_bytes_sent_total{node="prefill-0",role="prefill"} 6.442450944e+09',
                            'pdserve_kv_blocks_received_total{node="decode-0",role="decode"} 6.0',

@@ -18,7 +18,7 @@ from prefill_node.service import PrefillService
 from router.cluster.disaggregated import DisaggregatedBackend
 from router.config import RouterConfig
 from tests.model_factory import hf_greedy
-from tests.node_harness import HANG_S, secret_file
+from tests.node_harness import HANG_S, secret_file, settled
 from tests.router.test_router_disagg_e2e import PROMPTS, _collect
 
 NODE = dict(dtype="float32", device="cpu", block_size=16, num_blocks=64, max_num_seqs=4)
@@ -48,7 +48,7 @@ def _cut_next_commit(sender) -> list[str]:
 
 async def _idle(nodes) -> None:
     """Both nodes idle and every shipped block unpinned."""
-    while any(n.busy() or n.engine.has_unfinished_requests() for n in nodes):
+    while not all(settled(n) for n in nodes):
         await asyncio.sleep(0.05)
 
 

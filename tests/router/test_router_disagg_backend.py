@@ -1,5 +1,6 @@
 """DisaggregatedBackend against scripted node peers (tests/disagg_harness.py): the request flow,
-n > 1, Busy decode nodes, retries and rejections."""
+n > 1, Busy decode nodes, retries and rejections; Busy replies counted by the role of their node
+(the autoscaler's decode signal reads the decode nodes' only)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,9 @@ import pytest
 from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, PrefillRequest, RequestFailed,
                                  TokenDelta)
 from pdwire.messages import Busy, Reserved
+from pdplan.signals import MetricsWindow
 from router.backend import NoNodeAvailable
+from router.http.metrics import RouterMetrics
 from tests.disagg_harness import PROMPT, CONFIG, END, Cluster, run, first_of, view, counter, admit, until
 
 
@@ -191,11 +194,14 @@ def test_n_fans_out_with_seeds_and_merges_by_index():
 
 
 def test_busy_decode_node_is_skipped_for_another():
-    """Busy from one D sends the request to the other D at once, without waiting retry_after_ms."""
+    """Busy from one D sends the request to the other D at once, without waiting retry_after_ms;
+    it is counted as a decode node's, the autoscaler's signal to grow the decode pool."""
     async def test():
         async with Cluster() as c:
             p = await c.node("prefill-0", "prefill")
             ds = [await c.node("decode-0", "decode"), await c.node("decode-1", "decode")]
+            window = MetricsWindow(RouterMetrics(c.backend).registry, 60.0, lambda: 0.0)
+            window.sample()
             out = c.generate(max_tokens=1)
             busy_d, req = await first_of(ds, DecodeRequest)
             busy_d.send(Busy("r1", "no free blocks", 60_000))
@@ -206,7 +212,9 @@ def test_busy_decode_node_is_skipped_for_another():
             assert (await p.expect(PrefillRequest)).kv_endpoint == other.kv_endpoint
             p.send(FirstToken("r1", 9, "z", None, "length"))
             assert view(await out.next()) == ([([9], "z", "length")], True)
-            assert counter(c.backend.collectors()[2]) == 1
+            assert _busy(c) == {"decode": 1, "prefill": 0}
+            window.sample()
+            assert window.busy() == 1
             await busy_d.assert_silent()    # Busy held nothing: nothing to abort there
     run(test)
 
@@ -288,10 +296,13 @@ def test_a_prefill_nodes_busy_grammar_compiler_after_the_reservation_is_asked_ag
     """P answers its PrefillRequest Busy (its grammar compiler has too many compiles): D's
     reservation is aborted, and once P's retry hint has passed the request runs again on P (the
     only prefill node), using none of its max_retries (a retry loop would end in a 500), counted
-    as a retry for "busy"; no 503 before the admission timeout."""
+    as a retry for "busy" and as a prefill node's Busy reply (not the decode pool's signal); no
+    503 before the admission timeout."""
     async def test():
         async with Cluster(dataclasses.replace(CONFIG, max_retries=0)) as c:
             p, d = await c.pair()
+            window = MetricsWindow(RouterMetrics(c.backend).registry, 60.0, lambda: 0.0)
+            window.sample()
             out = c.generate(max_tokens=1)
             await admit(d, p)
             p.send(Busy("r1", "18 grammars are compiling or queued on this node", 50))
@@ -303,6 +314,9 @@ def test_a_prefill_nodes_busy_grammar_compiler_after_the_reservation_is_asked_ag
             p.send(FirstToken("r1~1", 11, "a", None, "length"))
             assert view(await out.next()) == ([([11], "a", "length")], True)
             assert counter(c.backend.collectors()[0], {"cause": "busy"}) == 1
+            assert _busy(c) == {"decode": 0, "prefill": 1}      # a prefill node's Busy was not counted
+            window.sample()
+            assert window.busy() == 0       # a busy grammar compiler is no sign the decode pool is short
     run(test)
 
 
@@ -334,3 +348,8 @@ def test_cached_tokens_come_from_the_decode_reservation(cached_blocks, cached_to
             final = await out.next()
             assert final.finished and final.num_cached_tokens == cached_tokens
     run(test)
+
+
+def _busy(c: Cluster) -> dict[str, float]:
+    """pdserve_router_busy_replies_total by role."""
+    return {role: counter(c.backend.collectors()[2], {"role": role}) for role in ("decode", "prefill")}
