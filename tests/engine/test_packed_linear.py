@@ -59,20 +59,32 @@ def test_engine_packs_its_cpu_linears(make_llm, model_dir):
     assert all(isinstance(layer.mlp.down_proj, PackedLinear) for layer in model.layers)
 
 
-GEMMS = {   # pdserve's GEMM linears: class, dtype, the /proc/cpuinfo flag it needs, its off switch, tolerance
-    "bf16": (bf16_linear.Bf16Linear, torch.bfloat16, "avx512_bf16", "PDSERVE_BF16_GEMM", 3e-2),
-    "f32": (f32_linear.F32Linear, torch.float32, "avx512f", "PDSERVE_F32_GEMM", 1e-5),
+GEMMS = {   # pdserve's GEMM linears: class, dtype, the /proc/cpuinfo flag it needs, its switch, tolerance,
+            # and the flag of a CPU where it is not the default (oneDNN is faster there)
+    "bf16": (bf16_linear.Bf16Linear, torch.bfloat16, "avx512_bf16", "PDSERVE_BF16_GEMM", 3e-2, "amx_bf16"),
+    "f32": (f32_linear.F32Linear, torch.float32, "avx512f", "PDSERVE_F32_GEMM", 1e-5, None),
 }
 
 
-def _gemm_here(kind: str) -> bool:
-    """Whether linears of that kind's dtype use pdserve's GEMM here: where the CPU has the flag
-    they must."""
-    cls, dtype, flag = GEMMS[kind][:3]
+def _cpu_has(flag: str | None) -> bool:
     with open("/proc/cpuinfo") as f:
-        has = any(line.startswith("flags") and f" {flag}" in line for line in f)
-    assert cls.can_use(dtype, torch.device("cpu")) == has
-    return has
+        return flag is not None and any(line.startswith("flags") and f" {flag}" in line for line in f)
+
+
+def _kernel_here(kind: str) -> bool:
+    """Whether that kind's GEMM runs here: where the CPU has the flag it must."""
+    cls, _, flag = GEMMS[kind][:3]
+    assert cls.gemm.supported() == _cpu_has(flag)
+    return _cpu_has(flag)
+
+
+def _gemm_here(kind: str) -> bool:
+    """Whether linears of that kind's dtype use pdserve's GEMM here by default: where the kernel
+    runs, unless the CPU has the flag that leaves them to oneDNN (AMX, for bf16)."""
+    cls, dtype = GEMMS[kind][:2]
+    here = _kernel_here(kind) and not _cpu_has(GEMMS[kind][5])
+    assert cls.can_use(dtype, torch.device("cpu")) == here
+    return here
 
 
 @pytest.mark.parametrize("kind", GEMMS)
@@ -81,9 +93,9 @@ def _gemm_here(kind: str) -> bool:
 def test_gemm_linear_equals_linear(kind, bias, rows):
     """Bf16Linear and F32Linear (pdserve's GEMMs) equal nn.Linear in their dtype, keeping leading
     dims."""
-    if not _gemm_here(kind):
+    if not _kernel_here(kind):
         return
-    cls, dtype, _, _, tol = GEMMS[kind]
+    cls, dtype, _, _, tol, _ = GEMMS[kind]
     torch.manual_seed(rows)
     linear = nn.Linear(96, 200, bias=bias, dtype=dtype)
     x = torch.randn(rows, 3, 96, dtype=dtype)[:, 1]     # rows strided in memory
@@ -94,23 +106,28 @@ def test_gemm_linear_equals_linear(kind, bias, rows):
 
 @pytest.mark.parametrize("kind", GEMMS)
 def test_pack_linears_uses_the_gemm_unless_switched_off(kind, monkeypatch):
-    """bf16 on an AVX512-BF16 CPU: Bf16Linear, float32 on an AVX-512 CPU: F32Linear; their switch
-    set to 0 (or no such CPU): oneDNN."""
-    cls, dtype, _, switch, _ = GEMMS[kind]
+    """bf16 on an AVX512-BF16 CPU without AMX: Bf16Linear, float32 on an AVX-512 CPU: F32Linear;
+    their switch set to 0 (or no such CPU): oneDNN; set to 1: the GEMM wherever it runs."""
+    cls, dtype, _, switch, _, _ = GEMMS[kind]
     model = nn.Sequential(nn.Linear(16, 32, dtype=dtype))
     assert pack_linears(model) == 1
     assert type(model[0]) is (cls if _gemm_here(kind) else PackedLinear)
+    monkeypatch.setenv(switch, "1")
+    model = nn.Sequential(nn.Linear(16, 32, dtype=dtype))
+    assert pack_linears(model) == 1 and type(model[0]) is (cls if _kernel_here(kind) else PackedLinear)
     monkeypatch.setenv(switch, "0")
     model = nn.Sequential(nn.Linear(16, 32, dtype=dtype))
     assert pack_linears(model) == 1 and type(model[0]) is PackedLinear
 
 
 def test_bf16_engine_generates_alike_on_either_linear(make_llm, model_dir, monkeypatch):
-    """A bf16 engine on pdserve's GEMM gives the greedy tokens it gives on oneDNN's linears."""
+    """A bf16 engine on pdserve's GEMM (asked for, where it runs) gives the greedy tokens it gives
+    on oneDNN's linears."""
     prompts = [[1, 5, 9, 200, 31], [7, 7, 7]]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    monkeypatch.setenv("PDSERVE_BF16_GEMM", "1")
     llm = make_llm(model_dir[0], dtype="bfloat16")
-    expected_type = bf16_linear.Bf16Linear if _gemm_here("bf16") else PackedLinear
+    expected_type = bf16_linear.Bf16Linear if _kernel_here("bf16") else PackedLinear
     assert isinstance(llm.engine.runner.model.lm_head, expected_type)
     ours = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     monkeypatch.setenv("PDSERVE_BF16_GEMM", "0")
@@ -138,7 +155,7 @@ def test_without_the_c_kernels_bf16_linears_stay_on_onednn(monkeypatch):
         monkeypatch.undo()
         gemm_bf16_lib.cache_clear()
         gemm_bf16.supported.cache_clear()
-    assert gemm_bf16.supported() == _gemm_here("bf16")
+    assert gemm_bf16.supported() == _kernel_here("bf16")
 
 
 def test_f32_engine_equals_transformers_on_either_linear(make_llm, model_dir, monkeypatch):
