@@ -201,7 +201,7 @@ class ReceiverCore:
         if slots is None:
             return None
         try:
-            self._auth.open_seal(peer, header, seal, split)
+            self._auth.check_seal(peer, header, seal, split)
         except AuthError:
             return None             # likewise: a bad MAC or a replay is counted by handle()
         return Landing(msg, slots, declared)
