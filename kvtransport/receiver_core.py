@@ -173,7 +173,7 @@ class ReceiverCore:
         if split and not self._split:
             return None             # not announced: handle() drops it (UNEXPECTED), its payloads follow
         try:
-            msg = self._framer.decode([header]).msg
+            msg = self._framer.decode_header(header)
         except FrameError:
             return None             # received whole, then counted with the reason it earns
         landing = self._land(peer, header, seal, msg, declared, split)
