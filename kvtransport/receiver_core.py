@@ -67,7 +67,7 @@ class PayloadSink(ABC):
 
         Raises if the payload channel failed; the core then drops the peer."""
 
-    def slots(self, dsts: list[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
+    def slots(self, dsts: Sequence[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
         """Writable views of nbytes of each pool block dsts[k] from layer first_layer on (checked),
         where a link may receive payloads straight into; None if the pool has no such bytes."""
         return None
@@ -192,7 +192,7 @@ class ReceiverCore:
                 dsts = [self.ledger.check_block(peer, msg, declared[0])]
             elif type(msg) is BlockBatch or (type(msg) is LayerBatch and self._sink.takes_layers):
                 self.ledger.check_batch(peer, msg, declared)
-                dsts = list(msg.block_ids)
+                dsts = msg.block_ids
             else:
                 return None
         except FrameError:
