@@ -27,10 +27,12 @@ GOOD_DST, GOOD_SRC = (1, 2, 4, 6, 8, 10), (7, 8, 9, 10, 11, 12)     # x2, the co
 
 
 def _recorded(send, monkeypatch) -> list[list]:
-    """Every message send's link sends from now on, as its list of frames."""
+    """Every message send's link sends from now on, as its list of frames (send_each's: one a frame)."""
     sent = []
     monkeypatch.setattr(send._link, "send", lambda ep, frames: sent.append(frames) or
                         type(send._link).send(send._link, ep, frames))
+    monkeypatch.setattr(send._link, "send_each", lambda ep, frames: sent.extend([f] for f in frames) or
+                        type(send._link).send_each(send._link, ep, frames))
     return sent
 
 
