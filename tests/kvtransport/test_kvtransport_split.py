@@ -225,3 +225,18 @@ def test_a_wait_for_owed_payloads_ends_within_max_poll_s():
     finally:
         send.close()
         recv.close()
+
+
+def test_send_each_sends_every_frame_as_a_message_of_its_own_in_order():
+    """SendLink.send_each (a split batch's payloads): one message a frame, in order, each under the
+    link's own send (so a fake link's fault plan counts each); none for no frames."""
+    from kvtransport.fake_link import FakeNetwork, FakeReceiveLink, FakeSendLink, FaultPlan
+    network, got = FakeNetwork(), []
+    receiver = FakeReceiveLink(network, "d0")
+    receiver.bind(lambda peer, frames: got.append((peer, [bytes(f) for f in frames])))
+    sender = FakeSendLink(network, "p0", FaultPlan(drop=frozenset({1})))
+    sender.open(receiver.endpoint)
+    sender.paired(receiver.endpoint)
+    sender.send_each(receiver.endpoint, [])
+    sender.send_each(receiver.endpoint, [b"a", memoryview(b"bc"), b"d"])
+    assert got == [("p0", [b"a"]), ("p0", [b"d"])]      # the second message dropped by the plan
