@@ -22,6 +22,7 @@ MAX_INT = (1 << 63) - 1
 MAX_TOKEN_ID = (1 << 31) - 1
 
 _ID_RE = re.compile(r"[A-Za-z0-9._:/-]+")
+_INT_ONLY = frozenset((int,))
 
 
 class ProtocolError(ValueError):
@@ -76,9 +77,6 @@ def check_seq(value: Any, name: str, max_len: int) -> tuple:
     if len(value) > max_len:
         raise ProtocolError(f"{name} has {len(value)} items, more than {max_len}")
     return tuple(value)
-
-
-_INT_ONLY = frozenset((int,))
 
 
 def check_ints(value: Any, name: str, max_len: int, lo: int = 0, hi: int = MAX_INT) -> tuple[int, ...]:
