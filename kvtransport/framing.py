@@ -101,10 +101,13 @@ class Framer:
         payloads = tuple(memoryview(p) for p in opened[1:])
         if sum(len(p) for p in payloads) > self.max_payload_bytes:
             raise FrameError(DropReason.OVERSIZE, f"payloads of {[len(p) for p in payloads]} bytes")
-        if msg is not None:
-            return Unpacked(msg, payloads)
+        return Unpacked(self.decode_header(opened[0]) if msg is None else msg, payloads)
+
+    def decode_header(self, header: Buffer) -> Any:
+        """The message in a header frame that a session has opened, or whose seal a receiver is
+        about to check (ReceiverCore.landing); raises FrameError (MALFORMED)."""
         try:
-            return Unpacked(self._decode(memoryview(opened[0])), payloads)
+            return self._decode(memoryview(header))
         except ProtocolError as e:
             raise FrameError(DropReason.MALFORMED, str(e)) from None
 

@@ -89,6 +89,11 @@ class SendLink(ABC):
         """Send one message; blocks while the queue is full, then raises TransportError. Its
         payload frames may be read after it returns, until a later send_tracked completes."""
 
+    def send_each(self, endpoint: str, frames: list[Buffer]) -> None:
+        """send() each frame as a message of its own, in order (a split batch's payloads)."""
+        for frame in frames:
+            self.send(endpoint, [frame])
+
     @abstractmethod
     def send_tracked(self, endpoint: str, frames: list[Buffer]) -> Completion:
         """send() a message whose payload frames (frames[1:-1]) alias pool blocks, without copying

@@ -11,7 +11,7 @@ tensor and spreads its heads over the ranks (BlockWriterSink + TPModelRunner.wri
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -88,6 +88,9 @@ class InlineSink(PayloadSink):
         self._layer_nbytes = layout.block_nbytes // layout.num_layers
         self._pool = pool_bytes(kv_cache)     # a slice assignment is one memcpy, no tensor per block
         self.takes_layers = self.has_slots = self._pool is not None
+        # every whole block's view, made once (~200 bytes a block): slots() picks a batch's in one C call
+        self._blocks = [] if self._pool is None else \
+            [self._pool[b * self._nbytes:(b + 1) * self._nbytes] for b in range(kv_cache.shape[0])]
 
     def write(self, peer: str, frame: BlockFrame, payload: memoryview | None, dst: int) -> None:
         self.write_many([dst], [payload])
@@ -100,9 +103,11 @@ class InlineSink(PayloadSink):
         for slot, piece in zip(self.slots(dsts, first_layer, len(payloads[0]) if payloads else 0), payloads):
             slot[:] = piece
 
-    def slots(self, dsts: list[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
+    def slots(self, dsts: Sequence[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
         if self._pool is None:
             return None
+        if first_layer == 0 and nbytes == self._nbytes:
+            return list(map(self._blocks.__getitem__, dsts))
         start = first_layer * self._layer_nbytes
         return [self._pool[d * self._nbytes + start:d * self._nbytes + start + nbytes] for d in dsts]
 

@@ -67,7 +67,7 @@ class PayloadSink(ABC):
 
         Raises if the payload channel failed; the core then drops the peer."""
 
-    def slots(self, dsts: list[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
+    def slots(self, dsts: Sequence[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
         """Writable views of nbytes of each pool block dsts[k] from layer first_layer on (checked),
         where a link may receive payloads straight into; None if the pool has no such bytes."""
         return None
@@ -173,7 +173,7 @@ class ReceiverCore:
         if split and not self._split:
             return None             # not announced: handle() drops it (UNEXPECTED), its payloads follow
         try:
-            msg = self._framer.decode([header]).msg
+            msg = self._framer.decode_header(header)
         except FrameError:
             return None             # received whole, then counted with the reason it earns
         landing = self._land(peer, header, seal, msg, declared, split)
@@ -192,7 +192,7 @@ class ReceiverCore:
                 dsts = [self.ledger.check_block(peer, msg, declared[0])]
             elif type(msg) is BlockBatch or (type(msg) is LayerBatch and self._sink.takes_layers):
                 self.ledger.check_batch(peer, msg, declared)
-                dsts = list(msg.block_ids)
+                dsts = msg.block_ids
             else:
                 return None
         except FrameError:
@@ -201,7 +201,7 @@ class ReceiverCore:
         if slots is None:
             return None
         try:
-            self._auth.open_seal(peer, header, seal, split)
+            self._auth.check_seal(peer, header, seal, split)
         except AuthError:
             return None             # likewise: a bad MAC or a replay is counted by handle()
         return Landing(msg, slots, declared)

@@ -90,6 +90,7 @@ class ReceiveLedger:
         self.metrics = metrics or ReceiverMetrics()
         self.clock = clock
         self.block_nbytes = layout.block_nbytes
+        self._block_shape = layout.block_shape      # a property that builds its tuple each call
         self._all_layers = (1 << layout.num_layers) - 1
         self._live: dict[str, _Inbound] = {}
         self._reserved_blocks: set[int] = set()     # shipped blocks of live transfers
@@ -157,8 +158,9 @@ class ReceiveLedger:
             want = self._all_layers
         else:
             want = self._check_slice(batch)
-        for index, block_id in zip(batch.indices, batch.block_ids):
-            self._check_slot(t, index, block_id, want)
+        if not self._slots_free(t, batch.indices, batch.block_ids, want):
+            for index, block_id in zip(batch.indices, batch.block_ids):
+                self._check_slot(t, index, block_id, want)      # raises, naming the first bad block
         if payload_lens != [batch.nbytes] * len(batch.indices):
             raise FrameError(DropReason.BAD_NBYTES, f"{len(batch.indices)} x {batch.nbytes} / {payload_lens}")
 
@@ -257,11 +259,20 @@ class ReceiveLedger:
         if index not in t.missing or t.layers.get(index, 0) & (self._all_layers if layers is None else layers):
             raise FrameError(DropReason.DUPLICATE, f"index {index}")
 
+    @staticmethod
+    def _slots_free(t: _Inbound, indices: tuple[int, ...], block_ids: tuple[int, ...], layers: int) -> bool:
+        """_check_slot for every block of a batch at once, in C-level set and tuple operations (no
+        Python step a block); False when any fails, for _check_slot to name it. t.missing holds
+        indices of t.res.expected only (it starts as them and only shrinks), so an index it holds
+        is expected and names a block of dst_block_ids."""
+        return t.missing.issuperset(indices) and tuple(map(t.res.dst_block_ids.__getitem__, indices)) == block_ids \
+            and not (t.layers and any(t.layers.get(i, 0) & layers for i in indices))
+
     def _check_layout(self, dtype: str, shape: tuple[int, ...], nbytes: int) -> None:
         """A block of dtype, shape and nbytes is one of this node's wire blocks."""
         if dtype != self.layout.kv_dtype:
             raise FrameError(DropReason.BAD_DTYPE, dtype)
-        if shape != self.layout.block_shape:
+        if shape != self._block_shape:
             raise FrameError(DropReason.BAD_SHAPE, str(shape))
         if nbytes != self.block_nbytes:
             raise FrameError(DropReason.BAD_NBYTES, f"{nbytes}")

@@ -247,17 +247,21 @@ class Sender(KVSender):
         """Send the packed message frames ([header, seal, *payloads] as [header, seal] and a message
         per payload to a receiver that splits); tracked: its last message, whose completion covers
         every message before it on the connection."""
-        messages = [frames[:2], *([p] for p in frames[2:])] if self._core.splits(endpoint) else [frames]
-        for message in messages[:-1]:
-            self._send(endpoint, message)
-        return self._send(endpoint, messages[-1], tracked)
+        if len(frames) < 3 or not self._core.splits(endpoint):
+            return self._send(endpoint, frames, tracked)
+        self._send(endpoint, frames[:2])
+        self._send(endpoint, frames[2:-1], each=True)
+        return self._send(endpoint, frames[-1:], tracked)
 
-    def _send(self, endpoint: str, frames: list, tracked: bool = False) -> Completion | None:
-        """One message to the paired endpoint (tracked: the Completion of its release). A send that
-        times out (the receiver stopped draining) raises TransportError and loses endpoint: its
-        other transfers fail at once (PEER_DEAD) instead of each holding the caller for the send
-        timeout again, and their Aborts are not sent into the full queue."""
+    def _send(self, endpoint: str, frames: list, tracked: bool = False, each: bool = False) -> Completion | None:
+        """One message to the paired endpoint (tracked: the Completion of its release; each: every
+        frame a message of its own). A send that times out (the receiver stopped draining) raises
+        TransportError and loses endpoint: its other transfers fail at once (PEER_DEAD) instead of
+        each holding the caller for the send timeout again, and their Aborts are not sent into the
+        full queue."""
         try:
+            if each:
+                return self._link.send_each(endpoint, frames)
             return self._link.send_tracked(endpoint, frames) if tracked else self._link.send(endpoint, frames)
         except TransportError as err:
             if self._core.is_connected(endpoint):

@@ -25,7 +25,7 @@ holding none. A receive takes messages for max_poll_s at most (a node's --kv-pol
 _DRAIN_BYTES at most, so that no flood of messages holds its caller's loop longer; a message
 being skipped goes on at the next one. It waits for its first message on a poll, and, while a
 peer owes a split batch payloads, for each next message on that poll again, for what is left of
-its time (a Poller made once; no zmq.Again a payload); else it drains without waiting. Not a
+its time (zmq_poll on items made once; no zmq.Again a payload); else it drains without waiting. Not a
 blocking receive with RCVTIMEO: pyzmq restarts an interrupted one (EINTR, any signal with a
 Python handler) with its whole timeout, so signals arriving faster than it would hold the loop
 without end; its poll counts down what it has waited (in whole seconds only, pyzmq 27: a storm
@@ -130,8 +130,8 @@ class ZmqReceiveLink(ReceiveLink):
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._handle: Handler = lambda peer, frames: None
         self._lander: Lander | None = None
-        self._poller = zmq.Poller()             # made once: Socket.poll makes one a call (~8 us)
-        self._poller.register(self._sock, _POLLIN)
+        self._polled = [(self._sock, _POLLIN)]  # zmq_poll's items, made once: Socket.poll makes a Poller a
+                                                # call (~8 us), and Poller.poll is a Python call around zmq_poll
         self._more = False                      # whether the message being read has a frame after the last read
 
     def bind(self, handle: Handler, lander: Lander | None = None) -> None:
@@ -145,7 +145,7 @@ class ZmqReceiveLink(ReceiveLink):
         them. A drain ends on the zmq.Again of its last receive: one raise a drain costs less than
         asking the socket's EVENTS after every message (pyzmq's getsockopt: ~4 us)."""
         deadline, budget = time.monotonic() + timeout, _DRAIN_BYTES
-        if not self._poller.poll(_ms(timeout)):
+        if not zmq.zmq_poll(self._polled, _ms(timeout)):
             return
         stop_at = time.monotonic() + self._max_poll_s
         while True:
@@ -162,12 +162,15 @@ class ZmqReceiveLink(ReceiveLink):
     def _first(self, until: float) -> zmq.Frame | None:
         """The next message's first frame (its routing id), or None if none came: waited for
         until `until` (time.monotonic) while a peer owes a split batch payloads, else not at all."""
-        if self._lander is not None and self._lander.owing() and not self._poller.poll(_ms(until - time.monotonic())):
+        if self._lander is not None and self._lander.owing() and not zmq.zmq_poll(self._polled,
+                                                                                    _ms(until - time.monotonic())):
             return None
         try:
-            return self._frame()
+            frame = self._sock.recv(_NOBLOCK, copy=False)     # self._frame() inlined: once a message
         except zmq.Again:
             return None
+        self._more = frame.more
+        return frame
 
     def _frame(self, flags: int = _NOBLOCK) -> zmq.Frame:
         """The next frame of the message being read (zero-copy); self._more: whether another follows."""
@@ -235,14 +238,17 @@ class ZmqReceiveLink(ReceiveLink):
         the caller to take the rest of the message after it (an honest sender never interleaves,
         and the slot is a block, or a layer slice, of that peer's own claimed transfer)."""
         start = time.perf_counter()
-        frame = self._frame()
-        if self._more:
+        frame = self._sock.recv(_NOBLOCK, copy=False)         # self._frame() inlined: once a payload
+        if frame.more:
+            self._more = True
             self._lander.landed(peer, landing, landing.sizes, landing.seconds)
             return frame.bytes
-        landing.sizes.append(size := _copy(frame, landing.slots[len(landing.sizes)]))
+        self._more = False
+        sizes = landing.sizes
+        sizes.append(size := _copy(frame, landing.slots[len(sizes)]))
         landing.seconds += time.perf_counter() - start
-        if len(landing.sizes) == len(landing.slots):
-            self._lander.landed(peer, landing, landing.sizes, landing.seconds)
+        if len(sizes) == len(landing.slots):
+            self._lander.landed(peer, landing, sizes, landing.seconds)
         return size
 
     def waitables(self) -> list[zmq.Socket]:

@@ -25,7 +25,7 @@ import msgpack
 from pdwire.handshake import KV_DTYPES, PeerIdentity
 from pdwire.schema import (MAX_BLOCKS, MAX_RID_LEN, MAX_TOKEN_ID, PROTOCOL_VERSION,
                                 ProtocolError, check_bool, check_hashes, check_id, check_ids,
-                                check_int, check_ints, check_str)
+                                check_int, check_ints, check_str, is_id, only_ints)
 
 MAX_HEADER_BYTES = 64 << 10  # a KV message's header (the KV transport's cap; control messages have theirs):
                              # the largest legal ones encode to ~0.7 KB (a BlockBatch of MAX_BATCH_BLOCKS),
@@ -44,6 +44,10 @@ SPLIT_PAYLOADS = True           # a ZMQ receiver takes a batch's payloads as mes
                                 # (HelloAck.split_payloads) by default (bench/README.md, twelfth session)
 RECV_QUEUE_BYTES = 256 << 20    # payload bytes a receiver lets one peer queue, in messages of its
                                 # announced batch bytes, by default (--kv-recv-queue-mib)
+_MAX_BLOCK_ID = (1 << 31) - 1    # a pool block id
+_MAX_NBYTES = 1 << 34           # a block's (or a slice's) bytes in a block header
+_MAX_DIMS, _MAX_DIM = 8, 1 << 20   # a block's shape: dimensions, and the most of each
+_SEQS = (list, tuple)           # what a sequence field may come as (msgpack: list; in process: either)
 PAYLOAD_WAIT_S = 2.0            # a decode node's loop waits this long for a payload after its header
                                 # (torch_dist, gloo), by default (--kv-payload-wait-s)
 
@@ -120,17 +124,17 @@ class BlockFrame:
     def __post_init__(self) -> None:
         check_id(self.xfer_id, "xfer_id")
         check_int(self.index, "index", hi=MAX_BLOCKS - 1)
-        check_int(self.block_id, "block_id", hi=(1 << 31) - 1)
+        check_int(self.block_id, "block_id", hi=_MAX_BLOCK_ID)
         _check_block_format(self)
 
 
 def _check_block_format(msg) -> None:
     """A block header's nbytes, dtype and shape (of one block), as Block and BlockBatch carry them."""
-    check_int(msg.nbytes, "nbytes", lo=1, hi=1 << 34)
+    check_int(msg.nbytes, "nbytes", lo=1, hi=_MAX_NBYTES)
     check_str(msg.dtype, "dtype", max_len=32)
     if msg.dtype not in KV_DTYPES:
         raise ProtocolError(f"dtype {msg.dtype!r} is not a KV dtype")
-    object.__setattr__(msg, "shape", check_ints(msg.shape, "shape", 8, lo=1, hi=1 << 20))
+    object.__setattr__(msg, "shape", check_ints(msg.shape, "shape", _MAX_DIMS, lo=1, hi=_MAX_DIM))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +152,9 @@ class BlockBatch:
     shape: tuple[int, ...]      # of one block
 
     def __post_init__(self) -> None:
-        _check_batch_blocks(self)
-        _check_block_format(self)
+        if not _batch_fields_pass(self):    # the usual valid batch, in one step (decoded on a hot path)
+            _check_batch_blocks(self)       # one by one, raising ProtocolError naming what is wrong
+            _check_block_format(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,9 +175,33 @@ class LayerBatch:
     shape: tuple[int, ...]      # of one block's slice: [layers, 2, block_size, H, D]
 
     def __post_init__(self) -> None:
+        if _batch_fields_pass(self):
+            check_int(self.first_layer, "first_layer", hi=1 << 16)
+            return
         _check_batch_blocks(self)
         check_int(self.first_layer, "first_layer", hi=1 << 16)
         _check_block_format(self)
+
+
+def _batch_fields_pass(msg) -> bool:
+    """Every check of _check_batch_blocks and _check_block_format at once, by C-level operations
+    (no Python step an item, no helper called: a receiver decodes a batch's header right after
+    megabytes of copies have evicted the interpreter's caches): True, with indices, block_ids and
+    shape made tuples as those checks make them; False (nothing changed) for those checks to run
+    one by one and name what is wrong. It may refuse what they pass (an empty shape), never the
+    reverse."""
+    ids, blocks, shape, nbytes, dtype = msg.indices, msg.block_ids, msg.shape, msg.nbytes, msg.dtype
+    if not (is_id(msg.xfer_id) and type(ids) in _SEQS and type(blocks) in _SEQS and type(shape) in _SEQS
+            and 0 < len(ids) == len(blocks) <= MAX_BATCH_BLOCKS and 0 < len(shape) <= _MAX_DIMS
+            and only_ints((*ids, *blocks, *shape)) and len(set(ids)) == len(ids) == len(set(blocks))
+            and 0 <= min(ids) and max(ids) < MAX_BLOCKS and 0 <= min(blocks) and max(blocks) <= _MAX_BLOCK_ID
+            and 1 <= min(shape) and max(shape) <= _MAX_DIM
+            and type(nbytes) is int and 1 <= nbytes <= _MAX_NBYTES and type(dtype) is str and dtype in KV_DTYPES):
+        return False
+    object.__setattr__(msg, "indices", tuple(ids))
+    object.__setattr__(msg, "block_ids", tuple(blocks))
+    object.__setattr__(msg, "shape", tuple(shape))
+    return True
 
 
 def _check_batch_blocks(msg) -> None:
@@ -181,7 +210,7 @@ def _check_batch_blocks(msg) -> None:
     object.__setattr__(msg, "indices", check_ints(msg.indices, "indices", MAX_BATCH_BLOCKS, hi=MAX_BLOCKS - 1))
     n = len(msg.indices)
     object.__setattr__(msg, "block_ids", check_ints(msg.block_ids, "block_ids", MAX_BATCH_BLOCKS,
-                                                    hi=(1 << 31) - 1))
+                                                    hi=_MAX_BLOCK_ID))
     if not 0 < n == len(msg.block_ids):
         raise ProtocolError("a batch needs as many block ids as indices, and one at least")
     if len(set(msg.indices)) != n or len(set(msg.block_ids)) != n:
@@ -253,7 +282,7 @@ class Reserved:
     def __post_init__(self) -> None:
         check_str(self.rid, "rid", max_len=MAX_RID_LEN, min_len=1)
         check_id(self.xfer_id, "xfer_id")
-        ids = check_ints(self.dst_block_ids, "dst_block_ids", MAX_BLOCKS, hi=(1 << 31) - 1)
+        ids = check_ints(self.dst_block_ids, "dst_block_ids", MAX_BLOCKS, hi=_MAX_BLOCK_ID)
         object.__setattr__(self, "dst_block_ids", ids)
         check_int(self.cached_prefix_blocks, "cached_prefix_blocks", hi=len(ids))
         if self.taken_blocks is not None:

@@ -22,6 +22,7 @@ MAX_INT = (1 << 63) - 1
 MAX_TOKEN_ID = (1 << 31) - 1
 
 _ID_RE = re.compile(r"[A-Za-z0-9._:/-]+")
+_INT_ONLY = frozenset((int,))
 
 
 class ProtocolError(ValueError):
@@ -59,6 +60,16 @@ def check_id(value: Any, name: str, max_len: int = MAX_ID_LEN) -> str:
     return value
 
 
+def is_id(value: Any, max_len: int = MAX_ID_LEN) -> bool:
+    """Whether check_id(value, name, max_len) passes, in one step (no message made)."""
+    return type(value) is str and len(value) <= max_len and _ID_RE.fullmatch(value) is not None
+
+
+def only_ints(items: tuple | list) -> bool:
+    """Every item is an int (never a bool), in C-level calls (no Python step an item)."""
+    return set(map(type, items)) <= _INT_ONLY
+
+
 def check_seq(value: Any, name: str, max_len: int) -> tuple:
     """A list or tuple of at most max_len items, returned as a tuple."""
     if type(value) not in (list, tuple):
@@ -70,8 +81,8 @@ def check_seq(value: Any, name: str, max_len: int) -> tuple:
 
 def check_ints(value: Any, name: str, max_len: int, lo: int = 0, hi: int = MAX_INT) -> tuple[int, ...]:
     items = check_seq(value, name, max_len)
-    if all(type(item) is int and lo <= item <= hi for item in items):   # the usual case, at no name's cost
-        return items
+    if not items or (only_ints(items) and lo <= min(items) and max(items) <= hi):
+        return items            # the usual case, in C-level calls (no Python step an item), at no name's cost
     for i, item in enumerate(items):
         check_int(item, f"{name}[{i}]", lo, hi)     # raises, naming the first bad item
     return items

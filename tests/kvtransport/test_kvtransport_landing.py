@@ -232,3 +232,24 @@ def _send_five_and_commit_after_drop(send, recv, src, reason) -> None:
     send.commit("x1", 777, NUM_TOKENS)
     (ev,) = _events(recv)
     assert isinstance(ev, TransferCommitted) and recv.metrics.drops == Counter({reason: 1})
+
+
+def test_a_sinks_slots_are_the_blocks_bytes_whole_or_a_layer_range():
+    """InlineSink.slots (whole blocks from views made once, layer ranges sliced per call): bytes
+    written into slot k land in pool block dsts[k], in its layers first_layer.., nothing else changes."""
+    from kvtransport.payload import InlineSink
+    from kvtransport.testing import make_identity, make_pool
+    pool = make_pool(num_blocks=6, num_layers=4, seed=None)
+    sink = InlineSink(pool, make_identity(pool, "d").layout)
+    nbytes = pool[0].numel() * pool.element_size()
+    for dsts, first, layers in (((4, 1, 5), 0, 4), ((2, 0), 1, 2), ((3,), 3, 1)):
+        pool.zero_()
+        slots = sink.slots(dsts, first, nbytes // 4 * layers)
+        for k, slot in enumerate(slots):
+            slot[:] = bytes([k + 1]) * len(slot)
+        raw = pool.view(torch.uint8).view(6, 4, -1)     # [block, layer, bytes of one layer]
+        for b in range(6):
+            want = torch.zeros_like(raw[b])
+            if b in dsts:
+                want[first:first + layers] = dsts.index(b) + 1
+            assert torch.equal(raw[b], want), (dsts, first, b)

@@ -6,7 +6,7 @@ import pytest
 
 from kvtransport.fake import ManualClock
 from kvtransport.metrics import DropReason
-from kvtransport.session import (REPLAY_WINDOW, SEQ_LEN, TRAILER_LEN, AuthError, AuthKind, Initiator,
+from kvtransport.session import (MAX_SEALED_PAYLOADS, REPLAY_WINDOW, SEQ_LEN, TRAILER_LEN, AuthError, AuthKind, Initiator,
                                  MacKey, Responder, Session, auth_frame, parse_auth_frame)
 
 SECRET = b"k" * 32
@@ -197,15 +197,20 @@ def test_the_older_order_still_opens_even_when_a_payload_looks_like_a_seal():
 
 
 def test_a_responder_opens_a_seal_only_under_an_established_session_without_a_pending_one():
+    """check_seal: NOT_AUTHENTICATED before the session and while a new handshake is pending; a
+    wrong header is BAD_MAC and takes no sequence number; the same seal twice is a REPLAY."""
     clock, initiator = ManualClock(), Initiator(SECRET)
     responder = Responder(SECRET, clock=clock)
     session = initiator.on_challenge(parse_auth_frame([responder.challenge("p", parse_auth_frame(
         [initiator.hello()])[1])])[1])
-    assert _reason(responder.open_seal, "p", b"h", session.seal_first(b"h", [1])) is DropReason.NOT_AUTHENTICATED
+    assert _reason(responder.check_seal, "p", b"h", session.seal_first(b"h", [1])) is DropReason.NOT_AUTHENTICATED
     responder.open("p", [b"hello", session.seal(b"hello")])
-    assert responder.open_seal("p", b"h", session.seal_first(b"h", [5])) == [5]
+    seal = session.seal_first(b"h", [5])
+    assert _reason(responder.check_seal, "p", b"g", seal) is DropReason.BAD_MAC
+    responder.check_seal("p", b"h", seal)
+    assert _reason(responder.check_seal, "p", b"h", seal) is DropReason.REPLAY
     responder.challenge("p", b"n" * 16)               # a new handshake on that connection
-    assert _reason(responder.open_seal, "p", b"h", session.seal_first(b"h", [1])) is DropReason.NOT_AUTHENTICATED
+    assert _reason(responder.check_seal, "p", b"h", session.seal_first(b"h", [1])) is DropReason.NOT_AUTHENTICATED
 
 
 def test_a_mac_key_computes_hmac_sha256():
@@ -234,3 +239,23 @@ def test_trailers_and_seals_are_the_documented_bytes():
     assert ours.seal_first(header, lengths) == seq2 + hmac.digest(
         key, b"S" + struct.pack("<Q", 8) + seq2 + struct.pack("<9Q", 100, *lengths) + header, "sha256") + \
         struct.pack("<8Q", *lengths)
+
+
+def test_check_seal_verifies_what_open_seal_verifies_from_the_seals_own_bytes():
+    """check_seal (the MAC's input joined from the seal's packed bytes) accepts a seal of 1, 2 or
+    MAX_SEALED_PAYLOADS lengths of its form only; a seal of the other form, a changed length, a
+    cut or lengthened seal, and one of 0 or too many lengths are BAD_MAC, and take no number."""
+    for count in (1, 2, MAX_SEALED_PAYLOADS):
+        for split in (False, True):
+            ours, theirs = _pair()
+            lengths = [(k + 1) << 20 for k in range(count)]
+            seal = ours.seal_first(b"hdr", lengths, split)
+            for bad in (seal[:-8] + (7).to_bytes(8, "little"), seal[:-1], seal + b"\0", seal + bytes(8),
+                        seal[:TRAILER_LEN]):
+                assert _reason(theirs.check_seal, b"hdr", bad, split) is DropReason.BAD_MAC
+            assert _reason(theirs.check_seal, b"hdr", seal, not split) is DropReason.BAD_MAC
+            theirs.check_seal(b"hdr", seal, split)
+            assert _reason(theirs.open_seal, b"hdr", seal, split) is DropReason.REPLAY
+    ours, theirs = _pair()
+    too_many = ours.seal_first(b"hdr", [1] * MAX_SEALED_PAYLOADS)[:TRAILER_LEN] + bytes(8 * (MAX_SEALED_PAYLOADS + 1))
+    assert _reason(theirs.check_seal, b"hdr", too_many) is DropReason.BAD_MAC

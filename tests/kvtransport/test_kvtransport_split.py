@@ -27,10 +27,12 @@ GOOD_DST, GOOD_SRC = (1, 2, 4, 6, 8, 10), (7, 8, 9, 10, 11, 12)     # x2, the co
 
 
 def _recorded(send, monkeypatch) -> list[list]:
-    """Every message send's link sends from now on, as its list of frames."""
+    """Every message send's link sends from now on, as its list of frames (send_each's: one a frame)."""
     sent = []
     monkeypatch.setattr(send._link, "send", lambda ep, frames: sent.append(frames) or
                         type(send._link).send(send._link, ep, frames))
+    monkeypatch.setattr(send._link, "send_each", lambda ep, frames: sent.extend([f] for f in frames) or
+                        type(send._link).send_each(send._link, ep, frames))
     return sent
 
 
@@ -223,3 +225,18 @@ def test_a_wait_for_owed_payloads_ends_within_max_poll_s():
     finally:
         send.close()
         recv.close()
+
+
+def test_send_each_sends_every_frame_as_a_message_of_its_own_in_order():
+    """SendLink.send_each (a split batch's payloads): one message a frame, in order, each under the
+    link's own send (so a fake link's fault plan counts each); none for no frames."""
+    from kvtransport.fake_link import FakeNetwork, FakeReceiveLink, FakeSendLink, FaultPlan
+    network, got = FakeNetwork(), []
+    receiver = FakeReceiveLink(network, "d0")
+    receiver.bind(lambda peer, frames: got.append((peer, [bytes(f) for f in frames])))
+    sender = FakeSendLink(network, "p0", FaultPlan(drop=frozenset({1})))
+    sender.open(receiver.endpoint)
+    sender.paired(receiver.endpoint)
+    sender.send_each(receiver.endpoint, [])
+    sender.send_each(receiver.endpoint, [b"a", memoryview(b"bc"), b"d"])
+    assert got == [("p0", [b"a"]), ("p0", [b"d"])]      # the second message dropped by the plan
