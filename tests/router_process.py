@@ -14,6 +14,9 @@ from pathlib import Path
 from tests.http_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+# Waits for a state of the router process only bound a hang: a starved 2-core CI machine may take
+# many times what it takes here.
+HANG_S = 60.0
 
 
 class RouterProcess:
@@ -103,6 +106,14 @@ def read_until(sock: socket.socket, marker: bytes, timeout_s: float = 10.0) -> b
             break
         data += chunk
     return data
+
+
+def wait_until(condition, what: str, timeout_s: float = HANG_S) -> None:
+    """Returns once condition() holds, checked every 50 ms; fails with `what` past timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def closed_by_peer(sock: socket.socket, timeout_s: float) -> bool:

@@ -11,6 +11,8 @@ It sends messages of the size the receiver expects (a block, a batch), a frame a
 does; frames up to the receiver's MAXMSGSIZE (a header's 64 KiB, where blocks are smaller) would
 park more, as many of them as it queues.
 """
+from pathlib import Path
+
 import zmq
 
 from kvtransport.testing import TEST_SECRET
@@ -67,3 +69,15 @@ def queued_bytes(recv, message_bytes: int, frame_bytes: int, most_bytes: int) ->
 def in_flight(message_bytes: int) -> int:
     """The most bytes in flight besides the receiver's queue (messages of message_bytes)."""
     return IN_FLIGHT * message_bytes + KERNEL_SLACK
+
+
+def kernel_bytes(endpoint: str) -> int:
+    """Bytes the kernel holds on the TCP connections to endpoint (tcp://127.0.0.1:PORT), both ends:
+    written and not yet read or acknowledged (/proc/net/tcp's tx_queue and rx_queue)."""
+    port, total = int(endpoint.rsplit(":", 1)[1]), 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        ports = {int(address.split(":")[1], 16) for address in fields[1:3]}
+        if port in ports and fields[3] == "01":        # ESTABLISHED
+            total += sum(int(queue, 16) for queue in fields[4].split(":"))
+    return total
