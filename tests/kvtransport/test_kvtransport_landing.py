@@ -253,3 +253,16 @@ def test_a_sinks_slots_are_the_blocks_bytes_whole_or_a_layer_range():
             if b in dsts:
                 want[first:first + layers] = dsts.index(b) + 1
             assert torch.equal(raw[b], want), (dsts, first, b)
+
+
+def test_a_sinks_slot_past_the_pool_is_empty_not_an_error():
+    """A block id at or past the pool (the ledger never lets one through) gets an empty view, which
+    the copy refuses as a wrong size, never an IndexError that would end the receive loop."""
+    from kvtransport.payload import InlineSink
+    from kvtransport.testing import make_identity, make_pool
+    pool = make_pool(num_blocks=6, num_layers=4, seed=None)
+    sink = InlineSink(pool, make_identity(pool, "d").layout)
+    nbytes = pool[0].numel() * pool.element_size()
+    slots = sink.slots([2, 6], 0, nbytes)
+    assert [len(s) for s in slots] == [nbytes, 0]
+    assert sink.slots([], 0, nbytes) == []
