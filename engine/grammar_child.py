@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import sys
 import threading
@@ -56,6 +57,7 @@ def main(max_compiled_mib: float) -> None:
     os.dup2(2, 1)
     _watch_parent(os.getppid())
     import xgrammar as xgr
+    _die_on_faults()
     from engine.grammar_specs import compile_spec
     from pdwire.structured_output import StructuredOutput
 
@@ -74,6 +76,16 @@ def main(max_compiled_mib: float) -> None:
         if len(reply) > limits.max_compiled_bytes + 1:
             reply = FAILED + str(limits.too_large()).encode()
         write_frame(out, reply)
+
+
+def _die_on_faults() -> None:
+    """A fault kills this worker at once, as the default action does: xgrammar's import installs
+    a SIGSEGV handler of its own (a backtrace printer), which, entered while another thread holds a
+    lock it needs, left a crashed worker alive and its compile hung until the time limit (seen
+    under load in the suite; tests/engine/test_grammar_workers.py). The parent then fails the
+    grammar at once as crashed (engine/grammar_jobs.py)."""
+    for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _watch_parent(parent: int) -> None:

@@ -89,6 +89,23 @@ def test_a_grammar_its_worker_dies_compiling_fails_invalid_and_is_kept_at_the_se
         assert compiler.close() is True
 
 
+def test_a_compiling_worker_leaves_faults_to_their_default_action(tok):
+    """xgrammar's import installs a SIGSEGV handler (a backtrace printer) that could deadlock in a
+    crashed worker and leave its compile hung to the time limit: a worker compiling catches none of
+    SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT (their default action kills it at once)."""
+    others = _workers()
+    compiler = GrammarCompiler(tok, len(tok), [2], GrammarLimits(timeout_s=600, max_compiles=1))
+    try:
+        _started(compiler.submit(SLOW))
+        (worker,) = _workers() - others
+        caught = next(int(line.split()[1], 16) for line in Path(f"/proc/{worker}/status").read_text().splitlines()
+                      if line.startswith("SigCgt:"))
+        faults = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT)
+        assert [s.name for s in faults if caught >> (s - 1) & 1] == []
+    finally:
+        assert compiler.close() is True
+
+
 def _killed_compiling(compiler: GrammarCompiler, others: set[int], sig: int, job=None):
     """SLOW's job (submitted unless given) once its worker, killed by `sig` while it compiles,
     failed it (the worker reaped)."""
