@@ -4,6 +4,7 @@ registered nodes keep being served; refusals are counted with the dropped contro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from tests.disagg_harness import Cluster, counter, run, serve_two_tokens, until
 from tests.zmtp_flood import MIB, flood, rss
@@ -22,11 +23,19 @@ def test_a_flood_without_the_password_never_reaches_the_router():
             dropped = c.backend.server.dropped
             before = rss()
             endpoint = c.backend.control_endpoint
-            with flood(endpoint, "0" * 64, ROUNDS), flood(endpoint, None, ROUNDS // 2):
+            # the floods start and end off the event loop: it runs the router and the scripted
+            # nodes' heartbeats, which a blocking wait for a flood's "sent" (seconds on a loaded
+            # machine) stalled past the 5 s heartbeat timeout
+            floods = contextlib.ExitStack()
+            await asyncio.to_thread(floods.enter_context, flood(endpoint, "0" * 64, ROUNDS))
+            try:
+                await asyncio.to_thread(floods.enter_context, flood(endpoint, None, ROUNDS // 2))
                 await until(lambda: counter(dropped, {"reason": "zmtp_refused"}) >= ROUNDS, 15)
                 await asyncio.sleep(0.5)
                 grown = rss() - before
                 await serve_two_tokens(c, p, d)
+            finally:
+                await asyncio.to_thread(floods.close)
             assert grown < BOUND, f"the router grew {grown / MIB:.0f} MiB"
             reasons = {s.labels["reason"] for m in dropped.collect() for s in m.samples
                        if s.name.endswith("_total") and s.value}
