@@ -168,8 +168,8 @@ class Session:
             raise ValueError(f"a seal declares 1..{MAX_SEALED_PAYLOADS} payloads, not {len(lengths)}")
         seq = self._send_seq.to_bytes(SEQ_LEN, "little")
         self._send_seq += 1
-        return seq + self._tag(self._send_mac, seq, header, lengths, SPLIT_FORM if split else SEAL_FORM) + \
-            _u64s(len(lengths)).pack(*lengths)
+        packed = _u64s(len(lengths)).pack(*lengths)
+        return seq + self._seal_tag(self._send_mac, seq, header, packed, SPLIT_FORM if split else SEAL_FORM) + packed
 
     def open_seal(self, header: Buffer, seal: Buffer, split: bool = False) -> list[int]:
         """The payload lengths that seal declares for the message of this header (split: for the
@@ -183,14 +183,13 @@ class Session:
 
     def check_seal(self, header: Buffer, seal: Buffer, split: bool = False) -> None:
         """open_seal without unpacking the lengths (a receiver that has them, from declared_lengths):
-        the MAC's input is made of the seal's own bytes (seq, lengths) as they came, the bytes _tag
-        packs from them, in one join (the receive path's per-batch call, run with cold caches)."""
+        the MAC is taken over the seal's own bytes (seq, packed lengths) as they came (the receive
+        path's per-batch call, run with cold caches)."""
         count, rest = divmod(len(seal) - TRAILER_LEN, SEQ_LEN)
         if rest or not 1 <= count <= MAX_SEALED_PAYLOADS:
             raise AuthError(DropReason.BAD_MAC, "no seal")
-        head = b"".join(((SPLIT_FORM if split else SEAL_FORM) + count.to_bytes(SEQ_LEN, "little"), seal[:SEQ_LEN],
-                         len(header).to_bytes(SEQ_LEN, "little"), seal[TRAILER_LEN:]))
-        self._check(self._recv_mac.digest(head, header), seal)
+        self._check(self._seal_tag(self._recv_mac, seal[:SEQ_LEN], header, seal[TRAILER_LEN:],
+                                   SPLIT_FORM if split else SEAL_FORM), seal)
 
     def open(self, frames: Sequence[Buffer], split: bool = False) -> list[Buffer]:
         """[header, *payloads] of a sealed message, in either order ([header] of a split seal's
@@ -238,13 +237,19 @@ class Session:
             self._recv_seen |= 1 << behind
 
     @staticmethod
-    def _tag(mac: MacKey, seq: bytes, header: Buffer, lengths: Sequence[int], form: bytes = b"") -> bytes:
-        """The MAC of a message: over [form, count,] seq, the sizes (header's, then each payload's,
-        or one 0) and the header. A seal's (form SEAL_FORM) also covers its form and payload count,
-        so no seal verifies as a trailer or under another count (the trailer's stays as it was)."""
+    def _tag(mac: MacKey, seq: bytes, header: Buffer, lengths: Sequence[int]) -> bytes:
+        """A trailer's MAC: over seq, the sizes (header's, then each payload's, or one 0) and the
+        header."""
         sizes = _u64s(len(lengths) + 1).pack(len(header), *lengths) if lengths else _u64s(2).pack(len(header), 0)
-        prefix = form + _u64s(1).pack(len(lengths)) if form else b""
-        return mac.digest(prefix + seq + sizes, header)
+        return mac.digest(seq + sizes, header)
+
+    @staticmethod
+    def _seal_tag(mac: MacKey, seq: Buffer, header: Buffer, packed: Buffer, form: bytes) -> bytes:
+        """A seal's MAC: over its form and payload count, then as a trailer's (seq, the header's
+        size, the payloads' sizes as the seal packs them) and the header; so no seal verifies as a
+        trailer, under another form or under another count."""
+        return mac.digest(b"".join((form, (len(packed) // SEQ_LEN).to_bytes(SEQ_LEN, "little"), seq,
+                                    len(header).to_bytes(SEQ_LEN, "little"), packed)), header)
 
 
 class Initiator:
