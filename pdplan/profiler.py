@@ -154,12 +154,13 @@ class Profiler:
         self.log(f"profile: decode: {len(samples)} steps")
         return samples
 
-    def _fits(self, engine, ctx: int, b: int, max_tokens: int) -> bool:
-        """Whether b sequences of ctx + max_tokens fit the model's length and the KV pool (else
-        the point is skipped, and said so)."""
-        need = b * -(-(ctx + max_tokens) // engine.block_manager.block_size)
+    def _fits(self, engine, ctx: int, b: int, max_tokens: int, prompt: int = 0, what: str = "") -> bool:
+        """Whether b sequences of ctx + max_tokens (and a prompt of that many tokens beside them)
+        fit the model's length and the KV pool (else the point is skipped, and said so)."""
+        bs = engine.block_manager.block_size
+        need = b * -(-(ctx + max_tokens) // bs) + (-(-(prompt + 1) // bs) if prompt else 0)
         if ctx + max_tokens > engine.max_model_len or need > engine.block_manager.num_blocks:
-            self.log(f"profile: decode batch {b} context {ctx} skipped: over the model's "
+            self.log(f"profile: {what or f'decode batch {b} context {ctx}'} skipped: over the model's "
                      f"{engine.max_model_len} tokens or the pool's {engine.block_manager.num_blocks} blocks")
             return False
         return True
@@ -182,16 +183,12 @@ class Profiler:
         for batch, context, prompt in self.grid.mixed:
             prompt = min(prompt, engine.max_model_len - 1)
             decode_steps = -(-batch * context // chunk) + batch + -(-prompt // chunk) + 4
-            bs = engine.block_manager.block_size
-            need = batch * -(-(context + decode_steps) // bs) + -(-(prompt + 1) // bs)
-            if context + decode_steps > engine.max_model_len or need > engine.block_manager.num_blocks:
-                self.log(f"profile: mixed {batch} x {context} + {prompt} skipped: over the model's "
-                         f"{engine.max_model_len} tokens or the pool's {engine.block_manager.num_blocks} blocks")
+            if not self._fits(engine, context, batch, decode_steps, prompt, f"mixed {batch} x {context} + {prompt}"):
                 continue
             for _ in range(batch):
                 self._add(engine, _ids(self.rng, context, vocab), decode_steps)
-            rec.last = []
-            while engine.has_unfinished_requests() and any(n > 1 for n, _ in (rec.last or [(2, 0)])):
+            engine.step()
+            while engine.has_unfinished_requests() and any(n > 1 for n, _ in rec.last):
                 engine.step()                        # until every sequence of the batch decodes
             self._add(engine, _ids(self.rng, prompt, vocab), 1)
             samples += [s for s in timed_steps(engine, rec, "mixed")

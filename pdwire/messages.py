@@ -175,12 +175,10 @@ class LayerBatch:
     shape: tuple[int, ...]      # of one block's slice: [layers, 2, block_size, H, D]
 
     def __post_init__(self) -> None:
-        if _batch_fields_pass(self):
-            check_int(self.first_layer, "first_layer", hi=1 << 16)
-            return
-        _check_batch_blocks(self)
+        if not _batch_fields_pass(self):    # as BlockBatch
+            _check_batch_blocks(self)
+            _check_block_format(self)
         check_int(self.first_layer, "first_layer", hi=1 << 16)
-        _check_block_format(self)
 
 
 def _batch_fields_pass(msg) -> bool:
