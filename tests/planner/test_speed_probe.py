@@ -1,5 +1,6 @@
 """The machine speed probe (pdplan/speed_probe.py): its figures and their JSON, the probe pinned to a
-core in a process of its own, and the ratio of two probes."""
+core in a process of its own, the ratio of two probes, and a validation's k from them
+(bench/simulate/probe_price.py; its pricing of a measured run: test_validate.py)."""
 from __future__ import annotations
 
 import json
@@ -69,3 +70,22 @@ def test_speed_ratio_is_the_geometric_mean_of_the_two_figures():
     assert speed_ratio(then, Speed(0.6, 0.4)) == pytest.approx(0.25)
     assert speed_ratio(Speed(0.6, 0.05), then) == pytest.approx(math.sqrt(2))
 
+
+def test_a_profile_made_before_the_probe_loads_and_prices_nothing(tmp_path):
+    """A committed profile without machine["speed"] loads; probe_k is None for it however the point
+    was probed, and a number once the profile records one (its speed survives save and load)."""
+    import os
+    from dataclasses import replace
+    from bench.simulate.probe_price import probe_k
+    from pdplan.profile import Profile
+    old = Profile.load(os.path.join(os.path.dirname(__file__), "..", "..", "bench", "profiles",
+                                    "cpu_1core_llama58m_quiet3_warm_calibrated.json"))
+    assert "speed" not in old.machine
+    point = {"speed": {"before": {"0": {"prefill_s": 0.6, "decode_s": 0.1}}, "after": {"0": "exit 1: no"}}}
+    assert probe_k(point, old, {"colocated-0": [0]}) is None
+    then = {"prefill_s": 0.3, "decode_s": 0.05}
+    replace(old, machine=old.machine | {"speed": {"before": then, "after": then}}).save(tmp_path / "p.json")
+    new = Profile.load(tmp_path / "p.json")
+    assert new.machine["speed"]["after"] == then
+    assert probe_k(point, new, {"colocated-0": [0]}) == pytest.approx(2.0)
+    assert probe_k(point, new, {"decode-0": [1]}) is None       # core 1 was not probed
