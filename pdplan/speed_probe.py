@@ -70,9 +70,10 @@ def probe(cfg, shape: ProbeShape = ProbeShape()) -> Speed:
     """Times the reference workload for the model `cfg` (an engine ModelConfig) on the CPU, in this
     process: on whatever cores and threads it has (a node's: one core, one thread)."""
     import torch
-    torch.manual_seed(0)
-    linears = _linears(cfg)
-    big, small = _inputs(cfg, shape.prefill_rows), _inputs(cfg, shape.decode_rows)
+    with torch.random.fork_rng(devices=[]):             # the caller's random state as it was
+        torch.manual_seed(0)
+        linears = _linears(cfg)
+        big, small = _inputs(cfg, shape.prefill_rows), _inputs(cfg, shape.decode_rows)
     with torch.inference_mode():
         _run(linears, small, head=True)                 # warm-up: every weight read once, kernels loaded
         prefill = _median(lambda: _run(linears, big, head=False), shape.repeats)

@@ -36,8 +36,11 @@ def test_the_probe_runs_the_models_linears_as_a_node_packs_them(model_dir):
 
 
 def test_the_probes_figures_are_positive_and_round_trip_through_json(model_dir):
-    """Both figures are seconds > 0; a probe written as JSON reads back equal, an error string reads as None."""
+    """Both figures are seconds > 0; a probe written as JSON reads back equal, an error string reads
+    as None; the caller's random state is as it was (the profiler probes in its own process)."""
+    state = torch.get_rng_state()
     speed = probe(_config(model_dir), SMALL)
+    assert torch.equal(torch.get_rng_state(), state)
     assert speed.prefill_s > 0 and speed.decode_s > 0
     assert Speed.read(json.loads(json.dumps(speed.to_dict()))) == speed
     assert Speed.read("timed out after 60 s") is None and Speed.read(None) is None
