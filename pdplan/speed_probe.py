@@ -12,9 +12,12 @@ random weights of its shapes read from its config.json, packed by the engine's o
 (engine/packed_linear.py pack_linears: the kernel a node runs):
 
     prefill_s   one pass of 512 rows through every layer's linears              (compute-bound)
-    decode_s    10 passes of 32 rows through every layer's linears and lm_head  (weights from memory)
+    decode_s    6 passes of 32 rows through every layer's linears and lm_head   (weights from memory)
 
-each the median of 3 repeats: ~1-2 s for the 58M benchmark model on one core.
+each the median of 3 repeats. The 58M benchmark model, float32, on one core of the benchmark host
+(2026-12-03, five runs minutes apart): prefill_s 0.25-0.35 s, decode_s 0.20-0.26 s (the drift this
+probe is for); the probe ~2.5 s with its weights' making and packing, and a pinned process
+(probe_cores) 7-10 s with its imports.
 
     python -m pdplan.speed_probe --model DIR --dtype float32     # prints one JSON object
 """
@@ -38,7 +41,7 @@ class ProbeShape:
     """The reference workload (the module docstring); change it and old records no longer compare."""
     prefill_rows: int = 512
     decode_rows: int = 32
-    decode_passes: int = 10
+    decode_passes: int = 6
     repeats: int = 3
 
 
