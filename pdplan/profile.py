@@ -147,7 +147,8 @@ class Overheads:
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    machine: dict                   # where it was measured (cpu, gpu, threads), or the published source's hardware
+    machine: dict                   # where it was measured (cpu, gpu, threads), or the published source's hardware;
+                                    # `speed`: the speed probe before and after (speed_probe.py; not in older profiles)
     model: dict                     # name, parameters, layers, kv bytes per token
     block_size: int
     num_blocks: int                 # KV blocks one node holds

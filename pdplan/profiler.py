@@ -25,6 +25,7 @@ import numpy as np
 
 from engine.machine import machine_info
 from pdplan.profile import Overheads, Profile, StepCost, StepSample, Transfer
+from pdplan.speed_probe import ProbeShape, probe_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class ProfileGrid:
     mixed: tuple[tuple[int, int, int], ...] = (            # decoding seqs, their context, the prompt that joins
         (16, 256, 1536), (32, 256, 3072), (8, 1024, 3072), (4, 2048, 3072))   # ... chats, and RAG's long prompts
     transfer_blocks: int = 64
+    probe: ProbeShape = ProbeShape()                       # the machine's speed before and after (speed_probe.py)
 
 
 class StepRecorder:
@@ -197,7 +199,16 @@ class Profiler:
         self.log(f"profile: mixed: {len(samples)} steps")
         return samples
 
+    def speed(self) -> dict | None:
+        """The machine's speed now on the model's linears (pdplan/speed_probe.py), in this process
+        (its caller pins it as a node: one core, one thread); None off the CPU."""
+        config = self.args.engine_config()
+        if config.torch_device.type != "cpu":
+            return None
+        return probe_model(config.model_path, config.dtype, self.grid.probe).to_dict()
+
     def run(self) -> Profile:
+        before = self.speed()
         samples = self.prefill() + self.prefill_cached() + self.decode() + self.mixed()
         engine, _ = self._engine()
         from engine.kv_pool import block_bytes, num_blocks_for
@@ -209,7 +220,8 @@ class Profiler:
                  "hidden": cfg.hidden_size, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
                  "dtype": str(cfg.dtype).removeprefix("torch."),
                  "kv_bytes_per_token": block_bytes(cfg, bs) // bs}
-        return Profile(machine_description(engine), model, bs, num_blocks_for(cfg, engine.config.cache),
+        machine = machine_description(engine) | ({"speed": {"before": before, "after": self.speed()}} if before else {})
+        return Profile(machine, model, bs, num_blocks_for(cfg, engine.config.cache),
                        self.args.max_num_seqs, self.args.max_num_batched_tokens, StepCost.fit(samples),
                        Transfer(per_block, 2 * ZMQ_ROUND_TRIP_S, block_bytes(cfg, bs)),
                        Overheads(), "measured", False, samples)

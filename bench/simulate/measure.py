@@ -5,7 +5,10 @@ pinned to a core of its own where the machine has one, and one thread per node.
     colocated   the whole engine (and its HTTP front end) on core 0
     1P+1D       prefill-0 on core 0, decode-0 on core 1; the router floats
     1P+2D       prefill-0 on core 0, decode-0 and decode-1 share core 1 (2 cores: no third one)
-"""
+
+Before and after each point's requests, while the servers are idle, every pinned core's speed is
+probed (pdplan/speed_probe.py: the model's linears, in a process pinned there): validate.py
+--probe-speed prices the point's simulated steps at it."""
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +24,7 @@ from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disagg
 from bench.simulate import placement
 from bench.simulate.cpu_time import core_steal, deltas, sched_times
 from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes, prioritize
+from pdplan.speed_probe import probe_cores, record
 
 
 def server(system: str, model: str, port: int, knobs: Knobs):
@@ -74,6 +78,7 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
                 for pid, what in out["pinned"].items()}
         floating = {"client": os.getpid()} | ({} if default is not None else {"router": root})
         for i, rate in enumerate(spec.rates):
+            speed_before = probe_pinned(system, model, spec.knobs.dtype)
             before, t0 = {node: sched_times(pid) for node, pid in pids.items()}, time.monotonic()
             float_before = {what: sched_times(pid) for what, pid in floating.items()}
             steal_before = core_steal()
@@ -88,8 +93,18 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
             point["loadavg_after"] = os.getloadavg()
             if where:
                 point["placement_found"] = placement.attach(point["requests"], placement.read(where))
+            point["speed"] = {"before": speed_before, "after": probe_pinned(system, model, spec.knobs.dtype)}
             out["points"].append(point)
     return out
+
+
+PROBE_TIMEOUT_S = 60.0      # one core's probe: ~5 s of imports and ~2 s of work on this host
+
+
+def probe_pinned(system: str, model: str, dtype: str) -> dict[str, dict | str]:
+    """The speed of every core the system's nodes are pinned to, one after another (a core whose
+    probe fails records its error: the run goes on)."""
+    return record(probe_cores(model, dtype, set().union(*PINS[system].values()), PROBE_TIMEOUT_S))
 
 
 def _root(port: int) -> int:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from bench.serving import record as rec
 from bench.simulate.contention import fit_background, measured_wait
 from bench.simulate.pinning import PINS
+from bench.simulate.probe_price import probe_k
 from bench.simulate.sensitivity import spread, verdict
 from bench.simulate.trace import OLD_CLIENT_WARMUP
 from pdplan.profile import Profile
@@ -41,7 +42,7 @@ def topology(system: str, measured: dict, machine_cores: int = 0) -> Topology:
 
 
 def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False, jitter: int = 0,
-            speed: bool = False) -> list[dict]:
+            speed: bool = False, probe_speed: bool = False) -> list[dict]:
     """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
     the point's schedstat), also simulated under the machine's load fitted per core (contention.py);
     with `replay`, each request decoded on the node the measured run's router chose (placement.py),
@@ -51,7 +52,10 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     recorded); `cpu_per_price`: each pinned node's measured CPU time over the time its simulated
     steps were priced at (how fast its engine ran against the profile, its loop's work included);
     with `speed`, a colocated point is also simulated with every step priced at that ratio
-    (`at_speed`: each figure's error; it reads the run it predicts, as `contention` does)."""
+    (`at_speed`: each figure's error; it reads the run it predicts, as `contention` does); with
+    `probe_speed`, a point whose run and profile both probed the machine's speed is also simulated
+    with every step priced k times (`probe_k`, probe_price.py: how much slower the machine was
+    than when profiled; `probed`, `probed_error`), and probe_k is None for the others."""
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
@@ -83,6 +87,10 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                              jitter, i) if jitter else {}
             fast = simulate(replace(profile, step=profile.step.scaled(row["cpu_per_price"][COLOCATED])), reqs, topo, slo) \
                 if speed and COLOCATED in row["cpu_per_price"] else None
+            if probe_speed:
+                row["probe_k"] = probe_k(point, profile, cores)
+            probed = simulate(replace(profile, step=profile.step.scaled(row["probe_k"])), reqs, topo, slo,
+                              ranked_before=before) if row.get("probe_k") else None
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
@@ -90,9 +98,10 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                     row[label]["at_speed"] = getattr(getattr(fast, f"{metric}_ms"), pct) / real - 1
                 if spreads:
                     row[label]["spread"] = (min(spreads[label][0], pred), max(spreads[label][1], pred))
-                if loaded is not None:
-                    pred = getattr(getattr(loaded, f"{metric}_ms"), pct)
-                    row[label] |= {"loaded": pred, "loaded_error": (pred - real) / real if real else None}
+                for name, other in (("loaded", loaded), ("probed", probed)):
+                    if other is not None:
+                        pred = getattr(getattr(other, f"{metric}_ms"), pct)
+                        row[label] |= {name: pred, f"{name}_error": (pred - real) / real if real else None}
             rows.append(row)
     return rows
 
@@ -129,12 +138,14 @@ def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None
 
 
 def markdown(rows: list[dict]) -> str:
-    """Measured / simulated (error); with contention fitted, a third figure: simulated under it."""
+    """Measured / simulated (error); with contention fitted, a third figure: simulated under it; with
+    the probe's pricing, after the verdict: its k, each figure's error and its own verdict."""
     loaded = any("loaded" in r[FIGURES[0][0]] for r in rows)
+    probing = any("probe_k" in r for r in rows)
     sims = "sim / sim loaded" if loaded else "sim"
     head = "| workload | system | rate | load avg | " + " | ".join(f"{f} measured / {sims} (err)" for f, _, _ in FIGURES) \
-        + (" | within 20% (sim / loaded) |" if loaded else " | within 20% |")
-    lines = [head, "|" + "---|" * (5 + len(FIGURES))]
+        + (" | within 20% (sim / loaded) |" if loaded else " | within 20% |") + (PROBE_HEAD if probing else "")
+    lines = [head, "|" + "---|" * (5 + len(FIGURES) + 3 * probing)]
     for r in rows:
         cells = [" / ".join([_ms(r[f]["measured"])] + [f"{_ms(r[f][k])} ({r[f][k + '_error'] if k != 'simulated' else r[f]['error']:+.0%})"
                                                        for k in ("simulated", "loaded") if k in r[f]]) + _spread(r[f])
@@ -142,8 +153,20 @@ def markdown(rows: list[dict]) -> str:
         ok = [verdict(r, FIGURES, TOLERANCE) if "spread" in r[FIGURES[0][0]] else _ok(r, "error")] \
             + ([_ok(r, "loaded_error")] if "loaded" in r[FIGURES[0][0]] else [])
         lines.append(f"| {r['workload']} | {r['system']} | {r['rate']:g} | {r['loadavg']:.1f} | " + " | ".join(cells)
-                     + f" | {' / '.join(ok)} |")
+                     + f" | {' / '.join(ok)} |" + (_probed(r) if probing else ""))
     return "\n".join(lines)
+
+
+PROBE_HEAD = " probe k | probe-priced err (" + " / ".join(f for f, _, _ in FIGURES) + ") | within 20% probe-priced |"
+
+
+def _probed(row: dict) -> str:
+    """' 1.32 | -5% / +3% / -8% | yes |': the probe's k, the errors at it and their verdict; dashes
+    where the point or the profile recorded no probe."""
+    if not row.get("probe_k"):
+        return " - | - | - |"
+    errors = " / ".join(f"{row[f]['probed_error']:+.0%}" for f, _, _ in FIGURES)
+    return f" {row['probe_k']:.2f} | {errors} | {_ok(row, 'probed_error')} |"
 
 
 def _spread(figure: dict) -> str:
@@ -163,13 +186,15 @@ def _ok(row: dict, key: str) -> str:
 
 
 def validate(paths: list[str], profile_path: str, contention: bool = False, replay: bool = False,
-             jitter: int = 0, speed: bool = False) -> str:
+             jitter: int = 0, speed: bool = False, probe_speed: bool = False) -> str:
     profile = Profile.load(profile_path)
     rows = []
     for path in paths:
         with open(path) as f:
-            rows += predict(json.load(f), profile, contention, replay, jitter, speed)
+            rows += predict(json.load(f), profile, contention, replay, jitter, speed, probe_speed)
     table = markdown(rows)
+    if probe_speed and "speed" not in profile.machine:
+        table += f"\n\n{profile_path} recorded no speed probe (made before pdplan/speed_probe.py): nothing probe-priced"
     table += "\n\nmeasured CPU / simulated busy: " + "; ".join(
         f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.2f}" for n, v in r["cpu_per_price"].items())
         for r in rows if r["cpu_per_price"])
@@ -188,6 +213,7 @@ def validate(paths: list[str], profile_path: str, contention: bool = False, repl
         table += "\n\nrequests decoded where the router put them" + (" (replayed)" if replay else "") \
             + ": " + "; ".join(agreed)
     out = rec.write({"bench": "simulate_validation", "profile": profile_path, "measured": paths, "rows": rows,
-                     "replay_placement": replay, "jitter_runs": jitter, "at_speed": speed}, "simulate_validation")
+                     "replay_placement": replay, "jitter_runs": jitter, "at_speed": speed, "probe_speed": probe_speed},
+                    "simulate_validation")
     print(table + f"\n\nwrote {out}")
     return os.path.abspath(out)

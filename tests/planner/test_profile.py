@@ -72,9 +72,11 @@ def test_profile_json_round_trip(tmp_path):
 
 def test_profiler_measures_the_builtin_engine_and_a_socket():
     """A small grid on the built-in model: every experiment yields steps, the fit is usable, the
-    transfer of a block takes a positive time, and the machine is recorded."""
+    transfer of a block takes a positive time, and the machine is recorded, its speed probed on
+    the model's linears before and after (pdplan/speed_probe.py)."""
     from engine.args import EngineArgs
     from pdplan.profiler import ProfileGrid, Profiler
+    from pdplan.speed_probe import Speed
     grid = ProfileGrid(prompt_lens=(16, 96), chunk_sizes=(64,), cached_prefixes=(32,), warm_documents=(32,),
                        warm_tails=(8,), warm_repeats=2, batch_sizes=(1, 3),
                        contexts=(24,), decode_steps=2, mixed=((3, 24, 200),),
@@ -87,6 +89,8 @@ def test_profiler_measures_the_builtin_engine_and_a_socket():
     assert [s.shapes for s in p.samples if s.kind == "prefill"][1:3] == [[(64, 0)], [(32, 64)]]   # 96 in chunks of 64
     assert p.transfer.per_block_s > 0 and p.transfer.block_bytes == p.model["kv_bytes_per_token"] * 16
     assert p.step.fixed + p.step.per_token > 0 and "device" in p.machine and p.num_blocks == 256
+    speeds = [Speed.read(p.machine["speed"][when]) for when in ("before", "after")]
+    assert all(s.prefill_s > 0 and s.decode_s > 0 for s in speeds)
 
 
 def test_the_decode_grid_skips_contexts_past_the_model_and_keeps_the_rest():

@@ -82,3 +82,33 @@ def test_each_cores_steal_is_read_from_proc_stat_in_seconds():
             f"cpu1 5 0 3 50 1 0 1 {2 * hz} 0 0\ncpu2 1 2 3 4\nintr 1 2 3\n")
     assert core_steal(stat) == {"cpu0": 1.0, "cpu1": 2.0}
     assert all(v >= 0 for v in core_steal().values())
+
+
+def _probed(point: dict, before: dict | None, after: dict | None) -> dict:
+    """The point with core 0's speed probed before and after it (None: no probe recorded)."""
+    return point | ({"speed": {"before": {"0": before}, "after": {"0": after}}} if before or after else {})
+
+
+def test_a_point_probed_twice_as_slow_as_its_profile_is_priced_at_twice_the_steps():
+    """k is speed_ratio(the mean of the point's before and after, the mean of the profile's): 2 for
+    a point probed at 1.5x then 2.5x the profile's figures (whose failed after is left out); its probe-priced figures are the point
+    simulated with every step 2x dearer (TPOT larger than the raw one), beside the raw error. A
+    point with no probe, and a profile with none, give no k and a dash in the table."""
+    from bench.simulate.validate import markdown
+    measured, profile = _colocated(), Profile.load(PROFILE)
+    base = {"prefill_s": 0.3, "decode_s": 0.05}
+    probed = replace(profile, machine=profile.machine | {"speed": {"before": base, "after": "timed out after 60 s"}})
+    points = measured["systems"]["colocated"]["points"]
+    points[0] = _probed(points[0], {"prefill_s": 0.45, "decode_s": 0.075}, {"prefill_s": 0.75, "decode_s": 0.125})
+    rows = predict(measured, probed, probe_speed=True)
+    assert rows[0]["probe_k"] == pytest.approx(2.0) and rows[1]["probe_k"] is None
+    raw, slow = predict(measured, profile), predict(measured, replace(profile, step=profile.step.scaled(2.0)))
+    for label, _, _ in FIGURES:
+        assert rows[0][label]["probed"] == pytest.approx(slow[0][label]["simulated"])
+        assert rows[0][label]["simulated"] == pytest.approx(raw[0][label]["simulated"])
+        assert "probed" not in rows[1][label]
+    assert rows[0]["TPOT p50"]["probed"] > rows[0]["TPOT p50"]["simulated"]
+    table = markdown(rows).splitlines()
+    assert "| within 20% | probe k |" in table[0] and table[1].count("---") == 11
+    assert " | 2.00 | " in table[2] and table[3].endswith("| - | - | - |")
+    assert all(r.get("probe_k") is None for r in predict(measured, profile, probe_speed=True))

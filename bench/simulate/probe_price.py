@@ -1,0 +1,31 @@
+"""The speed probe's correction of a validation (validate.py --probe-speed): a measured point's
+simulated steps priced at the speed the machine had while the point ran, against the speed it had
+while the profile was made. pdplan/speed_probe.py measures both: measure.py records each pinned
+core's before and after every point, the profiler its own core before and after the profile."""
+from __future__ import annotations
+
+import statistics
+
+from pdplan.profile import Profile
+from pdplan.speed_probe import Speed, speed_ratio
+
+
+def probe_k(point: dict, profile: Profile, cores: dict[str, list[int]]) -> float | None:
+    """The price multiplier of the point's steps: the mean over the cores its nodes are pinned to
+    (`cores`: node -> cores) of speed_ratio(the point's probe of that core, the profile's), each
+    probe the mean of its before and after (or the one of them that worked); None where the point
+    or the profile recorded no probe that worked."""
+    then = _mean((profile.machine.get("speed") or {}).values())
+    probes = point.get("speed") or {}
+    ratios = []
+    for core in sorted(set().union(*map(set, cores.values()))):
+        now = _mean([(probes.get(when) or {}).get(str(core)) for when in ("before", "after")])
+        if now and then:
+            ratios.append(speed_ratio(now, then))
+    return statistics.fmean(ratios) if ratios else None
+
+
+def _mean(records) -> Speed | None:
+    """The mean of the recorded probes that worked (a failed one is its error string), or None."""
+    speeds = [s for s in map(Speed.read, records) if s]
+    return Speed.mean(speeds) if speeds else None
