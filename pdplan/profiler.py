@@ -25,7 +25,7 @@ import numpy as np
 
 from engine.machine import machine_info
 from pdplan.profile import Overheads, Profile, StepCost, StepSample, Transfer
-from pdplan.speed_probe import ProbeShape, probe_model
+from pdplan.speed_probe import probe_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,6 @@ class ProfileGrid:
     mixed: tuple[tuple[int, int, int], ...] = (            # decoding seqs, their context, the prompt that joins
         (16, 256, 1536), (32, 256, 3072), (8, 1024, 3072), (4, 2048, 3072))   # ... chats, and RAG's long prompts
     transfer_blocks: int = 64
-    probe: ProbeShape = ProbeShape()                       # the machine's speed before and after (speed_probe.py)
 
 
 class StepRecorder:
@@ -201,11 +200,12 @@ class Profiler:
 
     def speed(self) -> dict | None:
         """The machine's speed now on the model's linears (pdplan/speed_probe.py), in this process
-        (its caller pins it as a node: one core, one thread); None off the CPU."""
+        (its caller pins it as a node: one core, one thread); None off the CPU. Always the probe's
+        one reference workload (ProbeShape()), as measure.py's: a record compares only with its kind."""
         config = self.args.engine_config()
         if config.torch_device.type != "cpu":
             return None
-        return probe_model(config.model_path, config.dtype, self.grid.probe).to_dict()
+        return probe_model(config.model_path, config.dtype).to_dict()
 
     def run(self) -> Profile:
         before = self.speed()
