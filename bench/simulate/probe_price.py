@@ -25,6 +25,14 @@ def probe_k(point: dict, profile: Profile, cores: dict[str, list[int]]) -> float
     return statistics.fmean(ratios) if ratios else None
 
 
+def pooled_speed(machines: list[dict]) -> dict | None:
+    """The `speed` record of a profile pooled from runs with these `machine` dicts: the mean of
+    every run's probes that worked, before and after apart (each run's steps weigh alike in the
+    refit, so each run's speed does too); None where no run recorded one that worked."""
+    pooled = {when: _mean([(m.get("speed") or {}).get(when) for m in machines]) for when in ("before", "after")}
+    return {when: s.to_dict() for when, s in pooled.items() if s} or None
+
+
 def _mean(records) -> Speed | None:
     """The mean of the recorded probes that worked (a failed one is its error string), or None."""
     speeds = [s for s in map(Speed.read, records) if s]

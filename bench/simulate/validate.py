@@ -85,7 +85,8 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                    "core_steal_s": point.get("core_steal_s", {})}
             spreads = spread(lambda rs, p: simulate(p, rs, topo, slo, ranked_before=before), reqs, profile, FIGURES,
                              jitter, i) if jitter else {}
-            fast = simulate(replace(profile, step=profile.step.scaled(row["cpu_per_price"][COLOCATED])), reqs, topo, slo) \
+            fast = simulate(replace(profile, step=profile.step.scaled(row["cpu_per_price"][COLOCATED])), reqs, topo, slo,
+                            ranked_before=before) \
                 if speed and COLOCATED in row["cpu_per_price"] else None
             if probe_speed:
                 row["probe_k"] = probe_k(point, profile, cores)

@@ -66,3 +66,27 @@ def test_a_feature_counts_by_its_share_of_the_price():
     assert features["per_prefill_pair"].count == 2 * 12 and features["per_decode_ctx"].count == 2 * 12
     ok, report = compare(_profile(samples), b, 0.1)
     assert not ok and "transfer per_block_s +20.0%" in report and "fixed" not in report.split("within")[-1]
+
+
+def _probed(prefill_s: float | None, decode_s: float = 0.2) -> Profile:
+    speed = {} if prefill_s is None else {"speed": {"before": {"prefill_s": prefill_s, "decode_s": decode_s},
+                                                    "after": {"prefill_s": prefill_s * 1.5, "decode_s": decode_s}}}
+    return replace(_profile(synthetic_samples()), machine={"cpu": "x"} | speed)
+
+
+def test_a_pooled_profile_carries_the_mean_of_its_runs_probes(tmp_path):
+    """Pooled from a run probed at 0.2 s, one at 0.4 s and one with no probe: the pooled profile's
+    speed is the two probed runs' mean, before and after apart (not the last run's alone); with
+    --only the last run's steps dominate the fit, and its probe is kept as it was."""
+    for name, prefill_s in (("a", 0.2), ("b", 0.4), ("c", None)):
+        _probed(prefill_s).save(tmp_path / f"{name}.json")
+    runs = [str(tmp_path / f"{n}.json") for n in "abc"]
+    main(["pool", *runs, "--out", str(tmp_path / "p.json")])
+    pooled = Profile.load(tmp_path / "p.json").machine
+    assert pooled["pooled_runs"] == 3
+    assert pooled["speed"]["before"] == pytest.approx({"prefill_s": 0.3, "decode_s": 0.2})
+    assert pooled["speed"]["after"] == pytest.approx({"prefill_s": 0.45, "decode_s": 0.2})
+    main(["pool", runs[0], runs[1], "--only", "prefill", "--out", str(tmp_path / "q.json")])
+    assert Profile.load(tmp_path / "q.json").machine["speed"]["before"] == pytest.approx({"prefill_s": 0.4, "decode_s": 0.2})
+    main(["pool", runs[2], runs[2], "--out", str(tmp_path / "r.json")])
+    assert "speed" not in Profile.load(tmp_path / "r.json").machine
