@@ -6,7 +6,8 @@ The peers' 58.5M random Llama (bench/random_model.py), `--num-seqs` sequences of
 prompt tokens prefilled, then `--steps` decode steps timed with forward hooks on the model's
 modules (summed over layers), alternating dtypes step block by step block; then one torch
 profiler pass per dtype lists the top operators by self CPU time. --bf16-onednn adds a third
-side: bfloat16 with its linears on oneDNN (PDSERVE_BF16_GEMM=0) instead of pdserve's GEMM;
+side: bfloat16 with its linears on oneDNN (PDSERVE_BF16_GEMM=0) instead of pdserve's GEMM (AMX's
+where the CPU has AMX, else vdpbf16ps');
 --f32-onednn the same for float32 (PDSERVE_F32_GEMM=0). Shares matter more than
 milliseconds on a shared machine. Writes bench/results/decode_step_profile_<time>.json.
 """
@@ -57,10 +58,13 @@ class ModuleClock:
 
 
 def decoding_engine(path: str, dtype: str, num_seqs: int, gemm: bool = True) -> LLMEngine:
-    """An engine with num_seqs sequences past their prefill, decoding (gemm False: its linears
-    packed for oneDNN, as PDSERVE_BF16_GEMM=0 / PDSERVE_F32_GEMM=0 do)."""
+    """An engine with num_seqs sequences past their prefill, decoding on pdserve's default linears
+    for this CPU (bf16: AMX's GEMM where it has AMX, else vdpbf16ps'); gemm False: packed for oneDNN,
+    as PDSERVE_BF16_GEMM=0 / PDSERVE_F32_GEMM=0 do."""
     for flag in ("PDSERVE_BF16_GEMM", "PDSERVE_F32_GEMM"):    # read once, when the linears are packed
-        os.environ[flag] = "1" if gemm else "0"
+        os.environ.pop(flag, None)                              # pdserve's default GEMM for this CPU
+        if not gemm:
+            os.environ[flag] = "0"
     engine = LLMEngine(EngineConfig(model=path, dtype=dtype, cache=CacheConfig(kv_cache_gib=0.5),
                                     scheduler=SchedulerConfig(max_num_seqs=num_seqs)))
     rng = random.Random(0)

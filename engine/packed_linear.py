@@ -9,8 +9,9 @@ step multiplies a few rows by every weight. Measured here (2-core AMD EPYC, fp32
     gate_up 512 -> 2816      F.linear 0.72 ms   packed 0.50 ms
 
 Only float32, and bfloat16/float16 where oneDNN reports native support, are packed; other
-cases keep nn.Linear. bfloat16 on a CPU with AVX512-BF16 goes to pdserve's own GEMM instead
-(engine/bf16_linear.py; PDSERVE_BF16_GEMM=0 keeps oneDNN), and float32 on a CPU with AVX-512 to
+cases keep nn.Linear. bfloat16 on a CPU with AMX tiles goes to pdserve's own AMX GEMM instead
+(engine/amx_linear.py; PDSERVE_AMX_GEMM=0 keeps oneDNN there), on a CPU with AVX512-BF16 and no
+AMX to its vdpbf16ps GEMM (engine/bf16_linear.py; PDSERVE_BF16_GEMM=0 keeps oneDNN for both), and float32 on a CPU with AVX-512 to
 pdserve's float32 GEMM (engine/f32_linear.py; PDSERVE_F32_GEMM=0 keeps oneDNN).
 PDSERVE_PACKED_LINEAR=0 turns all packing off (for A/B measurements).
 """
@@ -67,7 +68,8 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 def pack_linears(model: nn.Module) -> int:
     """Replace every nn.Linear under `model` by a packed one, in place, when `can_pack` allows
-    (decided by the first linear's dtype and device): a Bf16Linear where `bf16_linear.can_use`,
+    (decided by the first linear's dtype and device): an AmxLinear where `amx_linear.can_use`, a
+    Bf16Linear where `bf16_linear.can_use`,
     an F32Linear where `f32_linear.can_use`, else a PackedLinear. Call after any weight surgery
     (e.g. tensor-parallel sharding): a packed weight cannot be sliced. Returns how many were packed."""
     linears = [(parent, name, child) for parent in model.modules()
@@ -77,8 +79,9 @@ def pack_linears(model: nn.Module) -> int:
     dtype, device = linears[0][2].weight.dtype, linears[0][2].weight.device
     if not can_pack(dtype, device):
         return 0
-    from engine import bf16_linear, f32_linear   # subclasses of PackedLinear: imported here, as they import this module
-    packed = (bf16_linear.Bf16Linear if bf16_linear.can_use(dtype, device)
+    from engine import amx_linear, bf16_linear, f32_linear   # subclasses of PackedLinear: imported here, as they import this module
+    packed = (amx_linear.AmxLinear if amx_linear.can_use(dtype, device)
+              else bf16_linear.Bf16Linear if bf16_linear.can_use(dtype, device)
               else f32_linear.F32Linear if f32_linear.can_use(dtype, device) else PackedLinear)
     for parent, name, child in linears:
         setattr(parent, name, packed(child))

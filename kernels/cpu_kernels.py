@@ -4,6 +4,7 @@
     kernels/csrc/paged_prefill.c ---------------------------------------> <cache>/paged_prefill-<key>.so
     kernels/csrc/layer_ops.c    --cc ... -ffp-contract=off -------------> <cache>/layer_ops-<key>.so
     kernels/csrc/gemm_bf16.c -------------------------------------------> <cache>/gemm_bf16-<key>.so
+    kernels/csrc/gemm_amx.c --------------------------------------------> <cache>/gemm_amx-<key>.so
     kernels/csrc/gemm_f32.c --------------------------------------------> <cache>/gemm_f32-<key>.so
     kernels/csrc/argmax.c ----------------------------------------------> <cache>/argmax-<key>.so
 
@@ -15,7 +16,7 @@ The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 Builds go to a temporary file that is renamed into place, so nodes starting together race
 harmlessly; a new build deletes all but the KEEP_BUILDS most recently used builds of its
 kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`,
-`layer_ops_lib()`, `gemm_bf16_lib()`, `gemm_f32_lib()` and `argmax_lib()` returning None (the reason in
+`layer_ops_lib()`, `gemm_bf16_lib()`, `gemm_amx_lib()`, `gemm_f32_lib()` and `argmax_lib()` returning None (the reason in
 `build_error(name)`) and callers use their
 PyTorch path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
@@ -66,6 +67,12 @@ _SIGNATURES = {    # library -> {function: (argtypes, restype)}
         "gemm_bf16_tile_n": ([], c_int),
         "gemm_bf16": ([c_void_p, c_i64, c_void_p, c_void_p, c_void_p, c_i64, c_i64, c_i64, c_i64, c_int], None),
     },
+    "gemm_amx": {
+        "gemm_amx_supported": ([], c_int),
+        "gemm_amx_tile_n": ([], c_int),
+        "gemm_amx_k_step": ([], c_int),
+        "gemm_amx": ([c_void_p, c_i64, c_void_p, c_void_p, c_void_p, c_i64, c_i64, c_i64, c_i64, c_int], c_int),
+    },
     "gemm_f32": {
         "gemm_f32_supported": ([], c_int),
         "gemm_f32_tile_n": ([], c_int),
@@ -108,6 +115,13 @@ def gemm_bf16_lib() -> ctypes.CDLL | None:
     """The loaded gemm_bf16 library, or None if unavailable. Built on every CPU; its
     `gemm_bf16_supported()` says whether the compiler targeted AVX512-BF16 (else no kernel)."""
     return _load("gemm_bf16")
+
+
+@functools.cache
+def gemm_amx_lib() -> ctypes.CDLL | None:
+    """The loaded gemm_amx library, or None if unavailable. Built on every CPU; its
+    `gemm_amx_supported()` says whether the compiler targeted AMX-BF16 and Linux granted the tiles."""
+    return _load("gemm_amx")
 
 
 @functools.cache

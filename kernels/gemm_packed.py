@@ -7,10 +7,13 @@ vdpbf16ps pairs):
 
     packed: [ceil(n / TILE_N), ceil(k / k_group), TILE_N(, k_group where > 1)]
     packed[t, p, c(, j)] = W[t * TILE_N + c, k_group * p (+ j)], zero past n or k
+
+with k first padded to a multiple of `k_pad` where a kernel reads k in whole steps (gemm_amx: 32).
 """
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import torch
@@ -24,8 +27,9 @@ class PackedGemm:
     `reference`. `supported` and `tile_n` are cached (functools: `supported.cache_clear()`)."""
 
     def __init__(self, name: str, lib: Callable, dtype: torch.dtype, k_group: int, isa: str,
-                 reference_dtypes: tuple[torch.dtype, torch.dtype]):
+                 reference_dtypes: tuple[torch.dtype, torch.dtype], k_pad: int = 1):
         self.name, self.lib, self.dtype, self.k_group, self.isa = name, lib, dtype, k_group, isa
+        self.k_pad = k_pad * k_group // math.gcd(k_pad, k_group)     # k padded to a multiple of this
         self.reference_dtypes = reference_dtypes      # (the sum's, the result's)
         self.supported = functools.cache(self._supported)
         self.tile_n = functools.cache(self._tile_n)
@@ -52,10 +56,14 @@ class PackedGemm:
                 f"weight: expected a non-empty 2-d CPU tensor, got {tuple(weight.shape)} on {weight.device}")
         n, k = weight.shape
         tile, group = self.tile_n(), self.k_group
-        padded = weight.new_zeros(-(-n // tile) * tile, -(-k // group) * group)
+        padded = weight.new_zeros(-(-n // tile) * tile, self.padded_k(k))
         padded[:n, :k] = weight
         packed = padded.view(-1, tile, padded.shape[1] // group, group).transpose(1, 2).contiguous()
         return packed.view(*packed.shape[:2], *self.tile_shape())
+
+    def padded_k(self, k: int) -> int:
+        """k rounded up to the packed layout's multiple (k_group, and k_pad where a kernel's tiles need it)."""
+        return -(-k // self.k_pad) * self.k_pad
 
     def linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [m, k] (rows with stride 1 in k) times the packed W [n, k], plus bias [n]: a new [m, n]
@@ -83,7 +91,7 @@ class PackedGemm:
         require(x.dim() == 2 and x.device.type == "cpu" and x.stride(1) == 1,
                 f"x: expected a 2-d CPU tensor with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
         k = x.shape[1]
-        require(k > 0 and packed.shape[1] == -(-k // self.k_group),
+        require(k > 0 and packed.shape[1] == self.padded_k(k) // self.k_group,
                 f"x has k = {k}, packed holds {packed.shape[1]} k{'' if self.k_group == 1 else ' pairs'}")
 
     def product(self, x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -91,9 +99,11 @@ class PackedGemm:
         accepted."""
         m, k = x.shape
         out = torch.empty((m, n), dtype=self.dtype)
-        getattr(self.lib(), self.name)(x.data_ptr(), x.stride(0), packed.data_ptr(),
-                                       None if bias is None else bias.data_ptr(), out.data_ptr(), n, m, n, k,
-                                       torch.get_num_threads())
+        failed = getattr(self.lib(), self.name)(x.data_ptr(), x.stride(0), packed.data_ptr(),
+                                                None if bias is None else bias.data_ptr(), out.data_ptr(), n, m, n, k,
+                                                torch.get_num_threads())
+        if failed:      # None from the kernels that cannot fail; -1: a scratch allocation failed
+            raise MemoryError(f"{self.name}: could not allocate its scratch memory")
         return out
 
     def reference(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -79,6 +79,16 @@ static inline uint64_t gemm_now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
+/* A thread's last act in a call's parallel region: count its `mine` finished tasks into the shared
+ * `done`; the caller (thread 0) then spins, up to SPIN_NS, until all `tasks` are done. */
+static inline __attribute__((always_inline)) void gemm_finish(int64_t *done, int64_t mine, int64_t tasks) {
+    __atomic_fetch_add(done, mine, __ATOMIC_RELEASE);
+    if (omp_get_thread_num() == 0)
+        for (const uint64_t until = gemm_now_ns() + SPIN_NS;
+             __atomic_load_n(done, __ATOMIC_ACQUIRE) < tasks && gemm_now_ns() < until;)
+            _mm_pause();
+}
+
 /* One thread's part of a call's tasks: call it inside `#pragma omp parallel` in each GEMM, with
  * its block function (a constant there, so the call is direct once inlined into the region's
  * outlined body) and a shared count of finished tasks starting at 0. The tasks go out guided
@@ -96,11 +106,7 @@ static inline __attribute__((always_inline)) void gemm_thread(const struct gemm_
             mine++;
         }
     }
-    __atomic_fetch_add(done, mine, __ATOMIC_RELEASE);
-    if (omp_get_thread_num() == 0)
-        for (const uint64_t until = gemm_now_ns() + SPIN_NS;
-             __atomic_load_n(done, __ATOMIC_ACQUIRE) < chunks * tiles && gemm_now_ns() < until;)
-            _mm_pause();
+    gemm_finish(done, mine, chunks * tiles);
 }
 
 #endif

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine import SamplingParams, bf16_linear, f32_linear
+from engine import SamplingParams, amx_linear, bf16_linear, f32_linear
 from engine.packed_linear import PackedLinear, can_pack, pack_linears
 from engine.parallel.sharding import RowParallelLinear
 from tests.model_factory import hf_greedy
@@ -61,6 +61,7 @@ def test_engine_packs_its_cpu_linears(make_llm, model_dir):
 
 GEMMS = {   # pdserve's GEMM linears: class, dtype, the /proc/cpuinfo flag it needs, its switch, tolerance,
             # and the flag of a CPU where it is not the default (oneDNN is faster there)
+    "amx": (amx_linear.AmxLinear, torch.bfloat16, "amx_bf16", "PDSERVE_AMX_GEMM", 3e-2, None),
     "bf16": (bf16_linear.Bf16Linear, torch.bfloat16, "avx512_bf16", "PDSERVE_BF16_GEMM", 3e-2, "amx_bf16"),
     "f32": (f32_linear.F32Linear, torch.float32, "avx512f", "PDSERVE_F32_GEMM", 1e-5, None),
 }
@@ -104,25 +105,36 @@ def test_gemm_linear_equals_linear(kind, bias, rows):
     torch.testing.assert_close(got.float(), linear(x).float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("kind", GEMMS)
-def test_pack_linears_uses_the_gemm_unless_switched_off(kind, monkeypatch):
-    """bf16 on an AVX512-BF16 CPU without AMX: Bf16Linear, float32 on an AVX-512 CPU: F32Linear;
-    their switch set to 0 (or no such CPU): oneDNN; set to 1: the GEMM wherever it runs."""
-    cls, dtype, _, switch, _, _ = GEMMS[kind]
+def _default_type(dtype: torch.dtype, off: str | None = None) -> type:
+    """The linear pack_linears picks for dtype here: the first GEMM of that dtype that is the
+    default here (bf16: AMX's, then vdpbf16ps'), leaving out the kind `off`; else oneDNN's."""
+    kinds = [k for k in GEMMS if GEMMS[k][1] == dtype and k != off]
+    return next((GEMMS[k][0] for k in kinds if _gemm_here(k)), PackedLinear)
+
+
+def _packed_type(dtype: torch.dtype) -> type:
     model = nn.Sequential(nn.Linear(16, 32, dtype=dtype))
     assert pack_linears(model) == 1
-    assert type(model[0]) is (cls if _gemm_here(kind) else PackedLinear)
+    return type(model[0])
+
+
+@pytest.mark.parametrize("kind", GEMMS)
+def test_pack_linears_uses_the_gemm_unless_switched_off(kind, monkeypatch):
+    """bf16 on an AMX CPU: AmxLinear, on an AVX512-BF16 CPU without AMX: Bf16Linear, float32 on an
+    AVX-512 CPU: F32Linear. A switch set to 0: the next in that order (PDSERVE_BF16_GEMM=0: oneDNN
+    for bf16); set to 1: that GEMM wherever it runs. Where none runs: oneDNN."""
+    cls, dtype, _, switch, _, _ = GEMMS[kind]
+    assert _packed_type(dtype) is _default_type(dtype)
     monkeypatch.setenv(switch, "1")
-    model = nn.Sequential(nn.Linear(16, 32, dtype=dtype))
-    assert pack_linears(model) == 1 and type(model[0]) is (cls if _kernel_here(kind) else PackedLinear)
+    assert _packed_type(dtype) is (cls if _kernel_here(kind) else _default_type(dtype, off=kind))
     monkeypatch.setenv(switch, "0")
-    model = nn.Sequential(nn.Linear(16, 32, dtype=dtype))
-    assert pack_linears(model) == 1 and type(model[0]) is PackedLinear
+    off = PackedLinear if switch == "PDSERVE_BF16_GEMM" else _default_type(dtype, off=kind)
+    assert _packed_type(dtype) is off
 
 
 def test_bf16_engine_generates_alike_on_either_linear(make_llm, model_dir, monkeypatch):
-    """A bf16 engine on pdserve's GEMM (asked for, where it runs) gives the greedy tokens it gives
-    on oneDNN's linears."""
+    """A bf16 engine on pdserve's vdpbf16ps GEMM (asked for, where it runs) gives the greedy tokens
+    it gives on oneDNN's linears, and on its default (AMX's GEMM where it runs)."""
     prompts = [[1, 5, 9, 200, 31], [7, 7, 7]]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     monkeypatch.setenv("PDSERVE_BF16_GEMM", "1")
@@ -134,18 +146,24 @@ def test_bf16_engine_generates_alike_on_either_linear(make_llm, model_dir, monke
     onednn = make_llm(model_dir[0], dtype="bfloat16")
     assert isinstance(onednn.engine.runner.model.lm_head, PackedLinear)
     assert [o.outputs[0].token_ids for o in onednn.generate(prompts, params)] == ours
+    monkeypatch.delenv("PDSERVE_BF16_GEMM")
+    default = make_llm(model_dir[0], dtype="bfloat16")      # AMX's GEMM where it runs
+    assert type(default.engine.runner.model.lm_head) is _default_type(torch.bfloat16)
+    assert [o.outputs[0].token_ids for o in default.generate(prompts, params)] == ours
 
 
 def test_without_the_c_kernels_bf16_linears_stay_on_onednn(monkeypatch):
-    """PDSERVE_CPU_KERNELS=0 (or no compiler, or no AVX512-BF16): the GEMM reports itself
-    unavailable and bf16 linears are packed for oneDNN, with the same results."""
-    from kernels import gemm_bf16
-    from kernels.cpu_kernels import build_error, gemm_bf16_lib
+    """PDSERVE_CPU_KERNELS=0 (or no compiler, or neither AVX512-BF16 nor AMX): both bf16 GEMMs
+    report themselves unavailable and bf16 linears are packed for oneDNN, with the same results."""
+    from kernels import gemm_amx, gemm_bf16
+    from kernels.cpu_kernels import build_error, gemm_amx_lib, gemm_bf16_lib
+    caches = (gemm_bf16_lib, gemm_bf16.supported, gemm_amx_lib, gemm_amx.supported)
     monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
-    gemm_bf16_lib.cache_clear()
-    gemm_bf16.supported.cache_clear()
+    for cache in caches:
+        cache.cache_clear()
     try:
         assert not gemm_bf16.supported() and "PDSERVE_CPU_KERNELS" in build_error("gemm_bf16")
+        assert not gemm_amx.supported() and "PDSERVE_CPU_KERNELS" in build_error("gemm_amx")
         linear = nn.Linear(64, 80, dtype=torch.bfloat16)
         model = nn.Sequential(linear)
         x = torch.randn(5, 64, dtype=torch.bfloat16)
@@ -153,9 +171,9 @@ def test_without_the_c_kernels_bf16_linears_stay_on_onednn(monkeypatch):
         torch.testing.assert_close(model(x).float(), linear(x).float(), atol=3e-2, rtol=3e-2)
     finally:
         monkeypatch.undo()
-        gemm_bf16_lib.cache_clear()
-        gemm_bf16.supported.cache_clear()
-    assert gemm_bf16.supported() == _kernel_here("bf16")
+        for cache in caches:
+            cache.cache_clear()
+    assert gemm_bf16.supported() == _kernel_here("bf16") and gemm_amx.supported() == _kernel_here("amx")
 
 
 def test_f32_engine_equals_transformers_on_either_linear(make_llm, model_dir, monkeypatch):

@@ -1,11 +1,13 @@
 """kernels.gemm_f32: the AVX-512 float32 GEMM equals the float64 product within float32's
 accumulation bound for every shape; bad inputs raise ValueError. On a CPU without AVX-512F each
 kernel test instead asserts that the kernel says so (callers keep oneDNN). The test of strided
-rows, empty input and thread count runs here for both GEMMs (gemm_bf16's checks from its test file)."""
+rows, empty input and thread count runs here for every GEMM (gemm_bf16's and gemm_amx's checks from
+their test files)."""
 import pytest
 import torch
 
-from kernels import gemm_bf16, gemm_f32
+from kernels import gemm_amx, gemm_bf16, gemm_f32
+from tests.kernels import test_gemm_amx as amx_tests
 from tests.kernels import test_gemm_bf16 as bf16_tests
 
 
@@ -47,10 +49,12 @@ def test_gemm_equals_the_float64_reference(m, k, n, bias):
     assert_within_accumulation_bound(gemm_f32.linear(x, gemm_f32.pack_weight(w), n, b), x, w, b)
 
 
-KERNELS = {     # both GEMMs: the module, its dtype, whether it runs here, its accuracy check (got, x, w)
+KERNELS = {     # every GEMM: the module, its dtype, whether it runs here, its accuracy check (got, x, w)
     "f32": (gemm_f32, torch.float32, kernel_here, lambda got, x, w: assert_within_accumulation_bound(got, x, w, None)),
     "bf16": (gemm_bf16, torch.bfloat16, bf16_tests.kernel_here,
              lambda got, x, w: bf16_tests.assert_within_one_rounding(got, gemm_bf16.reference(x, w), x.shape[1])),
+    "amx": (gemm_amx, torch.bfloat16, amx_tests.kernel_here,
+            lambda got, x, w: bf16_tests.assert_within_one_rounding(got, gemm_amx.reference(x, w), x.shape[1])),
 }
 
 
