@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import huge_pages
 from engine.config import CacheConfig, ModelConfig
 
 
@@ -23,5 +24,8 @@ def num_blocks_for(model: ModelConfig, cache: CacheConfig) -> int:
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int,
                       device: torch.device) -> torch.Tensor:
+    """The pool, zeroed; on the CPU in huge pages where Linux gives them (kernels/huge_pages.py)."""
     shape = (num_blocks, model.num_layers, 2, block_size, model.num_kv_heads, model.head_dim)
-    return torch.zeros(shape, dtype=model.dtype, device=device)
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=model.dtype, device=device)
+    return huge_pages.empty(shape, model.dtype).zero_()

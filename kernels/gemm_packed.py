@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from kernels import huge_pages
 from kernels.checks import require, require_dtype
 
 
@@ -58,7 +59,8 @@ class PackedGemm:
         tile, group = self.tile_n(), self.k_group
         padded = weight.new_zeros(-(-n // tile) * tile, self.padded_k(k))
         padded[:n, :k] = weight
-        packed = padded.view(-1, tile, padded.shape[1] // group, group).transpose(1, 2).contiguous()
+        tiles = padded.view(-1, tile, padded.shape[1] // group, group).transpose(1, 2)
+        packed = huge_pages.empty(tiles.shape, self.dtype).copy_(tiles)     # a step streams it: 2 MiB pages
         return packed.view(*packed.shape[:2], *self.tile_shape())
 
     def padded_k(self, k: int) -> int:
