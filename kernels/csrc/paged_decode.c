@@ -131,35 +131,45 @@ static inline __attribute__((always_inline)) void k_block_bf16(const uint16_t *q
     }
 }
 
-/* a += w * row, row: HD bf16 elements widened to float32. */
-static inline __attribute__((always_inline)) void v_row_bf16(__m512 *a, float w, const uint16_t *row, int HD) {
+/* a += w * row, row: HD bf16 elements widened to float32, in pairs: 32 elements a load, the even
+ * ones (low halves of its 32-bit lanes) into e[c], the odd ones (high halves) into o[c]. A shift
+ * and an AND widen them, where widening 16 elements into 16 lanes takes a shuffle each
+ * (vpmovzxwd), which the FMAs' port also serves. */
+static inline __attribute__((always_inline)) void v_row_bf16(__m512 *e, __m512 *o, float w, const uint16_t *row, int HD) {
     const __m512 wv = _mm512_set1_ps(w);
-    for (int c = 0; c < HD / 16; c++) {
-        const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 16 * c)));
-        a[c] = _mm512_fmadd_ps(wv, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)), a[c]);
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int c = 0; c < HD / 32; c++) {
+        const __m512i x = _mm512_loadu_si512(row + 32 * c);
+        e[c] = _mm512_fmadd_ps(wv, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), e[c]);
+        o[c] = _mm512_fmadd_ps(wv, _mm512_castsi512_ps(_mm512_and_si512(x, high)), o[c]);
     }
 }
 
 /* V pass over tokens [0, n) of one bf16 block: acc[j] += sum_i p[j * len + off + i] * V[i],
- * each query head's head_dim sums in registers across the block (two sets, even and odd tokens,
- * so the adds do not wait on each other). */
+ * each query head's head_dim sums in registers across the block, as even / odd element pairs
+ * (v_row_bf16), in two sets, even and odd tokens, so the adds do not wait on each other; the
+ * pairs are put back in element order once a block. */
 static inline __attribute__((always_inline)) void v_block_bf16(const float *p, const uint16_t *blk, const uint16_t *next, int n,
                                                                int64_t token_stride, int num_kv_heads, int group, int HD,
                                                                float *acc, int len, int off) {
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     for (int h = 0; h < num_kv_heads; h++) {
         for (int i0 = 0; i0 < n; i0 += 16) prefetch_heads(next, i0, h, token_stride, HD);
         for (int g = 0; g < group; g++) {
             const int j = h * group + g;
-            __m512 a0[HD / 16], a1[HD / 16];
-            for (int c = 0; c < HD / 16; c++) a0[c] = a1[c] = _mm512_setzero_ps();
+            __m512 e0[HD / 32], o0[HD / 32], e1[HD / 32], o1[HD / 32];
+            for (int c = 0; c < HD / 32; c++) e0[c] = o0[c] = e1[c] = o1[c] = _mm512_setzero_ps();
             const float *pj = p + (size_t)j * len + off;
             for (int i = 0; i < n; i += 2) {
-                v_row_bf16(a0, pj[i], blk + i * token_stride + h * HD, HD);
-                if (i + 1 < n) v_row_bf16(a1, pj[i + 1], blk + (i + 1) * token_stride + h * HD, HD);
+                v_row_bf16(e0, o0, pj[i], blk + i * token_stride + h * HD, HD);
+                if (i + 1 < n) v_row_bf16(e1, o1, pj[i + 1], blk + (i + 1) * token_stride + h * HD, HD);
             }
-            for (int c = 0; c < HD / 16; c++) {
-                float *dst = acc + (size_t)j * HD + 16 * c;
-                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), _mm512_add_ps(a0[c], a1[c])));
+            for (int c = 0; c < HD / 32; c++) {
+                const __m512 e = _mm512_add_ps(e0[c], e1[c]), o = _mm512_add_ps(o0[c], o1[c]);
+                float *dst = acc + (size_t)j * HD + 32 * c;
+                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), _mm512_permutex2var_ps(e, lo, o)));
+                _mm512_storeu_ps(dst + 16, _mm512_add_ps(_mm512_loadu_ps(dst + 16), _mm512_permutex2var_ps(e, hi, o)));
             }
         }
     }
