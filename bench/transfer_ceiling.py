@@ -21,6 +21,7 @@ import time
 import torch
 import zmq
 
+from kernels import huge_pages
 from kvtransport.heap import retain_freed
 from kvtransport.session import Session
 
@@ -33,7 +34,7 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
     torch.set_num_threads(1)
     if retain_heap:
         retain_freed((HWM + 1) * nbytes)        # as ZmqReceiver: the queue and the message being read
-    pool = memoryview(torch.zeros(num_blocks * nbytes, dtype=torch.uint8).numpy())
+    pool = memoryview(huge_pages.empty(num_blocks * nbytes, torch.uint8).zero_().numpy())   # as the engine's pool
     ctx = zmq.Context(io_threads=1)
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.RCVHWM, HWM)

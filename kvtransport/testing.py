@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import huge_pages
 from pdwire.handshake import KVLayout, PeerIdentity, model_fingerprint, new_epoch
 
 TINY_MODEL = model_fingerprint({"arch": "llama", "hidden": 64}, [("embed.weight", (128, 64))])
@@ -10,10 +11,11 @@ TINY_MODEL = model_fingerprint({"arch": "llama", "hidden": 64}, [("embed.weight"
 
 def make_pool(num_blocks: int = 8, num_layers: int = 2, block_size: int = 4, num_kv_heads: int = 2,
               head_dim: int = 8, dtype: torch.dtype = torch.float32, seed: int | None = 0) -> torch.Tensor:
-    """A KV pool [num_blocks, num_layers, 2, block_size, H, D]: random if seed is set, else zeros."""
+    """A KV pool [num_blocks, num_layers, 2, block_size, H, D]: random if seed is set, else zeros,
+    in huge pages as the engine allocates its pool (kernels/huge_pages.py)."""
     shape = (num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim)
     if seed is None:
-        return torch.zeros(shape, dtype=dtype)
+        return huge_pages.empty(shape, dtype).zero_()
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
 
