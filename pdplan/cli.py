@@ -28,10 +28,13 @@ def profile_main(argv: Sequence[str]) -> None:
     add_dataclass_args(ap, EngineArgs)
     ap.add_argument("--out", default="profile.json", help="where the JSON profile goes")
     ap.add_argument("--quick", action="store_true", help="a smaller grid (tests, smoke runs)")
+    ap.add_argument("--raw-steps", action="store_true",
+                    help="keep each step's time as measured, not priced at one machine speed from the speed "
+                         "probes between the experiments (pdplan/speed_sections.py)")
     args = vars(ap.parse_args(argv))
     grid = _quick_grid() if args.pop("quick") else ProfileGrid()
-    out = args.pop("out")
-    profile = Profiler(build_dataclass(EngineArgs, args), grid).run()
+    out, one_speed = args.pop("out"), not args.pop("raw_steps")
+    profile = Profiler(build_dataclass(EngineArgs, args), grid, one_speed=one_speed).run()
     profile.save(out)
     step = profile.step
     print(f"wrote {out}: step = {step.fixed * 1e3:.2f} ms + {step.per_token * 1e6:.1f} us/token + "

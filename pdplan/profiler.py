@@ -26,6 +26,7 @@ import numpy as np
 from engine.machine import machine_info
 from pdplan.profile import Overheads, Profile, StepCost, StepSample, Transfer
 from pdplan.speed_probe import probe_model
+from pdplan.speed_sections import at_one_speed
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +79,8 @@ def _ids(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
 
 
 class Profiler:
-    def __init__(self, engine_args, grid: ProfileGrid = ProfileGrid(), log=print):
-        self.args, self.grid, self.log = engine_args, grid, log
+    def __init__(self, engine_args, grid: ProfileGrid = ProfileGrid(), log=print, one_speed: bool = True):
+        self.args, self.grid, self.log, self.one_speed = engine_args, grid, log, one_speed
         self.rng = np.random.default_rng(0)
         self._next = 0
 
@@ -208,8 +209,19 @@ class Profiler:
         return probe_model(config.model_path, config.dtype).to_dict()
 
     def run(self) -> Profile:
-        before = self.speed()
-        samples = self.prefill() + self.prefill_cached() + self.decode() + self.mixed()
+        """Every experiment, the machine's speed probed before and after each; on the CPU the
+        steps are priced at one speed (pdplan/speed_sections.py) unless one_speed is off."""
+        probes, sections = [self.speed()], []
+        for experiment in (self.prefill, self.prefill_cached, self.decode, self.mixed):
+            sections.append(experiment())
+            if probes[0] is not None:
+                probes.append(self.speed())
+        samples = [s for steps in sections for s in steps]
+        speed = {"before": probes[0], "after": probes[-1]} if probes[0] is not None else None
+        if speed and self.one_speed:
+            samples, speed["sections"] = at_one_speed(sections, probes)
+            self.log("profile: steps priced at one speed, k by experiment: "
+                     + ", ".join(f"{'+'.join(r['kinds'])} {r['k']:.2f}" for r in speed["sections"]))
         engine, _ = self._engine()
         from engine.kv_pool import block_bytes, num_blocks_for
         cfg = engine.model_config
@@ -220,7 +232,7 @@ class Profiler:
                  "hidden": cfg.hidden_size, "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
                  "dtype": str(cfg.dtype).removeprefix("torch."),
                  "kv_bytes_per_token": block_bytes(cfg, bs) // bs}
-        machine = machine_description(engine) | ({"speed": {"before": before, "after": self.speed()}} if before else {})
+        machine = machine_description(engine) | ({"speed": speed} if speed else {})
         return Profile(machine, model, bs, num_blocks_for(cfg, engine.config.cache),
                        self.args.max_num_seqs, self.args.max_num_batched_tokens, StepCost.fit(samples),
                        Transfer(per_block, 2 * ZMQ_ROUND_TRIP_S, block_bytes(cfg, bs)),

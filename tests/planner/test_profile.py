@@ -73,7 +73,8 @@ def test_profile_json_round_trip(tmp_path):
 def test_profiler_measures_the_builtin_engine_and_a_socket():
     """A small grid on the built-in model: every experiment yields steps, the fit is usable, the
     transfer of a block takes a positive time, and the machine is recorded, its speed probed on
-    the model's linears before and after (pdplan/speed_probe.py)."""
+    the model's linears before and after (pdplan/speed_probe.py) and between the experiments,
+    whose steps are priced at one speed (pdplan/speed_sections.py)."""
     from engine.args import EngineArgs
     from pdplan.profiler import ProfileGrid, Profiler
     from pdplan.speed_probe import Speed
@@ -91,6 +92,9 @@ def test_profiler_measures_the_builtin_engine_and_a_socket():
     assert p.step.fixed + p.step.per_token > 0 and "device" in p.machine and p.num_blocks == 256
     speeds = [Speed.read(p.machine["speed"][when]) for when in ("before", "after")]
     assert all(s.prefill_s > 0 and s.decode_s > 0 for s in speeds)
+    sections = p.machine["speed"]["sections"]         # probed between experiments, steps priced at one speed
+    assert [r["kinds"] for r in sections] == [["prefill"], ["prefill_cached", "prefill_warm"], ["decode"], ["mixed"]]
+    assert sum(r["steps"] for r in sections) == len(p.samples) and all(r["k"] > 0 for r in sections)
 
 
 def test_the_decode_grid_skips_contexts_past_the_model_and_keeps_the_rest():

@@ -92,3 +92,26 @@ def test_a_profile_made_before_the_probe_loads_and_prices_nothing(tmp_path):
     assert new.machine["speed"]["after"] == then
     assert probe_k(point, new, {"colocated-0": [0]}) == pytest.approx(2.0)
     assert probe_k(point, new, {"decode-0": [1]}) is None       # core 1 was not probed
+
+
+def test_a_profile_s_steps_are_priced_at_one_speed():
+    """Three experiments; the machine ran at the reference speed (the mean of the first and last
+    probes) through the first and slower around the second: the first's steps stay as they were,
+    the others' are divided by their k, each section's k is recorded; a probe missing or failed raises."""
+    from pdplan.profile import StepSample
+    from pdplan.speed_sections import at_one_speed
+    fast, slow = {"prefill_s": 1.0, "decode_s": 1.0}, {"prefill_s": 3.0, "decode_s": 3.0}
+    ref = {"prefill_s": 2.0, "decode_s": 2.0}
+    sections = [[StepSample([(16, 0)], 0.5, "prefill")], [StepSample([(1, 64)], 0.8, "decode")] * 2,
+                [StepSample([(1, 64), (64, 0)], 0.3, "mixed")]]
+    # probes 2, 2, 3, 2: reference 2; sections' means 2, 2.5, 2.5: k 1, 1.25, 1.25
+    samples, record = at_one_speed(sections, [ref, ref, slow, ref])
+    assert [r["k"] for r in record] == pytest.approx([1.0, 1.25, 1.25])
+    assert [s.seconds for s in samples] == pytest.approx([0.5, 0.64, 0.64, 0.24])
+    assert [s.kind for s in samples] == ["prefill", "decode", "decode", "mixed"] and record[1]["steps"] == 2
+    samples, record = at_one_speed(sections, [fast, fast, fast, {"prefill_s": 3.0, "decode_s": 3.0}])
+    assert record[0]["k"] == pytest.approx(0.5) and samples[0].seconds == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        at_one_speed(sections, [ref, ref, ref])
+    with pytest.raises(ValueError):
+        at_one_speed(sections, [ref, "timed out after 60 s", ref, ref])
