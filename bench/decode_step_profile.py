@@ -61,6 +61,7 @@ def decoding_engine(path: str, dtype: str, num_seqs: int, gemm: bool = True) -> 
     """An engine with num_seqs sequences past their prefill, decoding on pdserve's default linears
     for this CPU (bf16: AMX's GEMM where it has AMX, else vdpbf16ps'); gemm False: packed for oneDNN,
     as PDSERVE_BF16_GEMM=0 / PDSERVE_F32_GEMM=0 do."""
+    os.environ.pop("PDSERVE_AMX_GEMM", None)
     for flag in ("PDSERVE_BF16_GEMM", "PDSERVE_F32_GEMM"):    # read once, when the linears are packed
         os.environ.pop(flag, None)                              # pdserve's default GEMM for this CPU
         if not gemm:

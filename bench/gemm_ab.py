@@ -39,6 +39,7 @@ WARMUP_SEED = 1 << 20       # warm-up runs' prompts are seeded from here: never 
 def engine(path: str, dtype: str, gemm: bool, vdpbf16ps: bool = False) -> LLMEngine:
     """gemm: pdserve's default GEMM for the dtype on this CPU (bf16: AMX's where it runs, else
     vdpbf16ps'; vdpbf16ps asks for the latter even on AMX); else oneDNN's."""
+    os.environ.pop("PDSERVE_AMX_GEMM", None)
     for flag in ("PDSERVE_BF16_GEMM", "PDSERVE_F32_GEMM"):    # read once, when the linears are packed
         os.environ.pop(flag, None)
         if not gemm:

@@ -23,9 +23,10 @@ def num_blocks_for(model: ModelConfig, cache: CacheConfig) -> int:
 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int,
-                      device: torch.device) -> torch.Tensor:
-    """The pool, zeroed; on the CPU in huge pages where Linux gives them (kernels/huge_pages.py)."""
-    shape = (num_blocks, model.num_layers, 2, block_size, model.num_kv_heads, model.head_dim)
+                      device: torch.device, world: int = 1) -> torch.Tensor:
+    """The pool (of one tensor-parallel rank's share of the kv heads when world > 1), zeroed; on
+    the CPU in huge pages where Linux gives them (kernels/huge_pages.py)."""
+    shape = (num_blocks, model.num_layers, 2, block_size, model.num_kv_heads // world, model.head_dim)
     if device.type != "cpu":
         return torch.zeros(shape, dtype=model.dtype, device=device)
     return huge_pages.empty(shape, model.dtype).zero_()

@@ -60,7 +60,7 @@ class PackedGemm:
         padded = weight.new_zeros(-(-n // tile) * tile, self.padded_k(k))
         padded[:n, :k] = weight
         tiles = padded.view(-1, tile, padded.shape[1] // group, group).transpose(1, 2)
-        packed = huge_pages.empty(tiles.shape, self.dtype).copy_(tiles)     # a step streams it: 2 MiB pages
+        packed = huge_pages.empty(tiles.shape, self.dtype).copy_(tiles)     # a step streams it: huge pages if big
         return packed.view(*packed.shape[:2], *self.tile_shape())
 
     def padded_k(self, k: int) -> int:

@@ -10,8 +10,9 @@ benchmark host (Intel Xeon, 2 cores) the bf16 paged-decode kernel over the engin
 32 sequences of 150 tokens, took 721 us a layer in a huge-page pool against 782 in a 4 KiB one
 (medians of 11 interleaved rounds, 07:24 UTC 2026-12-03; bench/README.md has the figures).
 
-Only the 2 MiB-aligned middle of a buffer can be advised; elsewhere (not Linux, THP "never", a
-buffer under 2 MiB) nothing happens. PDSERVE_HUGE_PAGES=0 turns it off, for A/B measurements.
+Only the 2 MiB-aligned middle of a buffer can be advised, and `empty` advises only buffers of at
+least FRESH_BYTES (32 MiB), which malloc always maps anew: in practice the pool and the largest
+weights (lm_head), not a layer's few-MB weights. Elsewhere (not Linux, THP "never") nothing happens. PDSERVE_HUGE_PAGES=0 turns it off, for A/B measurements.
 """
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ import torch
 
 HUGE = 2 << 20              # bytes in a transparent huge page on x86-64 and arm64 (4 KiB base pages)
 MADV_HUGEPAGE = 14          # <asm-generic/mman-common.h>
+FRESH_BYTES = 32 << 20      # glibc's largest mmap threshold on 64-bit: malloc maps a block this big anew
 
 
 def empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialized CPU tensor whose pages are advised huge before anything touches them."""
+    """An uninitialized CPU tensor whose pages are advised huge before anything touches them,
+    when it is at least FRESH_BYTES: smaller ones may come from malloc's heap, already touched
+    (advice does nothing there) and later freed for other uses (advice would outlive them)."""
     t = torch.empty(shape, dtype=dtype)
-    advise(t)
+    if t.numel() * t.element_size() >= FRESH_BYTES:
+        advise(t)
     return t
 
 

@@ -217,7 +217,7 @@ class Profiler:
             if probes[0] is not None:
                 probes.append(self.speed())
         samples = [s for steps in sections for s in steps]
-        speed = {"before": probes[0], "after": probes[-1]} if probes[0] is not None else None
+        speed = {"before": probes[0], "after": probes[-1], "probes": probes} if probes[0] is not None else None
         if speed and self.one_speed:
             samples, speed["sections"] = at_one_speed(sections, probes)
             self.log("profile: steps priced at one speed, k by experiment: "

@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     rp.add_argument("measured", nargs="+")
     rp.add_argument("--profile", required=True)
     rp.set_defaults(func=_repeat)
-    r = sub.add_parser("pool", help="one profile from several runs' steps (refitted), their speed probes "
-                                       "averaged (with --only: the last run's); the last run's other fields")
+    r = sub.add_parser("pool", help="one profile from several runs' steps (refitted): runs priced at one speed each "
+                                       "(pdserve profile) repriced at their mean speed, else their probes averaged (with "
+                                       "--only: the last run's); the last run's other fields")
     r.add_argument("profiles", nargs="+")
     r.add_argument("--out", required=True)
     r.add_argument("--only", default="", help="comma-separated step kinds (e.g. prefill_warm): take only these "
@@ -170,7 +171,7 @@ def _repeat(args) -> None:
 
 def _pool(args) -> None:
     from dataclasses import replace
-    from bench.simulate.probe_price import pooled_speed
+    from bench.simulate.probe_price import one_speed_runs, pooled_speed
     from pdplan.profile import Profile, StepCost
     runs = [Profile.load(p) for p in args.profiles]
     if args.agree is not None:
@@ -182,9 +183,14 @@ def _pool(args) -> None:
         if not ok:
             raise SystemExit(f"not written: {args.out} (make both profiles again)")
     kinds = set(filter(None, args.only.split(",")))
-    samples = [s for run in runs[:-1] for s in run.samples if not kinds or s.kind in kinds] + runs[-1].samples
+    try:
+        priced = one_speed_runs(runs, last_only=bool(kinds))
+    except ValueError as e:
+        raise SystemExit(f"not written: {args.out}: {e}")
+    steps = priced[0] if priced else [run.samples for run in runs]
+    samples = [s for run in steps[:-1] for s in run if not kinds or s.kind in kinds] + steps[-1]
     machine = runs[-1].machine | {"pooled_runs": len(runs)}
-    speed = pooled_speed([run.machine for run in runs] if not kinds else [runs[-1].machine])
+    speed = priced[1] if priced else pooled_speed([run.machine for run in runs] if not kinds else [runs[-1].machine])
     machine = {k: v for k, v in machine.items() if k != "speed"} | ({"speed": speed} if speed else {})
     pooled = replace(runs[-1], step=StepCost.fit(samples), samples=samples, machine=machine)
     pooled.save(args.out)

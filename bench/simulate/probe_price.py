@@ -5,8 +5,9 @@ core's before and after every point, the profiler its own core before and after 
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
-from pdplan.profile import Profile
+from pdplan.profile import Profile, StepSample
 from pdplan.speed_probe import Speed, speed_ratio
 
 
@@ -15,7 +16,8 @@ def probe_k(point: dict, profile: Profile, cores: dict[str, list[int]]) -> float
     (`cores`: node -> cores) of speed_ratio(the point's probe of that core, the profile's), each
     probe the mean of its before and after (or the one of them that worked); None where the point
     or the profile recorded no probe that worked."""
-    then = _mean((profile.machine.get("speed") or {}).values())
+    speed = profile.machine.get("speed") or {}
+    then = _mean([speed.get("before"), speed.get("after")])
     probes = point.get("speed") or {}
     ratios = []
     for core in sorted(set().union(*map(set, cores.values()))):
@@ -23,6 +25,25 @@ def probe_k(point: dict, profile: Profile, cores: dict[str, list[int]]) -> float
         if now and then:
             ratios.append(speed_ratio(now, then))
     return statistics.fmean(ratios) if ratios else None
+
+
+def one_speed_runs(runs: list[Profile], last_only: bool) -> tuple[list[list[StepSample]], dict] | None:
+    """Runs whose steps each priced at their own reference speed (pdplan/speed_sections.py),
+    repriced at one: the mean of their references (last_only: the last run's, whose steps all
+    go in), each run's seconds times speed_ratio(that, its reference). Returns every run's
+    repriced steps and the pooled profile's speed record; None where no run was priced at one
+    speed. Raises ValueError where some were and some were not (--raw-steps, or older)."""
+    speeds = [run.machine.get("speed") or {} for run in runs]
+    priced = ["sections" in sp for sp in speeds]
+    if not any(priced):
+        return None
+    if not all(priced):
+        raise ValueError("some profiles priced their steps at one speed and some did not (--raw-steps, "
+                         "or made before pdplan/speed_sections.py): pool profiles made alike")
+    refs = [Speed.mean([Speed.read(sp["before"]), Speed.read(sp["after"])]) for sp in speeds]
+    to = refs[-1] if last_only else Speed.mean(refs)
+    steps = [[replace(s, seconds=s.seconds * speed_ratio(to, ref)) for s in run.samples] for run, ref in zip(runs, refs)]
+    return steps, {"before": to.to_dict(), "after": to.to_dict(), "pooled": [r.to_dict() for r in refs]}
 
 
 def pooled_speed(machines: list[dict]) -> dict | None:

@@ -23,6 +23,7 @@ import torch
 
 from engine.block_manager import BlockCopy
 from engine.config import ModelConfig
+from engine.kv_pool import allocate_kv_cache
 from engine.model import CausalLM
 from engine.model_runner import ModelRunner
 from engine.parallel.group import TPGroup, join_store
@@ -55,8 +56,7 @@ class WorkerSpec:
 def load_rank(cfg: ModelConfig, num_blocks: int, block_size: int, world: int,
               device: torch.device) -> tuple[CausalLM, torch.Tensor]:
     """The whole model (sharded later, once the group exists) and this rank's zeroed KV pool."""
-    shape = (num_blocks, cfg.num_layers, 2, block_size, cfg.num_kv_heads // world, cfg.head_dim)
-    return load_model(cfg, device), torch.zeros(shape, dtype=cfg.dtype, device=device)
+    return load_model(cfg, device), allocate_kv_cache(cfg, num_blocks, block_size, device, world)
 
 
 def serve(runner: ModelRunner, group: TPGroup) -> None:

@@ -90,3 +90,30 @@ def test_a_pooled_profile_carries_the_mean_of_its_runs_probes(tmp_path):
     assert Profile.load(tmp_path / "q.json").machine["speed"]["before"] == pytest.approx({"prefill_s": 0.4, "decode_s": 0.2})
     main(["pool", runs[2], runs[2], "--out", str(tmp_path / "r.json")])
     assert "speed" not in Profile.load(tmp_path / "r.json").machine
+
+
+def _priced(ref_s: float) -> Profile:
+    """A profile whose steps were priced at one speed, its reference ref_s on both probe figures."""
+    probe = {"prefill_s": ref_s, "decode_s": ref_s}
+    return replace(_profile(synthetic_samples()),
+                   machine={"cpu": "x", "speed": {"before": probe, "after": probe, "sections": []}})
+
+
+def test_runs_priced_at_one_speed_each_are_repriced_at_their_mean(tmp_path):
+    """Two one-speed runs at references 0.2 and 0.4 s: pooled at 0.3, the first run's steps take
+    1.5x their time and the second's 0.75x; with --only, at the last run's 0.4 (the first's 2x).
+    A one-speed run pooled with one whose steps are raw is refused, nothing written."""
+    _priced(0.2).save(tmp_path / "a.json")
+    _priced(0.4).save(tmp_path / "b.json")
+    _probed(0.2).save(tmp_path / "raw.json")
+    main(["pool", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path / "p.json")])
+    pooled, base = Profile.load(tmp_path / "p.json"), synthetic_samples()
+    assert [s.seconds for s in pooled.samples] == pytest.approx([s.seconds * 1.5 for s in base] + [s.seconds * 0.75 for s in base])
+    assert pooled.machine["speed"]["before"] == pytest.approx({"prefill_s": 0.3, "decode_s": 0.3})
+    kind = base[0].kind
+    main(["pool", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--only", kind, "--out", str(tmp_path / "q.json")])
+    only = Profile.load(tmp_path / "q.json")
+    assert [s.seconds for s in only.samples] == pytest.approx([s.seconds * 2 for s in base if s.kind == kind] + [s.seconds for s in base])
+    with pytest.raises(SystemExit):
+        main(["pool", str(tmp_path / "a.json"), str(tmp_path / "raw.json"), "--out", str(tmp_path / "r.json")])
+    assert not (tmp_path / "r.json").exists()
