@@ -22,7 +22,10 @@ from tests.model_factory import hf_greedy
 from kvtransport.secret import write_secret
 from kvtransport.testing import TEST_SECRET
 
-NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "96", "--max-num-seqs", "8", "--block-size", "16"]
+# heartbeats every 0.1 s (default 0.5): what the tests wait for in them (transfer counters, every
+# block free) reaches the router sooner
+NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "96", "--max-num-seqs", "8", "--block-size", "16",
+              "--heartbeat-s", "0.1"]
 PROMPTS = [[1, 17, 33, 2, 250, 9, 9, 100, 41, 7, 7, 7, 300, 12, 13, 14, 15, 16, 200], [1, 5, 6], [3] * 40]
 
 
