@@ -1,6 +1,8 @@
 """Random-weight Llama-family checkpoints saved as local Hugging Face folders, for tests."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, \
     Qwen2Config, Qwen2ForCausalLM
@@ -27,10 +29,21 @@ def make_model(path, arch: str = "llama", *, heads: int = 4, kv_heads: int = 2, 
     return model
 
 
+# model -> prompt -> the longest greedy continuation computed so far (the session's models are
+# shared by many tests, which ask for the same prompts again: 400 tokens take ~1 s each time)
+_GREEDY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' own greedy continuation of `prompt`, EOS ignored."""
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
-                         pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    """transformers' own greedy continuation of `prompt`, EOS ignored. Computed once per model and
+    prompt: a shorter continuation is the first tokens of a longer one (step i sees only the prompt
+    and tokens 0..i-1, and no step may end the output)."""
+    known = _GREEDY.setdefault(model, {})
+    tokens = known.get(tuple(prompt), [])
+    if len(tokens) < max_new_tokens:
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+        tokens = known[tuple(prompt)] = out[0, len(prompt):].tolist()
+    return tokens[:max_new_tokens]

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from engine import SamplingParams
+from engine import LLM, SamplingParams
 from engine.grammar import GrammarCompiler
 from engine.sampler import Sampler, SamplingRow
 from pdwire.control import params_from_wire, params_to_wire
@@ -31,6 +31,33 @@ def chat_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-chat")
     tiny_chat_model_folder(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def shared_llm(chat_dir):
+    """One small engine (32 blocks) for the tests that admit requests to it or only need its
+    tokenizer: its grammar compile worker process (seconds to start) starts once, not per test."""
+    llm = LLM(chat_dir, block_size=16, num_blocks=32)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture
+def small_engine(shared_llm):
+    """The shared engine; after the test no request is left and every block is accounted for."""
+    yield shared_llm.engine
+    shared_llm.engine.check_integrity()
+    assert not shared_llm.engine.has_unfinished_requests(), "a request was left"
+
+
+@pytest.fixture(scope="module")
+def compiler(shared_llm):
+    """A grammar compiler of the tiny chat tokenizer (EOS: 2) for the tests that sample rows
+    themselves; its worker process starts once."""
+    engine = shared_llm.engine
+    compiler = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, [2])
+    yield compiler
+    compiler.close()
 
 
 def _run(engine, rid: str, prompt: list[int], params: SamplingParams, prior_outputs: int):
@@ -99,11 +126,10 @@ def test_a_moved_request_continues_its_grammar(chat_dir, make_llm):
         other.engine.add_request("bad", prompt + bad, params, prior_outputs=len(bad))
 
 
-def test_the_mask_touches_only_constrained_rows_and_allows_eos_only_when_complete(chat_dir, make_llm):
+def test_the_mask_touches_only_constrained_rows_and_allows_eos_only_when_complete(small_engine, compiler):
     """One bitmask for the batch: an unconstrained row's logits stay as they were; a grammar that
     is not complete forbids EOS even where EOS is the model's favourite; once complete, only EOS."""
-    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
-    compiler = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, [2])
+    engine = small_engine
     spec = StructuredOutput.choice(["yes"])
     m = compiler.matcher(compiler.compiled(spec))
     logits = torch.randn(2, engine.model_config.vocab_size)
@@ -137,9 +163,9 @@ def test_the_spec_travels_as_data_and_old_maps_still_decode():
         SamplingParams(min_tokens=2, structured=StructuredOutput(GrammarKind.REGEX, "a+"))
 
 
-def test_a_grammar_that_does_not_compile_is_refused_before_any_work(chat_dir, make_llm):
+def test_a_grammar_that_does_not_compile_is_refused_before_any_work(small_engine):
     """A bad regex, EBNF or schema is a ValueError at add_request; nothing is queued."""
-    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
+    engine = small_engine
     for spec in (StructuredOutput(GrammarKind.REGEX, "[a-"), StructuredOutput(GrammarKind.GRAMMAR, "root ::= x"),
                  StructuredOutput(GrammarKind.JSON_SCHEMA, '{"type": "nope"}')):
         with pytest.raises(ValueError, match=f"invalid {spec.kind.value}"):
@@ -147,11 +173,11 @@ def test_a_grammar_that_does_not_compile_is_refused_before_any_work(chat_dir, ma
     assert not engine.has_unfinished_requests()
 
 
-def test_a_grammar_that_allows_no_token_is_refused_at_admission(chat_dir, make_llm):
+def test_a_grammar_that_allows_no_token_is_refused_at_admission(small_engine):
     """An empty-language grammar (any client can send one: `root ::= root "a"`, or a regex this
     vocabulary cannot spell) is a ValueError at add_request, nothing queued (it used to run to an
     abort with no token, which a prefill node passed on to no one); the engine serves on."""
-    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
+    engine = small_engine
     with pytest.raises(ValueError, match="allows no token"):
         engine.add_request("dead", [5, 6], SamplingParams(
             temperature=1.0, structured=StructuredOutput(GrammarKind.GRAMMAR, 'root ::= root "a"')))
@@ -160,12 +186,11 @@ def test_a_grammar_that_allows_no_token_is_refused_at_admission(chat_dir, make_l
     assert (out.finish_reason, len(out.token_ids)) == ("length", 4)
 
 
-def test_the_grammar_wins_over_banned_ids(chat_dir, make_llm):
+def test_the_grammar_wins_over_banned_ids(small_engine, compiler):
     """A row whose grammar allows only what min_tokens bans (a complete answer: only EOS) keeps
     those tokens, greedy and at random: the grammar wins (SamplingParams refuses min_tokens with a
     grammar; the sampler holds to it for any row). A row with allowed tokens left keeps its ban."""
-    engine = make_llm(chat_dir, block_size=16, num_blocks=32).engine
-    compiler = GrammarCompiler(engine.tokenizer, engine.model_config.vocab_size, [2])
+    engine = small_engine
     done = compiler.matcher(compiler.compiled(StructuredOutput.choice(["yes"])))
     open_ = compiler.matcher(compiler.compiled(StructuredOutput.choice(["yes", "yes!"])))
     yes = engine.tokenizer.encode("yes", add_special_tokens=False)

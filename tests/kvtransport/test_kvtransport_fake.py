@@ -336,8 +336,8 @@ def test_a_peer_without_the_secret_cannot_pair_or_write():
     [header, seal] (a split seal, which this receiver did not announce: UNEXPECTED), or from a connection that never completed the handshake, is dropped unread; a replayed sealed
     frame is dropped (REPLAY) and writes nothing."""
     env = Env(sender_secret=b"w" * 32, connect=False)
-    with pytest.raises(TransportError):
-        env.send.connect(env.recv.endpoint)
+    with pytest.raises(TransportError):     # the fake link answers at once: the MAC is refused before any wait
+        env.send.connect(env.recv.endpoint, timeout=0.2)
     assert env.recv.metrics.drops == Counter({DropReason.BAD_MAC: 1})
     env = Env()
     env.reserve()

@@ -4,6 +4,7 @@ bytes), a poll drains by bytes, the queue is sized from what the receiver announ
 receiver that did not announce the split takes none of it."""
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
 import pytest
@@ -85,14 +86,24 @@ def test_the_queue_is_sized_from_the_bytes_announced(monkeypatch):
     identity = make_identity(pool, "d0", "zmq")
     no_slots = BlockWriterSink(lambda ids, blocks: None, identity.layout)
     block = identity.layout.block_nbytes
-    for kw, message, want in [(dict(sink=no_slots, max_queue_bytes=8 << 20), 2 << 20, 4),
-                              (dict(split_payloads=False, max_queue_bytes=8 << 20), 2 << 20, 4),
-                              (dict(max_queue_bytes=1 << 20, hwm=16), block, (1 << 20) // block)]:
-        recv = ZmqReceiver(pool, identity, TEST_SECRET, **kw)
-        try:
-            got = queued_bytes(recv, message, min(message, block), want * message + 2 * in_flight(message))
-            assert want * message <= got <= want * message + in_flight(message), (kw, got / message, want)
-        finally:
+    cases = [(dict(sink=no_slots, max_queue_bytes=8 << 20), 2 << 20, 4),
+             (dict(split_payloads=False, max_queue_bytes=8 << 20), 2 << 20, 4),
+             (dict(max_queue_bytes=1 << 20, hwm=16), block, (1 << 20) // block)]
+    receivers = []
+    try:
+        for kw, _, _ in cases:
+            receivers.append(ZmqReceiver(pool, identity, TEST_SECRET, **kw))
+
+        def probe(recv, message: int, want: int) -> int:
+            return queued_bytes(recv, message, min(message, block), want * message + 2 * in_flight(message))
+        # the three receivers are probed at once: each probe ends in a send blocked for SEND_BLOCKED_S,
+        # waited out side by side rather than one after another (each probe has its own peer and context)
+        with ThreadPoolExecutor(len(cases)) as probes:
+            got = list(probes.map(probe, receivers, [c[1] for c in cases], [c[2] for c in cases]))
+        for (kw, message, want), g in zip(cases, got):
+            assert want * message <= g <= want * message + in_flight(message), (kw, g / message, want)
+    finally:
+        for recv in receivers:
             recv.close()
 
 

@@ -28,8 +28,11 @@ def chat_dir(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture
-def harness(chat_dir):
+@pytest.fixture(scope="module")
+def shared_harness(chat_dir):
+    """One pair of nodes for the tests at the end of this file (their compile worker processes,
+    seconds each to start, started once). Those tests come last: the slow_harness tests run with
+    no other nodes beside theirs."""
     # the tests compute colocated outputs while nothing answers the nodes' heartbeats: a first
     # structured request there starts compile worker processes (seconds on a loaded machine)
     h = NodeHarness(chat_dir, block_size=8, num_blocks=160, router_timeout_s=120)
@@ -40,71 +43,18 @@ def harness(chat_dir):
         service.engine.check_integrity()
 
 
+@pytest.fixture
+def harness(shared_harness):
+    """The shared nodes; after each test both are idle, every block accounted for, none pinned."""
+    yield shared_harness
+    shared_harness.idle()
+    for service in (shared_harness.prefill, shared_harness.decode):
+        service.engine.check_integrity()
+        assert not service.engine.block_manager.num_pins, "a shipped block stayed pinned"
+
+
 def _tokens(result) -> list[int]:
     return [result.tokens[i] for i in sorted(result.tokens)]
-
-
-def test_disaggregated_outputs_follow_their_grammar_and_match_colocated(harness, chat_dir, make_llm):
-    """Schema, regex, choice and EBNF requests (greedy and seeded), in flight with free ones: each
-    output validates, ends "stop", and is token for token the colocated engine's."""
-    llm = make_llm(chat_dir, block_size=8, num_blocks=160)
-    prompt = llm.engine.encode("hello world")
-    params = [SamplingParams(temperature=0.0 if i < 4 else 1.0, seed=i, max_tokens=200, structured=SPECS[i % 4])
-              for i in range(8)]
-    params.append(SamplingParams(temperature=1.0, seed=9, max_tokens=6, ignore_eos=True))
-    colocated = [o.outputs[0] for o in llm.generate([prompt] * len(params), params)]
-    for i, p in enumerate(params):
-        harness.submit(f"r{i}", prompt, p)
-    results = harness.wait([f"r{i}" for i in range(len(params))])
-    for p, r, c in zip(params, results, colocated):
-        assert r.failed is None and _tokens(r) == c.token_ids
-        if p.structured is not None:
-            assert r.finish == "stop"
-            _check(llm.engine.tokenizer.decode(_tokens(r), skip_special_tokens=True), p.structured)
-
-
-def test_a_moved_request_continues_its_grammar_on_both_nodes(harness, chat_dir, make_llm):
-    """Moved after k tokens (prompt + those tokens, prior_outputs = k), a seeded constrained
-    request gives the colocated run's remaining tokens, and prior + new validates; prior outputs
-    that break the grammar fail the request (not retryable) and leak nothing."""
-    llm = make_llm(chat_dir, block_size=8, num_blocks=160)
-    tok = llm.engine.tokenizer
-    prompt = llm.engine.encode("hello world")
-    params = SamplingParams(temperature=1.0, seed=11, max_tokens=200, structured=StructuredOutput.json_schema(SCHEMA))
-    whole = llm.generate([prompt], params)[0].outputs[0].token_ids
-    cuts = (1, len(whole) // 2)
-    for k in cuts:
-        harness.submit(f"m{k}", prompt + whole[:k], dataclasses.replace(params, max_tokens=200 - k), prior_outputs=k)
-    bad = tok.encode("]]", add_special_tokens=False)
-    harness.submit("bad", prompt + bad, params, prior_outputs=len(bad))
-    *moved, failed = harness.wait([f"m{k}" for k in cuts] + ["bad"])
-    for k, m in zip(cuts, moved):
-        assert m.failed is None and m.finish == "stop" and _tokens(m) == whole[k:]
-        validate(json.loads(tok.decode(whole[:k] + _tokens(m), skip_special_tokens=True)), SCHEMA)
-    assert failed.failed is not None and not failed.failed.retryable and "does not follow" in failed.failed.reason
-
-
-
-EMPTY = StructuredOutput(GrammarKind.GRAMMAR, 'root ::= root "a"')      # its language is empty
-
-
-def test_an_empty_language_grammar_is_refused_on_both_nodes_and_leaks_nothing(harness):
-    """A grammar whose first step allows no token is refused at admission, not retryable (the
-    router's 400), by the decode node's reservation and by the prefill node's add_request, whose
-    transfer is aborted: no shipment stays open, neither node stays busy (it used to end in an
-    abort with no token that the prefill node told no one about, its shipment open, its loop
-    spinning, D's reservation held until its lease)."""
-    prompt = harness.decode.engine.encode("hello world")
-    params = SamplingParams(temperature=1.0, seed=1, max_tokens=20, structured=EMPTY)
-    harness.submit("dead", prompt, params)
-    harness.results["direct"] = Result()
-    harness.send("prefill-0", PrefillRequest("direct", tuple(prompt), params, harness.hellos["decode-0"].kv_endpoint,
-                                             "ab" * 16, (0, 1), 0))
-    for r in harness.wait(["dead", "direct"]):
-        assert not r.failed.retryable and "allows no token" in r.failed.reason and r.first is None
-    assert harness.results["dead"].failures[0][0] == "decode-0" and harness.results["direct"].failures[0][0] == "prefill-0"
-    harness.idle()
-    assert not harness.prefill.shipper.shipments and not harness.decode.xfer_rid
 
 
 @pytest.fixture
@@ -183,3 +133,66 @@ def test_a_prefill_nodes_busy_grammar_compiler_answers_busy():
     assert isinstance(sent[0], Busy) and (sent[0].rid, sent[0].reason) == ("r1", "too many compiles")
     assert sent[1] == RequestFailed("r2", "invalid regex", False)
     assert isinstance(sent[2], Busy) and sent[2].rid == "r3"    # the decode node compiled it in time
+
+
+def test_disaggregated_outputs_follow_their_grammar_and_match_colocated(harness, chat_dir, make_llm):
+    """Schema, regex, choice and EBNF requests (greedy and seeded), in flight with free ones: each
+    output validates, ends "stop", and is token for token the colocated engine's."""
+    llm = make_llm(chat_dir, block_size=8, num_blocks=160)
+    prompt = llm.engine.encode("hello world")
+    params = [SamplingParams(temperature=0.0 if i < 4 else 1.0, seed=i, max_tokens=200, structured=SPECS[i % 4])
+              for i in range(8)]
+    params.append(SamplingParams(temperature=1.0, seed=9, max_tokens=6, ignore_eos=True))
+    colocated = [o.outputs[0] for o in llm.generate([prompt] * len(params), params)]
+    for i, p in enumerate(params):
+        harness.submit(f"r{i}", prompt, p)
+    results = harness.wait([f"r{i}" for i in range(len(params))])
+    for p, r, c in zip(params, results, colocated):
+        assert r.failed is None and _tokens(r) == c.token_ids
+        if p.structured is not None:
+            assert r.finish == "stop"
+            _check(llm.engine.tokenizer.decode(_tokens(r), skip_special_tokens=True), p.structured)
+
+
+def test_a_moved_request_continues_its_grammar_on_both_nodes(harness, chat_dir, make_llm):
+    """Moved after k tokens (prompt + those tokens, prior_outputs = k), a seeded constrained
+    request gives the colocated run's remaining tokens, and prior + new validates; prior outputs
+    that break the grammar fail the request (not retryable) and leak nothing."""
+    llm = make_llm(chat_dir, block_size=8, num_blocks=160)
+    tok = llm.engine.tokenizer
+    prompt = llm.engine.encode("hello world")
+    params = SamplingParams(temperature=1.0, seed=11, max_tokens=200, structured=StructuredOutput.json_schema(SCHEMA))
+    whole = llm.generate([prompt], params)[0].outputs[0].token_ids
+    cuts = (1, len(whole) // 2)
+    for k in cuts:
+        harness.submit(f"m{k}", prompt + whole[:k], dataclasses.replace(params, max_tokens=200 - k), prior_outputs=k)
+    bad = tok.encode("]]", add_special_tokens=False)
+    harness.submit("bad", prompt + bad, params, prior_outputs=len(bad))
+    *moved, failed = harness.wait([f"m{k}" for k in cuts] + ["bad"])
+    for k, m in zip(cuts, moved):
+        assert m.failed is None and m.finish == "stop" and _tokens(m) == whole[k:]
+        validate(json.loads(tok.decode(whole[:k] + _tokens(m), skip_special_tokens=True)), SCHEMA)
+    assert failed.failed is not None and not failed.failed.retryable and "does not follow" in failed.failed.reason
+
+
+
+EMPTY = StructuredOutput(GrammarKind.GRAMMAR, 'root ::= root "a"')      # its language is empty
+
+
+def test_an_empty_language_grammar_is_refused_on_both_nodes_and_leaks_nothing(harness):
+    """A grammar whose first step allows no token is refused at admission, not retryable (the
+    router's 400), by the decode node's reservation and by the prefill node's add_request, whose
+    transfer is aborted: no shipment stays open, neither node stays busy (it used to end in an
+    abort with no token that the prefill node told no one about, its shipment open, its loop
+    spinning, D's reservation held until its lease)."""
+    prompt = harness.decode.engine.encode("hello world")
+    params = SamplingParams(temperature=1.0, seed=1, max_tokens=20, structured=EMPTY)
+    harness.submit("dead", prompt, params)
+    harness.results["direct"] = Result()
+    harness.send("prefill-0", PrefillRequest("direct", tuple(prompt), params, harness.hellos["decode-0"].kv_endpoint,
+                                             "ab" * 16, (0, 1), 0))
+    for r in harness.wait(["dead", "direct"]):
+        assert not r.failed.retryable and "allows no token" in r.failed.reason and r.first is None
+    assert harness.results["dead"].failures[0][0] == "decode-0" and harness.results["direct"].failures[0][0] == "prefill-0"
+    harness.idle()
+    assert not harness.prefill.shipper.shipments and not harness.decode.xfer_rid

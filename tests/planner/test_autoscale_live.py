@@ -20,7 +20,7 @@ MAX_TOKENS = 96
 NODE_FLAGS = ["--dtype", "float32", "--num-blocks", "40", "--max-num-seqs", "8"]     # ~3 requests per decode node
 AUTOSCALE = ["--autoscale", "--autoscale-max-prefill", "2", "--autoscale-max-decode", "2",
              "--autoscale-slo-ttft-ms", "250", "--autoscale-slo-itl-ms", "2000", "--autoscale-interval-s", "1",
-             "--autoscale-window-s", "4", "--autoscale-down-after-s", "3", "--autoscale-cooldown-s", "2",
+             "--autoscale-window-s", "4", "--autoscale-down-after-s", "1", "--autoscale-cooldown-s", "2",
              "--autoscale-drain-deadline-s", "10"]
 
 
