@@ -26,6 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # as engine/__init__.py, 
 
 import torch  # noqa: E402
 
+from bench.linear_choice import choose_linears  # noqa: E402
 from bench.machine import write_result  # noqa: E402
 from bench.random_model import make_random_llama  # noqa: E402
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
@@ -61,11 +62,7 @@ def decoding_engine(path: str, dtype: str, num_seqs: int, gemm: bool = True) -> 
     """An engine with num_seqs sequences past their prefill, decoding on pdserve's default linears
     for this CPU (bf16: AMX's GEMM where it has AMX, else vdpbf16ps'); gemm False: packed for oneDNN,
     as PDSERVE_BF16_GEMM=0 / PDSERVE_F32_GEMM=0 do."""
-    os.environ.pop("PDSERVE_AMX_GEMM", None)
-    for flag in ("PDSERVE_BF16_GEMM", "PDSERVE_F32_GEMM"):    # read once, when the linears are packed
-        os.environ.pop(flag, None)                              # pdserve's default GEMM for this CPU
-        if not gemm:
-            os.environ[flag] = "0"
+    choose_linears(gemm)
     engine = LLMEngine(EngineConfig(model=path, dtype=dtype, cache=CacheConfig(kv_cache_gib=0.5),
                                     scheduler=SchedulerConfig(max_num_seqs=num_seqs)))
     rng = random.Random(0)

@@ -25,6 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # as engine/__init__.py, 
 
 import torch  # noqa: E402
 
+from bench.linear_choice import choose_linears  # noqa: E402
 from bench.machine import write_result  # noqa: E402
 from bench.random_model import make_random_llama  # noqa: E402
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
@@ -37,15 +38,8 @@ WARMUP_SEED = 1 << 20       # warm-up runs' prompts are seeded from here: never 
 
 
 def engine(path: str, dtype: str, gemm: bool, vdpbf16ps: bool = False) -> LLMEngine:
-    """gemm: pdserve's default GEMM for the dtype on this CPU (bf16: AMX's where it runs, else
-    vdpbf16ps'; vdpbf16ps asks for the latter even on AMX); else oneDNN's."""
-    os.environ.pop("PDSERVE_AMX_GEMM", None)
-    for flag in ("PDSERVE_BF16_GEMM", "PDSERVE_F32_GEMM"):    # read once, when the linears are packed
-        os.environ.pop(flag, None)
-        if not gemm:
-            os.environ[flag] = "0"
-    if gemm and vdpbf16ps:
-        os.environ["PDSERVE_BF16_GEMM"] = "1"
+    """gemm: pdserve's default GEMM for the dtype on this CPU (bench/linear_choice.py); else oneDNN's."""
+    choose_linears(gemm, vdpbf16ps)
     return LLMEngine(EngineConfig(model=path, dtype=dtype, cache=CacheConfig(kv_cache_gib=2.0),
                                   scheduler=SchedulerConfig(max_num_seqs=REQUESTS, max_num_batched_tokens=2048)))
 
