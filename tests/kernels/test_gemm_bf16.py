@@ -41,13 +41,18 @@ SHAPES = [(1, 512, 1536), (32, 512, 1536), (64, 1408, 512), (6, 64, 64), (7, 33,
 def test_gemm_equals_the_float32_reference_rounded_once(m, k, n, bias):
     """Rows 1..200 (register blocks of 1-6 rows, several row chunks), k odd and even, n not a
     multiple of the 64-column tile, with and without bias."""
-    if not kernel_here():
-        return
+    if kernel_here():
+        assert_gemm_equals_reference(gemm_bf16, m, k, n, bias)
+
+
+def assert_gemm_equals_reference(gemm, m: int, k: int, n: int, bias: bool) -> None:
+    """A bf16 GEMM module's (gemm_bf16, gemm_amx) product of random x [m, k] and W [n, k] (and a
+    bias) is within one bf16 rounding of its float32 reference."""
     torch.manual_seed(m * 1000 + k + n)
     x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
     b = torch.randn(n).bfloat16() if bias else None
-    got = gemm_bf16.linear(x, gemm_bf16.pack_weight(w), n, b)
-    assert_within_one_rounding(got, gemm_bf16.reference(x, w, b), k)
+    got = gemm.linear(x, gemm.pack_weight(w), n, b)
+    assert_within_one_rounding(got, gemm.reference(x, w, b), k)
 
 
 def test_pack_weight_layout():
