@@ -15,6 +15,7 @@
  * Strides are in elements; every row's elements are contiguous. Built by kernels/cpu_kernels.py.
  */
 #include "common.h"
+#include "bf16x16.h"
 
 #define PARALLEL_MIN 65536
 
@@ -52,6 +53,35 @@ static inline __attribute__((always_inline)) void rms_norm_row(const char *x, ch
         store_elem(out, i, load_elem(weight, i, dtype) * round_to(load_elem(src, i, dtype) * inv_rms, dtype), dtype);
 }
 
+#if HAVE_BF16X16
+/* rms_norm_row for bf16, 16 elements at a time (the tail by rms_norm_row's loops): the same
+ * roundings; the sum of squares in 16 lanes, so its order (not its rounding) differs. */
+static void rms_norm_row_bf16(const uint16_t *x, uint16_t *residual, const uint16_t *weight, uint16_t *out,
+                              int64_t n, float eps) {
+    const int64_t n16 = n & ~(int64_t)15;
+    const uint16_t *src = x;
+    if (residual != NULL) {
+        for (int64_t i = 0; i < n16; i += 16)
+            bf16x16_store(residual + i, _mm512_add_ps(bf16x16_load(residual + i), bf16x16_load(x + i)));
+        for (int64_t i = n16; i < n; i++) residual[i] = f32_to_bf16(bf16_to_f32(residual[i]) + bf16_to_f32(x[i]));
+        src = residual;
+    }
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n16; i += 16) {
+        const __m512 v = bf16x16_load(src + i);
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));
+    }
+    float sum_sq = _mm512_reduce_add_ps(acc);
+    for (int64_t i = n16; i < n; i++) sum_sq += bf16_to_f32(src[i]) * bf16_to_f32(src[i]);
+    const float inv_rms = 1.f / sqrtf(sum_sq / (float)n + eps);
+    const __m512 inv = _mm512_set1_ps(inv_rms);
+    for (int64_t i = 0; i < n16; i += 16)
+        bf16x16_store(out + i, _mm512_mul_ps(bf16x16_load(weight + i), bf16x16_round(_mm512_mul_ps(bf16x16_load(src + i), inv))));
+    for (int64_t i = n16; i < n; i++)
+        out[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_to(bf16_to_f32(src[i]) * inv_rms, DT_BF16));
+}
+#endif
+
 /* x, out: [rows, n]; residual: [rows, n] or NULL; weight: [n]. */
 void rms_norm(const void *x, int64_t x_stride, void *residual, int64_t residual_stride, const void *weight, void *out,
               int64_t out_stride, int64_t rows, int64_t n, float eps, int dtype, int num_threads) {
@@ -61,6 +91,12 @@ void rms_norm(const void *x, int64_t x_stride, void *residual, int64_t residual_
         const char *xr = (const char *)x + r * x_stride * esize;
         char *res = residual == NULL ? NULL : (char *)residual + r * residual_stride * esize;
         char *o = (char *)out + r * out_stride * esize;
+#if HAVE_BF16X16
+        if (dtype == DT_BF16) {
+            rms_norm_row_bf16((const uint16_t *)xr, (uint16_t *)res, (const uint16_t *)weight, (uint16_t *)o, n, eps);
+            continue;
+        }
+#endif
         BY_DTYPE(dtype, rms_norm_row(xr, res, (const char *)weight, o, n, eps, DT));
     }
 }
@@ -73,6 +109,25 @@ static inline __attribute__((always_inline)) void silu_mul_row(const char *x, ch
     }
 }
 
+#if HAVE_BF16X16
+/* silu_mul_row for bf16, 16 elements at a time (the tail by silu_mul_row's loop): bit for bit its results. */
+static void silu_mul_row_bf16(const uint16_t *x, uint16_t *out, int64_t n) {
+    const int64_t n16 = n & ~(int64_t)15;
+    const __m512 one = _mm512_set1_ps(1.f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    for (int64_t i = 0; i < n16; i += 16) {
+        const __m512 gate = bf16x16_load(x + i), up = bf16x16_load(x + n + i);
+        const __m512 minus = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(gate), sign));
+        const __m512 silu = _mm512_div_ps(gate, _mm512_add_ps(one, fast_exp16(minus)));
+        bf16x16_store(out + i, _mm512_mul_ps(bf16x16_round(silu), up));
+    }
+    for (int64_t i = n16; i < n; i++) {
+        const float gate = bf16_to_f32(x[i]), up = bf16_to_f32(x[n + i]);
+        out[i] = f32_to_bf16(round_to(gate / (1.f + fast_exp(-gate)), DT_BF16) * up);
+    }
+}
+#endif
+
 /* x: [rows, 2n] (gate | up); out: [rows, n]. */
 void silu_mul(const void *x, int64_t x_stride, void *out, int64_t out_stride, int64_t rows, int64_t n, int dtype,
               int num_threads) {
@@ -81,6 +136,12 @@ void silu_mul(const void *x, int64_t x_stride, void *out, int64_t out_stride, in
     for (int64_t r = 0; r < rows; r++) {
         const char *xr = (const char *)x + r * x_stride * esize;
         char *o = (char *)out + r * out_stride * esize;
+#if HAVE_BF16X16
+        if (dtype == DT_BF16) {
+            silu_mul_row_bf16((const uint16_t *)xr, (uint16_t *)o, n);
+            continue;
+        }
+#endif
         BY_DTYPE(dtype, silu_mul_row(xr, o, n, DT));
     }
 }

@@ -15,6 +15,7 @@ from kernels.cpu_kernels import build_error, layer_ops_lib
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ROWS = [1, 7, 300]          # 300 rows x 512: over the C file's PARALLEL_MIN, so split over threads
+WIDTHS = [512, 37]          # 37: bf16 rows go 16 elements at a time (kernels/csrc/bf16x16.h), then a tail of 5
 # Stated tolerances: float32 differs from PyTorch only in summation order (RMSNorm) and exp's
 # last bit (SiLU); a 16-bit result may land up to two units in the last place away (a one-unit
 # difference in the rounded intermediate, times the second factor).
@@ -29,25 +30,27 @@ def test_layer_ops_library_builds():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", ROWS)
-def test_rms_norm_matches_transformers(dtype, rows):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_rms_norm_matches_transformers(dtype, rows, width):
     g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 512, generator=g).to(dtype)
-    hf = LlamaRMSNorm(512, eps=1e-5).to(dtype)
+    x = torch.randn(rows, width, generator=g).to(dtype)
+    hf = LlamaRMSNorm(width, eps=1e-5).to(dtype)
     with torch.no_grad():
-        hf.weight.copy_(torch.randn(512, generator=g))
+        hf.weight.copy_(torch.randn(width, generator=g))
     assert cpu_layer_ops.usable(x, hf.weight)
     torch.testing.assert_close(kernels.rms_norm(x, hf.weight.detach(), 1e-5), hf(x).detach(), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", ROWS)
-def test_rms_norm_adds_the_residual_in_place_first(dtype, rows):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_rms_norm_adds_the_residual_in_place_first(dtype, rows, width):
     """residual += x (rounded to the dtype, as PyTorch's add rounds), then the norm of the sum."""
     g = torch.Generator().manual_seed(rows)
-    x, residual = torch.randn(rows, 512, generator=g).to(dtype), torch.randn(rows, 512, generator=g).to(dtype)
-    weight = torch.randn(512, generator=g).to(dtype)
+    x, residual = torch.randn(rows, width, generator=g).to(dtype), torch.randn(rows, width, generator=g).to(dtype)
+    weight = torch.randn(width, generator=g).to(dtype)
     expected_sum = residual + x
-    hf = LlamaRMSNorm(512, eps=1e-6).to(dtype)
+    hf = LlamaRMSNorm(width, eps=1e-6).to(dtype)
     with torch.no_grad():
         hf.weight.copy_(weight)
     out = kernels.rms_norm(x, weight, 1e-6, residual=residual)
@@ -57,18 +60,22 @@ def test_rms_norm_adds_the_residual_in_place_first(dtype, rows):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", ROWS)
-def test_silu_and_mul_matches_pytorch(dtype, rows):
+@pytest.mark.parametrize("width", [704, 37])
+def test_silu_and_mul_matches_pytorch(dtype, rows, width):
     g = torch.Generator().manual_seed(rows)
-    x = (torch.randn(rows, 2 * 704, generator=g) * 4).to(dtype)       # wide range: exp's tails
+    x = (torch.randn(rows, 2 * width, generator=g) * 4).to(dtype)       # wide range: exp's tails
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(kernels.silu_and_mul(x), F.silu(gate) * up, **TOL[dtype])
 
 
-def test_silu_and_mul_saturates_like_pytorch():
-    """Far beyond exp's range: silu(x) -> x for large x, -> -0 for very negative x; no NaN."""
-    x = torch.tensor([[-1e4, -100.0, -88.5, 0.0, 88.5, 1e4, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_saturates_like_pytorch(dtype):
+    """Far beyond exp's range: silu(x) -> x for large x, -> -0 for very negative x; no NaN.
+    18 gates: a bf16 row's first 16 go through the 16-lane path, the last 2 through its tail."""
+    gate = torch.tensor([-1e4, -100.0, -88.5, 0.0, 88.5, 1e4] * 3)
+    x = torch.cat([gate, torch.ones(18)])[None].to(dtype)
     out = kernels.silu_and_mul(x)
-    torch.testing.assert_close(out, F.silu(x[:, :6]), atol=1e-30, rtol=1e-6)
+    torch.testing.assert_close(out, F.silu(x[:, :18]), atol=1e-30, rtol=1e-6 if dtype == torch.float32 else 2 ** -8)
 
 
 def _rope_tables(dtype, positions=64, head_dim=64):
