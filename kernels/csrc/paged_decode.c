@@ -7,9 +7,10 @@
  *   2. softmax per query head (max-subtracted, float32)
  *   3. out[g] = sum_t p[g][t] * V[t]   (segments: partial sums, merged per sequence after)
  * K and V are each read once per task; 16-bit elements are widened to float32 as they are read.
- * bf16 with head_dim 64 or 128 on AVX512-BF16 CPUs takes k_block_bf16 / v_block_bf16 instead:
- * K dots by vdpbf16ps, 16 tokens of a query head at a time, reduced together (the generic loop's
- * one horizontal sum per dot cost 2x at a decode step's sizes).
+ * float32 and bf16 with head_dim 64 or 128 on AVX-512 CPUs (bf16: AVX512-BF16) take the block
+ * functions instead (k_block_* / v_block_*): K dots by FMAs or vdpbf16ps, 16 tokens of a query
+ * head at a time, reduced together (the generic loop's one horizontal sum per dot cost 2x at a
+ * decode step's sizes); V sums in registers across a block.
  * Built by kernels/cpu_kernels.py with the host compiler; called through ctypes.
  */
 #include <stdlib.h>
@@ -75,9 +76,9 @@ static inline __attribute__((always_inline)) void prefetch_row(const char *next_
     for (int b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
 }
 
-#ifdef __AVX512BF16__
+#ifdef __AVX512F__
 #include <immintrin.h>
-#define BF16_BLOCKS 1   /* bf16 rows of head_dim 64 or 128 take the block functions below */
+#define F32_BLOCKS 1    /* float32 rows of head_dim 64 or 128 take the block functions below */
 
 /* r[i] = the sum of a[i]'s 16 lanes: a transpose-and-add tree, ~3 instructions per sum where
  * reducing each vector alone takes ~10 (and gcc reduces `omp simd` dots lane by lane, in order). */
@@ -94,34 +95,103 @@ static inline __attribute__((always_inline)) __m512 sum16(const __m512 a[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xdd));
 }
 
-/* Prefetch head h of tokens [i0, i0 + 16) of the next block (NULL: none). */
-static inline __attribute__((always_inline)) void prefetch_heads(const uint16_t *next, int i0, int h, int64_t token_stride,
-                                                                 int HD) {
+/* Prefetch head h of tokens [i0, i0 + 16) of the next block (NULL: none); elements of esize bytes. */
+static inline __attribute__((always_inline)) void prefetch_heads(const void *next, int i0, int h, int64_t token_stride,
+                                                                 int HD, int esize) {
     if (next == NULL) return;
     for (int i = i0; i < i0 + 16; i++)
-        for (int b = 0; b < HD * 2; b += 64) __builtin_prefetch((const char *)(next + i * token_stride + h * HD) + b, 0, 3);
+        for (int b = 0; b < HD * esize; b += 64)
+            __builtin_prefetch((const char *)next + (i * token_stride + h * HD) * esize + b, 0, 3);
 }
+
+/* float32 K pass over tokens [0, n) of one block, as k_block_bf16 below: 16 tokens of one query
+ * head at a time, each dot summed in 16 lanes by FMAs, the 16 dots reduced together (sum16).
+ * qf: the query heads, pre-scaled. No prefetch of the next block: a float32 row of a head is
+ * 4 lines, which the hardware prefetchers follow; prefetching them too measured slower
+ * (bench/amx/decode_attention_ab.py). */
+static inline __attribute__((always_inline)) void k_block_f32(const float *qf, const float *blk, int n,
+                                                              int64_t token_stride, int num_kv_heads, int group, int HD,
+                                                              float *scores, int len, int off) {
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const int m = n - i0 < 16 ? n - i0 : 16;
+        for (int h = 0; h < num_kv_heads; h++) {
+            for (int g = 0; g < group; g++) {
+                const int j = h * group + g;
+                __m512 qv[HD / 16];
+                for (int c = 0; c < HD / 16; c++) qv[c] = _mm512_loadu_ps(qf + j * HD + 16 * c);
+                __m512 acc[16];
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++) {
+                    const float *kr = blk + (i0 + (i < m ? i : m - 1)) * token_stride + h * HD;
+                    acc[i] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+#pragma GCC unroll 8
+                    for (int c = 1; c < HD / 16; c++) acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc[i]);
+                }
+                _mm512_mask_storeu_ps(scores + (size_t)j * len + off + i0, (__mmask16)((1u << m) - 1), sum16(acc));
+            }
+        }
+    }
+}
+
+/* float32 V pass over tokens [0, n) of one block: acc[j] += sum_i p[j * len + off + i] * V[i],
+ * each query head's head_dim sums in registers across the block, in two sets (even and odd
+ * tokens) so the FMAs do not wait on each other. */
+static inline __attribute__((always_inline)) void v_block_f32(const float *p, const float *blk, int n,
+                                                              int64_t token_stride, int num_kv_heads, int group, int HD,
+                                                              float *acc, int len, int off) {
+    for (int h = 0; h < num_kv_heads; h++) {
+        for (int g = 0; g < group; g++) {
+            const int j = h * group + g;
+            __m512 a0[HD / 16], a1[HD / 16];
+            for (int c = 0; c < HD / 16; c++) a0[c] = a1[c] = _mm512_setzero_ps();
+            const float *pj = p + (size_t)j * len + off;
+            int i = 0;
+            for (; i + 1 < n; i += 2) {
+                const float *r0 = blk + i * token_stride + h * HD, *r1 = r0 + token_stride;
+                const __m512 w0 = _mm512_set1_ps(pj[i]), w1 = _mm512_set1_ps(pj[i + 1]);
+                for (int c = 0; c < HD / 16; c++) {
+                    a0[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(r0 + 16 * c), a0[c]);
+                    a1[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(r1 + 16 * c), a1[c]);
+                }
+            }
+            if (i < n) {
+                const float *r0 = blk + i * token_stride + h * HD;
+                for (int c = 0; c < HD / 16; c++) a0[c] = _mm512_fmadd_ps(_mm512_set1_ps(pj[i]), _mm512_loadu_ps(r0 + 16 * c), a0[c]);
+            }
+            for (int c = 0; c < HD / 16; c++) {
+                float *dst = acc + (size_t)j * HD + 16 * c;
+                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), _mm512_add_ps(a0[c], a1[c])));
+            }
+        }
+    }
+}
+
+#ifdef __AVX512BF16__
+#define BF16_BLOCKS 1   /* bf16 rows of head_dim 64 or 128 take the block functions below */
 
 /* K pass over tokens [0, n) of one bf16 block: scores[j * len + off + i] = scale * q_j . K[i],
  * 16 tokens of one query head at a time: vdpbf16ps products (exact in float32) summed in
- * float32, the 16 dots reduced together. q: the query row, unscaled bf16. */
+ * float32, the 16 dots reduced together. q: the query row, unscaled bf16. A block's last tokens
+ * past n read token n - 1's row again (their dots are not stored): the loop over 16 tokens has no
+ * branch, so gcc keeps the 16 sums in registers. */
 static inline __attribute__((always_inline)) void k_block_bf16(const uint16_t *q, const uint16_t *blk, const uint16_t *next,
                                                                int n, int64_t token_stride, int num_kv_heads, int group,
                                                                int HD, float scale, float *scores, int len, int off) {
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int m = n - i0 < 16 ? n - i0 : 16;
         for (int h = 0; h < num_kv_heads; h++) {
-            prefetch_heads(next, i0, h, token_stride, HD);
+            prefetch_heads(next, i0, h, token_stride, HD, 2);
             for (int g = 0; g < group; g++) {
                 const int j = h * group + g;
                 __m512i qv[HD / 32];
                 for (int c = 0; c < HD / 32; c++) qv[c] = _mm512_loadu_si512(q + j * HD + 32 * c);
                 __m512 acc[16];
+#pragma GCC unroll 16
                 for (int i = 0; i < 16; i++) {
-                    acc[i] = _mm512_setzero_ps();
-                    if (i >= m) continue;
-                    const uint16_t *kr = blk + (i0 + i) * token_stride + h * HD;
-                    for (int c = 0; c < HD / 32; c++)
+                    const uint16_t *kr = blk + (i0 + (i < m ? i : m - 1)) * token_stride + h * HD;
+                    acc[i] = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)qv[0], (__m512bh)_mm512_loadu_si512(kr));
+#pragma GCC unroll 4
+                    for (int c = 1; c < HD / 32; c++)
                         acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
                 }
                 _mm512_mask_storeu_ps(scores + (size_t)j * len + off + i0, (__mmask16)((1u << m) - 1),
@@ -155,16 +225,18 @@ static inline __attribute__((always_inline)) void v_block_bf16(const float *p, c
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     for (int h = 0; h < num_kv_heads; h++) {
-        for (int i0 = 0; i0 < n; i0 += 16) prefetch_heads(next, i0, h, token_stride, HD);
+        for (int i0 = 0; i0 < n; i0 += 16) prefetch_heads(next, i0, h, token_stride, HD, 2);
         for (int g = 0; g < group; g++) {
             const int j = h * group + g;
             __m512 e0[HD / 32], o0[HD / 32], e1[HD / 32], o1[HD / 32];
             for (int c = 0; c < HD / 32; c++) e0[c] = o0[c] = e1[c] = o1[c] = _mm512_setzero_ps();
             const float *pj = p + (size_t)j * len + off;
-            for (int i = 0; i < n; i += 2) {
+            int i = 0;
+            for (; i + 1 < n; i += 2) {
                 v_row_bf16(e0, o0, pj[i], blk + i * token_stride + h * HD, HD);
-                if (i + 1 < n) v_row_bf16(e1, o1, pj[i + 1], blk + (i + 1) * token_stride + h * HD, HD);
+                v_row_bf16(e1, o1, pj[i + 1], blk + (i + 1) * token_stride + h * HD, HD);
             }
+            if (i < n) v_row_bf16(e0, o0, pj[i], blk + i * token_stride + h * HD, HD);
             for (int c = 0; c < HD / 32; c++) {
                 const __m512 e = _mm512_add_ps(e0[c], e1[c]), o = _mm512_add_ps(o0[c], o1[c]);
                 float *dst = acc + (size_t)j * HD + 32 * c;
@@ -175,6 +247,10 @@ static inline __attribute__((always_inline)) void v_block_bf16(const float *p, c
     }
 }
 #else
+#define BF16_BLOCKS 0
+#endif
+#else
+#define F32_BLOCKS 0
 #define BF16_BLOCKS 0
 #endif
 
@@ -195,14 +271,23 @@ static inline __attribute__((always_inline)) void attend(
         const char *row = q_row + (int64_t)j * head_dim * esize;
         for (int d = 0; d < head_dim; d++) qf[j * head_dim + d] = load_elem(row, d, dtype) * scale;
     }
-    const int blocks16 = BF16_BLOCKS && dtype == DT_BF16 && (head_dim == 64 || head_dim == 128);
+    const int blocks16 = ((BF16_BLOCKS && dtype == DT_BF16) || (F32_BLOCKS && dtype == DT_F32)) &&
+                         (head_dim == 64 || head_dim == 128);
 #if BF16_BLOCKS
-    if (blocks16)
+    if (blocks16 && dtype == DT_BF16)
         for (int t0 = c0; t0 < c1; t0 += block_size) {
             const int64_t b = table[t0 / block_size], nb = t0 + block_size < c1 ? table[t0 / block_size + 1] : -1;
             k_block_bf16((const uint16_t *)q_row, (const uint16_t *)k + b * block_stride,
                          nb < 0 ? NULL : (const uint16_t *)k + nb * block_stride, c1 - t0 < block_size ? c1 - t0 : block_size,
                          token_stride, num_kv_heads, group, head_dim, scale, scores, len, t0 - c0);
+        }
+#endif
+#if F32_BLOCKS
+    if (blocks16 && dtype == DT_F32)
+        for (int t0 = c0; t0 < c1; t0 += block_size) {
+            k_block_f32(qf, (const float *)k + (int64_t)table[t0 / block_size] * block_stride,
+                        c1 - t0 < block_size ? c1 - t0 : block_size, token_stride, num_kv_heads, group, head_dim, scores,
+                        len, t0 - c0);
         }
 #endif
     /* K pass: block by block, token by token; a token's kv heads are adjacent in memory */
@@ -234,8 +319,16 @@ static inline __attribute__((always_inline)) void attend(
         l_of[j] = sum;
     }
     memset(acc, 0, sizeof(float) * (size_t)nq * head_dim);
+#if F32_BLOCKS
+    if (blocks16 && dtype == DT_F32)
+        for (int t0 = c0; t0 < c1; t0 += block_size) {
+            v_block_f32(scores, (const float *)v + (int64_t)table[t0 / block_size] * block_stride,
+                        c1 - t0 < block_size ? c1 - t0 : block_size, token_stride, num_kv_heads, group, head_dim, acc,
+                        len, t0 - c0);
+        }
+#endif
 #if BF16_BLOCKS
-    if (blocks16)
+    if (blocks16 && dtype == DT_BF16)
         for (int t0 = c0; t0 < c1; t0 += block_size) {
             const int64_t b = table[t0 / block_size], nb = t0 + block_size < c1 ? table[t0 / block_size + 1] : -1;
             v_block_bf16(scores, (const uint16_t *)v + b * block_stride,

@@ -139,14 +139,15 @@ def test_c_decode_few_sequences(dtype, num_seqs):
     _run_and_compare([70, 16, 3][:num_seqs], [1] * num_seqs, 16, 8, 64, 16, dtype, "cpu")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kv_heads,head_dim", [(8, 64), (2, 64), (1, 128), (4, 128), (2, 96)])
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64])
-def test_c_decode_bf16_blocks_match_reference(kv_heads, head_dim, block_size):
-    """bf16 decode with head_dim 64 or 128 takes the vdpbf16ps block path (16 tokens per query
-    head; 96 keeps the generic loop): contexts ending anywhere in a block, shorter than 16 tokens,
-    several blocks, GQA, within the bf16 tolerance."""
+def test_c_decode_blocks_match_reference(dtype, kv_heads, head_dim, block_size):
+    """float32 and bf16 decode with head_dim 64 or 128 take the block path (16 tokens per query
+    head, FMAs or vdpbf16ps; 96 keeps the generic loop): contexts ending anywhere in a block,
+    shorter than 16 tokens, several blocks, GQA, within the dtype's tolerance."""
     seq_lens = [1, 5, block_size, block_size + 1, 3 * block_size - 1, 100, 257]
-    _run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, head_dim, block_size, torch.bfloat16, "cpu")
+    _run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, head_dim, block_size, dtype, "cpu")
 
 
 @pytest.mark.parametrize("device", ["cpu", "cpu-torch"])
