@@ -161,6 +161,24 @@ static inline __attribute__((always_inline)) void rotary_head(char *x, const cha
     }
 }
 
+#if HAVE_BF16X16
+/* rotary_head for bf16 heads whose half is a multiple of 16, 16 element pairs at a time: bit for
+ * bit its results (-b by flipping the sign bit, as the scalar negation). */
+static void rotary_head_bf16(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t half) {
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    for (int64_t d = 0; d < half; d += 16) {
+        const __m512 a = bf16x16_load(x + d), b = bf16x16_load(x + d + half);
+        const __m512 minus_b = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(b), sign));
+        const __m512 lo = _mm512_add_ps(bf16x16_round(_mm512_mul_ps(a, bf16x16_load(cos + d))),
+                                        bf16x16_round(_mm512_mul_ps(minus_b, bf16x16_load(sin + d))));
+        const __m512 hi = _mm512_add_ps(bf16x16_round(_mm512_mul_ps(b, bf16x16_load(cos + d + half))),
+                                        bf16x16_round(_mm512_mul_ps(a, bf16x16_load(sin + d + half))));
+        bf16x16_store(x + d, lo);
+        bf16x16_store(x + d + half, hi);
+    }
+}
+#endif
+
 /* qk: [rows, heads, head_dim], rotated in place; cos, sin: [num_positions, head_dim].
  * Returns 0, or -1 (nothing written past the bad row) if a position is out of the table. */
 int rotary(void *qk, int64_t row_stride, int64_t rows, int64_t heads, int64_t head_dim, const int64_t *positions,
@@ -176,6 +194,13 @@ int rotary(void *qk, int64_t row_stride, int64_t rows, int64_t heads, int64_t he
         }
         const char *c = (const char *)cos + p * head_dim * esize, *s = (const char *)sin + p * head_dim * esize;
         char *row = (char *)qk + r * row_stride * esize;
+#if HAVE_BF16X16
+        if (dtype == DT_BF16 && head_dim % 32 == 0) {
+            for (int64_t h = 0; h < heads; h++)
+                rotary_head_bf16((uint16_t *)row + h * head_dim, (const uint16_t *)c, (const uint16_t *)s, head_dim / 2);
+            continue;
+        }
+#endif
         for (int64_t h = 0; h < heads; h++)
             BY_DTYPE(dtype, rotary_head(row + h * head_dim * esize, c, s, head_dim / 2, DT));
     }
