@@ -62,7 +62,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     rows = []
     for system, out in measured["systems"].items():
         for i, point in enumerate(out["points"]):
-            reqs = point_requests(sweep, i, point["rate"], profile)
+            reqs = point_requests(sweep, i, point["rate"], profile, point.get("requests"))
             placed = [r.get("decode_node", "") for r in point.get("requests", [])]
             if replay and len(placed) == len(reqs):
                 for r, node in zip(reqs, placed):
@@ -107,11 +107,20 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     return rows
 
 
-def point_requests(sweep: dict, i: int, rate: float, profile: Profile) -> list:
+def point_requests(sweep: dict, i: int, rate: float, profile: Profile, sent: list[dict] | None = None) -> list:
     """The requests of a measured sweep's point i, at `rate`, as measure.py sent them: the same
-    prompts, lengths and arrival times, in the order its file records them."""
-    return sim_requests(sweep["workload"], sweep["num_requests"], rate, sweep["seed"] + i, profile.block_size,
+    prompts, lengths and arrival times, in the order its file records them. sent: the point's
+    request records; each request then arrives when the load generator sent it (its send_ms, where
+    the measured TTFT starts: loadgen.py), not when the schedule said: the generator's event loop
+    can send late (a 200 ms stall at ShareGPT-like 1P+1D 1 req/s in quiet8 and quiet10, bench/README.md
+    sim19), and a request the router gets late finds another queue."""
+    reqs = sim_requests(sweep["workload"], sweep["num_requests"], rate, sweep["seed"] + i, profile.block_size,
                         sweep["knobs"]["max_model_len"], burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
+    if sent and len(sent) == len(reqs):
+        for r, record in zip(reqs, sent):
+            if record.get("send_ms", -1) >= 0:      # -1 s: never sent (the deadline)
+                r.arrival = record["send_ms"] / 1e3
+    return reqs
 
 
 def ranked_before(out: dict, point: int) -> int:
