@@ -61,6 +61,25 @@ def test_each_request_arrives_when_the_load_generator_sent_it():
     assert [r.arrival for r in point_requests(sweep, 1, point["rate"], profile)] == [r.arrival for r in scheduled]
 
 
+def test_a_prefill_nodes_cpu_beyond_its_steps_is_a_small_share_of_its_idle_time():
+    """cpu_beyond_per_idle is (measured CPU - simulated busy) / (wall - simulated step wall): at
+    quiet10's ShareGPT-like 1P+1D 1 req/s the prefill node's is its idle loop's few percent, though
+    its cpu_per_price is well above 1."""
+    path = os.path.join(HERE, "..", "..", "bench", "validation", "quiet10", "simulate_measured_sharegpt_20261203-064358.json")
+    with open(path) as f:
+        measured = json.load(f)
+    measured["systems"] = {"1p1d": measured["systems"]["1p1d"]}
+    profile = Profile.load(os.path.join(HERE, "..", "..", "bench", "profiles", "cpu_1core_llama58m_quiet10.json"))
+    row = predict(measured, profile)[1]
+    point = measured["systems"]["1p1d"]["points"][1]
+    assert row["cpu_per_price"]["prefill-0"] > 1.2
+    share = row["cpu_beyond_per_idle"]["prefill-0"]
+    busy = point["cpu"]["prefill-0"]["run_s"] / row["cpu_per_price"]["prefill-0"]
+    assert 0.0 < share < 0.1
+    assert share == pytest.approx((point["cpu"]["prefill-0"]["run_s"] - busy) / (point["cpu_wall_s"] - busy), rel=0.1)
+    assert "decode-0" not in row["cpu_beyond_per_idle"]        # busy nearly the whole point
+
+
 def test_each_figures_jitter_range_holds_the_unjittered_figure():
     """With jitter, every figure has a (low, high) range over the runs that includes the unjittered
     simulation's value, and the runs are not all alike at some figure."""
