@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -81,7 +82,7 @@ class StepCost:
             f = step_features(s.shapes)
             key = (s.kind, f[1], f[2], round(math.log1p(f[3]) * 10), round(math.log1p(f[4]) * 10))
             groups.setdefault(key, []).append(s)
-        medians = [sorted(g, key=lambda s: s.seconds)[len(g) // 2] for g in groups.values()]
+        medians = [_median(g) for g in groups.values()]
         x = np.array([step_features(s.shapes) for s in medians])
         y = np.array([s.seconds for s in medians])
         w = 1.0 / np.maximum(y, 1e-6)
@@ -95,6 +96,15 @@ class StepCost:
         for k, c in zip(keep, coef):
             full[k] = float(c)
         return cls(*full)
+
+
+def _median(group: list["StepSample"]) -> "StepSample":
+    """The group's median step: the middle one's shapes, at the median of the times (with an even
+    count, the mean of the two middle ones: a like step measured twice, as the profiler measures
+    each short prompt, is priced between its two times, not at the slower)."""
+    ranked = sorted(group, key=lambda s: s.seconds)
+    mid = ranked[(len(ranked) - 1) // 2]
+    return StepSample(mid.shapes, statistics.median(s.seconds for s in ranked), mid.kind)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,7 @@ def colocated_gaps(measured: list[dict], profile: Profile) -> list[float]:
         if out is None:
             continue
         for i, point in enumerate(out["points"]):
-            reqs = point_requests(m["sweep"], i, point["rate"], profile)
+            reqs = point_requests(m["sweep"], i, point["rate"], profile, point.get("requests"))
             simulate(profile, reqs, topology("colocated", out, m.get("machine", {}).get("nproc", 0)), SLOTargets())
             gaps += [q["ttft_ms"] / 1e3 - r.ttft for r, q in zip(reqs, point["requests"])
                      if q["success"] and r.done]

@@ -27,7 +27,7 @@ def warm_questions(measured: dict, profile: Profile) -> list[dict]:
     for i, rate in enumerate(sweep["rates"]):
         simulated = {}
         for system, run in systems.items():
-            reqs = point_requests(sweep, i, rate, profile)
+            reqs = point_requests(sweep, i, rate, profile, run["points"][i].get("requests"))
             simulate(profile, reqs, topology(system, run, measured.get("machine", {}).get("nproc", 0)),
                      SLOTargets(), ranked_before=ranked_before(run, i))
             simulated[system] = [r.ttft * 1e3 for r in reqs]

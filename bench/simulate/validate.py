@@ -62,7 +62,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     rows = []
     for system, out in measured["systems"].items():
         for i, point in enumerate(out["points"]):
-            reqs = point_requests(sweep, i, point["rate"], profile)
+            reqs = point_requests(sweep, i, point["rate"], profile, point.get("requests"))
             placed = [r.get("decode_node", "") for r in point.get("requests", [])]
             if replay and len(placed) == len(reqs):
                 for r, node in zip(reqs, placed):
@@ -82,6 +82,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                    "sim_utilization": sim.utilization, "sim_preemptions": sim.preemptions,
                    "measured_wait_per_run": waits, "background": background,
                    "placement": placement_agreement(reqs, placed), "cpu_per_price": cpu_per_price(point, sim),
+                   "cpu_beyond_per_idle": cpu_beyond_per_idle(point, sim),
                    "core_steal_s": point.get("core_steal_s", {})}
             spreads = spread(lambda rs, p: simulate(p, rs, topo, slo, ranked_before=before), reqs, profile, FIGURES,
                              jitter, i) if jitter else {}
@@ -107,11 +108,20 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     return rows
 
 
-def point_requests(sweep: dict, i: int, rate: float, profile: Profile) -> list:
+def point_requests(sweep: dict, i: int, rate: float, profile: Profile, sent: list[dict] | None = None) -> list:
     """The requests of a measured sweep's point i, at `rate`, as measure.py sent them: the same
-    prompts, lengths and arrival times, in the order its file records them."""
-    return sim_requests(sweep["workload"], sweep["num_requests"], rate, sweep["seed"] + i, profile.block_size,
+    prompts, lengths and arrival times, in the order its file records them. sent: the point's
+    request records; each request then arrives when the load generator sent it (its send_ms, where
+    the measured TTFT starts: loadgen.py), not when the schedule said: the generator's event loop
+    can send late (a 200 ms stall at ShareGPT-like 1P+1D 1 req/s in quiet8 and quiet10, bench/README.md
+    sim19), and a request the router gets late finds another queue."""
+    reqs = sim_requests(sweep["workload"], sweep["num_requests"], rate, sweep["seed"] + i, profile.block_size,
                         sweep["knobs"]["max_model_len"], burstiness=sweep["burstiness"], output_cap=sweep["output_cap"])
+    if sent and len(sent) == len(reqs):
+        for r, record in zip(reqs, sent):
+            if record.get("send_ms", -1) >= 0:      # -1 s: never sent (the deadline)
+                r.arrival = record["send_ms"] / 1e3
+    return reqs
 
 
 def ranked_before(out: dict, point: int) -> int:
@@ -125,6 +135,20 @@ def cpu_per_price(point: dict, sim) -> dict[str, float]:
     """Pinned node -> its measured CPU time (schedstat, the point's `cpu`) over its simulated busy time."""
     return {node: round(c["run_s"] / sim.node_times[node][0], 2) for node, c in point.get("cpu", {}).items()
             if sim.node_times.get(node, (0.0,))[0] > 0}
+
+
+def cpu_beyond_per_idle(point: dict, sim) -> dict[str, float]:
+    """Pinned node -> its measured CPU beyond its simulated busy time, per second the simulation had
+    it without a step (the point's wall less its steps' wall), where that is at least a quarter of
+    the point: what its loop spends between steps. A prefill node's is 3-6% on this host at most
+    points (its loop wakes every 5 ms when idle: node_shell/runtime.py IDLE_POLL_S), so its
+    cpu_per_price above 1 need not be slower steps (bench/README.md, sim19)."""
+    wall, out = point.get("cpu_wall_s", 0.0), {}
+    for node, c in point.get("cpu", {}).items():
+        busy, stepping = sim.node_times.get(node, (0.0, 0.0))
+        if busy > 0 and wall - stepping >= wall / 4:
+            out[node] = round((c["run_s"] - busy) / (wall - stepping), 3)
+    return out
 
 
 def placement_agreement(reqs: list, placed: list[str]) -> tuple[int, int] | None:
@@ -199,6 +223,11 @@ def validate(paths: list[str], profile_path: str, contention: bool = False, repl
     table += "\n\nmeasured CPU / simulated busy: " + "; ".join(
         f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.2f}" for n, v in r["cpu_per_price"].items())
         for r in rows if r["cpu_per_price"])
+    idle = [r for r in rows if r["cpu_beyond_per_idle"]]
+    if idle:
+        table += "\n\nmeasured CPU beyond simulated busy, per second of simulated idle: " + "; ".join(
+            f"{r['workload']} {r['system']} {r['rate']:g}: " + " ".join(f"{n} {v:.1%}" for n, v in r["cpu_beyond_per_idle"].items())
+            for r in idle)
     stolen = [r for r in rows if r["core_steal_s"]]
     if stolen:
         table += "\n\nseconds the host took from each core during the point (steal): " + "; ".join(

@@ -33,6 +33,15 @@ def test_fit_recovers_the_coefficients_of_noise_free_steps():
         assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
 
 
+def test_a_step_measured_twice_is_priced_at_the_mean_of_its_two_times():
+    """Each like step measured twice, once 10% fast and once 10% slow: the fit prices it at the
+    middle (the exact coefficients), not at the slower of the two."""
+    samples = [StepSample(s.shapes, s.seconds * k, s.kind) for s in synthetic_samples() for k in (0.9, 1.1)]
+    fit = StepCost.fit(samples)
+    for name in FEATURES:
+        assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+
+
 def test_fit_never_returns_a_negative_coefficient():
     """A feature that only hurts the fit is dropped (0), never priced negative."""
     samples = [StepSample([(1, 0)] * b, 0.01 + 0.001 * b - 1e-9 * b * b, "decode") for b in range(1, 40)]

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.simulate.validate import FIGURES, predict, topology
+from bench.simulate.validate import FIGURES, point_requests, predict, topology
 from pdplan.profile import Profile
 from pdplan.simulation import SLOTargets, simulate
 from pdplan.workload import sim_requests
@@ -34,14 +34,50 @@ def test_a_colocated_point_is_also_simulated_at_the_speed_its_engine_ran():
     sweep, out = measured["sweep"], measured["systems"]["colocated"]
     for i, row in enumerate(rows):
         point = out["points"][i]
-        reqs = sim_requests("sharegpt", sweep["num_requests"], point["rate"], sweep["seed"] + i, 16, 4096,
-                            output_cap=sweep["output_cap"])
+        reqs = point_requests(sweep, i, point["rate"], profile, point["requests"])
         slo, topo = SLOTargets(sweep["slo"]["ttft_ms"], sweep["slo"]["tpot_ms"]), topology("colocated", out, 2)
         busy = simulate(profile, reqs, topo, slo).node_times["colocated-0"][0]
         k = row["cpu_per_price"]["colocated-0"]
         assert k == pytest.approx(point["cpu"]["colocated-0"]["run_s"] / busy, abs=0.005)
         fast = simulate(replace(profile, step=profile.step.scaled(k)), reqs, topo, slo)
         assert row["TPOT p50"]["at_speed"] == pytest.approx(fast.tpot_ms.p50 / point["metrics"]["tpot"]["p50"] - 1)
+
+
+def test_each_request_arrives_when_the_load_generator_sent_it():
+    """With the point's records, a request arrives at its send_ms (where its measured TTFT starts),
+    one sent 200 ms late included; a request never sent (send_ms -1000) keeps its scheduled time."""
+    measured, profile = _colocated(), Profile.load(PROFILE)
+    sweep, point = measured["sweep"], measured["systems"]["colocated"]["points"][1]
+    scheduled = sim_requests("sharegpt", sweep["num_requests"], point["rate"], sweep["seed"] + 1, 16, 4096,
+                             output_cap=sweep["output_cap"])
+    records = [dict(r) for r in point["requests"]]
+    records[7]["send_ms"] = scheduled[7].arrival * 1e3 + 200.0
+    records[9]["send_ms"] = -1000.0
+    reqs = point_requests(sweep, 1, point["rate"], profile, records)
+    assert [r.prompt_len for r in reqs] == [r.prompt_len for r in scheduled]
+    assert reqs[7].arrival == pytest.approx(scheduled[7].arrival + 0.2)
+    assert reqs[9].arrival == scheduled[9].arrival
+    assert reqs[3].arrival == pytest.approx(point["requests"][3]["send_ms"] / 1e3)
+    assert [r.arrival for r in point_requests(sweep, 1, point["rate"], profile)] == [r.arrival for r in scheduled]
+
+
+def test_a_prefill_nodes_cpu_beyond_its_steps_is_a_small_share_of_its_idle_time():
+    """cpu_beyond_per_idle is (measured CPU - simulated busy) / (wall - simulated step wall): at
+    quiet10's ShareGPT-like 1P+1D 1 req/s the prefill node's is its idle loop's few percent, though
+    its cpu_per_price is well above 1."""
+    path = os.path.join(HERE, "..", "..", "bench", "validation", "quiet10", "simulate_measured_sharegpt_20261203-064358.json")
+    with open(path) as f:
+        measured = json.load(f)
+    measured["systems"] = {"1p1d": measured["systems"]["1p1d"]}
+    profile = Profile.load(os.path.join(HERE, "..", "..", "bench", "profiles", "cpu_1core_llama58m_quiet10.json"))
+    row = predict(measured, profile)[1]
+    point = measured["systems"]["1p1d"]["points"][1]
+    assert row["cpu_per_price"]["prefill-0"] > 1.2
+    share = row["cpu_beyond_per_idle"]["prefill-0"]
+    busy = point["cpu"]["prefill-0"]["run_s"] / row["cpu_per_price"]["prefill-0"]
+    assert 0.0 < share < 0.1
+    assert share == pytest.approx((point["cpu"]["prefill-0"]["run_s"] - busy) / (point["cpu_wall_s"] - busy), rel=0.1)
+    assert "decode-0" not in row["cpu_beyond_per_idle"]        # busy nearly the whole point
 
 
 def test_each_figures_jitter_range_holds_the_unjittered_figure():
