@@ -14,6 +14,7 @@ CYCLES_PER_TOKEN = 400      # garbage in reference cycles: with the collector on
 
 async def _serve(reader, writer, state) -> None:
     """One keep-alive connection: /v1/completions streams max_tokens chunks, anything else is a 404."""
+    state["handlers"].append(asyncio.current_task())
     try:
         while True:
             head = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
@@ -59,8 +60,10 @@ def _run(requests: list[BenchRequest], state: dict) -> list:
         server = await asyncio.start_server(lambda r, w: _serve(r, w, state), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
-            return await run_load(Endpoint(f"http://127.0.0.1:{port}", "m"), requests, ["w"] * 8,
-                                  LoadSpec(500.0, deadline_s=60.0))
+            result = await run_load(Endpoint(f"http://127.0.0.1:{port}", "m"), requests, ["w"] * 8,
+                                    LoadSpec(500.0, deadline_s=60.0))
+            await asyncio.gather(*state["handlers"])    # the client has closed every connection
+        return result
     gc.callbacks.append(note)
     try:
         result = asyncio.run(go())
@@ -72,7 +75,7 @@ def _run(requests: list[BenchRequest], state: dict) -> list:
 def test_no_collection_while_requests_are_in_flight():
     """Every request streams all its tokens, and the collector neither runs nor is on while any is open."""
     requests = [BenchRequest([3] * (4 + i), 30, "chat") for i in range(6)]
-    state = {"in_flight": 0, "collector_on": False}
+    state = {"in_flight": 0, "collector_on": False, "handlers": []}
     enabled = gc.isenabled()
     result, collections = _run(requests, state)
     assert [r.output_tokens for r in result.records] == [30] * 6 and all(r.success for r in result.records)
