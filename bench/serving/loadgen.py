@@ -87,9 +87,9 @@ def collector_off():
     """The cyclic garbage collector off while requests are sent and streamed, after one full
     collection. A collection stops the event loop: sends go late and the open streams' tokens wait
     in the socket, then arrive together. Allocation counts trigger it, so it falls at the same
-    request of the same run (a 28-37 ms full collection 27.3 s into the first ShareGPT-like point
-    against a local stub, send lag 29-38 ms; bench/README.md, sim20). Cycles made meanwhile are
-    collected when it is back on."""
+    request of the same run (against a local stub, a 28-37 ms full collection 27.3 s into the first
+    ShareGPT-like point: send lag 29-38 ms; in quiet8's traced real runs, full collections of 34-72
+    ms; bench/README.md, sim20). Cycles made meanwhile are collected when it is back on."""
     enabled = gc.isenabled()
     gc.collect()
     gc.disable()
