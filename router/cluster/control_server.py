@@ -48,7 +48,7 @@ from kvtransport.session import AuthError, AuthKind, Responder, parse_auth_frame
 from kvtransport.zmtp_auth import ThreadGuard, connection_name, routing_id
 from router.backend import NodeMetrics
 from router.cluster.membership import LossCause, MembershipMetrics, NodeLoss
-from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole
+from router.cluster.registry import HeartbeatReply, NodeLoad, NodeRegistry, NodeRole, NodeState
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class ControlServer:
         self._expire_interval_s = expire_interval_s
         self._nodes: dict[str, NodeInfo] = {}
         self._leaving: dict[str, NodeInfo] = {}  # told to leave, no goodbye yet: by node id
+        self._idle_loss: dict[str, NodeLoss] = {}  # a draining node's loss if it leaves at an idle heartbeat
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._guard: ThreadGuard | None = None   # ZAP handler of the socket's ZMTP PLAIN
@@ -145,10 +146,16 @@ class ControlServer:
             sent = self._sock.send_multipart([routing_id(peer), *self._framer.pack(session, msg)])
             sent.add_done_callback(_log_send_failure)
 
-    def drain(self, node_id: str) -> None:
-        """No new work for the node; it is told to leave at its first idle heartbeat. KeyError if unknown."""
+    def drain(self, node_id: str, idle_loss: NodeLoss | None = None) -> None:
+        """No new work for the node; it is told to leave at its first idle heartbeat, and lost
+        then as `idle_loss` (a take-out under way: its cause), else as drained. KeyError if unknown."""
+        node = self.registry.get(node_id)
+        draining = node is not None and node.state is NodeState.DRAINING
         self.registry.drain(node_id)
-        self.send(node_id, NodeCommand("drain"))
+        if idle_loss is not None:
+            self._idle_loss[node_id] = idle_loss
+        if not draining:
+            self.send(node_id, NodeCommand("drain"))
 
     def remove(self, node_id: str, loss: NodeLoss) -> None:
         """Tells the node to leave and loses it now (its requests move). KeyError if unknown."""
@@ -304,9 +311,9 @@ class ControlServer:
         if reply is HeartbeatReply.LEAVE:     # drained and idle: the registry let it go
             self._leaving[node_id] = info
         if reply is not HeartbeatReply.OK:
+            idle_loss = self._idle_loss.get(node_id) or NodeLoss(LossCause.DRAINED, "idle")
+            loss = idle_loss if reply is HeartbeatReply.LEAVE else NodeLoss(LossCause.HEARTBEAT)
             self._forget(node_id)
-            loss = NodeLoss(LossCause.DRAINED, "idle") if reply is HeartbeatReply.LEAVE \
-                else NodeLoss(LossCause.HEARTBEAT)
             self.membership.losses.labels(loss.cause.value).inc()
             self._listener.on_node_lost(node_id, loss)
         self._send_to(peer, NodeCommand({HeartbeatReply.OK: "ok", HeartbeatReply.LEAVE: "leave",
@@ -354,6 +361,7 @@ class ControlServer:
     def _forget(self, node_id: str) -> NodeInfo | None:
         """Unbinds the node from its connection; its session stays (it may say hello again)."""
         info = self._nodes.pop(node_id, None)
+        self._idle_loss.pop(node_id, None)
         if info is not None and self._node_of.get(info.peer) == node_id:
             del self._node_of[info.peer]
         return info

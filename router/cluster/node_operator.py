@@ -122,8 +122,7 @@ class NodeOperator:
                 or not self._evacuation.start(node_id, loss):
             self._server.remove(node_id, loss)
             return True
-        if node.state is not NodeState.DRAINING:
-            self._server.drain(node_id)
+        self._server.drain(node_id, loss)    # if it goes idle before its blocks have moved: lost as `loss`
         epoch = self._server.info(node_id).hello.epoch
         task = asyncio.get_running_loop().create_task(self._remove_when_moved(node_id, epoch, loss))
         self._evacuating[node_id] = task
