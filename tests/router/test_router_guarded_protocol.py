@@ -57,8 +57,8 @@ def _connect(port: int, protocols: list, rcvbuf: int | None = None) -> socket.so
     sock = socket.socket()
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    made = len(protocols)           # before connecting: the server may make its protocol before connect returns
     sock.connect(("127.0.0.1", port))
-    made = len(protocols)
     assert _until(lambda: len(protocols) > made, 30)
     return sock
 
