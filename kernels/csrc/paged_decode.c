@@ -95,13 +95,12 @@ static inline __attribute__((always_inline)) __m512 sum16(const __m512 a[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xdd));
 }
 
-/* Prefetch head h of tokens [i0, i0 + 16) of the next block (NULL: none); elements of esize bytes. */
-static inline __attribute__((always_inline)) void prefetch_heads(const void *next, int i0, int h, int64_t token_stride,
-                                                                 int HD, int esize) {
+/* Prefetch head h of tokens [i0, i0 + 16) of the next bf16 block (NULL: none). */
+static inline __attribute__((always_inline)) void prefetch_heads(const uint16_t *next, int i0, int h, int64_t token_stride,
+                                                                 int HD) {
     if (next == NULL) return;
     for (int i = i0; i < i0 + 16; i++)
-        for (int b = 0; b < HD * esize; b += 64)
-            __builtin_prefetch((const char *)next + (i * token_stride + h * HD) * esize + b, 0, 3);
+        for (int b = 0; b < HD * 2; b += 64) __builtin_prefetch((const char *)(next + i * token_stride + h * HD) + b, 0, 3);
 }
 
 /* float32 K pass over tokens [0, n) of one block, as k_block_bf16 below: 16 tokens of one query
@@ -180,7 +179,7 @@ static inline __attribute__((always_inline)) void k_block_bf16(const uint16_t *q
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int m = n - i0 < 16 ? n - i0 : 16;
         for (int h = 0; h < num_kv_heads; h++) {
-            prefetch_heads(next, i0, h, token_stride, HD, 2);
+            prefetch_heads(next, i0, h, token_stride, HD);
             for (int g = 0; g < group; g++) {
                 const int j = h * group + g;
                 __m512i qv[HD / 32];
@@ -225,7 +224,7 @@ static inline __attribute__((always_inline)) void v_block_bf16(const float *p, c
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     for (int h = 0; h < num_kv_heads; h++) {
-        for (int i0 = 0; i0 < n; i0 += 16) prefetch_heads(next, i0, h, token_stride, HD, 2);
+        for (int i0 = 0; i0 < n; i0 += 16) prefetch_heads(next, i0, h, token_stride, HD);
         for (int g = 0; g < group; g++) {
             const int j = h * group + g;
             __m512 e0[HD / 32], o0[HD / 32], e1[HD / 32], o1[HD / 32];
