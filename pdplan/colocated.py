@@ -35,10 +35,12 @@ class ColocatedNode:
 
 
 class ColocatedPool:
-    def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None):
-        cores = cores or CoreMap(loop)
-        self.nodes = [ColocatedNode(f"colocated-{i}", profile, loop, cores.of(f"colocated-{i}"), cores.floating)
-                      for i in range(count)]
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None,
+                 speed: dict[str, float] | None = None):
+        """speed: replica name -> its steps priced this many times the profile's (default 1.0)."""
+        cores, speed = cores or CoreMap(loop), speed or {}
+        self.nodes = [ColocatedNode(name, profile.at_speed(speed.get(name, 1.0)), loop, cores.of(name), cores.floating)
+                      for name in (f"colocated-{i}" for i in range(count))]
         self.affinity = PrefixAffinity(count, lambda i: self.nodes[i].engine.load(), balance=True)
         self.profile = profile
 

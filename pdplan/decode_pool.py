@@ -43,12 +43,13 @@ class DecodeNode:
 class DecodePool:
     def __init__(self, count: int, profile: Profile, loop: EventLoop, on_room: Callable[[], None],
                  cores: CoreMap | None = None, seed: int = 0, ranked_before: int = 0,
-                 local_prefill_tokens: int = LOCAL_PREFILL_TOKENS):
+                 local_prefill_tokens: int = LOCAL_PREFILL_TOKENS, speed: dict[str, float] | None = None):
         """ranked_before: requests the router ranked before these (a measured run's warm-up and
         earlier points): its coin drew once per node for each, so this one starts where it stood.
         local_prefill_tokens: the router's (sim_router.py's): a prompt with at most this many
-        tokens uncached on its node is booked there as queued prefill work too."""
-        cores = cores or CoreMap(loop)
+        tokens uncached on its node is booked there as queued prefill work too.
+        speed: node name -> its steps priced this many times the profile's (default 1.0)."""
+        cores, speed = cores or CoreMap(loop), speed or {}
         self.local_prefill_tokens = local_prefill_tokens
         self._rng = random.Random(seed)     # ties go to a seeded coin, as the router's (RoutingCost)
         for _ in range(ranked_before * count):
@@ -58,8 +59,9 @@ class DecodePool:
         self._refused: dict[int, dict[str, int]] = {}
         self._wakes: set[float] = set()                 # heartbeat times a waiting request is woken at
         phases = random.Random(seed)        # each node's heartbeats fall at a phase of its own
-        self.nodes = [DecodeNode(f"decode-{i}", profile, loop, on_room, cores.of(f"decode-{i}"), cores.floating,
-                                 phases.uniform(0, HEARTBEAT_S)) for i in range(count)]
+        self.nodes = [DecodeNode(name, profile.at_speed(speed.get(name, 1.0)), loop, on_room, cores.of(name),
+                                 cores.floating, phases.uniform(0, HEARTBEAT_S))
+                      for name in (f"decode-{i}" for i in range(count))]
 
     def reserve(self, req: SimRequest, probe: bool = False) -> tuple[DecodeNode, int] | None:
         """Asks decode nodes in turn as router/cluster/admission.py does, and returns the one that

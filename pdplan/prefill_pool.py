@@ -61,9 +61,12 @@ class PrefillNode:
 
 
 class PrefillPool:
-    def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None):
-        cores = cores or CoreMap(loop)
-        self.nodes = [PrefillNode(f"prefill-{i}", profile, loop, cores.of(f"prefill-{i}")) for i in range(count)]
+    def __init__(self, count: int, profile: Profile, loop: EventLoop, cores: CoreMap | None = None,
+                 speed: dict[str, float] | None = None):
+        """speed: node name -> its steps priced this many times the profile's (default 1.0)."""
+        cores, speed = cores or CoreMap(loop), speed or {}
+        self.nodes = [PrefillNode(name, profile.at_speed(speed.get(name, 1.0)), loop, cores.of(name))
+                      for name in (f"prefill-{i}" for i in range(count))]
         self.affinity = PrefixAffinity(count, lambda i: self.nodes[i].engine.load())
         self.profile = profile
 

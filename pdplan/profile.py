@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -173,6 +173,10 @@ class Profile:
 
     def step_seconds(self, shapes: list[tuple[int, int]]) -> float:
         return self.step.of(shapes)
+
+    def at_speed(self, k: float) -> "Profile":
+        """This profile with every step k times as dear (1.0: itself)."""
+        return self if k == 1.0 else replace(self, step=self.step.scaled(k))
 
     def blocks(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)

@@ -65,18 +65,21 @@ class Topology:
 
 def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
              slo: SLOTargets = SLOTargets(), horizon_s: float = float("inf"), warmup_s: float = 0.0,
-             background: dict[int, float] | None = None, ranked_before: int = 0) -> SimSummary:
+             background: dict[int, float] | None = None, ranked_before: int = 0,
+             speed: dict[str, float] | None = None) -> SimSummary:
     """Runs every request to its end (or to `horizon_s` past the last arrival: the rest count as
     misses). The requests' timelines are reset first, so a list can be simulated again. Requests
     arriving before warmup_s run (they fill prefix caches and queues) but are not scored.
     background: pinned core id -> other work's runnable processes there (sim_core.py).
-    ranked_before: requests the router had ranked before these (decode_pool.py: its coin)."""
+    ranked_before: requests the router had ranked before these (decode_pool.py: its coin).
+    speed: node name ("decode-1") -> that node's steps priced this many times the profile's (a node
+    not named: 1.0); each node then has a step cost of its own."""
     for r in requests:
         r.token_times = []
     loop = EventLoop()
     cores = CoreMap(loop, topology.pins, background, topology.machine_cores, profile.overheads.beside_prefill)
     if topology.colocated:
-        pool = ColocatedPool(topology.colocated, profile, loop, cores)
+        pool = ColocatedPool(topology.colocated, profile, loop, cores, speed)
         for r in requests:
             loop.at(r.arrival + profile.overheads.front_s(r.prompt_len), lambda r=r: pool.submit(r))
         busy = {"colocated": (pool.busy_s, topology.colocated)}
@@ -85,8 +88,9 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
         preemptions = pool.preemptions
     else:
         router: SimRouter
-        decode = DecodePool(topology.decode, profile, loop, lambda: router.room(), cores, ranked_before=ranked_before)
-        prefill = PrefillPool(topology.prefill, profile, loop, cores)
+        decode = DecodePool(topology.decode, profile, loop, lambda: router.room(), cores, ranked_before=ranked_before,
+                            speed=speed)
+        prefill = PrefillPool(topology.prefill, profile, loop, cores, speed)
         router = SimRouter(loop, prefill, decode, profile.overheads.request_s, profile.overheads.handoff_s,
                            prompt_token_s=profile.overheads.prompt_token_s + profile.overheads.admit_token_s)
         for r in requests:

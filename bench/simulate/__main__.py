@@ -7,7 +7,7 @@
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
         [--front-from TRACES...] [--loop-from COLOCATED_TRACE DECODE_TRACE ...] [--beside-from TRACES...]
     python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention] [--jitter 10] [--speed]
-        [--probe-speed]
+        [--probe-speed] [--node-speed [cpu|wall]]
     python -m bench.simulate repeat bench/validation/quiet3/simulate_measured_rag_*.json --profile C.json
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
     python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="also simulate each point with its steps priced at the machine's speed then against the "
                         "profile's, as the speed probe saw both (measure and profile record it: pdplan/speed_probe.py); "
                         "the raw errors stay beside it")
+    v.add_argument("--node-speed", nargs="?", const="cpu", default="", choices=("cpu", "wall"),
+                   help="also simulate each point whose nodes' steps measure recorded (node_steps.py) with each node's "
+                        "steps priced at the median of its measured / priced ratios: their thread CPU (cpu, the default) "
+                        "or their wall time (wall: also the core's other work); a node with fewer than "
+                        "node_steps.MIN_STEPS steps keeps the profile's price (1.0)")
     v.set_defaults(func=_validate)
     rp = sub.add_parser("repeat", help="warm RAG questions measured on every system: simulated against the lowest")
     rp.add_argument("measured", nargs="+")
@@ -161,7 +166,7 @@ def _trace(args) -> None:
 def _validate(args) -> None:
     from bench.simulate.validate import validate
     validate(args.measured, args.profile, args.contention, args.replay_placement, args.jitter, args.speed,
-             args.probe_speed)
+             args.probe_speed, args.node_speed)
 
 
 def _repeat(args) -> None:

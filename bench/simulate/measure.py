@@ -21,7 +21,7 @@ from bench.serving.compare import SweepSpec, _point, _warmup, free_port
 from bench.serving.loadgen import LoadSpec, run_load
 from bench.serving.workloads import WorkloadSpec, generate
 from bench.serving.servers import REPO, Knobs, pdserve_colocated, pdserve_disaggregated, running
-from bench.simulate import placement
+from bench.simulate import node_steps, placement
 from bench.simulate.cpu_time import core_steal, deltas, sched_times
 from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes, prioritize
 from pdplan.speed_probe import probe_cores, record
@@ -53,13 +53,14 @@ WARMUP_OWN = 8
 def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dict[str, str] | None = None) -> dict:
     """One system over the sweep's rates; the points are compare.py's, plus what was pinned and
     each pinned node's time on and waiting for its core during the point (cpu_time.py).
-    env: added to the server's environment (trace.py: its tracing hook); without it, a disaggregated
-    run records each request's decode node (placement.py)."""
+    env: added to the server's environment (trace.py: its tracing hook); without it, each point
+    records its nodes' engine steps (node_steps.py) and a disaggregated run each request's decode
+    node (placement.py)."""
     port = free_port()
     srv = server(system, model, port, spec.knobs)
     log = os.path.join(rec.RESULTS, "logs", f"validate_{system}_{int(time.time())}.log")
-    where = log[:-len(".log")] + "_placement" if env is None and system != "colocated" else None
-    srv = replace(srv, env=srv.env | (env or {}) | (placement.env(where, REPO) if where else {}))
+    where = log[:-len(".log")] + "_steps" if env is None else None
+    srv = replace(srv, env=srv.env | (env or {}) | (placement.env(where, REPO, node_steps.only(system)) if where else {}))
     out = {"system": system, "server": srv.record(), "points": []}
     with running(srv, log) as endpoint:
         root = _root(port)
@@ -87,12 +88,15 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
             # the unpinned processes' work (the load generator, a disaggregated router): it runs on
             # whichever core is free, else beside a node (pdplan/sim_core.py: floating work)
             point["float_cpu"] = deltas(float_before, {what: sched_times(pid) for what, pid in floating.items()})
-            point["cpu_wall_s"] = round(time.monotonic() - t0, 3)
+            t1 = time.monotonic()
+            point["cpu_wall_s"] = round(t1 - t0, 3)
             # what the host took from each core meanwhile (a VM's steal: delays no model here predicts)
             point["core_steal_s"] = {c: round(s - steal_before.get(c, 0.0), 2) for c, s in core_steal().items()}
             point["loadavg_after"] = os.getloadavg()
-            if where:
+            if where and system != "colocated":
                 point["placement_found"] = placement.attach(point["requests"], placement.read(where))
+            if where:
+                point["steps"] = node_steps.read(where, system, t0, t1)
             point["speed"] = {"before": speed_before, "after": probe_pinned(system, model, spec.knobs.dtype)}
             out["points"].append(point)
     return out

@@ -17,10 +17,11 @@ from bench.simulate.trace import HOOK, load
 ROUTER_SENDS = "router.cluster.control_server"      # trace_points.PATCHES: the router's sends alone
 
 
-def env(out_dir: str, repo: str) -> dict[str, str]:
-    """The server's environment for a run that records where its requests went."""
+def env(out_dir: str, repo: str, only: str = ROUTER_SENDS) -> dict[str, str]:
+    """The server's environment for a run that records where its requests went (and with `only`
+    naming more of trace_points.PATCHES, more: node_steps.py its nodes' steps)."""
     os.makedirs(out_dir, exist_ok=True)
-    return {"PYTHONPATH": f"{repo}:{HOOK}", "PDSERVE_TRACE_DIR": out_dir, "PDSERVE_TRACE_ONLY": ROUTER_SENDS}
+    return {"PYTHONPATH": f"{repo}:{HOOK}", "PDSERVE_TRACE_DIR": out_dir, "PDSERVE_TRACE_ONLY": only}
 
 
 def request_id(wire_rid: str) -> str:

@@ -12,6 +12,7 @@ import os
 from dataclasses import replace
 
 from bench.serving import record as rec
+from bench.simulate import node_steps
 from bench.simulate.contention import fit_background, measured_wait
 from bench.simulate.pinning import PINS
 from bench.simulate.probe_price import probe_k
@@ -42,7 +43,7 @@ def topology(system: str, measured: dict, machine_cores: int = 0) -> Topology:
 
 
 def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False, jitter: int = 0,
-            speed: bool = False, probe_speed: bool = False) -> list[dict]:
+            speed: bool = False, probe_speed: bool = False, node_speed: str = "") -> list[dict]:
     """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
     the point's schedstat), also simulated under the machine's load fitted per core (contention.py);
     with `replay`, each request decoded on the node the measured run's router chose (placement.py),
@@ -55,7 +56,10 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     (`at_speed`: each figure's error; it reads the run it predicts, as `contention` does); with
     `probe_speed`, a point whose run and profile both probed the machine's speed is also simulated
     with every step priced k times (`probe_k`, probe_price.py: how much slower the machine was
-    than when profiled; `probed`, `probed_error`), and probe_k is None for the others."""
+    than when profiled; `probed`, `probed_error`), and probe_k is None for the others; with
+    `node_speed` ("cpu" or "wall"), a point that recorded its nodes' steps (measure.py, node_steps.py)
+    is also simulated with each node's steps priced at the median of its measured / priced ratios
+    (`node_speed`: node -> (factor, steps, fallback); `node_priced`, `node_priced_error`)."""
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
@@ -93,6 +97,11 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                 row["probe_k"] = probe_k(point, profile, cores)
             probed = simulate(replace(profile, step=profile.step.scaled(row["probe_k"])), reqs, topo, slo,
                               ranked_before=before) if row.get("probe_k") else None
+            if node_speed and point.get("steps"):
+                row["node_speed"] = {n: tuple(node_steps.node_speed(lines, profile.step, node_speed))
+                                     for n, lines in sorted(point["steps"].items())}
+            node_priced = simulate(profile, reqs, topo, slo, ranked_before=before,
+                                   speed={n: s[0] for n, s in row["node_speed"].items()}) if row.get("node_speed") else None
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
@@ -100,7 +109,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                     row[label]["at_speed"] = getattr(getattr(fast, f"{metric}_ms"), pct) / real - 1
                 if spreads:
                     row[label]["spread"] = (min(spreads[label][0], pred), max(spreads[label][1], pred))
-                for name, other in (("loaded", loaded), ("probed", probed)):
+                for name, other in (("loaded", loaded), ("probed", probed), ("node_priced", node_priced)):
                     if other is not None:
                         pred = getattr(getattr(other, f"{metric}_ms"), pct)
                         row[label] |= {name: pred, f"{name}_error": (pred - real) / real if real else None}
@@ -167,10 +176,12 @@ def markdown(rows: list[dict]) -> str:
     the probe's pricing, after the verdict: its k, each figure's error and its own verdict."""
     loaded = any("loaded" in r[FIGURES[0][0]] for r in rows)
     probing = any("probe_k" in r for r in rows)
+    node_priced = any("node_speed" in r for r in rows)
     sims = "sim / sim loaded" if loaded else "sim"
     head = "| workload | system | rate | load avg | " + " | ".join(f"{f} measured / {sims} (err)" for f, _, _ in FIGURES) \
-        + (" | within 20% (sim / loaded) |" if loaded else " | within 20% |") + (PROBE_HEAD if probing else "")
-    lines = [head, "|" + "---|" * (5 + len(FIGURES) + 3 * probing)]
+        + (" | within 20% (sim / loaded) |" if loaded else " | within 20% |") + (PROBE_HEAD if probing else "") \
+        + (NODE_HEAD if node_priced else "")
+    lines = [head, "|" + "---|" * (5 + len(FIGURES) + 3 * probing + 3 * node_priced)]
     for r in rows:
         cells = [" / ".join([_ms(r[f]["measured"])] + [f"{_ms(r[f][k])} ({r[f][k + '_error'] if k != 'simulated' else r[f]['error']:+.0%})"
                                                        for k in ("simulated", "loaded") if k in r[f]]) + _spread(r[f])
@@ -178,7 +189,7 @@ def markdown(rows: list[dict]) -> str:
         ok = [verdict(r, FIGURES, TOLERANCE) if "spread" in r[FIGURES[0][0]] else _ok(r, "error")] \
             + ([_ok(r, "loaded_error")] if "loaded" in r[FIGURES[0][0]] else [])
         lines.append(f"| {r['workload']} | {r['system']} | {r['rate']:g} | {r['loadavg']:.1f} | " + " | ".join(cells)
-                     + f" | {' / '.join(ok)} |" + (_probed(r) if probing else ""))
+                     + f" | {' / '.join(ok)} |" + (_probed(r) if probing else "") + (_node_priced(r) if node_priced else ""))
     return "\n".join(lines)
 
 
@@ -192,6 +203,20 @@ def _probed(row: dict) -> str:
         return " - | - | - |"
     errors = " / ".join(f"{row[f]['probed_error']:+.0%}" for f, _, _ in FIGURES)
     return f" {row['probe_k']:.2f} | {errors} | {_ok(row, 'probed_error')} |"
+
+
+NODE_HEAD = " node speed (steps) | node-priced err (" + " / ".join(f for f, _, _ in FIGURES) + ") | within 20% node-priced |"
+
+
+def _node_priced(row: dict) -> str:
+    """' decode-0 1.12 (2210), prefill-0 1.0 (12: too few) | -5% / +3% / -8% | yes |': each node's factor
+    and its steps, the errors at them and their verdict; dashes where the point recorded no steps."""
+    if not row.get("node_speed"):
+        return " - | - | - |"
+    nodes = ", ".join(f"{n} {k:.2f} ({steps}{': too few, 1.0' if fallback else ''})"
+                      for n, (k, steps, fallback) in row["node_speed"].items())
+    errors = " / ".join(f"{row[f]['node_priced_error']:+.0%}" for f, _, _ in FIGURES)
+    return f" {nodes} | {errors} | {_ok(row, 'node_priced_error')} |"
 
 
 def _spread(figure: dict) -> str:
@@ -211,13 +236,15 @@ def _ok(row: dict, key: str) -> str:
 
 
 def validate(paths: list[str], profile_path: str, contention: bool = False, replay: bool = False,
-             jitter: int = 0, speed: bool = False, probe_speed: bool = False) -> str:
+             jitter: int = 0, speed: bool = False, probe_speed: bool = False, node_speed: str = "") -> str:
     profile = Profile.load(profile_path)
     rows = []
     for path in paths:
         with open(path) as f:
-            rows += predict(json.load(f), profile, contention, replay, jitter, speed, probe_speed)
+            rows += predict(json.load(f), profile, contention, replay, jitter, speed, probe_speed, node_speed)
     table = markdown(rows)
+    if node_speed and not any(r.get("node_speed") for r in rows):
+        table += "\n\nno point recorded its nodes' steps (measured before node_steps.py): nothing node-priced"
     if probe_speed and "speed" not in profile.machine:
         table += f"\n\n{profile_path} recorded no speed probe (made before pdplan/speed_probe.py): nothing probe-priced"
     table += "\n\nmeasured CPU / simulated busy: " + "; ".join(
@@ -243,7 +270,8 @@ def validate(paths: list[str], profile_path: str, contention: bool = False, repl
         table += "\n\nrequests decoded where the router put them" + (" (replayed)" if replay else "") \
             + ": " + "; ".join(agreed)
     out = rec.write({"bench": "simulate_validation", "profile": profile_path, "measured": paths, "rows": rows,
-                     "replay_placement": replay, "jitter_runs": jitter, "at_speed": speed, "probe_speed": probe_speed},
+                     "replay_placement": replay, "jitter_runs": jitter, "at_speed": speed, "probe_speed": probe_speed,
+                     "node_speed": node_speed},
                     "simulate_validation")
     print(table + f"\n\nwrote {out}")
     return os.path.abspath(out)

@@ -1,0 +1,73 @@
+"""Each node's engine steps during a measured point, and the speed they ran at against the profile
+(issue #18: the machine's speed drifts 15-30% between a profile and a point; a node's own steps,
+timed during the point, say how fast it ran then).
+
+    measure    the server runs with the trace hook's step record alone (trace_points.py: the
+               engine's step and its scheduler's plan, ~65 us a step; env(dir)); each point keeps
+               its nodes' steps: point["steps"][node] = [NodeStep.line(), ...]
+    validate   --node-speed: each simulated node priced at node_speed(): the median over its
+               steps of measured / priced (its steps' thread CPU by default, or their wall)
+
+A step line: "<wall s> <thread CPU s> <new>:<context> ..." (one pair per scheduled sequence), one
+string per step so that the measure file (indent=1) keeps a step on one line.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import NamedTuple
+
+from bench.simulate.placement import ROUTER_SENDS
+from bench.simulate.trace import load
+
+ENGINE_STEPS = "engine.llm_engine,engine.scheduler"    # trace_points.PATCHES: the step and its plan
+MIN_STEPS = 20          # fewer steps on a node: its factor is 1.0 (the profile's price, unscaled)
+COLOCATED = "colocated-0"
+
+
+class NodeStep(NamedTuple):
+    wall_s: float                       # the step's start to its end
+    cpu_s: float                        # its thread's CPU time meanwhile (not the core's wait)
+    shapes: tuple[tuple[int, int], ...]  # (new tokens, context before them) per scheduled sequence
+
+    def line(self) -> str:
+        return f"{self.wall_s:.6f} {self.cpu_s:.6f} " + " ".join(f"{n}:{c}" for n, c in self.shapes)
+
+    @classmethod
+    def parse(cls, line: str) -> "NodeStep":
+        wall, cpu, *pairs = line.split()
+        return cls(float(wall), float(cpu), tuple(tuple(int(x) for x in p.split(":")) for p in pairs))
+
+
+class NodeSpeed(NamedTuple):
+    factor: float       # the node's steps are priced this many times the profile's
+    steps: int          # steps the node recorded during the point
+    fallback: bool      # too few of them: factor 1.0, the profile's price
+
+
+def only(system: str) -> str:
+    """The trace hook's patches a measure run installs: steps, and the router's sends when disaggregated."""
+    return ENGINE_STEPS if system == "colocated" else f"{ENGINE_STEPS},{ROUTER_SENDS}"
+
+
+def read(out_dir: str, system: str, t0: float, t1: float) -> dict[str, list[str]]:
+    """Node -> the lines of its steps that started and ended within [t0, t1] (time.monotonic(), the
+    hook's clock), in order. The colocated server's steps are colocated-0's (its process is the router)."""
+    out: dict[str, list[str]] = {}
+    for e in load(out_dir):
+        if e["e"] == "step" and e.get("shapes") and t0 <= e["t0"] and e["t"] <= t1:
+            node = COLOCATED if system == "colocated" else e["p"]
+            step = NodeStep(e["t"] - e["t0"], e["cpu"], tuple(tuple(s) for s in e["shapes"]))
+            out.setdefault(node, []).append(step.line())
+    return out
+
+
+def node_speed(lines: list[str], step_cost, basis: str = "cpu", min_steps: int = MIN_STEPS) -> NodeSpeed:
+    """The median of measured / priced over a node's steps (basis "cpu": each step's thread CPU, its
+    own work; "wall": its wall time, which also counts the core's other work: a sibling node on a
+    shared core, other processes); 1.0 with fewer than `min_steps` steps (a few steps scatter
+    0.7-1.8x: bench/README.md, sim20)."""
+    steps = [NodeStep.parse(x) for x in lines]
+    if len(steps) < min_steps:
+        return NodeSpeed(1.0, len(steps), True)
+    measured = (lambda s: s.cpu_s) if basis == "cpu" else (lambda s: s.wall_s)
+    return NodeSpeed(statistics.median(measured(s) / step_cost.of(list(s.shapes)) for s in steps), len(steps), False)
