@@ -148,3 +148,29 @@ def test_a_point_probed_twice_as_slow_as_its_profile_is_priced_at_twice_the_step
     assert "| within 20% | probe k |" in table[0] and table[1].count("---") == 11
     assert " | 2.00 | " in table[2] and table[3].endswith("| - | - | - |")
     assert all(r.get("probe_k") is None for r in predict(measured, profile, probe_speed=True))
+
+
+def test_a_point_whose_node_stepped_twice_as_slow_is_node_priced_at_twice_its_steps():
+    """A colocated point whose recorded steps (node_steps.py) ran at 2x their price on the CPU basis:
+    colocated-0's factor is 2.0 over its 40 steps, and its node-priced figures are the point simulated
+    with every step 2x dearer, beside the raw ones (unchanged); the point without steps, and a run
+    without the flag, get none (a dash in the table)."""
+    from bench.simulate.node_steps import NodeStep
+    from bench.simulate.validate import markdown
+    measured, profile = _colocated(), Profile.load(PROFILE)
+    shapes = [((1, 100 + i), (1, 300)) for i in range(40)]
+    lines = [NodeStep(5.0, 2.0 * profile.step.of(list(s)), s).line() for s in shapes]
+    measured["systems"]["colocated"]["points"][0]["steps"] = {"colocated-0": lines}
+    rows = predict(measured, profile, node_speed="cpu")
+    factor, steps, fallback = rows[0]["node_speed"]["colocated-0"]
+    assert factor == pytest.approx(2.0, rel=1e-4) and steps == 40 and not fallback
+    assert "node_speed" not in rows[1]
+    raw, slow = predict(measured, profile), predict(measured, profile.at_speed(factor))
+    for label, _, _ in FIGURES:
+        assert rows[0][label]["node_priced"] == pytest.approx(slow[0][label]["simulated"])
+        assert rows[0][label]["simulated"] == pytest.approx(raw[0][label]["simulated"])
+        assert "node_priced" not in raw[0][label]
+    assert rows[0]["TPOT p50"]["node_priced"] > rows[0]["TPOT p50"]["simulated"]
+    table = markdown(rows).splitlines()
+    assert "| within 20% | node speed (steps) |" in table[0] and table[1].count("---") == 11
+    assert "| colocated-0 2.00 (40) | " in table[2] and table[3].endswith("| - | - | - |")
