@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="also simulate each point whose nodes' steps measure recorded (node_steps.py) with each node's "
                         "steps priced at the median of its measured / priced ratios: their thread CPU (cpu, the default) "
                         "or their wall time (wall: also the core's other work); a node with fewer than "
-                        "node_steps.MIN_STEPS steps keeps the profile's price (1.0)")
+                        "node_steps.MIN_STEPS steps takes the median over all the point's steps (fewer in all: 1.0)")
     v.set_defaults(func=_validate)
     rp = sub.add_parser("repeat", help="warm RAG questions measured on every system: simulated against the lowest")
     rp.add_argument("measured", nargs="+")

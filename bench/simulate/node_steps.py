@@ -5,7 +5,7 @@ timed during the point, say how fast it ran then).
     measure    the server runs with the trace hook's step record alone (trace_points.py: the
                engine's step and its scheduler's plan, ~65 us a step; env(dir)); each point keeps
                its nodes' steps: point["steps"][node] = [NodeStep.line(), ...]
-    validate   --node-speed: each simulated node priced at node_speed(): the median over its
+    validate   --node-speed: each simulated node priced at point_speeds(): the median over its
                steps of measured / priced (its steps' thread CPU by default, or their wall)
 
 A step line: "<wall s> <thread CPU s> <new>:<context> ..." (one pair per scheduled sequence), one
@@ -41,7 +41,8 @@ class NodeStep(NamedTuple):
 class NodeSpeed(NamedTuple):
     factor: float       # the node's steps are priced this many times the profile's
     steps: int          # steps the node recorded during the point
-    fallback: bool      # too few of them: factor 1.0, the profile's price
+    source: str         # "node": the median of its own steps; too few of them: "point", the median
+                        # of all the point's steps (every node's); too few of those too: "none", 1.0
 
 
 def only(system: str) -> str:
@@ -61,13 +62,21 @@ def read(out_dir: str, system: str, t0: float, t1: float) -> dict[str, list[str]
     return out
 
 
-def node_speed(lines: list[str], step_cost, basis: str = "cpu", min_steps: int = MIN_STEPS) -> NodeSpeed:
-    """The median of measured / priced over a node's steps (basis "cpu": each step's thread CPU, its
-    own work; "wall": its wall time, which also counts the core's other work: a sibling node on a
-    shared core, other processes); 1.0 with fewer than `min_steps` steps (a few steps scatter
-    0.7-1.8x: bench/README.md, sim20)."""
+def point_speeds(steps: dict[str, list[str]], step_cost, basis: str = "cpu",
+                 min_steps: int = MIN_STEPS) -> dict[str, NodeSpeed]:
+    """Node -> its speed: the median of measured / priced over its steps (basis "cpu": each step's
+    thread CPU, its own work; "wall": its wall time, which also counts the core's other work: a
+    sibling node on a shared core, other processes). A node with fewer than `min_steps` steps (a
+    few scatter 0.7-1.8x: bench/README.md, sim20; a prefill node whose prompts mostly went to the
+    decode node's local prefill) takes the median over all the point's steps, the machine's speed
+    then; with fewer than `min_steps` in all, 1.0."""
+    ratios = {node: _ratios(lines, step_cost, basis) for node, lines in sorted(steps.items())}
+    pooled = [r for rs in ratios.values() for r in rs]
+    fallback = NodeSpeed(statistics.median(pooled), 0, "point") if len(pooled) >= min_steps else NodeSpeed(1.0, 0, "none")
+    return {node: NodeSpeed(statistics.median(rs), len(rs), "node") if len(rs) >= min_steps
+            else fallback._replace(steps=len(rs)) for node, rs in ratios.items()}
+
+
+def _ratios(lines: list[str], step_cost, basis: str) -> list[float]:
     steps = [NodeStep.parse(x) for x in lines]
-    if len(steps) < min_steps:
-        return NodeSpeed(1.0, len(steps), True)
-    measured = (lambda s: s.cpu_s) if basis == "cpu" else (lambda s: s.wall_s)
-    return NodeSpeed(statistics.median(measured(s) / step_cost.of(list(s.shapes)) for s in steps), len(steps), False)
+    return [(s.cpu_s if basis == "cpu" else s.wall_s) / step_cost.of(list(s.shapes)) for s in steps]

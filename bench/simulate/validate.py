@@ -59,7 +59,8 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     than when profiled; `probed`, `probed_error`), and probe_k is None for the others; with
     `node_speed` ("cpu" or "wall"), a point that recorded its nodes' steps (measure.py, node_steps.py)
     is also simulated with each node's steps priced at the median of its measured / priced ratios
-    (`node_speed`: node -> (factor, steps, fallback); `node_priced`, `node_priced_error`)."""
+    (`node_speed`: node -> (factor, steps, source), node_steps.point_speeds: a node with too few
+    steps takes the point's median over all its nodes' steps; `node_priced`, `node_priced_error`)."""
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
@@ -98,8 +99,8 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
             probed = simulate(replace(profile, step=profile.step.scaled(row["probe_k"])), reqs, topo, slo,
                               ranked_before=before) if row.get("probe_k") else None
             if node_speed and point.get("steps"):
-                row["node_speed"] = {n: tuple(node_steps.node_speed(lines, profile.step, node_speed))
-                                     for n, lines in sorted(point["steps"].items())}
+                row["node_speed"] = {n: tuple(s) for n, s in
+                                     node_steps.point_speeds(point["steps"], profile.step, node_speed).items()}
             node_priced = simulate(profile, reqs, topo, slo, ranked_before=before,
                                    speed={n: s[0] for n, s in row["node_speed"].items()}) if row.get("node_speed") else None
             for label, metric, pct in FIGURES:
@@ -205,16 +206,17 @@ def _probed(row: dict) -> str:
     return f" {row['probe_k']:.2f} | {errors} | {_ok(row, 'probed_error')} |"
 
 
+FALLBACK = {"node": "", "point": ": the point's", "none": ": too few, 1.0"}
 NODE_HEAD = " node speed (steps) | node-priced err (" + " / ".join(f for f, _, _ in FIGURES) + ") | within 20% node-priced |"
 
 
 def _node_priced(row: dict) -> str:
-    """' decode-0 1.12 (2210), prefill-0 1.0 (12: too few) | -5% / +3% / -8% | yes |': each node's factor
-    and its steps, the errors at them and their verdict; dashes where the point recorded no steps."""
+    """' decode-0 1.12 (2210), prefill-0 1.12 (12: the point's) | -5% / +3% / -8% | yes |': each node's
+    factor and its steps (too few: the point's median, or 1.0), the errors at them and their verdict;
+    dashes where the point recorded no steps."""
     if not row.get("node_speed"):
         return " - | - | - |"
-    nodes = ", ".join(f"{n} {k:.2f} ({steps}{': too few, 1.0' if fallback else ''})"
-                      for n, (k, steps, fallback) in row["node_speed"].items())
+    nodes = ", ".join(f"{n} {k:.2f} ({steps}{FALLBACK[source]})" for n, (k, steps, source) in row["node_speed"].items())
     errors = " / ".join(f"{row[f]['node_priced_error']:+.0%}" for f, _, _ in FIGURES)
     return f" {nodes} | {errors} | {_ok(row, 'node_priced_error')} |"
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.simulate.node_steps import MIN_STEPS, NodeSpeed, NodeStep, node_speed, only, read
+from bench.simulate.node_steps import MIN_STEPS, NodeSpeed, NodeStep, only, point_speeds, read
 from bench.simulate.trace import HOOK
 from pdplan.simulation import Topology, simulate
 from tests.planner.test_simulator import STEP, profile, request, tokens
@@ -65,11 +65,21 @@ def test_a_step_line_round_trips():
 
 def test_a_nodes_factor_is_the_median_of_its_steps_and_outliers_do_not_move_it():
     """30 steps at 1.2x their price and 9 at 12x (a core taken away): the factor is 1.2, the mean
-    would be 3.7; on the wall basis it is the wall's 3.0; fewer than MIN_STEPS steps: 1.0, marked."""
-    lines = _lines([1.2] * 30 + [12.0] * 9)
-    assert node_speed(lines, STEP) == NodeSpeed(pytest.approx(1.2, rel=1e-4), 39, False)
-    assert node_speed(lines, STEP, "wall").factor == pytest.approx(3.0, rel=1e-4)
-    assert node_speed(_lines([1.5] * (MIN_STEPS - 1)), STEP) == NodeSpeed(1.0, MIN_STEPS - 1, True)
+    would be 3.7; on the wall basis it is the wall's 3.0."""
+    steps = {"decode-0": _lines([1.2] * 30 + [12.0] * 9, ((1, 100), (1, 300)))}
+    assert point_speeds(steps, STEP) == {"decode-0": NodeSpeed(pytest.approx(1.2, rel=1e-4), 39, "node")}
+    assert point_speeds(steps, STEP, "wall")["decode-0"].factor == pytest.approx(3.0, rel=1e-4)
+
+
+def test_a_node_with_too_few_steps_takes_the_points_median_and_with_too_few_in_all_one():
+    """prefill-0 with 3 steps at 2x (fewer than MIN_STEPS) takes the median over every step of the
+    point (its 3 and decode-0's MIN_STEPS at 1.1): 1.1; with decode-0's steps too few as well, 1.0."""
+    steps = {"prefill-0": _lines([2.0] * 3, ((200, 0),)), "decode-0": _lines([1.1] * MIN_STEPS)}
+    speeds = point_speeds(steps, STEP)
+    assert speeds["prefill-0"] == NodeSpeed(pytest.approx(1.1, rel=1e-4), 3, "point")
+    assert speeds["decode-0"] == NodeSpeed(pytest.approx(1.1, rel=1e-4), MIN_STEPS, "node")
+    few = point_speeds({"prefill-0": steps["prefill-0"], "decode-0": steps["decode-0"][:5]}, STEP)
+    assert few == {"prefill-0": NodeSpeed(1.0, 3, "none"), "decode-0": NodeSpeed(1.0, 5, "none")}
 
 
 def test_a_nodes_speed_scales_exactly_its_own_steps():

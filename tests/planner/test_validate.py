@@ -162,8 +162,8 @@ def test_a_point_whose_node_stepped_twice_as_slow_is_node_priced_at_twice_its_st
     lines = [NodeStep(5.0, 2.0 * profile.step.of(list(s)), s).line() for s in shapes]
     measured["systems"]["colocated"]["points"][0]["steps"] = {"colocated-0": lines}
     rows = predict(measured, profile, node_speed="cpu")
-    factor, steps, fallback = rows[0]["node_speed"]["colocated-0"]
-    assert factor == pytest.approx(2.0, rel=1e-4) and steps == 40 and not fallback
+    factor, steps, source = rows[0]["node_speed"]["colocated-0"]
+    assert factor == pytest.approx(2.0, rel=1e-4) and steps == 40 and source == "node"
     assert "node_speed" not in rows[1]
     raw, slow = predict(measured, profile), predict(measured, profile.at_speed(factor))
     for label, _, _ in FIGURES:
