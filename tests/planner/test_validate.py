@@ -125,6 +125,17 @@ def _probed(point: dict, before: dict | None, after: dict | None) -> dict:
     return point | ({"speed": {"before": {"0": before}, "after": {"0": after}}} if before or after else {})
 
 
+def _priced_at(rows: list[dict], measured: dict, profile: Profile, k: float, key: str) -> None:
+    """rows[0]'s `key` figures are its point simulated with every step k times dearer (its TPOT above
+    the raw one), its raw figures unchanged; rows[1] has none."""
+    raw, slow = predict(measured, profile), predict(measured, profile.at_speed(k))
+    for label, _, _ in FIGURES:
+        assert rows[0][label][key] == pytest.approx(slow[0][label]["simulated"])
+        assert rows[0][label]["simulated"] == pytest.approx(raw[0][label]["simulated"])
+        assert key not in rows[1][label]
+    assert rows[0]["TPOT p50"][key] > rows[0]["TPOT p50"]["simulated"]
+
+
 def test_a_point_probed_twice_as_slow_as_its_profile_is_priced_at_twice_the_steps():
     """k is speed_ratio(the mean of the point's before and after, the mean of the profile's): 2 for
     a point probed at 1.5x then 2.5x the profile's figures (whose failed after is left out); its probe-priced figures are the point
@@ -138,12 +149,7 @@ def test_a_point_probed_twice_as_slow_as_its_profile_is_priced_at_twice_the_step
     points[0] = _probed(points[0], {"prefill_s": 0.45, "decode_s": 0.075}, {"prefill_s": 0.75, "decode_s": 0.125})
     rows = predict(measured, probed, probe_speed=True)
     assert rows[0]["probe_k"] == pytest.approx(2.0) and rows[1]["probe_k"] is None
-    raw, slow = predict(measured, profile), predict(measured, replace(profile, step=profile.step.scaled(2.0)))
-    for label, _, _ in FIGURES:
-        assert rows[0][label]["probed"] == pytest.approx(slow[0][label]["simulated"])
-        assert rows[0][label]["simulated"] == pytest.approx(raw[0][label]["simulated"])
-        assert "probed" not in rows[1][label]
-    assert rows[0]["TPOT p50"]["probed"] > rows[0]["TPOT p50"]["simulated"]
+    _priced_at(rows, measured, profile, 2.0, "probed")
     table = markdown(rows).splitlines()
     assert "| within 20% | probe k |" in table[0] and table[1].count("---") == 11
     assert " | 2.00 | " in table[2] and table[3].endswith("| - | - | - |")
@@ -165,12 +171,8 @@ def test_a_point_whose_node_stepped_twice_as_slow_is_node_priced_at_twice_its_st
     factor, steps, source = rows[0]["node_speed"]["colocated-0"]
     assert factor == pytest.approx(2.0, rel=1e-4) and steps == 40 and source == "node"
     assert "node_speed" not in rows[1]
-    raw, slow = predict(measured, profile), predict(measured, profile.at_speed(factor))
-    for label, _, _ in FIGURES:
-        assert rows[0][label]["node_priced"] == pytest.approx(slow[0][label]["simulated"])
-        assert rows[0][label]["simulated"] == pytest.approx(raw[0][label]["simulated"])
-        assert "node_priced" not in raw[0][label]
-    assert rows[0]["TPOT p50"]["node_priced"] > rows[0]["TPOT p50"]["simulated"]
+    _priced_at(rows, measured, profile, factor, "node_priced")
+    assert all("node_priced" not in r[label] for r in predict(measured, profile) for label, _, _ in FIGURES)
     table = markdown(rows).splitlines()
     assert "| within 20% | node speed (steps) |" in table[0] and table[1].count("---") == 11
     assert "| colocated-0 2.00 (40) | " in table[2] and table[3].endswith("| - | - | - |")
