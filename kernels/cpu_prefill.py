@@ -1,8 +1,9 @@
 """Prefill rows (q_len > 1, possibly after a cached prefix) of CPU paged attention.
 
 The C kernel (kernels/csrc/paged_prefill.c) reads K and V in place through the block tables,
-all prefill sequences in one call, when it is built and takes the tensors. Otherwise causal
-SDPA over K/V gathered out of the pool:
+all prefill sequences in one call, when it is built and takes the tensors; but a long bfloat16
+sequence on a CPU with AMX tiles goes to torch's SDPA (`to_library`), whose flash attention
+multiplies on the tiles. Otherwise, and for those, causal SDPA over K/V gathered out of the pool:
 
 Sequences of similar size go through one SDPA call: their K/V gathered into one padded batch,
 the GQA group folded into the query rows ([n, Hkv, G * Q, D] against [n, Hkv, L, D]) and an
@@ -13,6 +14,9 @@ expanding K/V). A sequence whose padding would waste more than a third of the ba
 runs alone, with is_causal=True when all its tokens are new.
 """
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -21,11 +25,40 @@ from kernels.cpu_gather import additive_mask, block_ids, gather_kv
 from kernels.cpu_kernels import DTYPES, paged_prefill_lib
 
 
+# From this context on (and this many new tokens), torch's SDPA takes a bfloat16 sequence where the
+# CPU has AMX tiles: its flash attention multiplies on them (oneDNN's brgemm), where the C kernel
+# widens to float32 for AVX-512 FMAs. C kernel / SDPA on the benchmark host (Intel Xeon, AMX, 2
+# cores; `python bench/prefill_attention.py`, bench/README.md "Long prompts' prefill attention"):
+# 0.68 at 16 prompts of 128, 1.0 at 8 of 256, 1.3 at 4 of 512, 1.8 at 1,024, 2.9 at 2,048, 3.1 at
+# 4,000; 1.2-1.8 for 64-256 new tokens after 2,048 cached. In float32 the two are within 0.7-1.2x
+# of each other, so float32 stays on the C kernel. PDSERVE_PREFILL_SDPA=0 keeps every sequence on
+# the C kernel, =1 sends every one to SDPA.
+LIBRARY_CONTEXT, LIBRARY_NEW_TOKENS = 512, 64
+
+
+def to_library(dtype: torch.dtype, seq_len: int, q_len: int) -> bool:
+    """Whether a prefill sequence of seq_len tokens, q_len of them new, goes to torch's SDPA even
+    where the C kernel could take it."""
+    switch = os.environ.get("PDSERVE_PREFILL_SDPA")
+    if switch in ("0", "1"):
+        return switch == "1"
+    return (dtype == torch.bfloat16 and seq_len >= LIBRARY_CONTEXT and q_len >= LIBRARY_NEW_TOKENS
+            and _amx_tiles())
+
+
+@functools.cache
+def _amx_tiles() -> bool:
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
 def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
     """Write the rows of sequences `seqs` (each q_len > 1) into out (contiguous rows)."""
     if supports(query, k_cache, v_cache):
-        _prefill_c(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale)
-        return
+        library = [i for i in seqs if to_library(query.dtype, lens[i], cu[i + 1] - cu[i])]
+        if len(library) < len(seqs):
+            _prefill_c(out, query, k_cache, v_cache, block_tables, cu, lens,
+                       [i for i in seqs if i not in library], scale)
+        seqs = library
     seqs = sorted(seqs, key=lambda i: (lens[i], cu[i + 1] - cu[i]))
     while seqs:
         group = _similar(seqs, cu, lens)
