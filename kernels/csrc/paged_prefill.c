@@ -9,7 +9,7 @@
  *   2. scores = q . Kt as lanes of vectors (no horizontal sums), 4 rows at once: 16 independent
  *      FMA chains; positions past the row's own are masked (causal);
  *   3. online softmax: running max m and sum l per row, the row's accumulator rescaled;
- *   4. acc += p . V, head_dim / 16 vectors per row.
+ *   4. acc += p . V for the 4 rows together: each V vector loaded once, 16 independent FMA chains.
  * Chunks past the tile's last position are never read; a row skips chunks past its position.
  * All arithmetic in float32; 16-bit K/V/q widened as read, the output rounded once.
  * Built by kernels/cpu_kernels.py with the host compiler; called through ctypes.
@@ -49,11 +49,10 @@ static inline __attribute__((always_inline)) void load_chunk(
     }
 }
 
-/* Online-softmax update of one row with its chunk scores sc[KC] (keys past `valid` masked):
- * acc = acc * e^(m_old - m_new) + sum_j p_j V_j, l likewise. */
-static inline __attribute__((always_inline)) void update_row(float *sc, int valid, float *m, float *l, vf *acc,
-                                                             const float *v_rows, int head_dim) {
-    const int nvec = head_dim / VL;
+/* Online-softmax step of one row with its chunk scores sc[KC] (keys past `valid` masked): sc becomes
+ * the chunk's weights p_j = e^(s_j - m_new) (0 past valid), l = l * alpha + sum_j p_j, m = m_new;
+ * returns alpha = e^(m_old - m_new), by which the row's accumulator is to be scaled. */
+static inline __attribute__((always_inline)) float softmax_row(float *sc, int valid, float *m, float *l) {
     if (valid < KC)
 #pragma omp simd
         for (int j = 0; j < KC; j++) sc[j] = j < valid ? sc[j] : -INFINITY;
@@ -69,13 +68,35 @@ static inline __attribute__((always_inline)) void update_row(float *sc, int vali
     }
     *m = mx;
     *l = *l * alpha + sum;
-    vf a[MAX_HEAD_DIM / VL]; /* the row's accumulator in registers across the keys */
-    for (int c = 0; c < nvec; c++) a[c] = acc[c] * alpha;
-    for (int j = 0; j < valid; j++) {
-        const vf *vr = (const vf *)(v_rows + (size_t)j * head_dim);
-        for (int c = 0; c < nvec; c++) a[c] += vr[c] * sc[j];
+    return alpha;
+}
+
+/* acc[x] = acc[x] * alpha[x] + sum_{j < keys} p[x][j] V_j for the ROWS rows x of a score group, the
+ * rows' accumulators in registers VG vectors of head_dim at a time: each V vector loaded once serves
+ * all ROWS rows, and ROWS x VG independent FMA chains keep the FMA units busy (a row alone had only
+ * head_dim / 16 chains, each FMA waiting on the last). A row's terms still add in key order, so its
+ * sums are the one-row loop's; weights past a row's own keys are 0 (softmax_row), adding nothing. */
+#define VG 4
+static inline __attribute__((always_inline)) void pv_rows(vf *const acc[ROWS], const float alpha[ROWS],
+                                                          const float p[ROWS][KC], int keys, const float *v_rows,
+                                                          int head_dim) {
+    const int nvec = head_dim / VL;
+    for (int c0 = 0; c0 < nvec; c0 += VG) {
+        const int nc = nvec - c0 < VG ? nvec - c0 : VG;
+        vf a[ROWS][VG];
+        for (int x = 0; x < ROWS; x++)
+            for (int c = 0; c < VG; c++) a[x][c] = c < nc ? acc[x][c0 + c] * alpha[x] : (vf){0};
+        for (int j = 0; j < keys; j++) {
+            const vf *vr = (const vf *)(v_rows + (size_t)j * head_dim) + c0;
+            for (int c = 0; c < VG; c++) {
+                if (c >= nc) break;
+                const vf vv = vr[c];
+                for (int x = 0; x < ROWS; x++) a[x][c] += vv * p[x][j];
+            }
+        }
+        for (int x = 0; x < ROWS; x++)
+            for (int c = 0; c < nc; c++) acc[x][c0 + c] = a[x][c];
     }
-    for (int c = 0; c < nvec; c++) acc[c] = a[c];
 }
 
 /* One task. q/out rows of token i, query head qh: (row0 + i) * row_stride + qh * head_dim.
@@ -90,6 +111,7 @@ static inline __attribute__((always_inline)) void prefill_task(
     float *v_rows = (float *)(acc + (size_t)nrows * nvec);     /* [KC][head_dim] */
     float *qf = v_rows + (size_t)KC * head_dim;                /* [nrows][head_dim], pre-scaled */
     float *m = qf + (size_t)nrows * head_dim, *l = m + nrows;  /* [nrows] each */
+    vf *spare = (vf *)(l + nrows + (16 - (nrows * 2) % 16) % 16);   /* [nvec]: rows that skip a chunk write here */
     for (int r = 0; r < nrows; r++) {
         const int i = t0 + r / group, qh = kv_head * group + r % group;
         const char *row = q + ((row0 + i) * q_stride + (int64_t)qh * head_dim) * esize;
@@ -98,6 +120,7 @@ static inline __attribute__((always_inline)) void prefill_task(
         l[r] = 0.f;
     }
     memset(acc, 0, sizeof(vf) * (size_t)nrows * nvec);
+    memset(spare, 0, sizeof(vf) * (size_t)nvec);
     const int last = first_pos + t1 - 1; /* the tile's last position: no key past it is read */
     for (int c0 = 0; c0 <= last; c0 += KC) {
         const int nk = last + 1 - c0 < KC ? last + 1 - c0 : KC;
@@ -114,14 +137,24 @@ static inline __attribute__((always_inline)) void prefill_task(
             for (int d = 0; d < head_dim; d++)
                 for (int c = 0; c < NV; c++)
                     for (int x = 0; x < ROWS; x++) s[x][c] += kt[(size_t)d * NV + c] * qx[x][d];
-            for (int x = 0; x < nr; x++) {
+            float p[ROWS][KC] __attribute__((aligned(64)));
+            float alpha[ROWS];
+            vf *rows_acc[ROWS];
+            int keys = 0;
+            for (int x = 0; x < ROWS; x++) {
                 const int r = r0 + x, pos = first_pos + t0 + r / group;
-                const int valid = pos - c0 + 1 < nk ? pos - c0 + 1 : nk; /* keys c0 .. pos */
-                if (valid <= 0) continue;
-                float sc[KC] __attribute__((aligned(64)));
-                memcpy(sc, s[x], sizeof sc);
-                update_row(sc, valid, m + r, l + r, acc + (size_t)r * nvec, v_rows, head_dim);
+                const int valid = x >= nr ? 0 : pos - c0 + 1 < nk ? pos - c0 + 1 : nk; /* keys c0 .. pos */
+                rows_acc[x] = valid > 0 ? acc + (size_t)r * nvec : spare;
+                alpha[x] = 1.f;
+                if (valid <= 0) {   /* a tail row, or one whose position is before this chunk: untouched */
+                    memset(p[x], 0, sizeof p[x]);
+                    continue;
+                }
+                memcpy(p[x], s[x], sizeof p[x]);
+                alpha[x] = softmax_row(p[x], valid, m + r, l + r);
+                keys = valid > keys ? valid : keys;
             }
+            pv_rows(rows_acc, alpha, (const float(*)[KC])p, keys, v_rows, head_dim);
         }
     }
     for (int r = 0; r < nrows; r++) {
@@ -173,7 +206,7 @@ int paged_prefill(const void *q, int64_t q_stride, const void *k, const void *v,
     for (int n = 0; n < num_seqs; n++)
         first[n + 1] = first[n] + (int64_t)((q_lens[n] + tile_q - 1) / tile_q) * num_kv_heads;
     const size_t max_rows = (size_t)tile_q * group;
-    const size_t scratch_bytes = sizeof(vf) * ((size_t)head_dim * NV + max_rows * (head_dim / VL)) +
+    const size_t scratch_bytes = sizeof(vf) * ((size_t)head_dim * NV + max_rows * (head_dim / VL) + 1 + head_dim / VL) +
                                  sizeof(float) * ((size_t)KC * head_dim + max_rows * head_dim + 2 * max_rows);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
