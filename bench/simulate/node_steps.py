@@ -20,7 +20,7 @@ from bench.simulate.placement import ROUTER_SENDS
 from bench.simulate.trace import load
 
 ENGINE_STEPS = "engine.llm_engine,engine.scheduler"    # trace_points.PATCHES: the step and its plan
-MIN_STEPS = 20          # fewer steps on a node: its factor is 1.0 (the profile's price, unscaled)
+MIN_STEPS = 20          # fewer steps on a node: the median over the point's steps (every node's), else 1.0
 COLOCATED = "colocated-0"
 
 
