@@ -282,12 +282,12 @@ static inline __attribute__((always_inline)) void attend(
     float *scores = scratch;                         /* [nq][len] */
     float *qf = scores + (size_t)nq * len;           /* [nq][head_dim], pre-scaled */
     float *acc = qf + (size_t)nq * head_dim;         /* [nq][head_dim] */
-    for (int j = 0; j < nq; j++) {
+    const int blocks16 = ((BF16_BLOCKS && dtype == DT_BF16) || (F32_BLOCKS && dtype == DT_F32)) &&
+                         (head_dim == 64 || head_dim == 128);
+    for (int j = 0; j < nq && !(blocks16 && dtype == DT_BF16); j++) { /* the bf16 blocks read q_row */
         const char *row = q_row + (int64_t)j * head_dim * esize;
         for (int d = 0; d < head_dim; d++) qf[j * head_dim + d] = load_elem(row, d, dtype) * scale;
     }
-    const int blocks16 = ((BF16_BLOCKS && dtype == DT_BF16) || (F32_BLOCKS && dtype == DT_F32)) &&
-                         (head_dim == 64 || head_dim == 128);
 #if BF16_BLOCKS
     if (blocks16 && dtype == DT_BF16)
         for (int t0 = c0; t0 < c1; t0 += block_size) {
