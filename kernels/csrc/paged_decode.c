@@ -95,14 +95,6 @@ static inline __attribute__((always_inline)) __m512 sum16(const __m512 a[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xdd));
 }
 
-/* Prefetch head h of tokens [i0, i0 + 16) of the next bf16 block (NULL: none). */
-static inline __attribute__((always_inline)) void prefetch_heads(const uint16_t *next, int i0, int h, int64_t token_stride,
-                                                                 int HD) {
-    if (next == NULL) return;
-    for (int i = i0; i < i0 + 16; i++)
-        for (int b = 0; b < HD * 2; b += 64) __builtin_prefetch((const char *)(next + i * token_stride + h * HD) + b, 0, 3);
-}
-
 /* float32 K pass over tokens [0, n) of one block, as k_block_bf16 below: 16 tokens of one query
  * head at a time, each dot summed in 16 lanes by FMAs, the 16 dots reduced together (sum16).
  * qf: the query heads, pre-scaled. No prefetch of the next block: a float32 row of a head is
@@ -168,34 +160,55 @@ static inline __attribute__((always_inline)) void v_block_f32(const float *p, co
 #ifdef __AVX512BF16__
 #define BF16_BLOCKS 1   /* bf16 rows of head_dim 64 or 128 take the block functions below */
 
-/* K pass over tokens [0, n) of one bf16 block: scores[j * len + off + i] = scale * q_j . K[i],
- * 16 tokens of one query head at a time: vdpbf16ps products (exact in float32) summed in
- * float32, the 16 dots reduced together. q: the query row, unscaled bf16. A block's last tokens
- * past n read token n - 1's row again (their dots are not stored): the loop over 16 tokens has no
- * branch, so gcc keeps the 16 sums in registers. */
+/* Prefetch one head's row (HD bf16 elements) of the next block into L1. The K and V passes
+ * prefetch the next block's row of the head they read, token by token as they read this block's:
+ * the same lines as prefetching a head's 16 rows at once (the previous form), spread between the
+ * loads, so the prefetches do not queue up for the line fill buffers together (faster from L3 and
+ * from memory: bench/README.md, session 20). */
+static inline __attribute__((always_inline)) void prefetch_head(const uint16_t *row, int HD) {
+    for (int b = 0; b < HD * 2; b += 64) __builtin_prefetch((const char *)row + b, 0, 3);
+}
+
+/* scores[j * len + off + i0 + i] = scale * q_j . K[i0 + i] for i < m, 16 tokens of one kv head's
+ * query heads: vdpbf16ps products (exact in float32) summed in float32, the 16 dots reduced
+ * together. q: the query row, unscaled bf16. Tokens past m read token m - 1's row again (their
+ * dots are not stored): the loop over 16 tokens has no branch, so gcc keeps the 16 sums in
+ * registers; k_block_bf16 calls it with m = 16 for every full run of 16, so those runs have no
+ * selects either. next: the block whose rows i0 .. i0 + 15 of head h to prefetch (NULL: none). */
+static inline __attribute__((always_inline)) void k_tokens_bf16(const uint16_t *q, const uint16_t *blk, const uint16_t *next,
+                                                                int i0, int m, int h, int64_t token_stride, int group,
+                                                                int HD, float scale, float *scores, int len, int off) {
+    for (int g = 0; g < group; g++) {
+        const int j = h * group + g;
+        __m512i qv[4];  /* HD / 32 of them: a fixed size, or gcc makes it a stack array */
+        for (int c = 0; c < HD / 32; c++) qv[c] = _mm512_loadu_si512(q + j * HD + 32 * c);
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            const uint16_t *kr = blk + (i0 + (i < m ? i : m - 1)) * token_stride + h * HD;
+            if (g == 0 && next != NULL) prefetch_head(next + (i0 + i) * token_stride + h * HD, HD);
+            acc[i] = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)qv[0], (__m512bh)_mm512_loadu_si512(kr));
+#pragma GCC unroll 4
+            for (int c = 1; c < HD / 32; c++)
+                acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
+        }
+        _mm512_mask_storeu_ps(scores + (size_t)j * len + off + i0, (__mmask16)((1u << m) - 1),
+                              _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+    }
+}
+
+/* K pass over tokens [0, n) of one bf16 block (k_tokens_bf16, 16 tokens at a time), prefetching
+ * `next` (the sequence's next K block, or its first V block after the last K block). */
 static inline __attribute__((always_inline)) void k_block_bf16(const uint16_t *q, const uint16_t *blk, const uint16_t *next,
                                                                int n, int64_t token_stride, int num_kv_heads, int group,
                                                                int HD, float scale, float *scores, int len, int off) {
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int m = n - i0 < 16 ? n - i0 : 16;
         for (int h = 0; h < num_kv_heads; h++) {
-            prefetch_heads(next, i0, h, token_stride, HD);
-            for (int g = 0; g < group; g++) {
-                const int j = h * group + g;
-                __m512i qv[HD / 32];
-                for (int c = 0; c < HD / 32; c++) qv[c] = _mm512_loadu_si512(q + j * HD + 32 * c);
-                __m512 acc[16];
-#pragma GCC unroll 16
-                for (int i = 0; i < 16; i++) {
-                    const uint16_t *kr = blk + (i0 + (i < m ? i : m - 1)) * token_stride + h * HD;
-                    acc[i] = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)qv[0], (__m512bh)_mm512_loadu_si512(kr));
-#pragma GCC unroll 4
-                    for (int c = 1; c < HD / 32; c++)
-                        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)qv[c], (__m512bh)_mm512_loadu_si512(kr + 32 * c));
-                }
-                _mm512_mask_storeu_ps(scores + (size_t)j * len + off + i0, (__mmask16)((1u << m) - 1),
-                                      _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
-            }
+            if (m == 16)
+                k_tokens_bf16(q, blk, next, i0, 16, h, token_stride, group, HD, scale, scores, len, off);
+            else
+                k_tokens_bf16(q, blk, next, i0, m, h, token_stride, group, HD, scale, scores, len, off);
         }
     }
 }
@@ -224,14 +237,17 @@ static inline __attribute__((always_inline)) void v_block_bf16(const float *p, c
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     for (int h = 0; h < num_kv_heads; h++) {
-        for (int i0 = 0; i0 < n; i0 += 16) prefetch_heads(next, i0, h, token_stride, HD);
         for (int g = 0; g < group; g++) {
             const int j = h * group + g;
-            __m512 e0[HD / 32], o0[HD / 32], e1[HD / 32], o1[HD / 32];
+            __m512 e0[4], o0[4], e1[4], o1[4];  /* HD / 32 of each, as k_tokens_bf16's qv */
             for (int c = 0; c < HD / 32; c++) e0[c] = o0[c] = e1[c] = o1[c] = _mm512_setzero_ps();
             const float *pj = p + (size_t)j * len + off;
             int i = 0;
             for (; i + 1 < n; i += 2) {
+                if (g == 0 && next != NULL) {
+                    prefetch_head(next + i * token_stride + h * HD, HD);
+                    prefetch_head(next + (i + 1) * token_stride + h * HD, HD);
+                }
                 v_row_bf16(e0, o0, pj[i], blk + i * token_stride + h * HD, HD);
                 v_row_bf16(e1, o1, pj[i + 1], blk + (i + 1) * token_stride + h * HD, HD);
             }
@@ -266,19 +282,22 @@ static inline __attribute__((always_inline)) void attend(
     float *scores = scratch;                         /* [nq][len] */
     float *qf = scores + (size_t)nq * len;           /* [nq][head_dim], pre-scaled */
     float *acc = qf + (size_t)nq * head_dim;         /* [nq][head_dim] */
-    for (int j = 0; j < nq; j++) {
+    const int blocks16 = ((BF16_BLOCKS && dtype == DT_BF16) || (F32_BLOCKS && dtype == DT_F32)) &&
+                         (head_dim == 64 || head_dim == 128);
+    for (int j = 0; j < nq && !(blocks16 && dtype == DT_BF16); j++) { /* the bf16 blocks read q_row */
         const char *row = q_row + (int64_t)j * head_dim * esize;
         for (int d = 0; d < head_dim; d++) qf[j * head_dim + d] = load_elem(row, d, dtype) * scale;
     }
-    const int blocks16 = ((BF16_BLOCKS && dtype == DT_BF16) || (F32_BLOCKS && dtype == DT_F32)) &&
-                         (head_dim == 64 || head_dim == 128);
 #if BF16_BLOCKS
     if (blocks16 && dtype == DT_BF16)
         for (int t0 = c0; t0 < c1; t0 += block_size) {
             const int64_t b = table[t0 / block_size], nb = t0 + block_size < c1 ? table[t0 / block_size + 1] : -1;
-            k_block_bf16((const uint16_t *)q_row, (const uint16_t *)k + b * block_stride,
-                         nb < 0 ? NULL : (const uint16_t *)k + nb * block_stride, c1 - t0 < block_size ? c1 - t0 : block_size,
-                         token_stride, num_kv_heads, group, head_dim, scale, scores, len, t0 - c0);
+            /* the last K block prefetches the first V block */
+            const uint16_t *next = nb < 0 ? (const uint16_t *)v + (int64_t)table[c0 / block_size] * block_stride
+                                          : (const uint16_t *)k + nb * block_stride;
+            k_block_bf16((const uint16_t *)q_row, (const uint16_t *)k + b * block_stride, next,
+                         c1 - t0 < block_size ? c1 - t0 : block_size, token_stride, num_kv_heads, group, head_dim, scale,
+                         scores, len, t0 - c0);
         }
 #endif
 #if F32_BLOCKS
