@@ -63,10 +63,17 @@ class Run(NamedTuple):
     recv_cpu: float     # CPU seconds of the receiving process, from its reservation to the commit
     recv_faults: int    # minor page faults of the receiving process meanwhile (libzmq's fresh buffers)
     recv_main_cpu: float   # CPU seconds of its Python thread alone (the rest: libzmq's I/O thread)
+    recv_main_switches: int   # context switches of that thread, voluntary and not (each one leaves its caches cold)
 
 
 def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def thread_switches() -> int:
+    """Context switches of the calling thread so far, voluntary (it waited) and involuntary (preempted)."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 LAYOUT = dict(num_layers=8, num_kv_heads=8, head_dim=64, dtype=torch.float32)
@@ -114,11 +121,11 @@ def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret, ba
                 return
             recv.register(Reservation(cmd, tuple(range(num_blocks)), lease_s=PEER_TIMEOUT))
             conn.send("registered")
-            cpu, faults, main = time.process_time(), minor_faults(), time.thread_time()
+            cpu, faults, main, switches = time.process_time(), minor_faults(), time.thread_time(), thread_switches()
         for ev in recv.poll(0.01):
             ok = isinstance(ev, TransferCommitted)
-            conn.send((ev.xfer_id, time.process_time() - cpu, minor_faults() - faults, time.thread_time() - main)
-                      if ok else ("failed", ev))
+            conn.send((ev.xfer_id, time.process_time() - cpu, minor_faults() - faults, time.thread_time() - main,
+                       thread_switches() - switches) if ok else ("failed", ev))
 
 
 class Pdserve:
@@ -157,8 +164,9 @@ class Pdserve:
             for b in range(n):
                 self.send.send_block(xfer_id, b, b, self.src, b)
         self.send.commit(xfer_id, 1, self._tokens)
-        _, recv_cpu, recv_faults, recv_main = _reply(self._conn, self._proc)
-        return Run(time.perf_counter() - start, time.process_time() - cpu, recv_cpu, recv_faults, recv_main)
+        _, recv_cpu, recv_faults, recv_main, recv_switches = _reply(self._conn, self._proc)
+        return Run(time.perf_counter() - start, time.process_time() - cpu, recv_cpu, recv_faults, recv_main,
+                   recv_switches)
 
     def stop(self) -> None:
         self._conn.send(None)
@@ -228,7 +236,8 @@ def _summary(block_size: int, num_blocks: int, nbytes: int, got: dict[str, list[
                         "send_cpu_us_per_block": per_block([r.send_cpu for r in runs]),
                         "recv_cpu_us_per_block": per_block([r.recv_cpu for r in runs]),
                         "recv_faults_per_block": statistics.median(r.recv_faults for r in runs) / num_blocks,
-                        "recv_main_cpu_us_per_block": per_block([r.recv_main_cpu for r in runs])}
+                        "recv_main_cpu_us_per_block": per_block([r.recv_main_cpu for r in runs]),
+                        "recv_main_switches_per_block": statistics.median(r.recv_main_switches for r in runs) / num_blocks}
     for variant in ("unbatched", "pdserve"):
         for peer in ("ceiling", "ceiling_mac"):      # each against the ceiling of its own repetition
             ratios = [c.wall / p.wall for p, c in zip(got[variant], got[peer])]
@@ -287,8 +296,8 @@ def _print_row(name: str, row: dict) -> None:
         lo, hi = v["gbps_range"]
         print(f"  {variant:12s} {v['gbps']:5.2f} GB/s ({lo:.2f}-{hi:.2f}), {v['us_per_block']:6.1f} us/block; "
               f"CPU us/block: sender {v['send_cpu_us_per_block']:5.1f}, receiver {v['recv_cpu_us_per_block']:5.1f} "
-              f"(its Python thread {v['recv_main_cpu_us_per_block']:5.1f}); receiver page faults/block "
-              f"{v['recv_faults_per_block']:.0f}")
+              f"(its Python thread {v['recv_main_cpu_us_per_block']:5.1f}, {v['recv_main_switches_per_block']:.2f} "
+              f"context switches/block); receiver page faults/block {v['recv_faults_per_block']:.0f}")
     for variant in ("pdserve", "unbatched"):
         r, m = row[f"{variant}/ceiling"], row[f"{variant}/ceiling_mac"]
         cpu = row[f"{variant}_cpu_overhead_us_per_block"]

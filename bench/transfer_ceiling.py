@@ -46,6 +46,7 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
         session = Session(secret, *_NONCES, initiator=False) if mac else None
         conn.send("ready")
         cpu, faults, main = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.thread_time()
+        switches = _switches()
         for k in range(n):
             if not sock.poll(30_000):
                 conn.send(("failed", f"block {k} of {n} did not arrive"))
@@ -57,9 +58,15 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
             sock.recv_into(pool[slot * nbytes:(slot + 1) * nbytes])
         else:
             conn.send(("done", time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
-                       time.thread_time() - main))
+                       time.thread_time() - main, _switches() - switches))
     sock.close()
     ctx.term()
+
+
+def _switches() -> int:
+    """Context switches of the calling thread so far, voluntary and involuntary."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 class Ceiling:
@@ -81,9 +88,9 @@ class Ceiling:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self._conn.recv())
 
-    def run(self, mac: bool, timeout: float = 120.0) -> tuple[float, float, float, int, float]:
+    def run(self, mac: bool, timeout: float = 120.0) -> tuple[float, float, float, int, float, int]:
         """(wall seconds, sender CPU seconds, receiver CPU seconds, receiver minor page faults, CPU
-        seconds of the receiver's Python thread) of one transfer of every block."""
+        seconds of the receiver's Python thread, its context switches) of one transfer of every block."""
         n = len(self._blocks)
         session = Session(self._secret, *_NONCES, initiator=True) if mac else None
         self._conn.send((n, mac))
@@ -101,7 +108,7 @@ class Ceiling:
         reply = self._conn.recv()
         if reply[0] == "failed":
             raise RuntimeError(f"ceiling transfer failed: {reply[1]}")
-        return time.perf_counter() - start, time.process_time() - cpu, reply[1], reply[2], reply[3]
+        return time.perf_counter() - start, time.process_time() - cpu, reply[1], reply[2], reply[3], reply[4]
 
     def stop(self) -> None:
         self._conn.send(None)
