@@ -333,15 +333,15 @@ def test_building_the_c_kernels_says_so_once(monkeypatch, tmp_path, caplog):
 
 
 def test_long_bf16_prefills_go_to_sdpa_where_the_cpu_has_amx(monkeypatch):
-    """Where the CPU has AMX tiles, a bfloat16 sequence of >= 512 tokens with >= 64 new ones goes
+    """Where the CPU has AMX tiles, a bfloat16 sequence of >= 512 tokens with >= 128 new ones goes
     to torch's SDPA and the others to the C kernel, in one batch, each row exact; float32 stays on
     the C kernel; PDSERVE_PREFILL_SDPA=0 / 1 sends every sequence one way."""
     from kernels import cpu_prefill
     monkeypatch.delenv("PDSERVE_PREFILL_SDPA", raising=False)
     amx = cpu_prefill._amx_tiles()
-    assert cpu_prefill.to_library(torch.bfloat16, 512, 64) == amx
+    assert cpu_prefill.to_library(torch.bfloat16, 512, 128) == amx
     assert not cpu_prefill.to_library(torch.bfloat16, 511, 511)
-    assert not cpu_prefill.to_library(torch.bfloat16, 4096, 63)
+    assert not cpu_prefill.to_library(torch.bfloat16, 4096, 127)
     assert not cpu_prefill.to_library(torch.float32, 4096, 4096)
     monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "1")
     assert cpu_prefill.to_library(torch.float32, 2, 2)
@@ -351,11 +351,11 @@ def test_long_bf16_prefills_go_to_sdpa_where_the_cpu_has_amx(monkeypatch):
     to_c = []
     real = cpu_prefill._prefill_c
     monkeypatch.setattr(cpu_prefill, "_prefill_c", lambda *a: (to_c.append(list(a[-2])), real(*a)))
-    # rows: a fresh 1,100-token prompt, 100 new tokens after 1,000 cached, a short prompt, a decode row
-    _run_and_compare([1100, 1100, 200, 9], [1100, 100, 200, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
+    # rows: a fresh 1,100-token prompt, 128 new tokens after 972 cached, a short prompt, a decode row
+    _run_and_compare([1100, 1100, 200, 9], [1100, 128, 200, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
     assert to_c == ([[2]] if amx else [[0, 1, 2]])
     to_c.clear()
-    _run_and_compare([1100, 1100, 200, 9], [1100, 100, 200, 1], 8, 2, 64, 16, torch.float32, "cpu")
+    _run_and_compare([1100, 1100, 200, 9], [1100, 128, 200, 1], 8, 2, 64, 16, torch.float32, "cpu")
     assert to_c == [[0, 1, 2]]
 
 
