@@ -164,8 +164,29 @@ def prefill_one(
     qh = q.transpose(0, 1).view(num_kv_heads, group, q_len, head_dim)  # [Hkv, G, q_len, D]
     if q_len == seq_len:
         o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
+    elif _FLASH is not None:
+        o = _after_prefix(qh, k, v, seq_len - q_len, scale)
     else:
         q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
         mask = additive_mask(torch.arange(seq_len)[None, :] <= q_pos, q.dtype)  # [q_len, L]
         o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
     return o.view(num_heads, q_len, head_dim).transpose(0, 1)
+
+
+# torch's CPU flash attention with its log-sum-exp (what SDPA calls on CPU; None where this torch lacks it)
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float) -> torch.Tensor:
+    """Attention of new rows q [..., q_len, D] over `prefix` cached keys, all visible, then the new
+    keys (k, v [..., prefix + q_len, D]) causally: two flash-attention calls, unmasked over the
+    prefix and is_causal over the new keys, merged by their log-sum-exps. The same softmax as one
+    call with the causal mask offset by the prefix, which takes SDPA's slower masked path
+    (bench/README.md, "Long prompts' prefill attention")."""
+    o1, lse1 = _FLASH(q, k[..., :prefix, :], v[..., :prefix, :], 0.0, False, scale=scale)
+    o2, lse2 = _FLASH(q, k[..., prefix:, :], v[..., prefix:, :], 0.0, True, scale=scale)
+    top = torch.maximum(lse1, lse2)
+    w1, w2 = (lse1 - top).exp_(), (lse2 - top).exp_()
+    total = w1 + w2
+    out = o1.float().mul_((w1 / total)[..., None]).add_(o2.float().mul_((w2 / total)[..., None]))
+    return out.to(q.dtype)

@@ -364,3 +364,22 @@ def test_c_prefill_keeps_long_bf16_contexts_exact(monkeypatch, kv_heads):
     """The C kernel over contexts past LIBRARY_CONTEXT in bfloat16 (what hosts without AMX tiles run)."""
     monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "0")
     _run_and_compare([1100, 1100], [1100, 100], 8, kv_heads, 64, 16, torch.bfloat16, "cpu")
+
+
+@pytest.mark.parametrize("flash", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_pytorch_path_chunk_after_a_prefix_matches_reference(monkeypatch, flash, dtype, kv_heads):
+    """A lone chunk after a cached prefix on the PyTorch path: the prefix unmasked and the new keys
+    causal, merged by their log-sum-exps (flash), or one call with the offset causal mask (a torch
+    without the flash op), both within the stated tolerance; a fresh prompt beside it."""
+    from kernels import cpu_prefill
+    splits = []
+    real = cpu_prefill._after_prefix
+    monkeypatch.setattr(cpu_prefill, "_after_prefix", lambda q, k, v, prefix, scale: (
+        splits.append(prefix), real(q, k, v, prefix, scale))[1])
+    if not flash:
+        monkeypatch.setattr(cpu_prefill, "_FLASH", None)
+    _run_and_compare([700, 90], [150, 90], 8, kv_heads, 64, 16, dtype, "cpu-torch")
+    _run_and_compare([700, 41], [699, 41], 8, kv_heads, 64, 16, dtype, "cpu-torch")
+    assert splits == ([550, 1] if flash else [])
