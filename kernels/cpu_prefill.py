@@ -28,11 +28,12 @@ from kernels.cpu_kernels import DTYPES, paged_prefill_lib
 # From this context on (and this many new tokens), torch's SDPA takes a bfloat16 sequence where the
 # CPU has AMX tiles: its flash attention multiplies on them (oneDNN's brgemm), where the C kernel
 # widens to float32 for AVX-512 FMAs. C kernel / SDPA on the benchmark host (Intel Xeon, AMX, 2
-# cores, quiet; `python bench/prefill_attention.py`, bench/README.md "Long prompts' prefill
-# attention"): 0.47 at 16 prompts of 128, 0.59 at 8 of 256, 1.07 at 4 of 512, 1.5 at 1,024, 2.4 at
-# 2,048, 2.9 at 4,000; after 2,048 cached tokens 0.91 for 64 new ones, 1.37 for 256. In float32
-# SDPA is 0.5-1.3x the C kernel's speed, so float32 stays on it. PDSERVE_PREFILL_SDPA=0 keeps every
-# sequence on the C kernel, =1 sends every one to SDPA.
+# cores, quiet, three runs; `python bench/prefill_attention.py`, bench/README.md "Long prompts'
+# prefill attention"): 0.47-0.59 at 16 prompts of 128, 0.59-0.81 at 8 of 256, 0.98-1.11 at 4 of
+# 512, 1.2-1.5 at 1,024, 2.1-2.4 at 2,048, 2.4-2.9 at 4,000; after 2,048 cached tokens 0.73-0.91
+# for 64 new ones, 1.0-1.5 for 256; 2.2-2.7 for 2,000 new after 2,000 (with _after_prefix). float32
+# stays on the C kernel (SDPA 0.46-1.33x its speed). PDSERVE_PREFILL_SDPA=0 keeps every sequence on
+# the C kernel, =1 sends every one to SDPA.
 LIBRARY_CONTEXT, LIBRARY_NEW_TOKENS = 512, 128
 
 
