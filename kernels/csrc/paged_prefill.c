@@ -75,7 +75,8 @@ static inline __attribute__((always_inline)) float softmax_row(float *sc, int va
  * rows' accumulators in registers VG vectors of head_dim at a time: each V vector loaded once serves
  * all ROWS rows, and ROWS x VG independent FMA chains keep the FMA units busy (a row alone had only
  * head_dim / 16 chains, each FMA waiting on the last). A row's terms still add in key order, so its
- * sums are the one-row loop's; weights past a row's own keys are 0 (softmax_row), adding nothing. */
+ * sums are the one-row loop's; weights past a row's own keys are 0 (softmax_row), adding nothing
+ * (for finite V: an inf or NaN there, past a row's position, now reaches it as 0 * inf). */
 #define VG 4
 static inline __attribute__((always_inline)) void pv_rows(vf *const acc[ROWS], const float alpha[ROWS],
                                                           const float p[ROWS][KC], int keys, const float *v_rows,

@@ -383,3 +383,19 @@ def test_pytorch_path_chunk_after_a_prefix_matches_reference(monkeypatch, flash,
     _run_and_compare([700, 90], [150, 90], 8, kv_heads, 64, 16, dtype, "cpu-torch")
     _run_and_compare([700, 41], [699, 41], 8, kv_heads, 64, 16, dtype, "cpu-torch")
     assert splits == ([550, 1] if flash else [])
+
+
+def test_long_bf16_chunks_after_prefixes_never_take_a_masked_batch(monkeypatch):
+    """Long sequences sent to SDPA batch only when all fresh and of one length (is_causal, no mask);
+    chunks after cached prefixes go one at a time (_after_prefix), never as one masked batch."""
+    from kernels import cpu_prefill
+    monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "1")
+    batches, splits = [], []
+    real_batch, real_split = cpu_prefill._prefill_batch, cpu_prefill._after_prefix
+    monkeypatch.setattr(cpu_prefill, "_prefill_batch", lambda *a: (batches.append(list(a[-2])), real_batch(*a)))
+    monkeypatch.setattr(cpu_prefill, "_after_prefix", lambda q, k, v, prefix, scale: (
+        splits.append(prefix), real_split(q, k, v, prefix, scale))[1])
+    _run_and_compare([1100, 1090, 9], [128, 130, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
+    assert batches == [] and sorted(splits) == [960, 972]
+    _run_and_compare([600, 600, 9], [600, 600, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
+    assert batches == [[0, 1]] and len(splits) == 2
