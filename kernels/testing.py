@@ -69,3 +69,24 @@ def pytorch_attention():
     with mock.patch.object(cpu_decode, "supports", lambda *a: False), \
             mock.patch.object(cpu_prefill, "supports", lambda *a: False):
         yield
+
+
+# Stated tolerances (max abs error; inputs ~N(0,1), outputs are convex mixes of V rows).
+ATOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+
+
+def run_and_compare(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device):
+    """paged_attention on a random batch against the plain-PyTorch reference, within ATOL; device
+    "cpu-torch": the CPU's PyTorch path (pytorch_attention)."""
+    from kernels import paged_attention
+    from kernels.reference import paged_attention_ref
+    torch_path = device == "cpu-torch"
+    device = "cpu" if torch_path else device
+    b = make_paged_batch(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device)
+    with pytorch_attention() if torch_path else contextlib.nullcontext():
+        out = paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q, b.seq_lens,
+                              b.scale, b.max_seqlen_q, b.max_seqlen_k)
+    ref = paged_attention_ref(b.query.cpu(), b.k_cache.cpu(), b.v_cache.cpu(), b.block_tables.cpu(),
+                              b.cu_seqlens_q.cpu(), b.seq_lens.cpu(), b.scale)
+    assert out.dtype == dtype and out.shape == b.query.shape
+    torch.testing.assert_close(out.cpu().float(), ref.float(), atol=ATOL[dtype], rtol=0)

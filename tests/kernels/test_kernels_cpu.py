@@ -1,10 +1,9 @@
 """kernels/ attention launchers vs the plain-PyTorch reference (CPU; CUDA too when present; the block
-launchers are in test_block_launchers.py).
+launchers are in test_block_launchers.py, which prefill path a sequence takes in test_prefill_routing.py).
 
 "cpu" runs decode and prefill rows through the C kernels (kernels/csrc/paged_decode.c,
 paged_prefill.c), "cpu-torch" through the PyTorch fallback (gather + SDPA) that hosts without a
 C compiler use."""
-import contextlib
 
 import pytest
 import torch
@@ -14,34 +13,17 @@ from kernels import cpu_decode
 from kernels.cpu_kernels import build_error, paged_decode_lib, paged_prefill_lib
 from kernels import paged_attention, store_kv
 from kernels.reference import paged_attention_ref
-from kernels.testing import make_paged_batch, pytorch_attention
+from kernels.testing import ATOL, make_paged_batch, run_and_compare
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 ATTN_DEVICES = DEVICES + ["cpu-torch"]
-# Stated tolerances (max abs error; inputs ~N(0,1), outputs are convex mixes of V rows).
-ATOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
-
-
-def _run_and_compare(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device):
-    torch_path = device == "cpu-torch"
-    device = "cpu" if torch_path else device
-    b = make_paged_batch(seq_lens, q_lens, heads, kv_heads, head_dim, block_size, dtype, device)
-    with pytorch_attention() if torch_path else contextlib.nullcontext():
-        out = paged_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q, b.seq_lens,
-                              b.scale, b.max_seqlen_q, b.max_seqlen_k)
-    ref = paged_attention_ref(b.query.cpu(), b.k_cache.cpu(), b.v_cache.cpu(), b.block_tables.cpu(),
-                              b.cu_seqlens_q.cpu(), b.seq_lens.cpu(), b.scale)
-    assert out.dtype == dtype and out.shape == b.query.shape
-    torch.testing.assert_close(out.cpu().float(), ref.float(), atol=ATOL[dtype], rtol=0)
-
-
 @pytest.mark.parametrize("device", ATTN_DEVICES)
 @pytest.mark.parametrize("kv_heads", [8, 4, 2, 1])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_decode_batch_matches_reference(device, kv_heads, block_size):
     """Pure decode over ragged contexts (1, block multiples, odd) equals the reference, GQA 1-8."""
     seq_lens = [1, block_size, 2 * block_size, 3 * block_size + 1, 37, 100, 255, 256]
-    _run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, 64, block_size, torch.float32, device)
+    run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, 64, block_size, torch.float32, device)
 
 
 @pytest.mark.parametrize("device", ATTN_DEVICES)
@@ -51,14 +33,14 @@ def test_mixed_prefill_decode_matches_reference(device, kv_heads, head_dim):
     """A batch mixing fresh prefills, chunked prefills over a cached prefix and decodes is exact."""
     seq_lens = [40, 17, 96, 1, 64, 130, 5]
     q_lens = [40, 1, 30, 1, 16, 2, 0]
-    _run_and_compare(seq_lens, q_lens, 8, kv_heads, head_dim, 16, torch.float32, device)
+    run_and_compare(seq_lens, q_lens, 8, kv_heads, head_dim, 16, torch.float32, device)
 
 
 @pytest.mark.parametrize("device", ATTN_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_within_stated_tolerance(device, dtype):
     """bf16/fp16 inputs give the fp32-accumulated reference within ATOL[dtype]."""
-    _run_and_compare([33, 1, 64, 80], [1, 1, 20, 80], 8, 2, 64, 16, dtype, device)
+    run_and_compare([33, 1, 64, 80], [1, 1, 20, 80], 8, 2, 64, 16, dtype, device)
 
 
 @pytest.mark.parametrize("device", ATTN_DEVICES)
@@ -67,7 +49,7 @@ def test_engine_sized_decode_batch(device, uniform):
     """The benchmark shape (batch 32, 8 heads, head_dim 64, contexts up to 256) is exact,
     ragged (masked chunks) or all of one length (unmasked chunks)."""
     seq_lens = torch.randint(1, 257, (32,), generator=torch.Generator().manual_seed(1)).tolist()
-    _run_and_compare([250] * 32 if uniform else seq_lens, [1] * 32, 8, 8, 64, 16, torch.float32, device)
+    run_and_compare([250] * 32 if uniform else seq_lens, [1] * 32, 8, 8, 64, 16, torch.float32, device)
 
 
 def test_c_attention_kernels_build_and_take_pool_views():
@@ -88,7 +70,7 @@ def test_without_the_c_kernels_attention_falls_back_to_pytorch(monkeypatch, tmp_
     try:
         for name, lib in libs.items():
             assert lib() is None and "PDSERVE_CPU_KERNELS" in build_error(name)
-        _run_and_compare([5, 40, 17, 30], [1, 1, 1, 12], 8, 2, 64, 16, torch.float32, "cpu")
+        run_and_compare([5, 40, 17, 30], [1, 1, 1, 12], 8, 2, 64, 16, torch.float32, "cpu")
         monkeypatch.setenv("PDSERVE_CPU_KERNELS", "1")
         monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
         monkeypatch.setenv("PDSERVE_KERNEL_CACHE", str(tmp_path / "cache"))
@@ -135,7 +117,7 @@ def test_kernel_cache_keeps_only_the_newest_builds_of_each_kernel(tmp_path):
 def test_c_decode_few_sequences(dtype, num_seqs):
     """Batch 1-3 (fewer tasks than threads, or an odd one out) equals the reference, GQA 2,
     every dtype."""
-    _run_and_compare([70, 16, 3][:num_seqs], [1] * num_seqs, 16, 8, 64, 16, dtype, "cpu")
+    run_and_compare([70, 16, 3][:num_seqs], [1] * num_seqs, 16, 8, 64, 16, dtype, "cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -146,7 +128,7 @@ def test_c_decode_blocks_match_reference(dtype, kv_heads, head_dim, block_size):
     head, FMAs or vdpbf16ps; 96 keeps the generic loop): contexts ending anywhere in a block,
     shorter than 16 tokens, several blocks, GQA, within the dtype's tolerance."""
     seq_lens = [1, 5, block_size, block_size + 1, 3 * block_size - 1, 100, 257]
-    _run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, head_dim, block_size, dtype, "cpu")
+    run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, head_dim, block_size, dtype, "cpu")
 
 
 @pytest.mark.parametrize("device", ["cpu", "cpu-torch"])
@@ -155,7 +137,7 @@ def test_c_decode_blocks_match_reference(dtype, kv_heads, head_dim, block_size):
 def test_similar_chunked_prefills_match_reference(device, dtype, kv_heads):
     """Equal and nearly equal chunks over cached prefixes (on the PyTorch path: one batched
     SDPA call) are exact."""
-    _run_and_compare([256, 256, 250, 240, 33], [64, 64, 60, 64, 33], 8, kv_heads, 64, 16, dtype, device)
+    run_and_compare([256, 256, 250, 240, 33], [64, 64, 60, 64, 33], 8, kv_heads, 64, 16, dtype, device)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cpu-torch"])
@@ -163,7 +145,7 @@ def test_similar_chunked_prefills_match_reference(device, dtype, kv_heads):
 def test_equal_fresh_prefills_match_reference(device, kv_heads):
     """Fresh prompts of one length (on the PyTorch path: one is_causal SDPA) next to decode rows
     are exact."""
-    _run_and_compare([48, 48, 48, 7], [48, 48, 48, 1], 8, kv_heads, 64, 16, torch.float32, device)
+    run_and_compare([48, 48, 48, 7], [48, 48, 48, 1], 8, kv_heads, 64, 16, torch.float32, device)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -176,7 +158,7 @@ def test_c_prefill_long_contexts_match_reference(dtype, kv_heads, head_dim, bloc
     from kernels import cpu_prefill
     b = make_paged_batch([300, 1, 2], [1, 1, 1], 8, kv_heads, head_dim, block_size, dtype, "cpu")
     assert cpu_prefill.supports(b.query, b.k_cache, b.v_cache)
-    _run_and_compare([300, 229, 65, 5], [300, 200, 65, 1], 8, kv_heads, head_dim, block_size, dtype, "cpu")
+    run_and_compare([300, 229, 65, 5], [300, 200, 65, 1], 8, kv_heads, head_dim, block_size, dtype, "cpu")
 
 
 def test_prefill_grouping_bounds_padding():
@@ -195,7 +177,7 @@ def test_c_decode_context_splits_merge_exactly(monkeypatch, dtype, splits, kv_he
     empty for short sequences), partial softmax sums merged per sequence, equals the reference."""
     monkeypatch.setattr(cpu_decode, "context_splits", lambda *a: splits)
     seq_lens = [1, 16, 17, 100, 513, 1000]
-    _run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, 64, 16, dtype, "cpu")
+    run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, 64, 16, dtype, "cpu")
 
 
 def test_context_splits_only_when_threads_would_idle():
@@ -221,7 +203,7 @@ def _ragged_batches(draw):
 def test_random_ragged_batches_match_reference(batch):
     """Any ragged mix of decode, fresh prefill, chunked prefill and empty rows equals the reference."""
     seq_lens, q_lens, kv_heads, group, block_size = batch
-    _run_and_compare(seq_lens, q_lens, kv_heads * group, kv_heads, 32, block_size, torch.float32, "cpu")
+    run_and_compare(seq_lens, q_lens, kv_heads * group, kv_heads, 32, block_size, torch.float32, "cpu")
 
 
 def test_separate_k_and_v_tensors_match_reference():
@@ -331,71 +313,3 @@ def test_building_the_c_kernels_says_so_once(monkeypatch, tmp_path, caplog):
     assert path == again and len(lines) == 1
     assert lines[0].startswith("building the C kernels paged_decode with ") and str(tmp_path) in lines[0]
 
-
-def test_long_bf16_prefills_go_to_sdpa_where_the_cpu_has_amx(monkeypatch):
-    """Where the CPU has AMX tiles, a bfloat16 sequence of >= 512 tokens with >= 128 new ones goes
-    to torch's SDPA and the others to the C kernel, in one batch, each row exact; float32 stays on
-    the C kernel; PDSERVE_PREFILL_SDPA=0 / 1 sends every sequence one way."""
-    from kernels import cpu_prefill
-    monkeypatch.delenv("PDSERVE_PREFILL_SDPA", raising=False)
-    amx = cpu_prefill._amx_tiles()
-    assert cpu_prefill.to_library(torch.bfloat16, 512, 128) == amx
-    assert not cpu_prefill.to_library(torch.bfloat16, 511, 511)
-    assert not cpu_prefill.to_library(torch.bfloat16, 4096, 127)
-    assert not cpu_prefill.to_library(torch.float32, 4096, 4096)
-    monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "1")
-    assert cpu_prefill.to_library(torch.float32, 2, 2)
-    monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "0")
-    assert not cpu_prefill.to_library(torch.bfloat16, 4096, 4096)
-    monkeypatch.delenv("PDSERVE_PREFILL_SDPA")
-    to_c = []
-    real = cpu_prefill._prefill_c
-    monkeypatch.setattr(cpu_prefill, "_prefill_c", lambda *a: (to_c.append(list(a[-2])), real(*a)))
-    # rows: a fresh 1,100-token prompt, 128 new tokens after 972 cached, a short prompt, a decode row
-    _run_and_compare([1100, 1100, 200, 9], [1100, 128, 200, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
-    assert to_c == ([[2]] if amx else [[0, 1, 2]])
-    to_c.clear()
-    _run_and_compare([1100, 1100, 200, 9], [1100, 128, 200, 1], 8, 2, 64, 16, torch.float32, "cpu")
-    assert to_c == [[0, 1, 2]]
-
-
-@pytest.mark.parametrize("kv_heads", [8, 2])
-def test_c_prefill_keeps_long_bf16_contexts_exact(monkeypatch, kv_heads):
-    """The C kernel over contexts past LIBRARY_CONTEXT in bfloat16 (what hosts without AMX tiles run)."""
-    monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "0")
-    _run_and_compare([1100, 1100], [1100, 100], 8, kv_heads, 64, 16, torch.bfloat16, "cpu")
-
-
-@pytest.mark.parametrize("flash", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kv_heads", [8, 2])
-def test_pytorch_path_chunk_after_a_prefix_matches_reference(monkeypatch, flash, dtype, kv_heads):
-    """A lone chunk after a cached prefix on the PyTorch path: the prefix unmasked and the new keys
-    causal, merged by their log-sum-exps (flash), or one call with the offset causal mask (a torch
-    without the flash op), both within the stated tolerance; a fresh prompt beside it."""
-    from kernels import cpu_prefill
-    splits = []
-    real = cpu_prefill._after_prefix
-    monkeypatch.setattr(cpu_prefill, "_after_prefix", lambda q, k, v, prefix, scale: (
-        splits.append(prefix), real(q, k, v, prefix, scale))[1])
-    if not flash:
-        monkeypatch.setattr(cpu_prefill, "_FLASH", None)
-    _run_and_compare([700, 90], [150, 90], 8, kv_heads, 64, 16, dtype, "cpu-torch")
-    _run_and_compare([700, 41], [699, 41], 8, kv_heads, 64, 16, dtype, "cpu-torch")
-    assert splits == ([550, 1] if flash else [])
-
-
-def test_long_bf16_chunks_after_prefixes_never_take_a_masked_batch(monkeypatch):
-    """Long sequences sent to SDPA batch only when all fresh and of one length (is_causal, no mask);
-    chunks after cached prefixes go one at a time (_after_prefix), never as one masked batch."""
-    from kernels import cpu_prefill
-    monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "1")
-    batches, splits = [], []
-    real_batch, real_split = cpu_prefill._prefill_batch, cpu_prefill._after_prefix
-    monkeypatch.setattr(cpu_prefill, "_prefill_batch", lambda *a: (batches.append(list(a[-2])), real_batch(*a)))
-    monkeypatch.setattr(cpu_prefill, "_after_prefix", lambda q, k, v, prefix, scale: (
-        splits.append(prefix), real_split(q, k, v, prefix, scale))[1])
-    _run_and_compare([1100, 1090, 9], [128, 130, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
-    assert batches == [] and sorted(splits) == [960, 972]
-    _run_and_compare([600, 600, 9], [600, 600, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
-    assert batches == [[0, 1]] and len(splits) == 2
