@@ -88,14 +88,18 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=cfg.dtype)
         self.rope: RotaryEmbedding | None = None      # set by load_model, off the meta device
+        self.direct = None      # engine.direct_layers.DirectLayers where the runner built one: the layers without modules
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         """Hidden states [R, hidden] of the rows in batch.logits_indices, after the final norm.
         kv_cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]."""
         x = self.embed_tokens(batch.input_ids)                         # [T, hidden]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, self.rope, batch, kv_cache[:, i])
+        if self.direct is not None:
+            x = self.direct.run(x, batch, kv_cache)
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, self.rope, batch, kv_cache[:, i])
         # index_select, not x[indices]: advanced indexing wakes every OpenMP thread for a few rows
         # (a decode step's 32 rows: ~100 us against ~4 us)
         return self.norm(x.index_select(0, batch.logits_indices))

@@ -6,6 +6,7 @@ import torch
 import kernels
 from engine.block_manager import BlockCopy
 from engine.config import ModelConfig
+from engine.direct_layers import DirectLayers
 from engine.forward_batch import ForwardBatch
 from engine.model import CausalLM
 from engine.runner_base import BlockExport, RunnerBase, WriteBlocks
@@ -18,6 +19,7 @@ class ModelRunner(RunnerBase):
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, block_size: int):
         self.model = model
         pack_linears(model)             # CPU: oneDNN-packed weights (after any tp sharding)
+        model.direct = DirectLayers.build(model)    # CPU, every linear packed: layers without module dispatch
         self.kv_cache = kv_cache        # [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
         self.block_size = block_size
         self.device = kv_cache.device
