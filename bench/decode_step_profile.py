@@ -9,7 +9,9 @@ profiler pass per dtype lists the top operators by self CPU time. --bf16-onednn 
 side: bfloat16 with its linears on oneDNN (PDSERVE_BF16_GEMM=0) instead of pdserve's GEMM (AMX's
 where the CPU has AMX, else vdpbf16ps');
 --f32-onednn the same for float32 (PDSERVE_F32_GEMM=0). Shares matter more than
-milliseconds on a shared machine. Writes bench/results/decode_step_profile_<time>.json.
+milliseconds on a shared machine. The hooks send every layer through its modules
+(engine/direct_layers.py runs a layer directly only where nothing hooks it), so the steps timed
+here are the module path's (`bench/direct_layers.py` compares the two). Writes bench/results/decode_step_profile_<time>.json.
 """
 from __future__ import annotations
 
