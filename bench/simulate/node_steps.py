@@ -6,7 +6,10 @@ timed during the point, say how fast it ran then).
                engine's step and its scheduler's plan, ~65 us a step; env(dir)); each point keeps
                its nodes' steps: point["steps"][node] = [NodeStep.line(), ...]
     validate   --node-speed: each simulated node priced at point_speeds(): the median over its
-               steps of measured / priced (its steps' thread CPU by default, or their wall)
+               steps of measured / priced (its steps' thread CPU by default, or their wall);
+               --node-speed kind: kind_speeds(), thread CPU, a step's decoding rows at the node's
+               decode-only steps' median and its prompt rows at the point's prompt steps' median
+               (pdplan/kind_cost.py: the two ran at different speeds)
 
 A step line: "<wall s> <thread CPU s> <new>:<context> ..." (one pair per scheduled sequence), one
 string per step so that the measure file (indent=1) keeps a step on one line.
@@ -18,9 +21,12 @@ from typing import NamedTuple
 
 from bench.simulate.placement import ROUTER_SENDS
 from bench.simulate.trace import load
+from pdplan.kind_cost import KindCost, KindSpeed
 
 ENGINE_STEPS = "engine.llm_engine,engine.scheduler"    # trace_points.PATCHES: the step and its plan
 MIN_STEPS = 20          # fewer steps on a node: the median over the point's steps (every node's), else 1.0
+MIN_PROMPT_STEPS = 5    # fewer prompt steps in a point: its nodes' prompt rows at their decode factor
+PROMPT_SHARE = 0.5      # a prompt step: its prompt rows are at least this share of its price
 COLOCATED = "colocated-0"
 
 
@@ -39,7 +45,7 @@ class NodeStep(NamedTuple):
 
 
 class NodeSpeed(NamedTuple):
-    factor: float       # the node's steps are priced this many times the profile's
+    factor: float | KindSpeed   # the node's steps are priced this many times the profile's (per row kind)
     steps: int          # steps the node recorded during the point
     source: str         # "node": the median of its own steps; too few of them: "point", the median
                         # of all the point's steps (every node's); too few of those too: "none", 1.0
@@ -75,6 +81,39 @@ def point_speeds(steps: dict[str, list[str]], step_cost, basis: str = "cpu",
     fallback = NodeSpeed(statistics.median(pooled), 0, "point") if len(pooled) >= min_steps else NodeSpeed(1.0, 0, "none")
     return {node: NodeSpeed(statistics.median(rs), len(rs), "node") if len(rs) >= min_steps
             else fallback._replace(steps=len(rs)) for node, rs in ratios.items()}
+
+
+def kind_speeds(steps: dict[str, list[str]], step_cost, min_steps: int = MIN_STEPS) -> dict[str, NodeSpeed]:
+    """Node -> KindSpeed: decode, point_speeds (thread CPU) over the node's decode-only steps (its
+    fallbacks: the point's decode-only steps, 1.0); prompt, the median over every prompt step of the
+    point (prompt rows >= PROMPT_SHARE of its price; few per node: a prefill node runs 2-20 a point)
+    of its CPU less its decode part at its node's decode factor, over its prompt part; with fewer
+    than MIN_PROMPT_STEPS such steps, each node's prompt rows at its decode factor."""
+    parsed = {node: [NodeStep.parse(x) for x in lines] for node, lines in steps.items()}
+    decoding = {node: [s.line() for s in st if all(n == 1 for n, _ in s.shapes)] for node, st in parsed.items()}
+    decode = point_speeds(decoding, step_cost, "cpu", min_steps)
+    split = KindCost(step_cost, KindSpeed(1.0, 1.0))
+    implied = []
+    for node, st in parsed.items():
+        for s in st:
+            d, p = split.parts(list(s.shapes))
+            if p >= PROMPT_SHARE * (d + p):
+                implied.append((s.cpu_s - decode[node].factor * d) / p)
+    return {node: v._replace(factor=KindSpeed(v.factor, statistics.median(implied) if len(implied) >= MIN_PROMPT_STEPS
+                                              else v.factor), steps=len(parsed[node]))
+            for node, v in decode.items()}
+
+
+def node_speeds(steps: dict[str, list[str]], step_cost, basis: str) -> dict[str, NodeSpeed]:
+    """point_speeds on basis "cpu" or "wall", kind_speeds on "kind"."""
+    return kind_speeds(steps, step_cost) if basis == "kind" else point_speeds(steps, step_cost, basis)
+
+
+def speed_map(steps: dict[str, list[str]] | None, step_cost, basis: str = "") -> dict | None:
+    """Node -> its factor (node_speeds) for simulate(speed=...); None without a basis or steps."""
+    if not basis or not steps:
+        return None
+    return {node: s.factor for node, s in node_speeds(steps, step_cost, basis).items()}
 
 
 def _ratios(lines: list[str], step_cost, basis: str) -> list[float]:
