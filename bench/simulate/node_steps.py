@@ -11,8 +11,9 @@ timed during the point, say how fast it ran then).
                decode-only steps' median and its prompt rows at the point's prompt steps' median
                (pdplan/kind_cost.py: the two ran at different speeds)
 
-A step line: "<wall s> <thread CPU s> <new>:<context> ..." (one pair per scheduled sequence), one
-string per step so that the measure file (indent=1) keeps a step on one line.
+A step line: "<wall s> <thread CPU s> <new>:<context> ... @<start s>" (one pair per scheduled
+sequence; the start, after the point's, from sim22 on), one string per step so that the measure
+file (indent=1) keeps a step on one line.
 """
 from __future__ import annotations
 
@@ -34,14 +35,19 @@ class NodeStep(NamedTuple):
     wall_s: float                       # the step's start to its end
     cpu_s: float                        # its thread's CPU time meanwhile (not the core's wait)
     shapes: tuple[tuple[int, int], ...]  # (new tokens, context before them) per scheduled sequence
+    start_s: float = -1.0               # its start, seconds after the point's (-1: a file from before sim22);
+                                        # lines up two nodes' steps on one core in time
 
     def line(self) -> str:
-        return f"{self.wall_s:.6f} {self.cpu_s:.6f} " + " ".join(f"{n}:{c}" for n, c in self.shapes)
+        at = f" @{self.start_s:.4f}" if self.start_s >= 0 else ""
+        return f"{self.wall_s:.6f} {self.cpu_s:.6f} " + " ".join(f"{n}:{c}" for n, c in self.shapes) + at
 
     @classmethod
     def parse(cls, line: str) -> "NodeStep":
-        wall, cpu, *pairs = line.split()
-        return cls(float(wall), float(cpu), tuple(tuple(int(x) for x in p.split(":")) for p in pairs))
+        wall, cpu, *rest = line.split()
+        start = next((float(x[1:]) for x in rest if x.startswith("@")), -1.0)
+        pairs = tuple(tuple(int(x) for x in p.split(":")) for p in rest if not p.startswith("@"))
+        return cls(float(wall), float(cpu), pairs, start)
 
 
 class NodeSpeed(NamedTuple):
@@ -63,7 +69,7 @@ def read(out_dir: str, system: str, t0: float, t1: float) -> dict[str, list[str]
     for e in load(out_dir):
         if e["e"] == "step" and e.get("shapes") and t0 <= e["t0"] and e["t"] <= t1:
             node = COLOCATED if system == "colocated" else e["p"]
-            step = NodeStep(e["t"] - e["t0"], e["cpu"], tuple(tuple(s) for s in e["shapes"]))
+            step = NodeStep(e["t"] - e["t0"], e["cpu"], tuple(tuple(s) for s in e["shapes"]), e["t0"] - t0)
             out.setdefault(node, []).append(step.line())
     return out
 
