@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from pdplan.kind_cost import KindCost, KindSpeed
+
 FEATURES = ("fixed", "per_token", "per_seq", "per_decode_ctx", "per_prefill_pair", "per_prefill_ctx")
 
 
@@ -174,8 +176,11 @@ class Profile:
     def step_seconds(self, shapes: list[tuple[int, int]]) -> float:
         return self.step.of(shapes)
 
-    def at_speed(self, k: float) -> "Profile":
-        """This profile with every step k times as dear (1.0: itself)."""
+    def at_speed(self, k) -> "Profile":
+        """This profile with every step k times as dear (1.0: itself); k a KindSpeed (kind_cost.py):
+        a step's decoding rows and its prompt rows each at their own factor."""
+        if isinstance(k, tuple):
+            return replace(self, step=KindCost(self.step, KindSpeed(*k)))
         return self if k == 1.0 else replace(self, step=self.step.scaled(k))
 
     def blocks(self, tokens: int) -> int:

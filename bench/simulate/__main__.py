@@ -6,8 +6,9 @@
     python -m bench.simulate pool A.json B.json --agree 0.05 --out P.json   # two made back to back: pooled only if they agree
     python -m bench.simulate calibrate bench/results/simulate_measured_sharegpt_*.json --profile P.json --out C.json
         [--front-from TRACES...] [--loop-from COLOCATED_TRACE DECODE_TRACE ...] [--beside-from TRACES...]
+        [--node-speed kind]
     python -m bench.simulate validate bench/validation/*.json --profile C.json [--contention] [--jitter 10] [--speed]
-        [--probe-speed] [--node-speed [cpu|wall]]
+        [--probe-speed] [--node-speed [cpu|wall|kind]]
     python -m bench.simulate repeat bench/validation/quiet3/simulate_measured_rag_*.json --profile C.json
     python -m bench.simulate study --profile P.json [--gpu-profile G.json]   # 10..1000 req/s on paper
     python -m bench.simulate gpu-profile --out bench/profiles/gpu_published.json
@@ -51,11 +52,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="also simulate each point with its steps priced at the machine's speed then against the "
                         "profile's, as the speed probe saw both (measure and profile record it: pdplan/speed_probe.py); "
                         "the raw errors stay beside it")
-    v.add_argument("--node-speed", nargs="?", const="cpu", default="", choices=("cpu", "wall"),
+    v.add_argument("--node-speed", nargs="?", const="cpu", default="", choices=("cpu", "wall", "kind"),
                    help="also simulate each point whose nodes' steps measure recorded (node_steps.py) with each node's "
                         "steps priced at the median of its measured / priced ratios: their thread CPU (cpu, the default) "
                         "or their wall time (wall: also the core's other work); a node with fewer than "
-                        "node_steps.MIN_STEPS steps takes the median over all the point's steps (fewer in all: 1.0)")
+                        "node_steps.MIN_STEPS steps takes the median over all the point's steps (fewer in all: 1.0); "
+                        "kind: thread CPU, a step's decoding rows at the node's decode-only steps' factor and its prompt "
+                        "rows at the point's prompt steps' (pdplan/kind_cost.py)")
     v.set_defaults(func=_validate)
     rp = sub.add_parser("repeat", help="warm RAG questions measured on every system: simulated against the lowest")
     rp.add_argument("measured", nargs="+")
@@ -90,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="disaggregated trace folders: a decode step's CPU beside the prefill node's step over alone "
                         "(bus_cost.py), the price multiplier of a step while another core of the machine prefills "
                         "(pdplan/sim_bus.py; default 1: none)")
+    c.add_argument("--node-speed", nargs="?", const="cpu", default="", choices=("cpu", "wall", "kind"),
+                   help="fit with each node priced at its recorded steps' speed, as validate --node-speed "
+                        "predicts (calibrate.py); default: the profile's prices")
     c.set_defaults(func=_calibrate)
     s = sub.add_parser("study", help="goodput per node, colocated vs the planner's split, 10-1000 req/s")
     s.add_argument("--profile", action="append", required=True, help="repeatable: CPU, GPU, ...")
@@ -214,7 +220,8 @@ def _calibrate(args) -> None:
     beside = _beside(args.beside_from, Profile.load(args.profile)) if args.beside_from else 1.0
     traced = Overheads(prompt_token_s=per_token, admit_token_s=admit, colocated_step_s=loop[0], colocated_admit_s=loop[1],
                        colocated_admit_token_s=loop[2], beside_prefill=beside)
-    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, traced)
+    profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, traced,
+                        node_speed=args.node_speed)
     profile.save(args.out)
     print(f"wrote {args.out}: {profile.overheads}")
 

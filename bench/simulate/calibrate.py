@@ -19,6 +19,11 @@ the engine-only profile also prices HTTP, tokenizing, control messages and strea
      from traces of both), which the colocated TTFT p50 gap of step 1 then no longer holds
 
 Calibrate on one workload and validate on the others (held out): validate.py reports both.
+
+With `node_speed` ("cpu", "wall" or "kind": validate.py's flag of that name), every simulation of the fit
+prices each node at its recorded steps' speed (node_steps.py), as validate --node-speed then
+predicts: fitted on raw prices, request_s and token_s absorb the nodes' slowness (a serving node's
+decode step took 1.03-1.29x its price in quiet12), which the node-priced validation then counts again.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import json
 import statistics
 from dataclasses import replace
 
+from bench.simulate import node_steps
 from bench.simulate.validate import point_requests, predict, topology
 from pdplan.profile import Overheads, Profile
 from pdplan.simulation import SLOTargets, simulate
@@ -35,28 +41,30 @@ HANDOFF_S = tuple(i * 5e-3 for i in range(21))
 
 
 def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (),
-              traced: Overheads = Overheads()) -> Profile:
+              traced: Overheads = Overheads(), node_speed: str = "") -> Profile:
     """traced: the overheads measured from traces (prompt_token_s, admit_token_s, colocated_*), kept
-    as they are; the rest are measured (router_token_s, client_token_s) or fitted here."""
+    as they are; the rest are measured (router_token_s, client_token_s) or fitted here; node_speed:
+    the fit's simulations price each node at its steps' speed on that basis (the module docstring)."""
     measured = [json.load(open(p)) for p in paths]
     router_s, client_s = floating_per_token([json.load(open(p)) for p in float_from] or measured)
     p = replace(profile, overheads=replace(traced, router_token_s=router_s, client_token_s=client_s, request_s=0.0,
                                            handoff_s=0.0, token_s=0.0))
-    p = replace(p, overheads=replace(p.overheads, token_s=_best_token_s(measured, p)))
-    gaps = colocated_gaps(measured, p)
+    p = replace(p, overheads=replace(p.overheads, token_s=_best_token_s(measured, p, node_speed)))
+    gaps = colocated_gaps(measured, p, node_speed)
     request_s = max(0.0, statistics.median(gaps)) if gaps else 0.0
     if gaps:
         q = statistics.quantiles(gaps, n=4) if len(gaps) > 1 else gaps * 3
         print(f"request_s {request_s * 1e3:.1f} ms: the median of {len(gaps)} colocated requests' TTFT gaps "
               f"(measured - simulated; quartiles {q[0] * 1e3:.1f} .. {q[2] * 1e3:.1f} ms)")
     p = replace(p, overheads=replace(p.overheads, request_s=request_s))
-    return replace(p, overheads=replace(p.overheads, handoff_s=_best_handoff_s(measured, p)))
+    return replace(p, overheads=replace(p.overheads, handoff_s=_best_handoff_s(measured, p, node_speed)))
 
 
-def colocated_gaps(measured: list[dict], profile: Profile) -> list[float]:
+def colocated_gaps(measured: list[dict], profile: Profile, node_speed: str = "") -> list[float]:
     """Seconds, one per colocated request of the measured files that completed: its measured TTFT
     less its TTFT simulated with `profile` (the point's requests, arrivals and pinning, as
-    validate.py simulates them)."""
+    validate.py simulates them; with node_speed, the node priced at its steps' speed where the
+    point recorded them)."""
     gaps = []
     for m in measured:
         out = m["systems"].get("colocated")
@@ -64,7 +72,9 @@ def colocated_gaps(measured: list[dict], profile: Profile) -> list[float]:
             continue
         for i, point in enumerate(out["points"]):
             reqs = point_requests(m["sweep"], i, point["rate"], profile, point.get("requests"))
-            simulate(profile, reqs, topology("colocated", out, m.get("machine", {}).get("nproc", 0)), SLOTargets())
+            speed = node_steps.speed_map(point.get("steps"), profile.step, node_speed)
+            simulate(profile, reqs, topology("colocated", out, m.get("machine", {}).get("nproc", 0)), SLOTargets(),
+                     speed=speed)
             gaps += [q["ttft_ms"] / 1e3 - r.ttft for r, q in zip(reqs, point["requests"])
                      if q["success"] and r.done]
     return gaps
@@ -87,19 +97,22 @@ def floating_per_token(measured: list[dict]) -> tuple[float, float]:
     return (statistics.median(router) if router else 0.0), (statistics.median(client) if client else 0.0)
 
 
-def _rows(measured: list[dict], profile: Profile) -> list[dict]:
-    return [row for m in measured for row in predict(m, profile)]
+def _errors(measured: list[dict], profile: Profile, figure: str, node_speed: str) -> list[tuple[str, float]]:
+    """(system, error of `figure`) per point: node-priced where the point recorded its steps and
+    node_speed is set, else raw."""
+    rows = [row for m in measured for row in predict(m, profile, node_speed=node_speed)]
+    return [(r["system"], r[figure].get("node_priced_error", r[figure]["error"])) for r in rows]
 
 
-def _best_token_s(measured: list[dict], profile: Profile) -> float:
+def _best_token_s(measured: list[dict], profile: Profile, node_speed: str = "") -> float:
     def error(token_s: float) -> float:
-        rows = _rows(measured, replace(profile, overheads=replace(profile.overheads, token_s=token_s)))
-        return sum(abs(r["TPOT p50"]["error"]) for r in rows)
+        p = replace(profile, overheads=replace(profile.overheads, token_s=token_s))
+        return sum(abs(e) for _, e in _errors(measured, p, "TPOT p50", node_speed))
     return min(TOKEN_S, key=error)
 
 
-def _best_handoff_s(measured: list[dict], profile: Profile) -> float:
+def _best_handoff_s(measured: list[dict], profile: Profile, node_speed: str = "") -> float:
     def error(handoff_s: float) -> float:
-        rows = _rows(measured, replace(profile, overheads=replace(profile.overheads, handoff_s=handoff_s)))
-        return sum(abs(r["TTFT p50"]["error"]) for r in rows if r["system"] != "colocated")
+        p = replace(profile, overheads=replace(profile.overheads, handoff_s=handoff_s))
+        return sum(abs(e) for system, e in _errors(measured, p, "TTFT p50", node_speed) if system != "colocated")
     return min(HANDOFF_S, key=error)

@@ -100,7 +100,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                               ranked_before=before) if row.get("probe_k") else None
             if node_speed and point.get("steps"):
                 row["node_speed"] = {n: tuple(s) for n, s in
-                                     node_steps.point_speeds(point["steps"], profile.step, node_speed).items()}
+                                     node_steps.node_speeds(point["steps"], profile.step, node_speed).items()}
             node_priced = simulate(profile, reqs, topo, slo, ranked_before=before,
                                    speed={n: s[0] for n, s in row["node_speed"].items()}) if row.get("node_speed") else None
             for label, metric, pct in FIGURES:
@@ -216,9 +216,14 @@ def _node_priced(row: dict) -> str:
     dashes where the point recorded no steps."""
     if not row.get("node_speed"):
         return " - | - | - |"
-    nodes = ", ".join(f"{n} {k:.2f} ({steps}{FALLBACK[source]})" for n, (k, steps, source) in row["node_speed"].items())
+    nodes = ", ".join(f"{n} {_factor(k)} ({steps}{FALLBACK[source]})" for n, (k, steps, source) in row["node_speed"].items())
     errors = " / ".join(f"{row[f]['node_priced_error']:+.0%}" for f, _, _ in FIGURES)
     return f" {nodes} | {errors} | {_ok(row, 'node_priced_error')} |"
+
+
+def _factor(k) -> str:
+    """'1.12', or a KindSpeed's '1.12/0.98' (decode rows / prompt rows)."""
+    return f"{k:.2f}" if isinstance(k, float) else str(k)
 
 
 def _spread(figure: dict) -> str:

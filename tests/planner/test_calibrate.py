@@ -38,3 +38,24 @@ def test_request_s_is_the_median_gap_of_the_colocated_requests(tmp_path):
     assert request_s == pytest.approx(max(0.0, statistics.median(gaps)))
     assert request_s > 0
     assert statistics.median(colocated_gaps([_colocated()], fitted)) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_with_node_speed_each_gap_is_taken_against_the_node_priced_simulation():
+    """Every colocated point given MIN_STEPS recorded decode steps at twice their price: with
+    node_speed "cpu" each request's simulated TTFT is its simulation with every step twice as dear
+    (so each gap is exactly the raw gap at a 2x profile, and smaller than the raw one); without
+    node_speed, or on a point without steps, the gaps are the raw ones."""
+    from bench.simulate.node_steps import MIN_STEPS, NodeStep
+    measured, profile = _colocated(), Profile.load(PROFILE)
+    shape = ((1, 100), (1, 300))
+    line = NodeStep(1.0, 2 * profile.step.of(list(shape)), shape).line()
+    stepped = json.loads(json.dumps(measured))
+    for point in stepped["systems"]["colocated"]["points"]:
+        point["steps"] = {"colocated-0": [line] * MIN_STEPS}
+    raw = colocated_gaps([measured], profile)
+    assert colocated_gaps([stepped], profile) == raw == colocated_gaps([measured], profile, "cpu")
+    priced = colocated_gaps([stepped], profile, "cpu")
+    k = NodeStep.parse(line).cpu_s / profile.step.of(list(shape))      # 2, to the line's microsecond
+    assert k == pytest.approx(2.0, rel=1e-3)
+    assert priced == pytest.approx(colocated_gaps([measured], profile.at_speed(k)), abs=1e-9)
+    assert all(p < r for p, r in zip(priced, raw))

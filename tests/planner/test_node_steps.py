@@ -47,6 +47,9 @@ def test_a_real_engine_under_the_measure_hook_records_every_step_with_its_shapes
     parsed = [NodeStep.parse(x) for x in recorded["decode-0"]]
     assert [s.shapes for s in parsed] == [((32, 0),), ((8, 32),), ((1, 40),), ((1, 41),), ((1, 42),)]
     assert all(s.wall_s > 0 and s.cpu_s > 0 for s in parsed)
+    starts = [s.start_s for s in parsed]                # after the point's start, in order, none overlapping
+    assert 0 <= starts[0] and all(a + s.wall_s <= b + 1e-4 for a, b, s in zip(starts, starts[1:], parsed))
+    assert starts[-1] + parsed[-1].wall_s <= float(t1) - t0 + 1e-4
     assert read(str(tmp_path), "colocated", t0, float(t1)) == {"colocated-0": recorded["decode-0"]}
     assert read(str(tmp_path), "1p1d", float(t1), float(t1) + 1) == {}        # outside the point: none
 
@@ -58,9 +61,12 @@ def _lines(ratios: list[float], shape=((1, 100),), wall_k: float = 3.0) -> list[
 
 
 def test_a_step_line_round_trips():
-    """A step's wall, CPU (to the microsecond) and every (new, context) pair come back as written."""
+    """A step's wall, CPU (to the microsecond), every (new, context) pair and its start (to 0.1 ms)
+    come back as written; a line without a start (before sim22) reads as start -1."""
     step = NodeStep(0.0123456, 0.0101, ((1, 230), (64, 0)))
-    assert NodeStep.parse(step.line()) == NodeStep(0.012346, 0.0101, ((1, 230), (64, 0)))
+    assert NodeStep.parse(step.line()) == NodeStep(0.012346, 0.0101, ((1, 230), (64, 0)), -1.0)
+    assert NodeStep.parse(step._replace(start_s=12.34567).line()) == NodeStep(0.012346, 0.0101, ((1, 230), (64, 0)), 12.3457)
+    assert NodeStep.parse("0.031794 0.031703 6:0") == NodeStep(0.031794, 0.031703, ((6, 0),))
 
 
 def test_a_nodes_factor_is_the_median_of_its_steps_and_outliers_do_not_move_it():
