@@ -118,18 +118,19 @@ def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret, ba
                        max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes, retain_heap=retain_heap,
                        split_payloads=split)
     conn.send(recv.endpoint)
-    cpu = 0.0
+    cpu, pending = 0.0, False
     while True:
-        while conn.poll():
-            cmd = conn.recv()
+        while not pending and conn.poll():      # commands come only between transfers: during one,
+            cmd = conn.recv()                   # the pipe is not polled (the ceiling's process does not)
             if cmd is None:
                 recv.close()
                 return
             recv.register(Reservation(cmd, tuple(range(num_blocks)), lease_s=PEER_TIMEOUT))
             conn.send("registered")
             cpu, faults, main, switches = time.process_time(), minor_faults(), time.thread_time(), thread_switches()
-        for ev in recv.poll(0.01):
-            ok = isinstance(ev, TransferCommitted)
+            pending = True
+        for ev in recv.poll(1.0 if pending else 0.01):
+            ok, pending = isinstance(ev, TransferCommitted), False
             conn.send((ev.xfer_id, time.process_time() - cpu, minor_faults() - faults, time.thread_time() - main,
                        thread_switches() - switches) if ok else ("failed", ev))
 
