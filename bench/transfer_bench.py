@@ -1,31 +1,36 @@
 """KV block transfer throughput over the ZMQ backend, prefill process -> decode process, beside
 the raw-ZeroMQ ceiling in the same run.
 
-    .venv/bin/python bench/transfer_bench.py [--tokens 8192] [--repeats 6] [--chunk 2048] [--quick]
-        [--batch-mib 2] [--queue-mib 256] [--heap retain|default] [--no-split-payloads]
+    .venv/bin/python bench/transfer_bench.py [--tokens 8192] [--repeats 16] [--max-seconds 60] [--chunk 2048]
+        [--quick] [--batch-mib 16] [--queue-mib 256] [--heap retain|default] [--no-split-payloads]
 
 Layout: the 58.5M Llama (8 layers, 8 KV heads, head_dim 64, fp32), block sizes 16/32/64
 tokens (0.5/1/2 MiB per block). The decode side runs in its own process with a ZmqReceiver;
 this process reserves blocks there, ships a `--tokens` prompt and stops the clock when the
 receiver reports the transfer committed (end to end: header, zero-copy send, socket, checks,
 copy into the reserved blocks, commit). Every connection is authenticated (kvtransport.session).
-Variants, in every repetition (repetition 0 warms up), in one of two orders that alternate from
-repetition to repetition (ORDERS): pdserve runs right between the two ceilings, so each ratio
-pairs runs next to each other in time, and each ceiling runs once before pdserve and once after
-it in every two repetitions:
+Variants, in every round (round 0 warms up), in one of two orders that alternate from round to
+round (ORDERS): pdserve runs right between the two ceilings, so each ratio pairs runs next to
+each other in time, and each ceiling runs once before pdserve and once after it in every two
+rounds. A block size runs --repeats rounds (16; 200 at most), or fewer once --max-seconds (60;
+3600 at most) have passed since its first (then an even count, 2 at least):
 
   pdserve      send_blocks per --chunk tokens (as a prefill step hands them): BlockBatch messages
   unbatched    send_block per block: one BlockFrame message each (the path before batching)
   ceiling      raw pyzmq, zero-copy blocks, one memcpy each into a pool (bench/transfer_ceiling.py)
   ceiling_mac  the same with a small header sealed and opened per block (one MAC each)
 
-The decode process takes a batch's payloads as messages of their own unless --no-split-payloads
-(then as frames of the batch's message: the wire before the twelfth session).
+The decode process (bench/transfer_pdserve.py) takes a batch's payloads as messages of their own
+unless --no-split-payloads (then as frames of the batch's message: the wire before the twelfth
+session).
 Both receiving processes keep the memory of freed frames (kvtransport.heap, as a ZmqReceiver
 does) unless --heap default runs both with glibc's defaults (the state before the eleventh session).
 
-Ratios are taken per repetition (pdserve's time against the ceiling's in the same repetition,
-its neighbour), then min / median / max; an even --repeats counts both orders alike. Rows: TCP,
+Ratios and overheads are taken per round (pdserve's time against the ceiling's in the same round,
+its neighbour: drift between rounds cancels), then their median and spread (quartiles, min..max;
+bench/paired.py): the per-block overhead is the median of the rounds' wall differences, and the
+receiving Python thread's CPU likewise; the difference of the two variants' own medians (the
+figure before the twenty-first session) is kept in the JSON as *_overhead_of_medians_*. Rows: TCP,
 IPC. Prints machine info (with the load average: the machine is shared) and writes
 bench/results/transfer_bench.json.
 """
@@ -33,52 +38,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout first
 
-from kvtransport.events import TransferCommitted  # noqa: E402
-from kvtransport.receiver_state import Reservation  # noqa: E402
-from kvtransport.testing import make_identity, make_pool  # noqa: E402
-from kvtransport.zmq_receiver import ZmqReceiver  # noqa: E402
-from kvtransport.zmq_sender import ZmqSender  # noqa: E402
 from pdwire.messages import BATCH_BYTES, RECV_QUEUE_BYTES, SPLIT_PAYLOADS  # noqa: E402
 
+from bench.paired import paired_differences, paired_ratios  # noqa: E402
 from bench.transfer_ceiling import Ceiling  # noqa: E402
+from bench.transfer_pdserve import Pdserve, Run  # noqa: E402
 
-class Run(NamedTuple):
-    wall: float         # seconds from the first send to the receiver's report
-    send_cpu: float     # CPU seconds of the sending process (all threads) meanwhile
-    recv_cpu: float     # CPU seconds of the receiving process, from its reservation to the commit
-    recv_faults: int    # minor page faults of the receiving process meanwhile (libzmq's fresh buffers)
-    recv_main_cpu: float   # CPU seconds of its Python thread alone (the rest: libzmq's I/O thread)
-    recv_main_switches: int   # context switches of that thread, voluntary and not (each one leaves its caches cold)
-
-
-def minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def thread_switches() -> int:
-    """Context switches of the calling thread so far, voluntary (it waited) and involuntary (preempted)."""
-    usage = resource.getrusage(resource.RUSAGE_THREAD)
-    return usage.ru_nvcsw + usage.ru_nivcsw
-
-
-LAYOUT = dict(num_layers=8, num_kv_heads=8, head_dim=64, dtype=torch.float32)
 SECRET = b"transfer-bench-secret-0123456789"
-PEER_TIMEOUT = 120.0     # this bench sends no heartbeats between runs; a loaded machine stalls for seconds
 RESULTS = Path(__file__).resolve().parent / "results" / "transfer_bench.json"
 
 
@@ -103,112 +82,50 @@ def memcpy_gbps(nbytes: int = 256 << 20) -> float:
     return 5 * nbytes / (time.perf_counter() - start) / 1e9
 
 
-def decode_process(conn, block_size: int, num_blocks: int, bind: str, secret, batch_bytes: int,
-                   queue_bytes: int, retain_heap: bool, split: bool) -> None:
-    """Owns a pool and a ZmqReceiver: registers what it is told, reports committed transfers."""
-    torch.set_num_threads(1)
-    pool = make_pool(num_blocks=num_blocks, block_size=block_size, seed=None, **LAYOUT)
-    recv = ZmqReceiver(pool, make_identity(pool, "bench-d", "zmq"), secret, bind, hwm=16, peer_timeout=PEER_TIMEOUT,
-                       max_batch_bytes=batch_bytes, max_queue_bytes=queue_bytes, retain_heap=retain_heap,
-                       split_payloads=split)
-    conn.send(recv.endpoint)
-    cpu = 0.0
-    while True:
-        while conn.poll():
-            cmd = conn.recv()
-            if cmd is None:
-                recv.close()
-                return
-            recv.register(Reservation(cmd, tuple(range(num_blocks)), lease_s=PEER_TIMEOUT))
-            conn.send("registered")
-            cpu, faults, main, switches = time.process_time(), minor_faults(), time.thread_time(), thread_switches()
-        for ev in recv.poll(0.01):
-            ok = isinstance(ev, TransferCommitted)
-            conn.send((ev.xfer_id, time.process_time() - cpu, minor_faults() - faults, time.thread_time() - main,
-                       thread_switches() - switches) if ok else ("failed", ev))
-
-
-class Pdserve:
-    """pdserve's path: a ZmqSender here, a ZmqReceiver in a spawned decode process."""
-
-    def __init__(self, block_size: int, tokens: int, bind: str, secret: bytes, batch_bytes: int,
-                 queue_bytes: int, retain_heap: bool, split: bool) -> None:
-        self.num_blocks = -(-tokens // block_size)
-        self.src = make_pool(num_blocks=self.num_blocks, block_size=block_size, seed=0, **LAYOUT)
-        self._args = (block_size, self.num_blocks, bind, secret, batch_bytes, queue_bytes, retain_heap, split)
-        self._tokens, self._runs = tokens, 0
-
-    def start(self) -> None:
-        self._conn, child = mp.Pipe()
-        self._proc = mp.get_context("spawn").Process(target=decode_process, args=(child, *self._args))
-        self._proc.start()
-        self._endpoint = self._conn.recv()
-        self.send = ZmqSender(make_identity(self.src, "bench-p", "zmq"), self._args[3], hwm=16,
-                              peer_timeout=PEER_TIMEOUT, max_batch_bytes=self._args[4])
-        self.send.connect(self._endpoint)
-
-    def run(self, chunk_blocks: int) -> Run:
-        """One transfer: blocks handed to send_blocks chunk_blocks at a time (as a prefill step
-        hands them), or one send_block call each (chunk_blocks 0, no batching)."""
-        xfer_id, n = f"x{self._runs}", self.num_blocks
-        self._runs += 1
-        self._conn.send(xfer_id)
-        _reply(self._conn, self._proc)                  # the reservation is in place
-        self.send.begin(xfer_id, self._endpoint)
-        cpu, start = time.process_time(), time.perf_counter()
-        if chunk_blocks:
-            for k in range(0, n, chunk_blocks):
-                ids = list(range(k, min(n, k + chunk_blocks)))
-                self.send.send_blocks(xfer_id, ids, ids, self.src, ids)
-        else:
-            for b in range(n):
-                self.send.send_block(xfer_id, b, b, self.src, b)
-        self.send.commit(xfer_id, 1, self._tokens)
-        _, recv_cpu, recv_faults, recv_main, recv_switches = _reply(self._conn, self._proc)
-        return Run(time.perf_counter() - start, time.process_time() - cpu, recv_cpu, recv_faults, recv_main,
-                   recv_switches)
-
-    def stop(self) -> None:
-        self._conn.send(None)
-        self._proc.join(timeout=10)
-        self.send.close()
-
-
-def _reply(conn, proc, timeout: float = 120.0):
-    """The decode process's report of one transfer; raises if it failed or the process died."""
-    deadline = time.monotonic() + timeout
-    while not conn.poll(1.0):
-        if not proc.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"decode process gone or silent (exit code {proc.exitcode})")
-    reply = conn.recv()
-    if reply[0] == "failed":
-        raise RuntimeError(f"transfer failed: {reply[1]}")
-    return reply
-
-
+ROUNDS, MAX_ROUNDS = 16, 200              # measured rounds per block size: the default, the most
+ROUND_SECONDS, MAX_ROUND_SECONDS = 60.0, 3600.0   # a block size's rounds stop after this (default, most)
 VARIANTS = ("pdserve", "unbatched", "ceiling", "ceiling_mac")
 ORDERS = (("ceiling_mac", "pdserve", "ceiling", "unbatched"),     # repetition r runs ORDERS[r % 2]
           ("unbatched", "ceiling", "pdserve", "ceiling_mac"))
 
 
-def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind: str,
-             secret: bytes, batch_bytes: int, queue_bytes: int, retain_heap: bool, split: bool) -> dict:
-    """Every variant on one block size, in ORDERS alternating by repetition (0 warms up)."""
-    pd = Pdserve(block_size, tokens, bind, secret, batch_bytes, queue_bytes, retain_heap, split)
+@dataclass(frozen=True)
+class Setup:
+    """What every block size of one bench run shares (main() fills it from the command line)."""
+    tokens: int = 8192
+    repeats: int = ROUNDS                   # measured rounds per block size, at most
+    chunk_tokens: int = 2048
+    batch_bytes: int = BATCH_BYTES
+    queue_bytes: int = RECV_QUEUE_BYTES
+    retain_heap: bool = True
+    split: bool = SPLIT_PAYLOADS
+    max_seconds: float = ROUND_SECONDS      # no round starts after this (an even count, 2 at least, kept)
+    variants: tuple[str, ...] = VARIANTS    # pdserve and ceiling at least
+
+
+def run_case(block_size: int, bind: str, secret: bytes, setup: Setup) -> dict:
+    """setup.variants on one block size, in ORDERS alternating by round (round 0 warms up): up to
+    setup.repeats measured rounds, fewer once setup.max_seconds have passed."""
+    pd = Pdserve(block_size, setup.tokens, bind, secret, setup.batch_bytes, setup.queue_bytes, setup.retain_heap,
+                 setup.split)
     ceiling_bind = bind + "-ceiling" if bind.startswith("ipc://") else bind
-    ceiling = Ceiling(pd.src, ceiling_bind, secret, retain_heap)
+    ceiling = Ceiling(pd.src, ceiling_bind, secret, setup.retain_heap)
     for side in (pd, ceiling):
         side.start()
     runs = {
-        "pdserve": lambda: pd.run(max(1, chunk_tokens // block_size)),
+        "pdserve": lambda: pd.run(max(1, setup.chunk_tokens // block_size)),
         "unbatched": lambda: pd.run(0),
         "ceiling": lambda: Run(*ceiling.run(mac=False)),
         "ceiling_mac": lambda: Run(*ceiling.run(mac=True)),
     }
-    got: dict[str, list[Run]] = {v: [] for v in VARIANTS}
+    got: dict[str, list[Run]] = {v: [] for v in setup.variants}
+    orders = [[v for v in order if v in got] for order in ORDERS]
     try:
-        for rep in range(repeats + 1):
-            for variant in ORDERS[rep % 2]:
+        deadline = time.monotonic() + setup.max_seconds
+        for rep in range(setup.repeats + 1):
+            if rep >= 2 and rep % 2 == 1 and time.monotonic() > deadline:
+                break                       # rep - 1 rounds measured: an even count
+            for variant in orders[rep % 2]:
                 result = runs[variant]()
                 if rep:
                     got[variant].append(result)
@@ -224,9 +141,11 @@ def run_case(block_size: int, tokens: int, repeats: int, chunk_tokens: int, bind
 
 def _summary(block_size: int, num_blocks: int, nbytes: int, got: dict[str, list[Run]]) -> dict:
     """Per variant: GB/s and wall us per block (median, range), and CPU us per block of each
-    process (all its threads: load on other cores does not inflate it); pdserve's ratios."""
+    process (all its threads: load on other cores does not inflate it); pdserve's (and
+    unbatched's) ratios and overheads, each taken per round against the ceiling of that round
+    (its neighbour in time), then the median and spread over the rounds."""
     row = {"block_size": block_size, "block_mib": nbytes / num_blocks / 2**20, "blocks": num_blocks,
-           "mib": nbytes / 2**20}
+           "mib": nbytes / 2**20, "rounds": len(got["pdserve"])}
     per_block = lambda xs: statistics.median(xs) / num_blocks * 1e6    # noqa: E731
     for variant, runs in got.items():
         walls = [r.wall for r in runs]
@@ -237,22 +156,41 @@ def _summary(block_size: int, num_blocks: int, nbytes: int, got: dict[str, list[
                         "recv_cpu_us_per_block": per_block([r.recv_cpu for r in runs]),
                         "recv_faults_per_block": statistics.median(r.recv_faults for r in runs) / num_blocks,
                         "recv_main_cpu_us_per_block": per_block([r.recv_main_cpu for r in runs]),
-                        "recv_main_switches_per_block": statistics.median(r.recv_main_switches for r in runs) / num_blocks}
-    for variant in ("unbatched", "pdserve"):
-        for peer in ("ceiling", "ceiling_mac"):      # each against the ceiling of its own repetition
-            ratios = [c.wall / p.wall for p, c in zip(got[variant], got[peer])]
-            row[f"{variant}/{peer}"] = [min(ratios), statistics.median(ratios), max(ratios)]
-        row[f"{variant}_overhead_us_per_block"] = row[variant]["us_per_block"] - row["ceiling"]["us_per_block"]
+                        "recv_main_switches_per_block": statistics.median(r.recv_main_switches for r in runs) / num_blocks,
+                        "rounds": [list(r) for r in runs]}     # every round's Run, in order (seconds, faults)
+    us = 1e6 / num_blocks
+    for variant in [v for v in ("unbatched", "pdserve") if v in got]:
+        mine = got[variant]
+        for peer in [v for v in ("ceiling", "ceiling_mac") if v in got]:      # each against its own round's
+            ratios = paired_ratios([r.wall for r in mine], [r.wall for r in got[peer]])
+            row[f"{variant}/{peer}"] = [ratios.lo, ratios.median, ratios.hi]
+            row[f"{variant}/{peer}_spread"] = ratios.as_dict()
+            row[f"{variant}_over_{peer}_us_per_block"] = paired_differences(
+                [r.wall for r in mine], [r.wall for r in got[peer]]).scaled(us).as_dict()
+        wall = paired_differences([r.wall for r in mine], [r.wall for r in got["ceiling"]]).scaled(us)
+        row[f"{variant}_overhead_us_per_block"] = wall.median          # the median of the rounds' differences
+        row[f"{variant}_overhead_spread"] = wall.as_dict()
+        row[f"{variant}_overhead_of_medians_us_per_block"] = row[variant]["us_per_block"] - row["ceiling"]["us_per_block"]
         row[f"{variant}_cpu_overhead_us_per_block"] = {
-            side: row[variant][f"{side}_cpu_us_per_block"] - row["ceiling"][f"{side}_cpu_us_per_block"]
-            for side in ("send", "recv")}
+            side: paired_differences([getattr(r, f"{side}_cpu") for r in mine],
+                                     [getattr(r, f"{side}_cpu") for r in got["ceiling"]]).scaled(us).median
+            for side in ("send", "recv", "recv_main")}
+        row[f"{variant}_recv_main_cpu_overhead_spread"] = paired_differences(
+            [r.recv_main_cpu for r in mine], [r.recv_main_cpu for r in got["ceiling"]]).scaled(us).as_dict()
+        row[f"{variant}_total_cpu_overhead_spread"] = paired_differences(     # both processes: on 2 cores, what
+            [r.send_cpu + r.recv_cpu for r in mine],                         # the wall time follows
+            [r.send_cpu + r.recv_cpu for r in got["ceiling"]]).scaled(us).as_dict()
     return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=8192, help="prompt tokens per transfer")
-    ap.add_argument("--repeats", type=int, default=6, help="even: both orders of the variants alike")
+    ap.add_argument("--repeats", type=int, default=ROUNDS,
+                    help=f"measured rounds per block size at most (2-{MAX_ROUNDS}; even: both orders of the variants alike)")
+    ap.add_argument("--max-seconds", type=float, default=ROUND_SECONDS,
+                    help=f"no round starts after this many seconds of a block size's rounds (an even count, 2 at "
+                         f"least, is kept; 1-{MAX_ROUND_SECONDS:.0f})")
     ap.add_argument("--chunk", type=int, default=2048,
                     help="tokens per send_blocks call (the engine's default token budget per step)")
     ap.add_argument("--quick", action="store_true", help="1024 tokens, 2 repeats")
@@ -268,21 +206,29 @@ def main() -> None:
     ap.add_argument("--split-payloads", action=argparse.BooleanOptionalAction, default=SPLIT_PAYLOADS,
                     help="the decode process takes a batch's payloads as messages of their own (the nodes' "
                          "--kv-split-payloads)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="variants to run, comma-separated (pdserve and ceiling at least): fewer, more rounds in a time")
     args = ap.parse_args()
+    variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
+    if not 2 <= args.repeats <= MAX_ROUNDS or not 1 <= args.max_seconds <= MAX_ROUND_SECONDS:
+        ap.error(f"--repeats must be in [2, {MAX_ROUNDS}] and --max-seconds in [1, {MAX_ROUND_SECONDS:.0f}]")
+    if not {"pdserve", "ceiling"} <= set(variants) or set(args.variants.split(",")) - set(VARIANTS):
+        ap.error(f"--variants: some of {','.join(VARIANTS)}, pdserve and ceiling among them")
     tokens, repeats = (1024, 2) if args.quick else (args.tokens, args.repeats)
+    setup = Setup(tokens, repeats, args.chunk, args.batch_mib << 20, args.queue_mib << 20, args.heap == "retain",
+                  args.split_payloads, args.max_seconds, variants)
     info = {**machine_info(), "memcpy_gbps": round(memcpy_gbps(), 2), "load_avg": os.getloadavg()}
     print(json.dumps(info, indent=1))
     rows = []
     for name in args.transports.split(","):
         for block_size in map(int, args.block_sizes.split(",")):
             bind = {"tcp": "tcp://127.0.0.1:*", "ipc": f"ipc:///tmp/kvt-bench-{os.getpid()}-{block_size}"}[name]
-            row = {"transport": name, **run_case(block_size, tokens, repeats, args.chunk, bind, SECRET,
-                                                 args.batch_mib << 20, args.queue_mib << 20, args.heap == "retain",
-                                                 args.split_payloads)}
+            row = {"transport": name, **run_case(block_size, bind, SECRET, setup)}
             rows.append(row)
             _print_row(name, row)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"machine": info, "tokens": tokens, "repeats": repeats, "chunk": args.chunk,
+                                   "max_seconds": args.max_seconds, "variants": variants,
                                    "batch_mib": args.batch_mib, "queue_mib": args.queue_mib, "heap": args.heap,
                                    "split_payloads": args.split_payloads, "load_avg_after": os.getloadavg(),
                                    "rows": rows}, indent=1))
@@ -291,19 +237,26 @@ def main() -> None:
 
 def _print_row(name: str, row: dict) -> None:
     print(f"{name} block {row['block_size']} tok ({row['block_mib']:.1f} MiB) x{row['blocks']}:")
-    for variant in VARIANTS:
+    for variant in [v for v in VARIANTS if v in row]:
         v = row[variant]
         lo, hi = v["gbps_range"]
         print(f"  {variant:12s} {v['gbps']:5.2f} GB/s ({lo:.2f}-{hi:.2f}), {v['us_per_block']:6.1f} us/block; "
               f"CPU us/block: sender {v['send_cpu_us_per_block']:5.1f}, receiver {v['recv_cpu_us_per_block']:5.1f} "
               f"(its Python thread {v['recv_main_cpu_us_per_block']:5.1f}, {v['recv_main_switches_per_block']:.2f} "
               f"context switches/block); receiver page faults/block {v['recv_faults_per_block']:.0f}")
-    for variant in ("pdserve", "unbatched"):
-        r, m = row[f"{variant}/ceiling"], row[f"{variant}/ceiling_mac"]
-        cpu = row[f"{variant}_cpu_overhead_us_per_block"]
-        print(f"  {variant} / ceiling {r[1]:.2f} ({r[0]:.2f}-{r[2]:.2f}), / ceiling+MAC {m[1]:.2f} "
-              f"({m[0]:.2f}-{m[2]:.2f}); overhead {row[f'{variant}_overhead_us_per_block']:.1f} us/block wall, "
-              f"CPU {cpu['send']:.1f} sender + {cpu['recv']:.1f} receiver")
+    for variant in [v for v in ("pdserve", "unbatched") if v in row]:
+        r, m = row[f"{variant}/ceiling_spread"], row.get(f"{variant}/ceiling_mac")
+        wall, cpu = row[f"{variant}_overhead_spread"], row[f"{variant}_cpu_overhead_us_per_block"]
+        thread, total = row[f"{variant}_recv_main_cpu_overhead_spread"], row[f"{variant}_total_cpu_overhead_spread"]
+        mac = f", / ceiling+MAC {m[1]:.2f} ({m[0]:.2f}-{m[2]:.2f})" if m else ""
+        print(f"  {variant} / ceiling {r['median']:.2f} (95% CI {r['ci_lo']:.2f}-{r['ci_hi']:.2f}; IQR {r['q1']:.2f}-"
+              f"{r['q3']:.2f}, {r['lo']:.2f}-{r['hi']:.2f}){mac}; {row['rounds']} rounds")
+        print(f"    overhead us/block, median of the rounds' differences: wall {wall['median']:.1f} "
+              f"(95% CI {wall['ci_lo']:.1f}..{wall['ci_hi']:.1f}; IQR {wall['q1']:.1f}..{wall['q3']:.1f}, "
+              f"{wall['lo']:.1f}..{wall['hi']:.1f}); CPU {cpu['send']:.1f} "
+              f"sender + {cpu['recv']:.1f} receiver, its Python thread {thread['median']:.1f} "
+              f"(95% CI {thread['ci_lo']:.1f}..{thread['ci_hi']:.1f}; IQR {thread['q1']:.1f}..{thread['q3']:.1f}); "
+              f"both processes {total['median']:.1f} (95% CI {total['ci_lo']:.1f}..{total['ci_hi']:.1f})")
 
 
 if __name__ == "__main__":
