@@ -122,6 +122,24 @@ def speed_map(steps: dict[str, list[str]] | None, step_cost, basis: str = "") ->
     return {node: s.factor for node, s in node_speeds(steps, step_cost, basis).items()}
 
 
+class Outside(NamedTuple):
+    cpu_s: float        # the node process's CPU (schedstat run, every thread) less its steps' thread CPU
+    share: float        # that per second of the point (its cpu_wall_s): a core's share it took outside steps
+
+
+def outside_steps(point: dict) -> dict[str, Outside]:
+    """Node -> the CPU its process spent outside its engine steps during a measured point (its loop:
+    receiving blocks and requests, streaming, heartbeats; sim23). Nodes the point has no schedstat
+    or no steps for are left out."""
+    cpu, wall = point.get("cpu", {}), point.get("cpu_wall_s", 0.0)
+    out = {}
+    for node, lines in sorted(point.get("steps", {}).items()):
+        if node in cpu and wall > 0:
+            left = cpu[node]["run_s"] - sum(NodeStep.parse(x).cpu_s for x in lines)
+            out[node] = Outside(left, left / wall)
+    return out
+
+
 def _ratios(lines: list[str], step_cost, basis: str) -> list[float]:
     steps = [NodeStep.parse(x) for x in lines]
     return [(s.cpu_s if basis == "cpu" else s.wall_s) / step_cost.of(list(s.shapes)) for s in steps]

@@ -115,3 +115,16 @@ def test_a_colocated_replicas_speed_scales_its_steps_and_an_unnamed_one_keeps_th
     assert base["colocated-1"][0] > 0 and base["colocated-0"][0] > 0
     assert slow["colocated-1"][0] == pytest.approx(1.5 * base["colocated-1"][0])
     assert slow["colocated-0"][0] == pytest.approx(base["colocated-0"][0])
+
+
+def test_outside_steps_is_the_process_cpu_less_its_steps_thread_cpu_per_second_of_the_point():
+    """A node's CPU outside its steps: schedstat run less the sum of its steps' thread CPU, and that
+    over the point's wall; a node with steps but no schedstat record is left out."""
+    from bench.simulate.node_steps import Outside, outside_steps
+    point = {"cpu_wall_s": 10.0,
+             "cpu": {"decode-0": {"run_s": 2.0, "wait_s": 1.0}},
+             "steps": {"decode-0": [NodeStep(0.2, 0.5, ((1, 7),)).line(), NodeStep(0.9, 0.75, ((16, 0),)).line()],
+                       "decode-1": [NodeStep(0.1, 0.1, ((1, 3),)).line()]}}
+    got = outside_steps(point)
+    assert list(got) == ["decode-0"]
+    assert got["decode-0"] == pytest.approx(Outside(0.75, 0.075))
