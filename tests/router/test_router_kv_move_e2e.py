@@ -24,6 +24,10 @@ CONFIG = RouterConfig(heartbeat_timeout_s=30.0, routing="affinity")
 # router's view of a stream may lag the nodes by many tokens), and blocks for all of them on one node
 STREAMS, MAX_TOKENS = 4, 400
 ROOM = ["--num-blocks", "256"]
+# the tests that assert every move went with its KV blocks give a move 30 s, not the default 5: under
+# the full suite's load one run re-prefilled 2 streams beside 2 moved (a fresh clone, session 21),
+# which a pause plus a reservation taking past 5 s on a loaded machine gives; these test the move
+MOVES = dataclasses.replace(CONFIG, kv_move_timeout_s=30.0)
 TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach", "HAMLET:\nTo be, or not",
          "JULIET:\nO Romeo, Romeo", "First Citizen:\nBefore we proceed", "MACBETH:\nIs this a dagger"]
 
@@ -132,7 +136,7 @@ def test_drain_deadline_moves_running_streams_with_their_kv_blocks(model_dir, tr
         await _until(lambda: node.process.poll() is not None)
         assert node.process.returncode == 0
         await _all_blocks_free(backend)
-    _with_cluster(path, CONFIG, ClusterConfig(1, 2), test, ["--kv-transport", transport, *ROOM])
+    _with_cluster(path, MOVES, ClusterConfig(1, 2), test, ["--kv-transport", transport, *ROOM])
 
 
 def test_a_remove_is_answered_once_the_node_is_out_after_its_streams_moved_with_their_kv_blocks(model_dir):
@@ -175,7 +179,7 @@ def test_a_remove_is_answered_once_the_node_is_out_after_its_streams_moved_with_
         await _until(lambda: node.process.poll() is not None)
         assert node.process.returncode == 0
         await _all_blocks_free(backend)
-    _with_cluster(path, CONFIG, ClusterConfig(1, 2), test, ROOM)
+    _with_cluster(path, MOVES, ClusterConfig(1, 2), test, ROOM)
 
 
 def test_a_failed_kv_move_falls_back_to_re_prefilling(model_dir):
