@@ -46,7 +46,7 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
         session = Session(secret, *_NONCES, initiator=False) if mac else None
         conn.send("ready")
         cpu, faults, main = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.thread_time()
-        switches = _switches()
+        switches = thread_switches()
         for k in range(n):
             if not sock.poll(30_000):
                 conn.send(("failed", f"block {k} of {n} did not arrive"))
@@ -58,13 +58,13 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
             sock.recv_into(pool[slot * nbytes:(slot + 1) * nbytes])
         else:
             conn.send(("done", time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
-                       time.thread_time() - main, _switches() - switches))
+                       time.thread_time() - main, thread_switches() - switches))
     sock.close()
     ctx.term()
 
 
-def _switches() -> int:
-    """Context switches of the calling thread so far, voluntary and involuntary."""
+def thread_switches() -> int:
+    """Context switches of the calling thread so far, voluntary (it waited) and involuntary (preempted)."""
     usage = resource.getrusage(resource.RUSAGE_THREAD)
     return usage.ru_nvcsw + usage.ru_nivcsw
 

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from bench.transfer_ceiling import thread_switches
 from kvtransport.events import TransferCommitted
 from kvtransport.receiver_state import Reservation
 from kvtransport.testing import make_identity, make_pool
@@ -33,12 +34,6 @@ class Run(NamedTuple):
 
 def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def thread_switches() -> int:
-    """Context switches of the calling thread so far, voluntary (it waited) and involuntary (preempted)."""
-    usage = resource.getrusage(resource.RUSAGE_THREAD)
-    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 LAYOUT = dict(num_layers=8, num_kv_heads=8, head_dim=64, dtype=torch.float32)
