@@ -11,7 +11,6 @@ TORCH   ?= torch==2.13.0
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e .
 	touch $(STAMP)
