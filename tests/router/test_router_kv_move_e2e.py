@@ -26,7 +26,9 @@ STREAMS, MAX_TOKENS = 4, 400
 ROOM = ["--num-blocks", "256"]
 # the tests that assert every move went with its KV blocks give a move 30 s, not the default 5: under
 # the full suite's load one run re-prefilled 2 streams beside 2 moved (a fresh clone, session 21),
-# which a pause plus a reservation taking past 5 s on a loaded machine gives; these test the move
+# which a pause plus a reservation taking past 5 s on a loaded machine gives; these test the move.
+# Session 22's fresh clone: the bfloat16 test's 6 streams were all shipped (ShipRequest sent), then the
+# take-out stopped waiting for the new node's first token after 5 s and removed the old one: re-prefilled
 MOVES = dataclasses.replace(CONFIG, kv_move_timeout_s=30.0)
 TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach", "HAMLET:\nTo be, or not",
          "JULIET:\nO Romeo, Romeo", "First Citizen:\nBefore we proceed", "MACBETH:\nIs this a dagger"]
@@ -230,4 +232,4 @@ def test_greedy_streams_moved_in_bfloat16_equal_them_unmoved():
             assert list(b.outputs[0].token_ids) == list(a.outputs[0].token_ids), b.request_id
             assert (b.outputs[0].text, list(b.outputs[0].logprobs)) == (a.outputs[0].text, list(a.outputs[0].logprobs))
         await _all_blocks_free(backend)
-    _with_cluster(BUILTIN_MODEL_PATH, CONFIG, ClusterConfig(1, 2), test, flags)
+    _with_cluster(BUILTIN_MODEL_PATH, MOVES, ClusterConfig(1, 2), test, flags)
