@@ -8,8 +8,9 @@ timed during the point, say how fast it ran then).
     validate   --node-speed: each simulated node priced at point_speeds(): the median over its
                steps of measured / priced (its steps' thread CPU by default, or their wall);
                --node-speed kind: kind_speeds(), thread CPU, a step's decoding rows at the node's
-               decode-only steps' median and its prompt rows at the point's prompt steps' median
-               (pdplan/kind_cost.py: the two ran at different speeds)
+               decode-only steps' median, its short and its long prompt chunks' rows each at the
+               median of the point's prompt steps of that kind (pdplan/kind_cost.py: the three ran
+               at different speeds)
 
 A step line: "<wall s> <thread CPU s> <new>:<context> ... @<start s>" (one pair per scheduled
 sequence; the start, after the point's, from sim22 on), one string per step so that the measure
@@ -91,22 +92,30 @@ def point_speeds(steps: dict[str, list[str]], step_cost, basis: str = "cpu",
 
 def kind_speeds(steps: dict[str, list[str]], step_cost, min_steps: int = MIN_STEPS) -> dict[str, NodeSpeed]:
     """Node -> KindSpeed: decode, point_speeds (thread CPU) over the node's decode-only steps (its
-    fallbacks: the point's decode-only steps, 1.0); prompt, the median over every prompt step of the
-    point (prompt rows >= PROMPT_SHARE of its price; few per node: a prefill node runs 2-20 a point)
-    of its CPU less its decode part at its node's decode factor, over its prompt part; with fewer
-    than MIN_PROMPT_STEPS such steps, each node's prompt rows at its decode factor."""
+    fallbacks: the point's decode-only steps, 1.0); prompt and long, each the median over the point's
+    prompt steps of that kind (prompt rows >= PROMPT_SHARE of its price; few per node: a prefill node
+    runs 2-20 a point; a long one: its long chunks' rows at least half its prompt rows, kind_cost.py)
+    of its CPU less its decode part at its node's decode factor, over its prompt part. A kind with
+    fewer than MIN_PROMPT_STEPS such steps takes the median over every prompt step of the point; with
+    fewer than that in all, each node's prompt rows are at its decode factor."""
     parsed = {node: [NodeStep.parse(x) for x in lines] for node, lines in steps.items()}
     decoding = {node: [s.line() for s in st if all(n == 1 for n, _ in s.shapes)] for node, st in parsed.items()}
     decode = point_speeds(decoding, step_cost, "cpu", min_steps)
     split = KindCost(step_cost, KindSpeed(1.0, 1.0))
-    implied = []
+    implied: dict[bool, list[float]] = {False: [], True: []}     # long? -> each prompt step's factor
     for node, st in parsed.items():
         for s in st:
-            d, p = split.parts(list(s.shapes))
-            if p >= PROMPT_SHARE * (d + p):
-                implied.append((s.cpu_s - decode[node].factor * d) / p)
-    return {node: v._replace(factor=KindSpeed(v.factor, statistics.median(implied) if len(implied) >= MIN_PROMPT_STEPS
-                                              else v.factor), steps=len(parsed[node]))
+            parts = split.parts(list(s.shapes))
+            if parts.prompt >= PROMPT_SHARE * (parts.decode + parts.prompt):
+                implied[parts.long >= parts.short].append((s.cpu_s - decode[node].factor * parts.decode) / parts.prompt)
+    pooled = implied[False] + implied[True]
+
+    def factor(kind: list[float], node: str) -> float:
+        if len(kind) >= MIN_PROMPT_STEPS:
+            return statistics.median(kind)
+        return statistics.median(pooled) if len(pooled) >= MIN_PROMPT_STEPS else decode[node].factor
+    return {node: v._replace(factor=KindSpeed(v.factor, factor(implied[False], node), factor(implied[True], node)),
+                             steps=len(parsed[node]))
             for node, v in decode.items()}
 
 

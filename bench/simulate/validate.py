@@ -222,7 +222,7 @@ def _node_priced(row: dict) -> str:
 
 
 def _factor(k) -> str:
-    """'1.12', or a KindSpeed's '1.12/0.98' (decode rows / prompt rows)."""
+    """'1.12', or a KindSpeed's '1.12/0.88/1.07' (decode rows / short chunks' rows / long chunks' rows)."""
     return f"{k:.2f}" if isinstance(k, float) else str(k)
 
 
