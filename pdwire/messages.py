@@ -33,8 +33,10 @@ MAX_HEADER_BYTES = 64 << 10  # a KV message's header (the KV transport's cap; co
 MAX_HEARTBEAT_XFERS = 256    # transfers one Heartbeat names (a sender with more names them over several)
 MAX_BATCH_BLOCKS = 64        # blocks in one BlockBatch
 OLD_ACK_BATCH_BYTES = 4 << 20   # what a HelloAck without max_batch_bytes (a receiver from before it) takes
-BATCH_BYTES = 16 << 20       # what senders pack and receivers take by default (--kv-batch-mib), one
-                             # header and MAC a batch, its payloads messages of their own (split)
+BATCH_BYTES = 128 << 20      # what senders pack and receivers take by default (--kv-batch-mib), one
+                             # header and MAC a batch, its payloads messages of their own (split);
+                             # MAX_BATCH_BLOCKS of 2 MiB: a batch's checks cost ~0.2 ms cold, shared
+                             # by 64 blocks rather than 8 (bench/README.md, twenty-second session)
 WHOLE_BATCH_BYTES = 2 << 20  # the most a receiver takes when a batch's payloads come inside its message:
                              # libzmq hands a message over only once its last frame is in, so larger
                              # ones are copied cold (bench/README.md, "end of the eleventh session":

@@ -1,0 +1,101 @@
+"""What one split batch's checks and bookkeeping cost the receiving thread, warm and cold.
+
+    .venv/bin/python bench/transfer_batch_cost.py [--block-size 64] [--batch-mib 16,64,128] [--rounds 60]
+
+For each batch size: a ReceiverCore (as a ZmqReceiver's, split payloads) takes sealed batches of
+one transfer as the ZMQ link does: landing() from the header and seal, each payload copied into its
+pool slot, landed() after the last. landing() and landed() are timed (perf_counter, medians over
+the batches of the measured rounds): "after copies" right after the batch's own payload copies (as
+on the wire), "cold" after a further 8 MiB copy that evicts what the copies left. The question it
+answers: whether that cost is per batch (flat in the blocks a batch holds) or per block, which is
+what --kv-batch-mib trades (bench/README.md, twenty-second session).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout first
+
+from bench.transfer_overhead import LAYOUT, NONCES, SECRET  # noqa: E402
+from kvtransport.events import FailReason  # noqa: E402
+from kvtransport.framing import Framer  # noqa: E402
+from kvtransport.payload import InlineSink, pool_bytes  # noqa: E402
+from kvtransport.receiver_core import ReceiverCore  # noqa: E402
+from kvtransport.receiver_state import Reservation  # noqa: E402
+from kvtransport.sender_core import SenderCore  # noqa: E402
+from kvtransport.session import Session  # noqa: E402
+from kvtransport.testing import make_identity, make_pool  # noqa: E402
+from pdwire.messages import Hello, batch_blocks  # noqa: E402
+
+NUM_BLOCKS = 256
+
+
+def batch_cost(block_size: int, batch_bytes: int, rounds: int) -> dict[str, float]:
+    """Median us of landing() and landed(), after the batch's copies and cold; blocks a batch."""
+    src = make_pool(num_blocks=NUM_BLOCKS, block_size=block_size, seed=0, **LAYOUT)
+    dst = make_pool(num_blocks=NUM_BLOCKS, block_size=block_size, seed=None, **LAYOUT)
+    ident = make_identity(dst, "d")
+    core = ReceiverCore(NUM_BLOCKS, ident, SECRET, InlineSink(dst, ident.layout), lambda peer, frames: None,
+                        max_batch_bytes=batch_bytes, split_payloads=True)
+    session, framer = Session(SECRET, *NONCES, True), Framer()
+    core._auth._sessions["p"] = Session(SECRET, *NONCES, False)
+    core._dispatch("p", Hello(make_identity(src, "p")), ())
+    ids, pool = list(range(NUM_BLOCKS)), pool_bytes(src)
+    nbytes = len(pool) // NUM_BLOCKS
+    step = batch_blocks(nbytes, batch_bytes)
+    sender = SenderCore(make_identity(src, "p"), SECRET)
+    evict_to, evict_from = memoryview(bytearray(8 << 20)), memoryview(bytearray(8 << 20))
+    times: dict[str, list[float]] = {k: [] for k in ("landing", "landed", "landing_cold", "landed_cold")}
+    for r in range(rounds):
+        xfer, cold = f"x{r}", r % 2 == 1
+        core.register(Reservation(xfer, tuple(ids)))
+        views = [pool[b * nbytes:(b + 1) * nbytes] for b in ids]
+        msgs = [framer.pack_many(session, sender.batch_header(xfer, ids[k:k + step], ids[k:k + step], src),
+                                 views[k:k + step], sealed_first=True, split=True) for k in range(0, NUM_BLOCKS, step)]
+        for header, seal, *payloads in msgs:
+            if cold:
+                evict_to[:] = evict_from
+            start = time.perf_counter()
+            landing = core.landing("p", memoryview(header), memoryview(seal), True)
+            landed_at = time.perf_counter()
+            if landing is None:
+                raise RuntimeError("a batch did not land")
+            for slot, payload in zip(landing.slots, payloads):
+                core.owed("p")
+                slot[:] = payload
+                landing.sizes.append(len(payload))
+            if cold:
+                evict_to[:] = evict_from
+            done = time.perf_counter()
+            core.landed("p", landing, landing.sizes, 0.0)
+            end = time.perf_counter()
+            if r >= 4:
+                tail = "_cold" if cold else ""
+                times["landing" + tail].append((landed_at - start) * 1e6)
+                times["landed" + tail].append((end - done) * 1e6)
+        core.ledger.abort(xfer, FailReason.LOCAL_ABORT)     # no Commit: the next round reuses the blocks
+    if core.metrics.frames_dropped:
+        raise RuntimeError(f"dropped frames: {core.metrics}")
+    return {k: statistics.median(v) for k, v in times.items()} | {"blocks_a_batch": step, "block_mib": nbytes / 2**20}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--block-size", type=int, default=64, help="tokens a block (64: 2 MiB with this layout)")
+    ap.add_argument("--batch-mib", default="16,64,128")
+    ap.add_argument("--rounds", type=int, default=60, help="transfers of 256 blocks per batch size (4 warm up)")
+    args = ap.parse_args()
+    for mib in map(int, args.batch_mib.split(",")):
+        c = batch_cost(args.block_size, mib << 20, max(6, args.rounds))
+        n = c["blocks_a_batch"]
+        print(f"{c['block_mib']:.1f} MiB blocks, {mib} MiB batches ({n} blocks): us a batch, after copies / cold: "
+              f"landing {c['landing']:.1f} / {c['landing_cold']:.1f}, landed {c['landed']:.1f} / {c['landed_cold']:.1f}; "
+              f"a block: {(c['landing'] + c['landed']) / n:.1f} / {(c['landing_cold'] + c['landed_cold']) / n:.1f}")
+
+
+if __name__ == "__main__":
+    main()
