@@ -34,18 +34,18 @@ from pdwire.messages import Hello, batch_blocks  # noqa: E402
 NUM_BLOCKS = 256
 
 
-def batch_cost(block_size: int, batch_bytes: int, rounds: int) -> dict[str, float]:
+def batch_cost(block_size: int, batch_bytes: int, rounds: int, num_blocks: int = NUM_BLOCKS) -> dict[str, float]:
     """Median us of landing() and landed(), after the batch's copies and cold; blocks a batch."""
-    src = make_pool(num_blocks=NUM_BLOCKS, block_size=block_size, seed=0, **LAYOUT)
-    dst = make_pool(num_blocks=NUM_BLOCKS, block_size=block_size, seed=None, **LAYOUT)
+    src = make_pool(num_blocks=num_blocks, block_size=block_size, seed=0, **LAYOUT)
+    dst = make_pool(num_blocks=num_blocks, block_size=block_size, seed=None, **LAYOUT)
     ident = make_identity(dst, "d")
-    core = ReceiverCore(NUM_BLOCKS, ident, SECRET, InlineSink(dst, ident.layout), lambda peer, frames: None,
+    core = ReceiverCore(num_blocks, ident, SECRET, InlineSink(dst, ident.layout), lambda peer, frames: None,
                         max_batch_bytes=batch_bytes, split_payloads=True)
     session, framer = Session(SECRET, *NONCES, True), Framer()
     core._auth._sessions["p"] = Session(SECRET, *NONCES, False)
     core._dispatch("p", Hello(make_identity(src, "p")), ())
-    ids, pool = list(range(NUM_BLOCKS)), pool_bytes(src)
-    nbytes = len(pool) // NUM_BLOCKS
+    ids, pool = list(range(num_blocks)), pool_bytes(src)
+    nbytes = len(pool) // num_blocks
     step = batch_blocks(nbytes, batch_bytes)
     sender = SenderCore(make_identity(src, "p"), SECRET)
     evict_to, evict_from = memoryview(bytearray(8 << 20)), memoryview(bytearray(8 << 20))
@@ -55,7 +55,7 @@ def batch_cost(block_size: int, batch_bytes: int, rounds: int) -> dict[str, floa
         core.register(Reservation(xfer, tuple(ids)))
         views = [pool[b * nbytes:(b + 1) * nbytes] for b in ids]
         msgs = [framer.pack_many(session, sender.batch_header(xfer, ids[k:k + step], ids[k:k + step], src),
-                                 views[k:k + step], sealed_first=True, split=True) for k in range(0, NUM_BLOCKS, step)]
+                                 views[k:k + step], sealed_first=True, split=True) for k in range(0, num_blocks, step)]
         for header, seal, *payloads in msgs:
             if cold:
                 evict_to[:] = evict_from
