@@ -18,18 +18,16 @@ from tests.router.test_router_disagg_e2e import PROMPTS, _collect, _prefills, _w
 from tests.router.test_router_operator import admin_client, membership
 from tests.router.test_router_operator_e2e import _until
 
-# every prompt through the prefill node, so a re-prefill would show in its count
-CONFIG = RouterConfig(heartbeat_timeout_s=30.0, routing="affinity")
+# every prompt through the prefill node, so a re-prefill would show in its count; a move gets 30 s, not
+# the default 5 (the take-out waits twice that for the moves): these tests assert every stream moved
+# with its KV blocks, and under the full suite's load fresh clones re-prefilled 2 of 4 streams (session
+# 21: a pause plus a reservation past 5 s) and 6 of 6 (session 22: every stream shipped, then the
+# take-out's 10 s ran out before the new node's first token). The fallback test sets its own.
+CONFIG = RouterConfig(heartbeat_timeout_s=30.0, routing="affinity", kv_move_timeout_s=30.0)
 # streams long enough to be mid-generation whenever the drain lands (on a loaded machine the
 # router's view of a stream may lag the nodes by many tokens), and blocks for all of them on one node
 STREAMS, MAX_TOKENS = 4, 400
 ROOM = ["--num-blocks", "256"]
-# the tests that assert every move went with its KV blocks give a move 30 s, not the default 5: under
-# the full suite's load one run re-prefilled 2 streams beside 2 moved (a fresh clone, session 21),
-# which a pause plus a reservation taking past 5 s on a loaded machine gives; these test the move.
-# Session 22's fresh clone: the bfloat16 test's 6 streams were all shipped (ShipRequest sent), then the
-# take-out stopped waiting for the new node's first token after 5 s and removed the old one: re-prefilled
-MOVES = dataclasses.replace(CONFIG, kv_move_timeout_s=30.0)
 TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach", "HAMLET:\nTo be, or not",
          "JULIET:\nO Romeo, Romeo", "First Citizen:\nBefore we proceed", "MACBETH:\nIs this a dagger"]
 
@@ -138,7 +136,7 @@ def test_drain_deadline_moves_running_streams_with_their_kv_blocks(model_dir, tr
         await _until(lambda: node.process.poll() is not None)
         assert node.process.returncode == 0
         await _all_blocks_free(backend)
-    _with_cluster(path, MOVES, ClusterConfig(1, 2), test, ["--kv-transport", transport, *ROOM])
+    _with_cluster(path, CONFIG, ClusterConfig(1, 2), test, ["--kv-transport", transport, *ROOM])
 
 
 def test_a_remove_is_answered_once_the_node_is_out_after_its_streams_moved_with_their_kv_blocks(model_dir):
@@ -181,7 +179,7 @@ def test_a_remove_is_answered_once_the_node_is_out_after_its_streams_moved_with_
         await _until(lambda: node.process.poll() is not None)
         assert node.process.returncode == 0
         await _all_blocks_free(backend)
-    _with_cluster(path, MOVES, ClusterConfig(1, 2), test, ROOM)
+    _with_cluster(path, CONFIG, ClusterConfig(1, 2), test, ROOM)
 
 
 def test_a_failed_kv_move_falls_back_to_re_prefilling(model_dir):
@@ -232,4 +230,4 @@ def test_greedy_streams_moved_in_bfloat16_equal_them_unmoved():
             assert list(b.outputs[0].token_ids) == list(a.outputs[0].token_ids), b.request_id
             assert (b.outputs[0].text, list(b.outputs[0].logprobs)) == (a.outputs[0].text, list(a.outputs[0].logprobs))
         await _all_blocks_free(backend)
-    _with_cluster(BUILTIN_MODEL_PATH, MOVES, ClusterConfig(1, 2), test, flags)
+    _with_cluster(BUILTIN_MODEL_PATH, CONFIG, ClusterConfig(1, 2), test, flags)
