@@ -20,16 +20,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout first
 
-from bench.transfer_overhead import LAYOUT, NONCES, SECRET  # noqa: E402
+from bench.transfer_overhead import LAYOUT, Batches, paired_core  # noqa: E402
 from kvtransport.events import FailReason  # noqa: E402
-from kvtransport.framing import Framer  # noqa: E402
-from kvtransport.payload import InlineSink, pool_bytes  # noqa: E402
-from kvtransport.receiver_core import ReceiverCore  # noqa: E402
 from kvtransport.receiver_state import Reservation  # noqa: E402
-from kvtransport.sender_core import SenderCore  # noqa: E402
-from kvtransport.session import Session  # noqa: E402
-from kvtransport.testing import make_identity, make_pool  # noqa: E402
-from pdwire.messages import Hello, batch_blocks  # noqa: E402
+from kvtransport.testing import make_pool  # noqa: E402
 
 NUM_BLOCKS = 256
 
@@ -37,26 +31,14 @@ NUM_BLOCKS = 256
 def batch_cost(block_size: int, batch_bytes: int, rounds: int, num_blocks: int = NUM_BLOCKS) -> dict[str, float]:
     """Median us of landing() and landed(), after the batch's copies and cold; blocks a batch."""
     src = make_pool(num_blocks=num_blocks, block_size=block_size, seed=0, **LAYOUT)
-    dst = make_pool(num_blocks=num_blocks, block_size=block_size, seed=None, **LAYOUT)
-    ident = make_identity(dst, "d")
-    core = ReceiverCore(num_blocks, ident, SECRET, InlineSink(dst, ident.layout), lambda peer, frames: None,
-                        max_batch_bytes=batch_bytes, split_payloads=True)
-    session, framer = Session(SECRET, *NONCES, True), Framer()
-    core._auth._sessions["p"] = Session(SECRET, *NONCES, False)
-    core._dispatch("p", Hello(make_identity(src, "p")), ())
-    ids, pool = list(range(num_blocks)), pool_bytes(src)
-    nbytes = len(pool) // num_blocks
-    step = batch_blocks(nbytes, batch_bytes)
-    sender = SenderCore(make_identity(src, "p"), SECRET)
+    core, _ = paired_core(src, num_blocks, batch_bytes)
+    batches = Batches(src, num_blocks, batch_bytes)
     evict_to, evict_from = memoryview(bytearray(8 << 20)), memoryview(bytearray(8 << 20))
     times: dict[str, list[float]] = {k: [] for k in ("landing", "landed", "landing_cold", "landed_cold")}
     for r in range(rounds):
         xfer, cold = f"x{r}", r % 2 == 1
-        core.register(Reservation(xfer, tuple(ids)))
-        views = [pool[b * nbytes:(b + 1) * nbytes] for b in ids]
-        msgs = [framer.pack_many(session, sender.batch_header(xfer, ids[k:k + step], ids[k:k + step], src),
-                                 views[k:k + step], sealed_first=True, split=True) for k in range(0, num_blocks, step)]
-        for header, seal, *payloads in msgs:
+        core.register(Reservation(xfer, tuple(batches.ids)))
+        for header, seal, *payloads in batches.sealed(xfer, split=True):
             if cold:
                 evict_to[:] = evict_from
             start = time.perf_counter()
@@ -80,7 +62,8 @@ def batch_cost(block_size: int, batch_bytes: int, rounds: int, num_blocks: int =
         core.ledger.abort(xfer, FailReason.LOCAL_ABORT)     # no Commit: the next round reuses the blocks
     if core.metrics.frames_dropped:
         raise RuntimeError(f"dropped frames: {core.metrics}")
-    return {k: statistics.median(v) for k, v in times.items()} | {"blocks_a_batch": step, "block_mib": nbytes / 2**20}
+    return {k: statistics.median(v) for k, v in times.items()} | {"blocks_a_batch": batches.step,
+                                                                    "block_mib": batches.nbytes / 2**20}
 
 
 def main() -> None:

@@ -111,27 +111,55 @@ class NoCopySink(InlineSink):
         pass
 
 
-def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, float]:
+def paired_core(src: torch.Tensor, n: int, batch_bytes: int) -> tuple[ReceiverCore, torch.Tensor]:
+    """A ReceiverCore over a fresh pool of n blocks shaped as src's (an InlineSink; split payloads, as
+    a ZmqReceiver's: it takes batch_bytes either way), paired with the peer "p" whose messages
+    Batches seals: (the core, its pool)."""
     dst = make_pool(num_blocks=n, block_size=src.shape[3], seed=None, **LAYOUT)
     ident = make_identity(dst, "d")
-    sinks = {True: InlineSink(dst, ident.layout), False: NoCopySink(dst, ident.layout)}
-    core = ReceiverCore(n, ident, SECRET, sinks[True], lambda peer, frames: None, max_batch_bytes=batch_bytes,
-                        split_payloads=True)        # as a ZmqReceiver's: it takes batch_bytes either way
-    session, framer = Session(SECRET, *NONCES, True), Framer()
+    core = ReceiverCore(n, ident, SECRET, InlineSink(dst, ident.layout), lambda peer, frames: None,
+                        max_batch_bytes=batch_bytes, split_payloads=True)
     core._auth._sessions["p"] = Session(SECRET, *NONCES, False)
     core._dispatch("p", Hello(make_identity(src, "p")), ())
-    ids, pool = list(range(n)), pool_bytes(src)
-    nbytes, step = len(pool) // n, batch_blocks(len(pool) // n, batch_bytes)
-    sender = SenderCore(make_identity(src, "p"), SECRET)
+    return core, dst
+
+
+class Batches:
+    """The sealed messages the peer "p" sends to paired_core's receiver: src's n blocks, in batches of
+    batch_bytes (each [header, seal, payloads...], the payloads zero-copy views of src)."""
+
+    def __init__(self, src: torch.Tensor, n: int, batch_bytes: int) -> None:
+        self.src, self.ids, self.pool = src, list(range(n)), pool_bytes(src)
+        self.nbytes = len(self.pool) // n
+        self.step = batch_blocks(self.nbytes, batch_bytes)
+        self.session, self.framer = Session(SECRET, *NONCES, True), Framer()
+        self.sender = SenderCore(make_identity(src, "p"), SECRET)
+
+    def views(self) -> list[memoryview]:
+        return [self.pool[b * self.nbytes:(b + 1) * self.nbytes] for b in self.ids]
+
+    def sealed(self, xfer: str, split: bool) -> list[list]:
+        ids, step, views = self.ids, self.step, self.views()
+        headers = [self.sender.batch_header(xfer, ids[k:k + step], ids[k:k + step], self.src)
+                   for k in range(0, len(ids), step)]
+        return [self.framer.pack_many(self.session, header, views[k * step:(k + 1) * step], sealed_first=True,
+                                      split=split) for k, header in enumerate(headers)]
+
+
+def receiver_paths(src: torch.Tensor, n: int, batch_bytes: int) -> dict[str, float]:
+    core, dst = paired_core(src, n, batch_bytes)
+    sinks = {True: core._sink, False: NoCopySink(dst, core.identity.layout)}
+    batches = Batches(src, n, batch_bytes)
+    session, framer, sender, ids, pool, nbytes = (batches.session, batches.framer, batches.sender, batches.ids,
+                                                   batches.pool, batches.nbytes)
     rounds = iter(range(1 << 20))
 
     def sealed(batch: bool, split: bool = False) -> list[list]:
         xfer = f"x{next(rounds)}"
         core.register(Reservation(xfer, tuple(ids)))
-        views = [pool[b * nbytes:(b + 1) * nbytes] for b in ids]
+        views = batches.views()
         if batch:
-            msgs = [framer.pack_many(session, sender.batch_header(xfer, ids[k:k + step], ids[k:k + step], src),
-                                     views[k:k + step], sealed_first=True, split=split) for k in range(0, n, step)]
+            msgs = batches.sealed(xfer, split)
         else:
             msgs = [framer.pack_many(session, sender.block_header(xfer, b, b, src), [views[b]], sealed_first=True)
                     for b in ids]
