@@ -13,7 +13,7 @@ import zmq
 from kvtransport.base import TransportError
 from kvtransport.events import FailReason, TransferCommitted, TransferFailed
 from kvtransport.framing import Framer
-from pdwire.messages import BlockFrame, Hello, announced_batch_bytes
+from pdwire.messages import BATCH_BYTES, BlockFrame, Hello, announced_batch_bytes
 from kvtransport.metrics import DropReason
 from kvtransport.receiver_state import Reservation
 from kvtransport.session import AuthKind, Initiator, auth_frame, parse_auth_frame
@@ -288,6 +288,8 @@ def test_backpressure_raises_when_receiver_stops_draining():
     (True, 3 * BLOCK_NBYTES, 16 << 20, 64, None, 3),
     (True, 2 << 30, 16 << 20, 64, 8, 8),        # at most MAX_SPLIT_HWM (made 8 here)
     (True, BLOCK_NBYTES // 2, 16 << 20, 64, None, 1),
+    (True, 1 << 20, BATCH_BYTES, 16, None, (1 << 20) // BLOCK_NBYTES),   # the default batch (128 MiB): no more
+    (False, 8 << 20, BATCH_BYTES, 64, None, 4),   # queued than 16 MiB's, split or whole (2 MiB messages)
 ])
 def test_receive_queue_is_bounded_in_bytes(monkeypatch, split, queue_bytes, batch_bytes, hwm, cap, want):
     """What one peer gets queued on a receiver nobody polls, measured (tests/kvtransport/queue_probe):
