@@ -6,7 +6,8 @@ For each batch size: a ReceiverCore (as a ZmqReceiver's, split payloads) takes s
 one transfer as the ZMQ link does: landing() from the header and seal, each payload copied into its
 pool slot, landed() after the last. landing() and landed() are timed (perf_counter, medians over
 the batches of the measured rounds): "after copies" right after the batch's own payload copies (as
-on the wire), "cold" after a further 8 MiB copy that evicts what the copies left. The question it
+on the wire), "cold" after a further 8 MiB copy that evicts what the copies left, "warm" with the
+payload copies left out (the two calls back to back, batch after batch). The question it
 answers: whether that cost is per batch (flat in the blocks a batch holds) or per block, which is
 what --kv-batch-mib trades (bench/README.md, twenty-second session).
 """
@@ -34,9 +35,11 @@ def batch_cost(block_size: int, batch_bytes: int, rounds: int, num_blocks: int =
     core, _ = paired_core(src, num_blocks, batch_bytes)
     batches = Batches(src, num_blocks, batch_bytes)
     evict_to, evict_from = memoryview(bytearray(8 << 20)), memoryview(bytearray(8 << 20))
-    times: dict[str, list[float]] = {k: [] for k in ("landing", "landed", "landing_cold", "landed_cold")}
+    modes = ("", "_cold", "_warm")       # the rounds take them in turn
+    times: dict[str, list[float]] = {call + mode: [] for mode in modes for call in ("landing", "landed")}
     for r in range(rounds):
-        xfer, cold = f"x{r}", r % 2 == 1
+        xfer, mode = f"x{r}", modes[r % len(modes)]
+        cold = mode == "_cold"
         core.register(Reservation(xfer, tuple(batches.ids)))
         for header, seal, *payloads in batches.sealed(xfer, split=True):
             if cold:
@@ -48,17 +51,17 @@ def batch_cost(block_size: int, batch_bytes: int, rounds: int, num_blocks: int =
                 raise RuntimeError("a batch did not land")
             for slot, payload in zip(landing.slots, payloads):
                 core.owed("p")
-                slot[:] = payload
+                if mode != "_warm":
+                    slot[:] = payload
                 landing.sizes.append(len(payload))
             if cold:
                 evict_to[:] = evict_from
             done = time.perf_counter()
             core.landed("p", landing, landing.sizes, 0.0)
             end = time.perf_counter()
-            if r >= 4:
-                tail = "_cold" if cold else ""
-                times["landing" + tail].append((landed_at - start) * 1e6)
-                times["landed" + tail].append((end - done) * 1e6)
+            if r >= len(modes):
+                times["landing" + mode].append((landed_at - start) * 1e6)
+                times["landed" + mode].append((end - done) * 1e6)
         core.ledger.abort(xfer, FailReason.LOCAL_ABORT)     # no Commit: the next round reuses the blocks
     if core.metrics.frames_dropped:
         raise RuntimeError(f"dropped frames: {core.metrics}")
@@ -70,14 +73,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-size", type=int, default=64, help="tokens a block (64: 2 MiB with this layout)")
     ap.add_argument("--batch-mib", default="16,64,128")
-    ap.add_argument("--rounds", type=int, default=60, help="transfers of 256 blocks per batch size (4 warm up)")
+    ap.add_argument("--rounds", type=int, default=60, help="transfers of 256 blocks per batch size (3 warm up)")
     args = ap.parse_args()
     for mib in map(int, args.batch_mib.split(",")):
         c = batch_cost(args.block_size, mib << 20, max(6, args.rounds))
         n = c["blocks_a_batch"]
         print(f"{c['block_mib']:.1f} MiB blocks, {mib} MiB batches ({n} blocks): us a batch, after copies / cold: "
-              f"landing {c['landing']:.1f} / {c['landing_cold']:.1f}, landed {c['landed']:.1f} / {c['landed_cold']:.1f}; "
-              f"a block: {(c['landing'] + c['landed']) / n:.1f} / {(c['landing_cold'] + c['landed_cold']) / n:.1f}")
+              f"landing {c['landing']:.1f} / {c['landing_cold']:.1f}, "
+              f"landed {c['landed']:.1f} / {c['landed_cold']:.1f}; "
+              f"a block: {(c['landing'] + c['landed']) / n:.1f} / {(c['landing_cold'] + c['landed_cold']) / n:.1f}; "
+              f"warm: landing {c['landing_warm']:.1f}, landed {c['landed_warm']:.1f}")
 
 
 if __name__ == "__main__":
