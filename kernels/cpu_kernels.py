@@ -6,6 +6,7 @@
     kernels/csrc/gemm_bf16.c -------------------------------------------> <cache>/gemm_bf16-<key>.so
     kernels/csrc/gemm_amx.c --------------------------------------------> <cache>/gemm_amx-<key>.so
     kernels/csrc/gemm_f32.c --------------------------------------------> <cache>/gemm_f32-<key>.so
+    kernels/csrc/gemm_avx2.c -------------------------------------------> <cache>/gemm_avx2-<key>.so
     kernels/csrc/argmax.c ----------------------------------------------> <cache>/argmax-<key>.so
 
 The key hashes the source, the shared headers (csrc/*.h), the flags, the compiler's version
@@ -16,7 +17,7 @@ The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 Builds go to a temporary file that is renamed into place, so nodes starting together race
 harmlessly; a new build deletes all but the KEEP_BUILDS most recently used builds of its
 kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`,
-`layer_ops_lib()`, `gemm_bf16_lib()`, `gemm_amx_lib()`, `gemm_f32_lib()` and `argmax_lib()` returning None (the reason in
+`layer_ops_lib()`, `gemm_bf16_lib()`, `gemm_amx_lib()`, `gemm_f32_lib()`, `gemm_avx2_lib()` and `argmax_lib()` returning None (the reason in
 `build_error(name)`) and callers use their
 PyTorch path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
@@ -78,6 +79,14 @@ _SIGNATURES = {    # library -> {function: (argtypes, restype)}
         "gemm_f32_tile_n": ([], c_int),
         "gemm_f32": ([c_void_p, c_i64, c_void_p, c_void_p, c_void_p, c_i64, c_i64, c_i64, c_i64, c_int], None),
     },
+    "gemm_avx2": {
+        "gemm_avx2_f32_supported": ([], c_int),
+        "gemm_avx2_f32_tile_n": ([], c_int),
+        "gemm_avx2_f32": ([c_void_p, c_i64, c_void_p, c_void_p, c_void_p, c_i64, c_i64, c_i64, c_i64, c_int], None),
+        "gemm_avx2_bf16_supported": ([], c_int),
+        "gemm_avx2_bf16_tile_n": ([], c_int),
+        "gemm_avx2_bf16": ([c_void_p, c_i64, c_void_p, c_void_p, c_void_p, c_i64, c_i64, c_i64, c_i64, c_int], c_int),
+    },
     "argmax": {
         "argmax_rows": ([c_void_p, c_i64, c_void_p, c_i64, c_i64, c_int, c_int], None),
     },
@@ -129,6 +138,14 @@ def gemm_f32_lib() -> ctypes.CDLL | None:
     """The loaded gemm_f32 library, or None if unavailable. Built on every CPU; its
     `gemm_f32_supported()` says whether the compiler targeted AVX-512F (else no kernel)."""
     return _load("gemm_f32")
+
+
+@functools.cache
+def gemm_avx2_lib() -> ctypes.CDLL | None:
+    """The loaded gemm_avx2 library (float32 and bfloat16 GEMMs), or None if unavailable. Built on
+    every CPU; its `gemm_avx2_f32_supported()` and `gemm_avx2_bf16_supported()` say whether the
+    compiler targeted AVX2 and FMA (else no kernels)."""
+    return _load("gemm_avx2")
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-/* What pdserve's two packed GEMMs (gemm_f32.c, gemm_bf16.c) share: how a call is cut into tasks
+/* What pdserve's packed GEMMs (gemm_f32.c, gemm_bf16.c, gemm_avx2.c) share: how a call is cut into tasks
  * and the parallel loop that runs them. Each file supplies its register block (a gemm_block_fn,
  * typed by its dtype and instruction set); this header does the rest:
  *
@@ -26,8 +26,10 @@
 #include <stdint.h>
 #include <time.h>
 
+#ifndef TILE_N              /* a file may set its own before including this (gemm_avx2.c: 16 columns) */
 #define TILE_N 64           /* columns per packed tile */
-#define VECS (TILE_N / 16)  /* accumulator vectors per row */
+#endif
+#define VECS (TILE_N / 16)  /* accumulator vectors per row (AVX-512's 16 lanes) */
 #define MAX_ROWS 6          /* rows per register block: MAX_ROWS x VECS accumulators (24 zmm) */
 #define ROW_CHUNK 96        /* rows per task */
 #define SPIN_NS 20000       /* the caller's wait for the other threads' last tasks, at most (20 us) */

@@ -1,13 +1,14 @@
 """kernels.gemm_f32: the AVX-512 float32 GEMM equals the float64 product within float32's
 accumulation bound for every shape; bad inputs raise ValueError. On a CPU without AVX-512F each
 kernel test instead asserts that the kernel says so (callers keep oneDNN). The test of strided
-rows, empty input and thread count runs here for every GEMM (gemm_bf16's and gemm_amx's checks from
-their test files)."""
+rows, empty input and thread count runs here for every GEMM (gemm_bf16's, gemm_amx's and gemm_avx2's
+checks from their test files)."""
 import pytest
 import torch
 
-from kernels import gemm_amx, gemm_bf16, gemm_f32
+from kernels import gemm_amx, gemm_avx2, gemm_bf16, gemm_f32
 from tests.kernels import test_gemm_amx as amx_tests
+from tests.kernels import test_gemm_avx2 as avx2_tests
 from tests.kernels import test_gemm_bf16 as bf16_tests
 
 
@@ -41,12 +42,17 @@ SHAPES = [(1, 512, 1536), (32, 512, 1536), (64, 1408, 512), (6, 64, 64), (7, 33,
 def test_gemm_equals_the_float64_reference(m, k, n, bias):
     """Rows 1..200 (register blocks of 1-6 rows, several row chunks), any k, n not a multiple of
     the 64-column tile, with and without bias."""
-    if not kernel_here():
-        return
+    if kernel_here():
+        assert_gemm_equals_reference(gemm_f32.GEMM, m, k, n, bias)
+
+
+def assert_gemm_equals_reference(gemm, m: int, k: int, n: int, bias: bool) -> None:
+    """A float32 GEMM's (gemm_f32's, gemm_avx2's) product of random x [m, k] and W [n, k] (and a
+    bias) is within float32's accumulation bound of the float64 product."""
     torch.manual_seed(m * 1000 + k + n)
     x, w = torch.randn(m, k), torch.randn(n, k)
     b = torch.randn(n) if bias else None
-    assert_within_accumulation_bound(gemm_f32.linear(x, gemm_f32.pack_weight(w), n, b), x, w, b)
+    assert_within_accumulation_bound(gemm.linear(x, gemm.pack_weight(w), n, b), x, w, b)
 
 
 KERNELS = {     # every GEMM: the module, its dtype, whether it runs here, its accuracy check (got, x, w)
@@ -55,6 +61,10 @@ KERNELS = {     # every GEMM: the module, its dtype, whether it runs here, its a
              lambda got, x, w: bf16_tests.assert_within_one_rounding(got, gemm_bf16.reference(x, w), x.shape[1])),
     "amx": (gemm_amx, torch.bfloat16, amx_tests.kernel_here,
             lambda got, x, w: bf16_tests.assert_within_one_rounding(got, gemm_amx.reference(x, w), x.shape[1])),
+    "avx2_f32": (gemm_avx2.F32, torch.float32, lambda: avx2_tests.kernel_here(),     # late: that module imports this one
+                 lambda got, x, w: assert_within_accumulation_bound(got, x, w, None)),
+    "avx2_bf16": (gemm_avx2.BF16, torch.bfloat16, lambda: avx2_tests.kernel_here(),
+                  lambda got, x, w: bf16_tests.assert_within_one_rounding(got, gemm_avx2.BF16.reference(x, w), x.shape[1])),
 }
 
 
