@@ -8,8 +8,10 @@ step multiplies a few rows by every weight. Measured here (2-core AMD EPYC, fp32
     lm_head 512 -> 32000     F.linear 15.0 ms   packed 5.9 ms
     gate_up 512 -> 2816      F.linear 0.72 ms   packed 0.50 ms
 
-Only float32, and bfloat16/float16 where oneDNN reports native support, are packed; other
-cases keep nn.Linear. bfloat16 on a CPU with AMX tiles goes to pdserve's own AMX GEMM instead
+oneDNN packs float32, and bfloat16/float16 where it reports native support. bfloat16 on a CPU
+with AVX2 but no native bf16 (oneDNN has none there) goes to pdserve's AVX2 GEMM
+(engine/avx2_linear.py; PDSERVE_AVX2_GEMM=0 keeps nn.Linear); other cases keep nn.Linear.
+bfloat16 on a CPU with AMX tiles goes to pdserve's own AMX GEMM instead
 (engine/amx_linear.py; PDSERVE_AMX_GEMM=0 keeps oneDNN there), on a CPU with AVX512-BF16 and no
 AMX to its vdpbf16ps GEMM (engine/bf16_linear.py; PDSERVE_BF16_GEMM=0 keeps oneDNN for both), and float32 on a CPU with AVX-512 to
 pdserve's float32 GEMM (engine/f32_linear.py; PDSERVE_F32_GEMM=0 keeps oneDNN).
@@ -53,8 +55,12 @@ class PackedLinear(nn.Module):
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether linears of this dtype on this device would be packed."""
-    if device.type != "cpu" or os.environ.get("PDSERVE_PACKED_LINEAR", "1") == "0":
-        return False
+    return packed_class(dtype, device) is not None
+
+
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs CPU linears of this dtype here: float32, and bfloat16/float16 where it
+    reports native support (AVX-512 or newer for bf16; not on an AVX2-only CPU)."""
     if not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.float32:
@@ -66,23 +72,34 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     return False
 
 
+def packed_class(dtype: torch.dtype, device: torch.device) -> type | None:
+    """The packed linear that pack_linears puts in place of nn.Linear of this dtype on this device:
+    the first of pdserve's GEMMs that can be used here (AMX's, vdpbf16ps', AVX2's for bf16;
+    AVX-512's for float32; one whose switch is set to 1 before the others), else oneDNN's PackedLinear where oneDNN packs the dtype, else None
+    (the linears stay nn.Linear)."""
+    if device.type != "cpu" or os.environ.get("PDSERVE_PACKED_LINEAR", "1") == "0":
+        return None
+    from engine import amx_linear, avx2_linear, bf16_linear, f32_linear   # subclasses of PackedLinear: imported here, as they import this module
+    gemms = (amx_linear.AmxLinear, bf16_linear.Bf16Linear, avx2_linear.Avx2Bf16Linear, f32_linear.F32Linear)
+    asked = [cls for cls in gemms if os.environ.get(cls.switch) == "1"]    # a switch set to 1: that GEMM first
+    for cls in asked + [cls for cls in gemms if cls not in asked]:
+        if cls.can_use(dtype, device):
+            return cls
+    return PackedLinear if onednn_packs(dtype) else None
+
+
 def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear under `model` by a packed one, in place, when `can_pack` allows
-    (decided by the first linear's dtype and device): an AmxLinear where `amx_linear.can_use`, a
-    Bf16Linear where `bf16_linear.can_use`,
-    an F32Linear where `f32_linear.can_use`, else a PackedLinear. Call after any weight surgery
-    (e.g. tensor-parallel sharding): a packed weight cannot be sliced. Returns how many were packed."""
+    """Replace every nn.Linear under `model` by the packed linear `packed_class` picks (decided
+    by the first linear's dtype and device), in place; none where it picks None. Call after any
+    weight surgery (e.g. tensor-parallel sharding): a packed weight cannot be sliced. Returns how
+    many were packed."""
     linears = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is nn.Linear]
     if not linears:
         return 0
-    dtype, device = linears[0][2].weight.dtype, linears[0][2].weight.device
-    if not can_pack(dtype, device):
+    packed = packed_class(linears[0][2].weight.dtype, linears[0][2].weight.device)
+    if packed is None:
         return 0
-    from engine import amx_linear, bf16_linear, f32_linear   # subclasses of PackedLinear: imported here, as they import this module
-    packed = (amx_linear.AmxLinear if amx_linear.can_use(dtype, device)
-              else bf16_linear.Bf16Linear if bf16_linear.can_use(dtype, device)
-              else f32_linear.F32Linear if f32_linear.can_use(dtype, device) else PackedLinear)
     for parent, name, child in linears:
         setattr(parent, name, packed(child))
     return len(linears)
