@@ -6,11 +6,13 @@ first does --warmup untimed runs of the same workload on prompts of their own (k
 loads, first-touch of its pools and buffers, OpenMP's threads), so the first timed run is not
 also the first run.
 
-    python bench/gemm_ab.py [--dtype float32] [--repeats 5] [--warmup 1] [--vdpbf16ps]
+    python bench/gemm_ab.py [--dtype float32] [--repeats 5] [--warmup 1] [--vdpbf16ps | --avx2-f32]
 
 The same engine either way but for its linears (PDSERVE_F32_GEMM / PDSERVE_BF16_GEMM set to 0
 for the oneDNN side when it is built; the GEMM side is pdserve's default for the CPU: for bf16
-AMX's GEMM where the CPU has AMX, else vdpbf16ps', and --vdpbf16ps asks for the latter on AMX). Writes bench/results/gemm_ab_<time>.json.
+AMX's GEMM where the CPU has AMX, else vdpbf16ps', else AVX2's, and --vdpbf16ps asks for the second on
+AMX; --avx2-f32 asks for AVX2's float32 GEMM, a default nowhere). On an AVX2-only CPU oneDNN has no
+bf16, so there the "oneDNN" side of a bf16 run is nn.Linear: PyTorch's generic path. Writes bench/results/gemm_ab_<time>.json.
 """
 from __future__ import annotations
 
@@ -37,9 +39,9 @@ REQUESTS, PROMPT, OUTPUT = 32, 128, 128
 WARMUP_SEED = 1 << 20       # warm-up runs' prompts are seeded from here: never a timed run's (seeded by repeat)
 
 
-def engine(path: str, dtype: str, gemm: bool, vdpbf16ps: bool = False) -> LLMEngine:
+def engine(path: str, dtype: str, gemm: bool, vdpbf16ps: bool = False, avx2_f32: bool = False) -> LLMEngine:
     """gemm: pdserve's default GEMM for the dtype on this CPU (bench/linear_choice.py); else oneDNN's."""
-    choose_linears(gemm, vdpbf16ps)
+    choose_linears(gemm, vdpbf16ps, avx2_f32)
     return LLMEngine(EngineConfig(model=path, dtype=dtype, cache=CacheConfig(kv_cache_gib=2.0),
                                   scheduler=SchedulerConfig(max_num_seqs=REQUESTS, max_num_batched_tokens=2048)))
 
@@ -68,9 +70,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per engine before the timed ones")
     ap.add_argument("--vdpbf16ps", action="store_true", help="bf16: the vdpbf16ps GEMM even where AMX's is the default")
+    ap.add_argument("--avx2-f32", action="store_true", help="float32: the AVX2 GEMM (kernels/gemm_avx2.py), not a default")
     args = ap.parse_args()
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
-    engines = {"pdserve GEMM": engine(path, args.dtype, True, args.vdpbf16ps), "oneDNN": engine(path, args.dtype, False)}
+    engines = {"pdserve GEMM": engine(path, args.dtype, True, args.vdpbf16ps, args.avx2_f32), "oneDNN": engine(path, args.dtype, False)}
     print({side: type(e.runner.model.lm_head).__name__ for side, e in engines.items()})
     for side, eng in engines.items():
         for w in range(args.warmup):

@@ -34,4 +34,16 @@ class Avx2Bf16Linear(GemmLinear):
                                                    or not torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+class Avx2F32Linear(GemmLinear):
+    """y = x @ W^T + b, float32, W held in gemm_avx2's packed layout (opaque: no `.weight`)."""
+
+    gemm = gemm_avx2.F32
+    switch = "PDSERVE_AVX2_F32_GEMM"
+
+    @classmethod
+    def can_use(cls, dtype: torch.dtype, device: torch.device) -> bool:
+        """GemmLinear's test, on a CPU without AVX-512's float32 GEMM, where PDSERVE_AVX2_F32_GEMM=1."""
+        return super().can_use(dtype, device) and os.environ.get(cls.switch) == "1"
+
+
 can_use = Avx2Bf16Linear.can_use    # can_use(dtype, device): whether linears there would use Avx2Bf16Linear

@@ -80,7 +80,8 @@ def packed_class(dtype: torch.dtype, device: torch.device) -> type | None:
     if device.type != "cpu" or os.environ.get("PDSERVE_PACKED_LINEAR", "1") == "0":
         return None
     from engine import amx_linear, avx2_linear, bf16_linear, f32_linear   # subclasses of PackedLinear: imported here, as they import this module
-    gemms = (amx_linear.AmxLinear, bf16_linear.Bf16Linear, avx2_linear.Avx2Bf16Linear, f32_linear.F32Linear)
+    gemms = (amx_linear.AmxLinear, bf16_linear.Bf16Linear, avx2_linear.Avx2Bf16Linear, f32_linear.F32Linear,
+             avx2_linear.Avx2F32Linear)
     asked = [cls for cls in gemms if os.environ.get(cls.switch) == "1"]    # a switch set to 1: that GEMM first
     for cls in asked + [cls for cls in gemms if cls not in asked]:
         if cls.can_use(dtype, device):
