@@ -219,3 +219,16 @@ def test_f32_engine_equals_transformers_on_either_linear(make_llm, model_dir, mo
     onednn = make_llm(path)
     assert type(onednn.engine.runner.model.lm_head) is PackedLinear
     assert [o.outputs[0].token_ids for o in onednn.generate(prompts, params)] == expected
+
+
+def test_avx2_float32_gemm_only_when_asked(monkeypatch):
+    """Avx2F32Linear (AVX2's float32 GEMM) is a default nowhere; PDSERVE_AVX2_F32_GEMM=1 picks it
+    where AVX2 and FMA are, and it equals nn.Linear there."""
+    here = _kernel_here("avx2")
+    assert _packed_type(torch.float32) is _default_type(torch.float32)
+    monkeypatch.setenv("PDSERVE_AVX2_F32_GEMM", "1")
+    assert _packed_type(torch.float32) is (avx2_linear.Avx2F32Linear if here else _default_type(torch.float32))
+    if here:
+        linear = nn.Linear(96, 200)
+        x = torch.randn(7, 3, 96)[:, 1]
+        torch.testing.assert_close(avx2_linear.Avx2F32Linear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)
