@@ -69,6 +69,21 @@ def test_silu_and_mul_matches_pytorch(dtype, rows, width):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_gives_each_element_the_same_bits_in_the_vector_path_and_the_tail(dtype):
+    """A row of 37 goes 8 (float32, AVX2: kernels/csrc/f32x8.h) or 16 (bf16, AVX-512) elements at a
+    time, then a tail of scalar code; each element alone (a row of 1: the tail only) gets the same
+    bits, NaN and the saturated ends included."""
+    g = torch.Generator().manual_seed(5)
+    gate = torch.randn(4, 37, generator=g) * 8
+    gate[0, :6] = torch.tensor([float("nan"), -1e4, -88.5, 88.5, 1e4, -0.0])
+    x = torch.cat([gate, torch.randn(4, 37, generator=g)], dim=1).to(dtype)
+    row = kernels.silu_and_mul(x)
+    alone = torch.stack([kernels.silu_and_mul(x[:, [j, 37 + j]])[:, 0] for j in range(37)], dim=1)
+    assert torch.equal(row.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       alone.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_saturates_like_pytorch(dtype):
     """Far beyond exp's range: silu(x) -> x for large x, -> -0 for very negative x; no NaN.
     18 gates: a bf16 row's first 16 go through the 16-lane path, the last 2 through its tail."""
