@@ -3,7 +3,8 @@
 The C kernel (kernels/csrc/paged_prefill.c) reads K and V in place through the block tables,
 all prefill sequences in one call, when it is built and takes the tensors; but a long bfloat16
 sequence on a CPU with AMX tiles goes to torch's SDPA (`to_library`), whose flash attention
-multiplies on the tiles. Otherwise, and for those, causal SDPA over K/V gathered out of the pool:
+multiplies on the tiles; on a CPU without AVX-512 (`native_vectors`) every sequence takes the
+PyTorch path below, as where the kernel is not built (PDSERVE_PREFILL_SDPA=0 still forces the kernel). Otherwise, and for those, causal SDPA over K/V gathered out of the pool:
 
 Sequences of similar size go through one SDPA call: their K/V gathered into one padded batch,
 the GQA group folded into the query rows ([n, Hkv, G * Q, D] against [n, Hkv, L, D]) and an
@@ -52,10 +53,20 @@ def _amx_tiles() -> bool:
     return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
+@functools.cache
+def native_vectors() -> bool:
+    """Whether this CPU runs the C kernel's 16-lane float32 vectors natively (AVX-512). Elsewhere
+    gcc splits them, and every prefill takes the PyTorch path (SDPA): on an AVX2-only AMD EPYC (Zen 3, 2 cores,
+    float32) the C kernel took 4.8x SDPA's time at 16 prompts of 128 and 15x at one of 4,000, so a
+    4,000-token prompt's first token took 27 s, 93% of it in attention (`python
+    bench/prefill_attention.py --dtype float32`, bench/README.md "Prefill attention on an AVX2-only CPU")."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
 def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
     """Write the rows of sequences `seqs` (each q_len > 1) into out (contiguous rows)."""
     unmasked_only = False
-    if supports(query, k_cache, v_cache):
+    if supports(query, k_cache, v_cache) and (native_vectors() or os.environ.get("PDSERVE_PREFILL_SDPA") in ("0", "1")):
         library = [i for i in seqs if to_library(query.dtype, lens[i], cu[i + 1] - cu[i])]
         if len(library) < len(seqs):
             taken = set(library)
@@ -64,6 +75,8 @@ def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -
         # at a time (is_causal or _after_prefix), never the batch's mask of n x G * Q x L
         seqs, unmasked_only = library, True
     seqs = sorted(seqs, key=lambda i: (lens[i], cu[i + 1] - cu[i]))
+    if seqs:
+        query = query.contiguous()      # SDPA's bits depend on the rows' strides: the same whoever calls
     while seqs:
         group = _similar(seqs, cu, lens)
         if len(group) > 1 and (not unmasked_only or _fresh_and_equal(group, cu, lens)):

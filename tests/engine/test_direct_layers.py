@@ -7,6 +7,15 @@ from torch import nn
 from engine import SamplingParams
 from engine.direct_layers import SWITCH, DirectLayers
 
+@pytest.fixture(autouse=True)
+def _c_prefill(monkeypatch):
+    """Each test runs the prompts twice, the second time after their cached prefixes. The C prefill
+    kernel gives a row the same bits either way; the SDPA path (every prefill on a CPU without
+    AVX-512) splits a chunk after a prefix into two calls merged by log-sum-exp, other bits. The
+    test is of the layers, not of that: the kernel on every CPU."""
+    monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "0")
+
+
 # prompts of 5, 40 and 150 tokens with 64-token steps: the long one prefills in chunks, beside the
 # others' decode rows, and chunks after its cached prefix
 PROMPTS = [[(7 * i + 3) % 500 + 3 for i in range(n)] for n in (5, 40, 150)]

@@ -1,5 +1,6 @@
 """Which path a CPU prefill sequence takes (kernels/cpu_prefill.py): long bfloat16 ones to torch's
-SDPA where the CPU has AMX tiles, the rest to the C kernel; a chunk after a cached prefix as two
+SDPA where the CPU has AMX tiles, the rest to the C kernel where the CPU has AVX-512, every one to
+the PyTorch path elsewhere; a chunk after a cached prefix as two
 flash-attention calls merged by their log-sum-exps; never a masked batch for long chunks."""
 import pytest
 import torch
@@ -27,11 +28,24 @@ def test_long_bf16_prefills_go_to_sdpa_where_the_cpu_has_amx(monkeypatch):
     real = cpu_prefill._prefill_c
     monkeypatch.setattr(cpu_prefill, "_prefill_c", lambda *a: (to_c.append(list(a[-2])), real(*a)))
     # rows: a fresh 1,100-token prompt, 128 new tokens after 972 cached, a short prompt, a decode row
+    native = cpu_prefill.native_vectors()
     run_and_compare([1100, 1100, 200, 9], [1100, 128, 200, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
-    assert to_c == ([[2]] if amx else [[0, 1, 2]])
+    assert to_c == ([] if not native else [[2]] if amx else [[0, 1, 2]])
     to_c.clear()
     run_and_compare([1100, 1100, 200, 9], [1100, 128, 200, 1], 8, 2, 64, 16, torch.float32, "cpu")
-    assert to_c == [[0, 1, 2]]
+    assert to_c == ([[0, 1, 2]] if native else [])
+    to_c.clear()
+    monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "0")      # the kernel, asked for, on any CPU
+    run_and_compare([1100, 200, 9], [128, 200, 1], 8, 2, 64, 16, torch.float32, "cpu")
+    assert to_c == [[0, 1]]
+
+
+def test_the_c_prefill_kernel_only_where_its_vectors_are_native():
+    """Its 16-lane vectors are AVX-512's: the kernel is the default there, never on an AVX2-only CPU."""
+    from kernels import cpu_prefill
+    with open("/proc/cpuinfo") as f:
+        avx512 = any(line.startswith("flags") and " avx512f" in line for line in f)
+    assert cpu_prefill.native_vectors() == avx512
 
 
 @pytest.mark.parametrize("kv_heads", [8, 2])
