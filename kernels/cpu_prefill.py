@@ -4,15 +4,16 @@ The C kernel (kernels/csrc/paged_prefill.c) reads K and V in place through the b
 all prefill sequences in one call, when it is built and takes the tensors; but a long bfloat16
 sequence on a CPU with AMX tiles goes to torch's SDPA (`to_library`), whose flash attention
 multiplies on the tiles; on a CPU without AVX-512 (`native_vectors`) every sequence takes the
-PyTorch path below, as where the kernel is not built (PDSERVE_PREFILL_SDPA=0 still forces the kernel). Otherwise, and for those, causal SDPA over K/V gathered out of the pool:
+PyTorch path below, as where the kernel is not built (PDSERVE_PREFILL_SDPA=0 still forces the
+kernel). That path is causal SDPA over K/V gathered out of the pool.
 
-Sequences of similar size go through one SDPA call: their K/V gathered into one padded batch,
-the GQA group folded into the query rows ([n, Hkv, G * Q, D] against [n, Hkv, L, D]) and an
-additive mask that is causal, offset by each sequence's cached prefix, and hides the padding.
-That saves the per-call overhead that dominated small chunks (4 chunks of 64 rows over 256
-tokens: 1.8 ms one by one). Fresh prompts of one length need no mask (is_causal, GQA by
-expanding K/V). A sequence whose padding would waste more than a third of the batch's work
-runs alone, with is_causal=True when all its tokens are new.
+Fresh prompts of one length go through one SDPA call (is_causal, GQA by expanding K/V); every
+other sequence runs alone (is_causal when all its tokens are new, else `_after_prefix`). So a
+sequence's rows get the same bits whatever else is in the batch: a greedy stream gives the same
+tokens alone, beside others, or moved to another node mid-stream. (A padded batch of similar
+sequences under an additive mask, which this path used to take, saved per-call overhead on small
+chunks, but its bits depended on the batch's longest sequence: on an AVX2-only CPU a bfloat16
+stream's tokens changed with the prompts it was prefilled beside.)
 """
 
 import functools
@@ -65,32 +66,34 @@ def native_vectors() -> bool:
 
 def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
     """Write the rows of sequences `seqs` (each q_len > 1) into out (contiguous rows)."""
-    unmasked_only = False
     if supports(query, k_cache, v_cache) and (native_vectors() or os.environ.get("PDSERVE_PREFILL_SDPA") in ("0", "1")):
         library = [i for i in seqs if to_library(query.dtype, lens[i], cu[i + 1] - cu[i])]
         if len(library) < len(seqs):
             taken = set(library)
             _prefill_c(out, query, k_cache, v_cache, block_tables, cu, lens, [i for i in seqs if i not in taken], scale)
-        # long sequences: a batch of them only when all fresh and of one length (is_causal); else one
-        # at a time (is_causal or _after_prefix), never the batch's mask of n x G * Q x L
-        seqs, unmasked_only = library, True
-    seqs = sorted(seqs, key=lambda i: (lens[i], cu[i + 1] - cu[i]))
+        seqs = library
     if seqs:
         query = query.contiguous()      # SDPA's bits depend on the rows' strides: the same whoever calls
-    while seqs:
-        group = _similar(seqs, cu, lens)
-        if len(group) > 1 and (not unmasked_only or _fresh_and_equal(group, cu, lens)):
-            _prefill_batch(out, query, k_cache, v_cache, block_tables, cu, lens, group, scale)
+    for group in _fresh_groups(seqs, cu, lens):
+        if len(group) > 1:
+            _prefill_batch(out, query, k_cache, v_cache, block_tables[group], lens[group[0]], [cu[i] for i in group], scale)
         else:
-            for i in group:
-                out[cu[i] : cu[i + 1]] = prefill_one(query[cu[i] : cu[i + 1]], k_cache, v_cache, block_tables[i],
-                                                     lens[i], scale)
-        seqs = seqs[len(group):]
+            i = group[0]
+            out[cu[i] : cu[i + 1]] = prefill_one(query[cu[i] : cu[i + 1]], k_cache, v_cache, block_tables[i],
+                                                 lens[i], scale)
 
 
-def _fresh_and_equal(group: list[int], cu, lens) -> bool:
-    """Whether every sequence of the group is all new tokens, all of one length (no mask needed)."""
-    return len({lens[i] for i in group}) == 1 and all(cu[i + 1] - cu[i] == lens[i] for i in group)
+def _fresh_groups(seqs, cu, lens) -> list[list[int]]:
+    """seqs cut into SDPA calls: the fresh ones (every token new) grouped by length, each other
+    sequence alone."""
+    fresh: dict[int, list[int]] = {}
+    alone = []
+    for i in seqs:
+        if cu[i + 1] - cu[i] == lens[i]:
+            fresh.setdefault(lens[i], []).append(i)
+        else:
+            alone.append([i])
+    return [*fresh.values(), *alone]
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -115,54 +118,25 @@ def _prefill_c(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale
         raise MemoryError("paged_prefill: could not allocate its scratch memory")
 
 
-def _similar(seqs, cu, lens) -> list[int]:
-    """The longest prefix of seqs (sorted by size) whose padded batch wastes at most 1/3 of its work."""
-    useful, end = 0, 0
-    for end, i in enumerate(seqs, start=1):
-        useful += (cu[i + 1] - cu[i]) * lens[i]
-        padded = end * max(cu[j + 1] - cu[j] for j in seqs[:end]) * lens[i]
-        if end > 1 and 3 * useful < 2 * padded:
-            return seqs[: end - 1]
-    return seqs[:end]
-
-
-def _prefill_batch(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
+def _prefill_batch(out, query, k_cache, v_cache, block_tables, length, starts, scale) -> None:
+    """Fresh prompts of one length (rows starting at `starts`, block_tables' rows in the same order
+    as query's), one is_causal SDPA call: each prompt's rows the same bits as alone."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     group = query.shape[1] // num_kv_heads
-    n, q_lens = len(seqs), torch.tensor([cu[i + 1] - cu[i] for i in seqs])
-    seq_lens = torch.tensor([lens[i] for i in seqs])
-    L, Q = int(seq_lens.max()), int(q_lens.max())
-    n_blk = -(-L // block_size)
-    ids = block_ids(block_tables[seqs, :n_blk], seq_lens, block_size)                # [n * n_blk]
+    n, n_blk = len(starts), -(-length // block_size)
+    seq_lens = torch.full((n,), length)
+    ids = block_ids(block_tables[:, :n_blk], seq_lens, block_size)                    # [n * n_blk]
     buf = k_cache.new_empty((2 * ids.numel(), *k_cache.shape[1:]))
     k, v = gather_kv(k_cache, v_cache, ids, buf)                                      # [n * n_blk, bs, Hkv, D]
-    k = k.view(n, n_blk * block_size, num_kv_heads, head_dim)[:, :L].transpose(1, 2)  # [n, Hkv, L, D]
-    v = v.view(n, n_blk * block_size, num_kv_heads, head_dim)[:, :L].transpose(1, 2)
-    if bool((q_lens == L).all() and (seq_lens == L).all()):   # all fresh, all one length: is_causal, no mask
-        rows = torch.tensor([cu[i] for i in seqs])[:, None] + torch.arange(L)           # [n, L]
-        q = query[rows.flatten()].view(n, L, -1, head_dim).transpose(1, 2)              # [n, H, L, D]
-        shape = (n, num_kv_heads, group, L, head_dim)
-        k = k[:, :, None].expand(shape).reshape(n, -1, L, head_dim)                      # [n, H, L, D] (copy if GQA)
-        v = v[:, :, None].expand(shape).reshape(n, -1, L, head_dim)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-        out.index_copy_(0, rows.flatten(), o.transpose(1, 2).reshape(n * L, -1, head_dim))
-        return
-    j = torch.arange(Q)
-    valid = j < q_lens[:, None]                                                       # [n, Q]
-    rows = torch.tensor([cu[i] for i in seqs])[:, None] + torch.where(valid, j, 0)    # padding reads row 0 of its seq
-    q = query[rows.flatten()].view(n, Q, num_kv_heads, group, head_dim)
-    q = q.permute(0, 2, 3, 1, 4).reshape(n, num_kv_heads, group * Q, head_dim)       # rows (g, j)
-    pos = (seq_lens - q_lens)[:, None] + torch.where(valid, j, 0)                     # [n, Q] position of row j
-    keep = torch.arange(L) <= pos[:, None, :, None]                                   # [n, 1, Q, L]
-    mask = torch.where(keep, 0.0, float("-inf")).to(query.dtype)                      # additive
-    if group > 1:
-        mask = mask.repeat(1, 1, group, 1)                                            # [n, 1, G * Q, L]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    o = o.view(n, num_kv_heads, group, Q, head_dim).permute(0, 3, 1, 2, 4).reshape(n * Q, -1, head_dim)
-    if bool(valid.all()):
-        out.index_copy_(0, rows.flatten(), o)
-    else:
-        out.index_copy_(0, rows.flatten()[valid.flatten()], o[valid.flatten()])
+    k = k.view(n, n_blk * block_size, num_kv_heads, head_dim)[:, :length].transpose(1, 2)   # [n, Hkv, L, D]
+    v = v.view(n, n_blk * block_size, num_kv_heads, head_dim)[:, :length].transpose(1, 2)
+    rows = torch.tensor(starts)[:, None] + torch.arange(length)                       # [n, L]
+    q = query[rows.flatten()].view(n, length, -1, head_dim).transpose(1, 2)           # [n, H, L, D]
+    shape = (n, num_kv_heads, group, length, head_dim)
+    k = k[:, :, None].expand(shape).reshape(n, -1, length, head_dim)                  # [n, H, L, D] (copy if GQA)
+    v = v[:, :, None].expand(shape).reshape(n, -1, length, head_dim)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    out.index_copy_(0, rows.flatten(), o.transpose(1, 2).reshape(n * length, -1, head_dim))
 
 
 def prefill_one(

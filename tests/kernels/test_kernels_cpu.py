@@ -135,8 +135,8 @@ def test_c_decode_blocks_match_reference(dtype, kv_heads, head_dim, block_size):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kv_heads", [8, 2])
 def test_similar_chunked_prefills_match_reference(device, dtype, kv_heads):
-    """Equal and nearly equal chunks over cached prefixes (on the PyTorch path: one batched
-    SDPA call) are exact."""
+    """Equal and nearly equal chunks over cached prefixes (on the PyTorch path: one SDPA call
+    each) are exact."""
     run_and_compare([256, 256, 250, 240, 33], [64, 64, 60, 64, 33], 8, kv_heads, 64, 16, dtype, device)
 
 
@@ -159,14 +159,6 @@ def test_c_prefill_long_contexts_match_reference(dtype, kv_heads, head_dim, bloc
     b = make_paged_batch([300, 1, 2], [1, 1, 1], 8, kv_heads, head_dim, block_size, dtype, "cpu")
     assert cpu_prefill.supports(b.query, b.k_cache, b.v_cache)
     run_and_compare([300, 229, 65, 5], [300, 200, 65, 1], 8, kv_heads, head_dim, block_size, dtype, "cpu")
-
-
-def test_prefill_grouping_bounds_padding():
-    from kernels.cpu_prefill import _similar
-    cu = [0, 64, 128, 192, 256, 258]           # q_lens 64, 64, 64, 64, 2
-    lens = [256, 256, 250, 240, 3000]
-    assert _similar([3, 2, 0, 1, 4], cu, lens) == [3, 2, 0, 1]   # the long-context 2-row chunk runs alone
-    assert _similar([4], cu, lens) == [4]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

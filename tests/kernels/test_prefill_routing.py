@@ -75,7 +75,7 @@ def test_pytorch_path_chunk_after_a_prefix_matches_reference(monkeypatch, flash,
 
 
 def test_long_bf16_chunks_after_prefixes_never_take_a_masked_batch(monkeypatch):
-    """Long sequences sent to SDPA batch only when all fresh and of one length (is_causal, no mask);
+    """Sequences sent to SDPA batch only when all fresh and of one length (is_causal, no mask);
     chunks after cached prefixes go one at a time (_after_prefix), never as one masked batch."""
     from kernels import cpu_prefill
     monkeypatch.setenv("PDSERVE_PREFILL_SDPA", "1")
@@ -87,4 +87,4 @@ def test_long_bf16_chunks_after_prefixes_never_take_a_masked_batch(monkeypatch):
     run_and_compare([1100, 1090, 9], [128, 130, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
     assert batches == [] and sorted(splits) == [960, 972]
     run_and_compare([600, 600, 9], [600, 600, 1], 8, 2, 64, 16, torch.bfloat16, "cpu")
-    assert batches == [[0, 1]] and len(splits) == 2
+    assert batches == [[0, 600]] and len(splits) == 2     # the prompts' first rows
