@@ -31,6 +31,8 @@ CASES = [
     ("decode b32 ctx128", [128] * 32, [1] * 32),
     ("decode b32 ctx1-256 ragged", torch.randint(1, 257, (32,), generator=torch.Generator().manual_seed(0)).tolist(), [1] * 32),
     ("decode b8 ctx2048", [2048] * 8, [1] * 8),
+    ("decode b32 ctx1024", [1024] * 32, [1] * 32),
+    ("decode b1 ctx4000", [4000], [1]),
     ("prefill 4x256", [256] * 4, [256] * 4),
     ("prefill 16x128", [128] * 16, [128] * 16),
     ("prefill 1x2048", [2048], [2048]),

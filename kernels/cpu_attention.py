@@ -43,7 +43,7 @@ def paged_attention_cpu(
     out = query.new_empty(query.shape)  # contiguous rows, whatever query's strides (the C kernel's contract)
     plan = _plan(block_tables, cu_seqlens_q, seq_lens)
     if plan.decode and cpu_decode.supports(query, k_cache, v_cache):
-        cpu_decode.paged_decode_c(out, query, k_cache, v_cache, *plan.decode_c, scale, plan.decode_max_len)
+        cpu_decode.paged_decode_c(out, query, k_cache, v_cache, *plan.decode_c, scale)
     elif plan.decode:
         _decode(out, query, k_cache, v_cache, block_tables, plan.cu, plan.lens, plan.decode, scale)
     if plan.prefills:
@@ -58,7 +58,6 @@ class _Plan(NamedTuple):
     decode: list[int]             # sequences with one new token
     prefills: list[int]           # sequences with more
     decode_c: tuple               # the decode sequences' (tables, seq_lens, int64 rows), contiguous
-    decode_max_len: int           # their longest context
 
 
 _plans = CheckMemo()
@@ -77,8 +76,7 @@ def _plan(block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torc
         pick = torch.tensor(decode, dtype=torch.long)
         tables, dec_lens, rows = block_tables[pick], seq_lens[pick], cu_seqlens_q[pick]
     decode_c = (tables.contiguous(), dec_lens.contiguous(), rows.to(torch.int64).contiguous())
-    plan = _Plan(cu, lens, decode, [i for i, n in enumerate(q_lens) if n > 1], decode_c,
-                 max((lens[i] for i in decode), default=0))
+    plan = _Plan(cu, lens, decode, [i for i, n in enumerate(q_lens) if n > 1], decode_c)
     _plans.remember(index, (), plan)
     return plan
 

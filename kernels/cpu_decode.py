@@ -33,28 +33,21 @@ def paged_decode_c(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     rows: torch.Tensor,  # [num_seqs] int64: each sequence's query/output row
     scale: float,
-    max_len: int,  # max(seq_lens), from the caller's batch plan (no tensor reduction per call)
 ) -> None:
     """One query token per listed sequence (callers check `supports` and the index ranges)."""
     tables, lens, rows = block_tables.contiguous(), seq_lens.contiguous(), rows.to(torch.int64).contiguous()
     _, block_size, num_kv_heads, head_dim = k_cache.shape
-    threads = torch.get_num_threads()
-    splits = context_splits(rows.numel(), max_len, threads)
     rc = paged_decode_lib().paged_decode(
         query.data_ptr(), query.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
         k_cache.stride(1), tables.data_ptr(), tables.stride(0), lens.data_ptr(), rows.data_ptr(),
         out.data_ptr(), out.stride(0), rows.numel(), query.shape[1], num_kv_heads, head_dim, block_size,
-        scale, DTYPES[query.dtype], threads, splits)
+        scale, DTYPES[query.dtype], torch.get_num_threads(), MAX_SPLITS, MIN_SEGMENT)
     if rc != 0:
         raise MemoryError("paged_decode: could not allocate its scratch memory")
 
 
-def context_splits(num_seqs: int, max_len: int, threads: int) -> int:
-    """Segments per sequence's context: 1 when there are at least 2 sequences per thread;
-    else enough for ~2 tasks per thread, each segment at least MIN_SEGMENT tokens."""
-    if num_seqs >= 2 * threads:
-        return 1
-    return max(1, min(-(-2 * threads // max(num_seqs, 1)), max_len // MIN_SEGMENT))
-
-
+# The C kernel cuts a sequence of L tokens into min(max(L // MIN_SEGMENT, 1), MAX_SPLITS) segments,
+# merged after (flash-decoding). The sequence's own length alone decides, not the batch or the
+# thread count, so its output has the same bits in any batch and on any node.
 MIN_SEGMENT = 256    # tokens: below this a segment's merge and task costs outweigh its reads
+MAX_SPLITS = 16      # a lone 4,096-token sequence: 16 tasks, 8 for each of 2 threads, 1 for each of 16

@@ -48,7 +48,8 @@ c_int, c_i64, c_float, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_float, 
 _SIGNATURES = {    # library -> {function: (argtypes, restype)}
     "paged_decode": {
         "paged_decode": ([c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_void_p, c_i64, c_void_p, c_void_p,
-                          c_void_p, c_i64, c_int, c_int, c_int, c_int, c_int, c_float, c_int, c_int, c_int], c_int),
+                          c_void_p, c_i64, c_int, c_int, c_int, c_int, c_int, c_float, c_int, c_int, c_int, c_int],
+                         c_int),
     },
     "paged_prefill": {
         "paged_prefill": ([c_void_p, c_i64, c_void_p, c_void_p, c_i64, c_i64, c_void_p, c_i64, c_void_p, c_void_p,

@@ -428,30 +428,46 @@ ATTEND_DT(attend_f16, DT_F16)
 /* Strides are in elements. q/out rows: rows[s] is sequence s's row; a row holds num_heads
  * heads of head_dim contiguous elements. Cache token t of sequence s lives in block
  * tables[s * table_stride + t / block_size], at offset (t % block_size) * token_stride,
- * kv head h at h * head_dim. A task is one segment of a sequence's context (block-aligned, one
- * of `splits`) with all its kv heads: a token's heads are one contiguous row, read in one
- * stream. (Tasks that split a sequence's heads instead read parts of each row, and ran at a
- * third of the bandwidth: the prefetchers fetch the other parts too.) With splits > 1 the
- * segments' partial results are merged per sequence (flash-decoding), so a batch smaller than
- * the thread count still keeps every thread reading. Returns 0, or -1 if scratch allocation
+ * kv head h at h * head_dim. A task is one segment of a sequence's context (block-aligned) with
+ * all its kv heads: a token's heads are one contiguous row, read in one stream. (Tasks that split
+ * a sequence's heads instead read parts of each row, and ran at a third of the bandwidth: the
+ * prefetchers fetch the other parts too.) A sequence of ctx tokens has ctx / min_segment segments,
+ * at least 1 and at most max_splits, their partial results merged (flash-decoding), so a batch
+ * smaller than the thread count still keeps every thread reading. The cut depends on the
+ * sequence's own length only, not on the batch or the thread count: a sequence's output has the
+ * same bits in any batch, on any number of threads. Returns 0, or -1 if scratch allocation
  * failed. */
 int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void *v, int64_t block_stride,
                  int64_t token_stride, const int32_t *tables, int64_t table_stride, const int32_t *seq_lens,
                  const int64_t *rows, void *out, int64_t out_row_stride, int num_seqs, int num_heads,
                  int num_kv_heads, int head_dim, int block_size, float scale, int dtype, int num_threads,
-                 int splits) {
+                 int max_splits, int min_segment) {
     const int group = num_heads / num_kv_heads, nq = num_heads;
     const int esize = dtype == DT_F32 ? 4 : 2;
+    const size_t part_floats = (size_t)nq * (head_dim + 2);
     void (*attend_dt)(ATTEND_ARGS) = dtype == DT_F32 ? attend_f32 : dtype == DT_BF16 ? attend_bf16 : attend_f16;
-    float *parts = NULL; /* [num_seqs][splits][nq][head_dim + 2] */
-    if (splits > 1) {
-        parts = malloc(sizeof(float) * (size_t)num_seqs * splits * nq * (head_dim + 2));
-        if (parts == NULL) return -1;
+    /* first[s]: sequence s's first task; task_seq[task]: its sequence */
+    int *first = malloc(sizeof(int) * ((size_t)num_seqs + 1));
+    if (first == NULL) return -1;
+    first[0] = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int n = seq_lens[s] / min_segment;
+        first[s + 1] = first[s] + (n < 1 ? 1 : n > max_splits ? max_splits : n);
     }
+    const int tasks = first[num_seqs];
+    int *task_seq = malloc(sizeof(int) * (size_t)(tasks > 0 ? tasks : 1));
+    float *parts = NULL; /* [tasks][nq][head_dim + 2], a split sequence's segments' partials */
+    if (task_seq != NULL && tasks > num_seqs) parts = malloc(sizeof(float) * (size_t)tasks * part_floats);
+    if (task_seq == NULL || (tasks > num_seqs && parts == NULL)) {
+        free(first), free(task_seq), free(parts);
+        return -1;
+    }
+    for (int s = 0; s < num_seqs; s++)
+        for (int t = first[s]; t < first[s + 1]; t++) task_seq[t] = s;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
-    for (int task = 0; task < num_seqs * splits; task++) {
-        const int s = task / splits, i = task % splits, ctx = seq_lens[s];
+    for (int task = 0; task < tasks; task++) {
+        const int s = task_seq[task], splits = first[s + 1] - first[s], i = task - first[s], ctx = seq_lens[s];
         const int seg = ((ctx + splits - 1) / splits + block_size - 1) / block_size * block_size;
         const int c0 = i * seg < ctx ? i * seg : ctx, c1 = c0 + seg < ctx ? c0 + seg : ctx;
         float *scratch = malloc(sizeof(float) * ((size_t)nq * (c1 - c0) + 2 * (size_t)nq * head_dim));
@@ -461,16 +477,17 @@ int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void 
         }
         attend_dt((const char *)q + rows[s] * q_row_stride * esize, k, v, block_stride, token_stride,
                   tables + (int64_t)s * table_stride, c0, c1, (char *)out + rows[s] * out_row_stride * esize,
-                  parts == NULL ? NULL : parts + (size_t)task * nq * (head_dim + 2), num_kv_heads, group, head_dim,
+                  splits == 1 ? NULL : parts + (size_t)task * part_floats, num_kv_heads, group, head_dim,
                   block_size, scale, esize, scratch);
         free(scratch);
     }
     if (parts != NULL && !failed) {
 #pragma omp parallel for num_threads(num_threads) if (num_seqs > 1)
         for (int s = 0; s < num_seqs; s++)
-            merge_partials(parts + (size_t)s * splits * nq * (head_dim + 2), splits, nq, head_dim,
-                           (char *)out + rows[s] * out_row_stride * esize, dtype, esize);
+            if (first[s + 1] - first[s] > 1)
+                merge_partials(parts + (size_t)first[s] * part_floats, first[s + 1] - first[s], nq, head_dim,
+                               (char *)out + rows[s] * out_row_stride * esize, dtype, esize);
     }
-    free(parts);
+    free(first), free(task_seq), free(parts);
     return failed ? -1 : 0;
 }

@@ -9,18 +9,19 @@ import pytest
 from engine import SamplingParams
 from engine.builtin import BUILTIN_MODEL_PATH
 
+# the last prompt ~700 tokens: its decode attention cut into segments and merged
+# (kernels/cpu_decode.py), in a batch as alone
 TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach", "HAMLET:\nTo be, or not",
-         "JULIET:\nO Romeo, Romeo", "First Citizen:\nBefore we proceed", "MACBETH:\nIs this a dagger"]
-# each token's logprob too: a bit changed anywhere in a step shows there long before a token
-# changes. Contexts stay under 256 tokens: past that, a lone sequence's decode attention is split
-# across threads (kernels/cpu_decode.py's context_splits) and merged, other bits than unsplit.
+         "JULIET:\nO Romeo, Romeo", "First Citizen:\nBefore we proceed",
+         "MACBETH:\n" + "Is this a dagger which I see before me, the handle toward my hand? " * 40]
+# each token's logprob too: a bit changed anywhere in a step shows there long before a token changes
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_greedy_streams_alone_equal_them_in_a_batch(make_llm, dtype):
     """The built-in model, prefix caching off (each run computes its own K/V): 6 prompts of
-    different lengths prefilled and decoded together, then each alone, then three of them. In
+    different lengths prefilled and decoded together, then each alone, then the last three. In
     bfloat16 a batch-dependent prefill changed the 5th stream's tokens at its 309th."""
     llm = make_llm(BUILTIN_MODEL_PATH, dtype=dtype, enable_prefix_caching=False)
 

@@ -1,5 +1,7 @@
-"""kernels/csrc/paged_decode.c on one thread and on two: the same bits (each task's sums run in
-a fixed order, whichever thread takes it), with and without context splits, every dtype."""
+"""kernels/csrc/paged_decode.c gives a sequence's decode row the same bits on one thread and on
+two (each task's sums run in a fixed order, whichever thread takes it) and alone or in any batch
+(how its context is cut into segments depends on its own length only), with and without context
+splits, every dtype."""
 import pytest
 import torch
 
@@ -13,9 +15,9 @@ def decode(b):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("splits", [1, 3])
-def test_one_and_two_threads_give_the_same_bits(monkeypatch, dtype, splits):
-    monkeypatch.setattr(cpu_decode, "context_splits", lambda *a: splits)
+@pytest.mark.parametrize("min_segment", [256, 32])
+def test_one_and_two_threads_give_the_same_bits(monkeypatch, dtype, min_segment):
+    monkeypatch.setattr(cpu_decode, "MIN_SEGMENT", min_segment)     # 32: sequences of 64+ tokens split
     seq_lens = [1, 16, 17, 100, 300, 5, 64]
     b = make_paged_batch(seq_lens, [1] * len(seq_lens), 8, 2, 64, 16, dtype, "cpu")
     assert cpu_decode.supports(b.query, b.k_cache, b.v_cache)
@@ -30,3 +32,25 @@ def test_one_and_two_threads_give_the_same_bits(monkeypatch, dtype, splits):
     assert one.abs().sum() > 0
     for out in two:
         assert torch.equal(out, one)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_sequence_gets_the_same_bits_alone_and_in_any_batch(dtype, threads):
+    """Sequences up to 4,100 tokens (1 to 16 segments at the default MIN_SEGMENT), each alone, in
+    the whole batch, and in a batch of two: a lone long sequence is split as it is among 32."""
+    seq_lens = [4100, 7, 600, 300, 1500, 256, 255, 2048]
+    b = make_paged_batch(seq_lens, [1] * len(seq_lens), 8, 2, 64, 16, dtype, "cpu")
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        together = decode(b)
+        for i in range(len(seq_lens)):
+            for picked in ([i], [i, (i + 1) % len(seq_lens)]):
+                lens = b.seq_lens[picked]
+                alone = paged_attention(b.query[picked], b.k_cache, b.v_cache, b.block_tables[picked],
+                                        torch.arange(len(picked) + 1, dtype=torch.int32), lens, b.scale, 1,
+                                        int(lens.max()))
+                assert torch.equal(alone[0], together[i]), (i, picked)
+    finally:
+        torch.set_num_threads(old)

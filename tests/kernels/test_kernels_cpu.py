@@ -162,23 +162,16 @@ def test_c_prefill_long_contexts_match_reference(dtype, kv_heads, head_dim, bloc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("splits", [2, 3, 7])
+@pytest.mark.parametrize("min_segment,max_splits", [(16, 2), (48, 3), (64, 16)])
 @pytest.mark.parametrize("kv_heads", [8, 2])
-def test_c_decode_context_splits_merge_exactly(monkeypatch, dtype, splits, kv_heads):
-    """Flash-decoding: each sequence's context cut into `splits` block-aligned segments (some
-    empty for short sequences), partial softmax sums merged per sequence, equals the reference."""
-    monkeypatch.setattr(cpu_decode, "context_splits", lambda *a: splits)
+def test_c_decode_context_splits_merge_exactly(monkeypatch, dtype, min_segment, max_splits, kv_heads):
+    """Flash-decoding: each sequence's context cut into block-aligned segments (one per
+    min_segment tokens, at most max_splits; some empty for short sequences), partial softmax sums
+    merged per sequence, equals the reference; unsplit and split sequences in one batch."""
+    monkeypatch.setattr(cpu_decode, "MIN_SEGMENT", min_segment)
+    monkeypatch.setattr(cpu_decode, "MAX_SPLITS", max_splits)
     seq_lens = [1, 16, 17, 100, 513, 1000]
     run_and_compare(seq_lens, [1] * len(seq_lens), 8, kv_heads, 64, 16, dtype, "cpu")
-
-
-def test_context_splits_only_when_threads_would_idle():
-    assert cpu_decode.context_splits(32, 4000, 2) == 1          # enough sequences
-    assert cpu_decode.context_splits(4, 4000, 2) == 1           # 2 per thread
-    assert cpu_decode.context_splits(1, 4000, 2) == 4           # ~2 tasks per thread
-    assert cpu_decode.context_splits(3, 4000, 2) == 2
-    assert cpu_decode.context_splits(1, 600, 2) == 2            # segments of >= 256 tokens
-    assert cpu_decode.context_splits(1, 100, 16) == 1
 
 
 @st.composite
