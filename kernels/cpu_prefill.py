@@ -41,12 +41,13 @@ LIBRARY_CONTEXT, LIBRARY_NEW_TOKENS = 512, 128
 
 def to_library(dtype: torch.dtype, seq_len: int, q_len: int) -> bool:
     """Whether a prefill sequence of seq_len tokens, q_len of them new, goes to torch's SDPA even
-    where the C kernel could take it."""
+    where the C kernel could take it: every one on a CPU without AVX-512, long bfloat16 ones where
+    the CPU has AMX tiles."""
     switch = os.environ.get("PDSERVE_PREFILL_SDPA")
     if switch in ("0", "1"):
         return switch == "1"
-    return (dtype == torch.bfloat16 and seq_len >= LIBRARY_CONTEXT and q_len >= LIBRARY_NEW_TOKENS
-            and _amx_tiles())
+    return not native_vectors() or (dtype == torch.bfloat16 and seq_len >= LIBRARY_CONTEXT
+                                    and q_len >= LIBRARY_NEW_TOKENS and _amx_tiles())
 
 
 @functools.cache
@@ -66,7 +67,7 @@ def native_vectors() -> bool:
 
 def prefill(out, query, k_cache, v_cache, block_tables, cu, lens, seqs, scale) -> None:
     """Write the rows of sequences `seqs` (each q_len > 1) into out (contiguous rows)."""
-    if supports(query, k_cache, v_cache) and (native_vectors() or os.environ.get("PDSERVE_PREFILL_SDPA") in ("0", "1")):
+    if supports(query, k_cache, v_cache):
         library = [i for i in seqs if to_library(query.dtype, lens[i], cu[i + 1] - cu[i])]
         if len(library) < len(seqs):
             taken = set(library)
