@@ -61,7 +61,7 @@ def native_vectors() -> bool:
     gcc splits them, and every prefill takes the PyTorch path (SDPA): on an AVX2-only AMD EPYC (Zen 3, 2 cores,
     float32) the C kernel took 4.8x SDPA's time at 16 prompts of 128 and 15x at one of 4,000, so a
     4,000-token prompt's first token took 27 s, 93% of it in attention (`python
-    bench/prefill_attention.py --dtype float32`, bench/README.md "Prefill attention on an AVX2-only CPU")."""
+    bench/prefill_attention.py --dtype float32`, bench/README.md "An AVX2-only CPU")."""
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
