@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "f32x8.h"
 #include "gemm_tasks.h"
 
 int gemm_avx2_f32_tile_n(void) { return TILE_N; }
@@ -36,23 +37,6 @@ int gemm_avx2_bf16_tile_n(void) { return TILE_N; }
 #if defined(__AVX2__) && defined(__FMA__)
 int gemm_avx2_f32_supported(void) { return 1; }
 int gemm_avx2_bf16_supported(void) { return 1; }
-
-/* 8 bfloat16 (16 bytes) widened to 8 float32. */
-static inline __attribute__((always_inline)) __m256 widen8(const uint16_t *p) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
-/* 8 float32 rounded to bfloat16, to nearest even (NaN stays NaN: quietened, its sign kept). */
-static inline __attribute__((always_inline)) __m128i narrow8(__m256 v) {
-    const __m256i bits = _mm256_castps_si256(v);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40)), nan);
-    /* r's 32-bit lanes hold 16-bit values: pack lanes 0-3 and 4-7 (packus works per 128-bit half) */
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
 
 /* R rows (constant after inlining) of float32 x from row r0 times packed tile t, the weight and
  * bias in float32 (BF16 = 0) or bfloat16 (BF16 = 1), the output in the same dtype. */
@@ -71,11 +55,11 @@ static inline __attribute__((always_inline)) void block(const int R, const int B
             const char *bias = (const char *)g->bias + (t * TILE_N + v * 8) * esize;
             const int valid = cols - v * 8 >= 8 ? 8 : cols - v * 8 <= 0 ? 0 : cols - v * 8;
             if (valid == 8) {
-                init = BF16 ? widen8((const uint16_t *)bias) : _mm256_loadu_ps((const float *)bias);
+                init = BF16 ? bf16x8_load((const uint16_t *)bias) : _mm256_loadu_ps((const float *)bias);
             } else if (valid > 0) {
                 char part[32] = {0};
                 memcpy(part, bias, (size_t)valid * esize);
-                init = BF16 ? widen8((const uint16_t *)part) : _mm256_loadu_ps((const float *)part);
+                init = BF16 ? bf16x8_load((const uint16_t *)part) : _mm256_loadu_ps((const float *)part);
             }
         }
 #pragma GCC unroll 6
@@ -85,8 +69,8 @@ static inline __attribute__((always_inline)) void block(const int R, const int B
     for (int64_t kk = 0; kk < k; kk++) {
         for (int64_t j = kk * pf_step; j < (kk + 1) * pf_step && j < pf_lines; j++) _mm_prefetch(pf + j * 64, _MM_HINT_T1);
         const char *row = tile + kk * TILE_N * esize;
-        const __m256 w0 = BF16 ? widen8((const uint16_t *)row) : _mm256_loadu_ps((const float *)row);
-        const __m256 w1 = BF16 ? widen8((const uint16_t *)row + 8) : _mm256_loadu_ps((const float *)row + 8);
+        const __m256 w0 = BF16 ? bf16x8_load((const uint16_t *)row) : _mm256_loadu_ps((const float *)row);
+        const __m256 w1 = BF16 ? bf16x8_load((const uint16_t *)row + 8) : _mm256_loadu_ps((const float *)row + 8);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             const __m256 xb = _mm256_broadcast_ss(x + r * x_stride + kk);
@@ -99,13 +83,13 @@ static inline __attribute__((always_inline)) void block(const int R, const int B
         char *out = (char *)g->out + ((r0 + r) * out_stride + t * TILE_N) * esize;
         if (cols == TILE_N) {
             for (int v = 0; v < 2; v++) {
-                if (BF16) _mm_storeu_si128((__m128i *)(out + v * 16), narrow8(acc[r][v]));
+                if (BF16) _mm_storeu_si128((__m128i *)(out + v * 16), bf16x8_bits(acc[r][v]));
                 else _mm256_storeu_ps((float *)out + v * 8, acc[r][v]);
             }
         } else {       /* the last tile's valid columns only */
             char part[TILE_N * 4];
             for (int v = 0; v < 2; v++) {
-                if (BF16) _mm_storeu_si128((__m128i *)(part + v * 16), narrow8(acc[r][v]));
+                if (BF16) _mm_storeu_si128((__m128i *)(part + v * 16), bf16x8_bits(acc[r][v]));
                 else _mm256_storeu_ps((float *)part + v * 8, acc[r][v]);
             }
             memcpy(out, part, (size_t)cols * esize);
@@ -155,7 +139,7 @@ int gemm_avx2_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *packed, 
             const uint16_t *src = x + r * x_stride;
             float *dst = wide + r * k;
             int64_t j = 0;
-            for (; j + 8 <= k; j += 8) _mm256_storeu_ps(dst + j, widen8(src + j));
+            for (; j + 8 <= k; j += 8) _mm256_storeu_ps(dst + j, bf16x8_load(src + j));
             for (; j < k; j++) {
                 const uint32_t bits = (uint32_t)src[j] << 16;
                 memcpy(dst + j, &bits, 4);

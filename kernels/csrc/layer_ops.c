@@ -130,18 +130,25 @@ static void silu_mul_row_bf16(const uint16_t *x, uint16_t *out, int64_t n) {
 #endif
 
 #if HAVE_F32X8
-/* silu_mul_row for float32, 8 elements at a time (the tail by silu_mul_row's loop): bit for bit its results. */
-static void silu_mul_row_f32x8(const float *x, float *out, int64_t n) {
+/* 8 float32 or bf16 elements (dtype a constant after inlining) from element i of row p, as float32. */
+static inline __attribute__((always_inline)) __m256 load8(const char *p, int64_t i, int dtype) {
+    return dtype == DT_BF16 ? bf16x8_load((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
+}
+
+/* silu_mul_row for float32 or bf16, 8 elements at a time on AVX2 (the tail by silu_mul_row's own
+ * operations): bit for bit its results. */
+static inline __attribute__((always_inline)) void silu_mul_row_x8(const char *x, char *out, int64_t n, int dtype) {
     const int64_t n8 = n & ~(int64_t)7;
     const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
     for (int64_t i = 0; i < n8; i += 8) {
-        const __m256 gate = _mm256_loadu_ps(x + i), up = _mm256_loadu_ps(x + n + i);
+        const __m256 gate = load8(x, i, dtype), up = load8(x, n + i, dtype);
         const __m256 silu = _mm256_div_ps(gate, _mm256_add_ps(one, fast_exp8(_mm256_xor_ps(gate, sign))));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, up));
+        if (dtype == DT_BF16) bf16x8_store((uint16_t *)out + i, _mm256_mul_ps(bf16x8_round(silu), up));
+        else _mm256_storeu_ps((float *)out + i, _mm256_mul_ps(silu, up));
     }
     for (int64_t i = n8; i < n; i++) {
-        const float gate = x[i], up = x[n + i];
-        out[i] = gate / (1.f + fast_exp(-gate)) * up;
+        const float gate = load_elem(x, i, dtype), up = load_elem(x, n + i, dtype);
+        store_elem(out, i, round_to(gate / (1.f + fast_exp(-gate)), dtype) * up, dtype);
     }
 }
 #endif
@@ -162,7 +169,11 @@ void silu_mul(const void *x, int64_t x_stride, void *out, int64_t out_stride, in
 #endif
 #if HAVE_F32X8
         if (dtype == DT_F32) {
-            silu_mul_row_f32x8((const float *)xr, (float *)o, n);
+            silu_mul_row_x8(xr, o, n, DT_F32);
+            continue;
+        }
+        if (dtype == DT_BF16) {
+            silu_mul_row_x8(xr, o, n, DT_BF16);
             continue;
         }
 #endif

@@ -70,8 +70,8 @@ def test_silu_and_mul_matches_pytorch(dtype, rows, width):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_gives_each_element_the_same_bits_in_the_vector_path_and_the_tail(dtype):
-    """A row of 37 goes 8 (float32, AVX2: kernels/csrc/f32x8.h) or 16 (bf16, AVX-512) elements at a
-    time, then a tail of scalar code; each element alone (a row of 1: the tail only) gets the same
+    """A row of 37 goes 8 (float32; bf16 on AVX2: kernels/csrc/f32x8.h) or 16 (bf16, AVX-512)
+    elements at a time, then a tail of scalar code; each element alone (a row of 1: the tail only) gets the same
     bits, NaN and the saturated ends included."""
     g = torch.Generator().manual_seed(5)
     gate = torch.randn(4, 37, generator=g) * 8
