@@ -75,7 +75,7 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 def packed_class(dtype: torch.dtype, device: torch.device) -> type | None:
     """The packed linear that pack_linears puts in place of nn.Linear of this dtype on this device:
     the first of pdserve's GEMMs that can be used here (AMX's, vdpbf16ps', AVX2's for bf16;
-    AVX-512's for float32; one whose switch is set to 1 before the others), else oneDNN's PackedLinear where oneDNN packs the dtype, else None
+    AVX-512's, then AVX2's, for float32; one whose switch is set to 1 before the others), else oneDNN's PackedLinear where oneDNN packs the dtype, else None
     (the linears stay nn.Linear)."""
     if device.type != "cpu" or os.environ.get("PDSERVE_PACKED_LINEAR", "1") == "0":
         return None

@@ -104,15 +104,16 @@ def test_without_the_c_kernels_output_is_the_same(model_dir, make_llm, monkeypat
     path (attention, KV store, RMSNorm, RoPE, SiLU; the linears on oneDNN), with chunked prefill
     and decode mixed in one step; the tokens still equal transformers'."""
     from engine.packed_linear import PackedLinear
-    from kernels import gemm_f32
-    from kernels.cpu_kernels import gemm_f32_lib, layer_ops_lib, paged_decode_lib, paged_prefill_lib
-    libs = (layer_ops_lib, paged_decode_lib, paged_prefill_lib, gemm_f32_lib, gemm_f32.supported)
+    from kernels import gemm_avx2, gemm_f32
+    from kernels.cpu_kernels import gemm_avx2_lib, gemm_f32_lib, layer_ops_lib, paged_decode_lib, paged_prefill_lib
+    libs = (layer_ops_lib, paged_decode_lib, paged_prefill_lib, gemm_f32_lib, gemm_avx2_lib, gemm_f32.supported,
+            gemm_avx2.F32.supported)
     path, hf = model_dir
     monkeypatch.setenv("PDSERVE_CPU_KERNELS", "0")
     for lib in libs:
         lib.cache_clear()
     try:
-        assert all(lib() is None for lib in libs[:4])
+        assert all(lib() is None for lib in libs[:5])
         llm = make_llm(path, block_size=8, num_blocks=64, enable_chunked_prefill=True, max_num_batched_tokens=20)
         assert type(llm.engine.runner.model.lm_head) is PackedLinear
         assert _tokens(llm.generate(PROMPTS, GREEDY)) == [hf_greedy(hf, p, 24) for p in PROMPTS]

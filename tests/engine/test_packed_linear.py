@@ -76,6 +76,7 @@ GEMMS = {   # pdserve's GEMM linears: class, dtype, the /proc/cpuinfo flags it n
     "bf16": (bf16_linear.Bf16Linear, torch.bfloat16, ("avx512_bf16",), "PDSERVE_BF16_GEMM", 3e-2, "amx_bf16"),
     "avx2": (avx2_linear.Avx2Bf16Linear, torch.bfloat16, ("avx2", "fma"), "PDSERVE_AVX2_GEMM", 3e-2, "avx512bw"),
     "f32": (f32_linear.F32Linear, torch.float32, ("avx512f",), "PDSERVE_F32_GEMM", 1e-5, None),
+    "avx2f32": (avx2_linear.Avx2F32Linear, torch.float32, ("avx2", "fma"), "PDSERVE_AVX2_F32_GEMM", 1e-5, "avx512f"),
 }
 
 
@@ -207,28 +208,18 @@ def test_without_the_c_kernels_bf16_linears_stay_on_onednn(monkeypatch):
 
 
 def test_f32_engine_equals_transformers_on_either_linear(make_llm, model_dir, monkeypatch):
-    """A float32 engine decodes transformers' greedy tokens on pdserve's GEMM and on oneDNN."""
+    """A float32 engine decodes transformers' greedy tokens on pdserve's GEMM (AVX-512's, else
+    AVX2's) and on oneDNN."""
     prompts = [[1, 5, 9, 200, 31], [7, 7, 7], [(i * 37) % 500 + 3 for i in range(53)]]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     path, hf = model_dir
     expected = [hf_greedy(hf, p, 16) for p in prompts]
     llm = make_llm(path)
-    assert type(llm.engine.runner.model.lm_head) is (f32_linear.F32Linear if _gemm_here("f32") else PackedLinear)
+    assert type(llm.engine.runner.model.lm_head) is _default_type(torch.float32)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
     monkeypatch.setenv("PDSERVE_F32_GEMM", "0")
+    monkeypatch.setenv("PDSERVE_AVX2_F32_GEMM", "0")
     onednn = make_llm(path)
     assert type(onednn.engine.runner.model.lm_head) is PackedLinear
     assert [o.outputs[0].token_ids for o in onednn.generate(prompts, params)] == expected
 
-
-def test_avx2_float32_gemm_only_when_asked(monkeypatch):
-    """Avx2F32Linear (AVX2's float32 GEMM) is a default nowhere; PDSERVE_AVX2_F32_GEMM=1 picks it
-    where AVX2 and FMA are, and it equals nn.Linear there."""
-    here = _kernel_here("avx2")
-    assert _packed_type(torch.float32) is _default_type(torch.float32)
-    monkeypatch.setenv("PDSERVE_AVX2_F32_GEMM", "1")
-    assert _packed_type(torch.float32) is (avx2_linear.Avx2F32Linear if here else _default_type(torch.float32))
-    if here:
-        linear = nn.Linear(96, 200)
-        x = torch.randn(7, 3, 96)[:, 1]
-        torch.testing.assert_close(avx2_linear.Avx2F32Linear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)
