@@ -16,6 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import torch
 from kernels.cpu_kernels import _SIGNATURES, DTYPES
+from kernels.cpu_decode import MAX_SPLITS, MIN_SEGMENT
 ctx = int(sys.argv[1]); dt = getattr(torch, sys.argv[2]); sos = sys.argv[3:]
 L, BS, H, D, S = 8, 16, 8, 64, 32
 nb = -(-ctx // BS); num_blocks = S * nb + 64
@@ -34,7 +35,7 @@ for so in sos:
     lib = ctypes.CDLL(so); a_, r_ = _SIGNATURES["paged_decode"]["paged_decode"]; lib.paged_decode.argtypes = a_; lib.paged_decode.restype = r_; libs.append(lib)
 th = torch.get_num_threads()
 ceil_so = os.path.join(tempfile.mkdtemp(), "ceiling.so")
-subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-o", ceil_so,
+subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi", "-o", ceil_so,
                 os.path.join(os.path.dirname(os.path.abspath(__file__)), "kv_read_ceiling.c")], check=True)
 ceil = ctypes.CDLL(ceil_so); I, P = ctypes.c_int, ctypes.c_void_p
 ceil.kv_read.argtypes = [P, P, ctypes.c_int64, P, ctypes.c_int64, P, I, I, I, I, I, I, P]; ceil.kv_read.restype = None
@@ -47,7 +48,7 @@ outs = [torch.empty_like(q) for _ in libs]
 def call(lib, out, tab, i):
     kv = pool[:, i]; k, v = kv[:, 0], kv[:, 1]
     assert lib.paged_decode(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), tab.data_ptr(), tab.stride(0),
-                     lens.data_ptr(), rows.data_ptr(), out.data_ptr(), out.stride(0), S, H, H, D, BS, 0.125, DTYPES[dt], th, 1) == 0
+                     lens.data_ptr(), rows.data_ptr(), out.data_ptr(), out.stride(0), S, H, H, D, BS, 0.125, DTYPES[dt], th, MAX_SPLITS, MIN_SEGMENT) == 0
 runs = [(os.path.basename(so), lambda tab, i, lib=lib, out=out: call(lib, out, tab, i)) for so, lib, out in zip(sos, libs, outs)]
 runs += [("read/head+pf", lambda tab, i: read(1, tab, i, True)), ("read", lambda tab, i: read(0, tab, i)),
          ("read+pf", lambda tab, i: read(1, tab, i))]

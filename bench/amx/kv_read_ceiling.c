@@ -8,30 +8,39 @@
  *
  *    gcc -O3 -march=native -fopenmp -shared -fPIC -std=gnu11 -o ceiling.so bench/amx/kv_read_ceiling.c
  */
-#include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
-static inline __m512i read_block(const char *blk, const char *next, int64_t bytes, __m512i acc) {
-    __m512i a1 = _mm512_setzero_si512(), a2 = a1, a3 = a1;
+/* 64 bytes as 16 int32 lanes (GCC vector extension): one zmm load on AVX-512, two ymm on AVX2. */
+typedef int32_t v16 __attribute__((vector_size(64)));
+
+static inline v16 load64(const char *p) {
+    v16 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+static inline v16 read_block(const char *blk, const char *next, int64_t bytes, v16 acc) {
+    v16 a1 = (v16){0}, a2 = a1, a3 = a1;
     for (int64_t b = 0; b < bytes; b += 256) {
         if (next != NULL)
             for (int p = 0; p < 256; p += 64) __builtin_prefetch(next + b + p, 0, 3);
-        acc = _mm512_add_epi32(acc, _mm512_loadu_si512(blk + b));
-        a1 = _mm512_add_epi32(a1, _mm512_loadu_si512(blk + b + 64));
-        a2 = _mm512_add_epi32(a2, _mm512_loadu_si512(blk + b + 128));
-        a3 = _mm512_add_epi32(a3, _mm512_loadu_si512(blk + b + 192));
+        acc = acc + load64(blk + b);
+        a1 = a1 + load64(blk + b + 64);
+        a2 = a2 + load64(blk + b + 128);
+        a3 = a3 + load64(blk + b + 192);
     }
-    return _mm512_add_epi32(_mm512_add_epi32(acc, a1), _mm512_add_epi32(a2, a3));
+    return acc + a1 + a2 + a3;
 }
 
 /* The same block read in the kernel's order: head by head (head_bytes each), 16 tokens of a
  * head at a time, rows row_bytes apart. */
-static inline __m512i read_block_by_head(const char *blk, const char *next, int n, int row_bytes, int head_bytes, __m512i acc) {
+static inline v16 read_block_by_head(const char *blk, const char *next, int n, int row_bytes, int head_bytes, v16 acc) {
     for (int h = 0; h < row_bytes; h += head_bytes)
         for (int i = 0; i < n; i++)
             for (int b = 0; b < head_bytes; b += 64) {
                 if (next != NULL) __builtin_prefetch(next + (int64_t)i * row_bytes + h + b, 0, 3);
-                acc = _mm512_add_epi32(acc, _mm512_loadu_si512(blk + (int64_t)i * row_bytes + h + b));
+                acc = acc + load64(blk + (int64_t)i * row_bytes + h + b);
             }
     return acc;
 }
@@ -46,7 +55,7 @@ void kv_read(const char *k, const char *v, int64_t block_stride, const int32_t *
     for (int s = 0; s < num_seqs; s++) {
         const int32_t *table = tables + (int64_t)s * table_stride;
         const int ctx = seq_lens[s];
-        __m512i acc = _mm512_setzero_si512();
+        v16 acc = (v16){0};
         for (int pass = 0; pass < 2; pass++) {
             const char *base = pass == 0 ? k : v;
             for (int t0 = 0; t0 < ctx; t0 += block_size) {
@@ -57,6 +66,8 @@ void kv_read(const char *k, const char *v, int64_t block_stride, const int32_t *
                                  : read_block(blk, next, (int64_t)n * row_bytes, acc);
             }
         }
-        sums[s] = _mm512_reduce_add_epi32(acc);
+        int32_t sum = 0;
+        for (int i = 0; i < 16; i++) sum += acc[i];
+        sums[s] = sum;
     }
 }
