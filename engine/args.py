@@ -31,6 +31,7 @@ class EngineArgs:
     max_num_seqs: int = 64                # sequences running in one step
     max_num_batched_tokens: int = 2048    # tokens in one step: prefill chunks plus one per decoding sequence
     enable_chunked_prefill: bool = True   # split long prompts over steps; off: the context is at most max_num_batched_tokens
+    long_prefill_token_threshold: int = 0  # chunked prefill: a prompt computes at most this many tokens a step (0: as many as the step's budget leaves), so a short request scheduled beside a long prompt waits for a short chunk, not a whole budget's (vLLM's --long-prefill-token-threshold); the long prompt takes more steps
     preemption_mode: str = "auto"         # recompute | swap | auto (swap long sequences when swap space allows)
     tensor_parallel_size: int = 1         # processes the heads and MLP are split over
     tensor_parallel_timeout_s: float = TP_TIMEOUT_S  # tp > 1: a rank waiting this long in one collective of a step (a worker that stopped answering) breaks the engine: a node ends with a goodbye and the router moves its requests
@@ -49,7 +50,8 @@ class EngineArgs:
         cache = CacheConfig(self.block_size, self.num_blocks, self.kv_cache_gib, self.enable_prefix_caching,
                             self.swap_space_gib)
         scheduler = SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
-                                    self.preemption_mode)
+                                    self.preemption_mode,
+                                    long_prefill_token_threshold=self.long_prefill_token_threshold)
         return EngineConfig(self.model, self.dtype, self.max_model_len, self.device, self.seed, cache, scheduler,
                             self.tensor_parallel_size,
                             GrammarLimits(self.grammar_compile_timeout_s, self.grammar_max_compiles,

@@ -101,6 +101,7 @@ class SchedulerConfig:
                                          # the context is at most max_num_batched_tokens
     preemption_mode: str = "auto"        # recompute | swap | auto (engine/swap.py; swap needs swap space)
     swap_min_blocks: int = 32            # auto: a single sequence this long is swapped, not recomputed
+    long_prefill_token_threshold: int = 0  # chunked prefill: a prompt's tokens per step at most (0: the budget's)
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in ("recompute", "swap", "auto"):
@@ -109,6 +110,10 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold caps a prompt's chunks: it needs chunked prefill")
 
 
 @dataclass(frozen=True, slots=True)

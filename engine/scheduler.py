@@ -10,7 +10,9 @@ Each step:
      before it forks) and free blocks allow: blocks are allocated for the whole prompt
      (prefix-cache hits reused; a recomputed group shares its identical full blocks again, its
      first sequence computing them) and the first chunk is scheduled. Without chunked prefill a
-     prompt is scheduled whole or waits.
+     prompt is scheduled whole or waits. With long_prefill_token_threshold a sequence computes at
+     most that many tokens a step, so short prompts admitted beside a long one wait for a short
+     chunk of it, not for a whole budget's (vLLM V1's cap of the same name).
 A group that cannot fit even when nothing else holds blocks ends with "length", keeping what it
 generated, rather than waiting forever.
 """
@@ -235,6 +237,8 @@ class Scheduler:
                 elif computed_by_now.get(lead.seq_id, 0) < seq.num_computed_tokens:
                     continue                            # not this step: they are not there yet
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if self.config.long_prefill_token_threshold:    # a long prompt's chunk: short beside others
+                num_new = min(num_new, self.config.long_prefill_token_threshold)
             if group.params.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
                 num_new = min(num_new, PROMPT_LOGPROBS_CHUNK)  # each such token keeps a row of logits
             out.copies += self.bm.append_slots(seq)
