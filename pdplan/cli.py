@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Sequence
 
 
@@ -62,12 +63,17 @@ def plan_main(argv: Sequence[str]) -> None:
     ap.add_argument("--max-nodes", type=int, default=4096)
     ap.add_argument("--warmup-s", type=float, default=0.0,
                     help="arrivals simulated but not scored: plan for the steady state (warm prefix caches)")
+    ap.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                    help="plan for nodes run with this cap on a prompt's tokens a step (default: the profile's)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     a = ap.parse_args(argv)
     req = PlanRequest(a.workload, a.rate, a.slo_ttft_ms, a.slo_tpot_ms, a.slo_itl_ms, a.attainment,
                       min_requests=a.num_requests, max_model_len=a.max_model_len, max_nodes=a.max_nodes,
                       warmup_s=a.warmup_s)
-    plan = Planner(Profile.load(a.profile)).plan(req)
+    profile = Profile.load(a.profile)
+    if a.long_prefill_token_threshold is not None:
+        profile = replace(profile, long_prefill_token_threshold=a.long_prefill_token_threshold)
+    plan = Planner(profile).plan(req)
     print(json.dumps(plan.to_dict(), indent=1) if a.json else plan.describe())
 
 

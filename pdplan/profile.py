@@ -172,6 +172,7 @@ class Profile:
     source: str = "measured"        # measured | the publication the figures come from
     extrapolated: bool = False      # true when not measured on the machine it describes
     samples: list[StepSample] = field(default_factory=list)
+    long_prefill_token_threshold: int = 0   # the nodes' cap on a prompt's tokens a step (0: none; engine flag)
 
     def step_seconds(self, shapes: list[tuple[int, int]]) -> float:
         return self.step.of(shapes)
@@ -207,7 +208,7 @@ class Profile:
         return cls(d["machine"], d["model"], d["block_size"], d["num_blocks"], d["max_num_seqs"],
                    d["max_num_batched_tokens"], StepCost(**d["step"]), Transfer(**d["transfer"]),
                    Overheads(**d.get("overheads", {})), d.get("source", "measured"),
-                   d.get("extrapolated", False), samples)
+                   d.get("extrapolated", False), samples, d.get("long_prefill_token_threshold", 0))
 
     @classmethod
     def load(cls, path: str) -> "Profile":

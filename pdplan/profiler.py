@@ -86,8 +86,9 @@ class Profiler:
 
     def _engine(self, chunk: int | None = None, prefix_caching: bool = True):
         from engine.llm_engine import LLMEngine
-        args = replace(self.args, enable_prefix_caching=prefix_caching,
-                       max_num_batched_tokens=chunk or self.args.max_num_batched_tokens)
+        args = replace(self.args, enable_prefix_caching=prefix_caching,       # the grid's chunks as asked:
+                       max_num_batched_tokens=chunk or self.args.max_num_batched_tokens,   # the nodes' cap is
+                       long_prefill_token_threshold=0)                     # recorded (the simulator's), not applied
         engine = LLMEngine(args.engine_config())
         return engine, StepRecorder(engine)
 
@@ -236,7 +237,7 @@ class Profiler:
         return Profile(machine, model, bs, num_blocks_for(cfg, engine.config.cache),
                        self.args.max_num_seqs, self.args.max_num_batched_tokens, StepCost.fit(samples),
                        Transfer(per_block, 2 * ZMQ_ROUND_TRIP_S, block_bytes(cfg, bs)),
-                       Overheads(), "measured", False, samples)
+                       Overheads(), "measured", False, samples, self.args.long_prefill_token_threshold)
 
 
 ZMQ_ROUND_TRIP_S = 75e-6    # PEERS.md: a ZMQ round trip's p50 on this machine kind (73 us)

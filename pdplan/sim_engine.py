@@ -206,6 +206,7 @@ class SimEngine:
 
     def _schedule(self) -> list[tuple[SimSeq, int]]:
         budget = self.profile.max_num_batched_tokens
+        cap = self.profile.long_prefill_token_threshold or budget      # a prompt's tokens a step, at most
         plan: list[tuple[SimSeq, int]] = []
         self._gone: set[int] = set()
         for seq in sorted(self.running, key=_prefilling):
@@ -213,7 +214,7 @@ class SimEngine:
                 break
             if id(seq) in self._gone:
                 continue
-            n = min(seq.length - seq.computed, budget)
+            n = min(seq.length - seq.computed, budget, cap)
             if self._grow(seq, n, plan):
                 plan.append((seq, n))
                 budget -= n
@@ -226,7 +227,7 @@ class SimEngine:
             self.waiting.pop(0)
             self._allocate(seq, hits)
             self.running.append(seq)
-            n = min(seq.uncomputed, budget)
+            n = min(seq.uncomputed, budget, cap)
             plan.append((seq, n))
             budget -= n
         return plan

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--num-requests", type=int, default=16)
     m.add_argument("--output-cap", type=int, default=256)
     m.add_argument("--deadline-s", type=float, default=150.0)
+    m.add_argument("--pdserve-flags", default="", help="extra flags for the pdserve servers, e.g. "
+                   "'--long-prefill-token-threshold 256' (validate simulates the ones it models)")
     m.set_defaults(func=_measure)
     v = sub.add_parser("validate", help="simulate the measured points; print the side-by-side table")
     v.add_argument("measured", nargs="+")
@@ -136,7 +138,8 @@ def _measure(args) -> None:
     import os
     spec = SweepSpec(systems=tuple(args.systems.split(",")), workload=args.workload,
                      num_requests=args.num_requests, rates=tuple(float(r) for r in args.rates.split(",")),
-                     deadline_s=args.deadline_s, output_cap=args.output_cap)
+                     deadline_s=args.deadline_s, output_cap=args.output_cap,
+                     pdserve_flags=tuple(args.pdserve_flags.split()))
     model, vocab = prepare_model(os.path.join(BENCH, ".cache")), word_vocab()
     result = rec.header("simulate_measured", model) | {"sweep": spec, "systems": {}}
     path = None

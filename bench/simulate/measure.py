@@ -27,13 +27,14 @@ from bench.simulate.pinning import COLOCATED_ROOT, PINS, cmdline, pin_nodes, pri
 from pdplan.speed_probe import probe_cores, record
 
 
-def server(system: str, model: str, port: int, knobs: Knobs):
-    """colocated, 1p1d or 1p2d, one thread per node (each is pinned to a core)."""
+def server(system: str, model: str, port: int, knobs: Knobs, flags: tuple[str, ...] = ()):
+    """colocated, 1p1d or 1p2d, one thread per node (each is pinned to a core); flags: added to
+    its command line (`measure --pdserve-flags`)."""
     if system == "colocated":
         spec = pdserve_colocated(model, port, knobs)
     else:
         spec = pdserve_disaggregated(model, port, knobs, decode=int(system[2]))
-    return replace(spec, env=spec.env | {"OMP_NUM_THREADS": "1"})
+    return replace(spec, argv=spec.argv + flags, env=spec.env | {"OMP_NUM_THREADS": "1"})
 
 
 WARMUP_SEED = 10**6 + 1     # not a point's seed: nothing the warm-up caches is a point's
@@ -57,7 +58,7 @@ def measure(system: str, spec: SweepSpec, model: str, vocab: list[str], env: dic
     records its nodes' engine steps (node_steps.py) and a disaggregated run each request's decode
     node (placement.py)."""
     port = free_port()
-    srv = server(system, model, port, spec.knobs)
+    srv = server(system, model, port, spec.knobs, spec.pdserve_flags)
     log = os.path.join(rec.RESULTS, "logs", f"validate_{system}_{int(time.time())}.log")
     where = log[:-len(".log")] + "_steps" if env is None else None
     srv = replace(srv, env=srv.env | (env or {}) | (placement.env(where, REPO, node_steps.only(system)) if where else {}))

@@ -64,8 +64,9 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
-    rows = []
+    rows, base = [], profile
     for system, out in measured["systems"].items():
+        profile = served_as(base, out.get("server", {}).get("argv", []))
         for i, point in enumerate(out["points"]):
             reqs = point_requests(sweep, i, point["rate"], profile, point.get("requests"))
             placed = [r.get("decode_node", "") for r in point.get("requests", [])]
@@ -116,6 +117,18 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                         row[label] |= {name: pred, f"{name}_error": (pred - real) / real if real else None}
             rows.append(row)
     return rows
+
+
+def served_as(profile: Profile, argv: list[str]) -> Profile:
+    """The profile with the measured server's own scheduling flags, where its command line set
+    them (`--long-prefill-token-threshold N`): the simulated nodes schedule as the measured ones."""
+    flag = "--long-prefill-token-threshold"
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return replace(profile, long_prefill_token_threshold=int(argv[i + 1]))
+        if arg.startswith(flag + "="):
+            return replace(profile, long_prefill_token_threshold=int(arg.split("=", 1)[1]))
+    return profile
 
 
 def point_requests(sweep: dict, i: int, rate: float, profile: Profile, sent: list[dict] | None = None) -> list:
