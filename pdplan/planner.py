@@ -75,12 +75,17 @@ class Plan:
     simulations: int
 
     @property
-    def best(self) -> Option:
-        return max((self.colocated, self.disaggregated), key=lambda o: (o.goodput_per_node, -o.topology.nodes))
+    def best(self) -> Option | None:
+        """The option with the most goodput per node (the fewer nodes on a tie), or None when
+        neither met the SLOs with max_nodes nodes."""
+        met = [o for o in (self.colocated, self.disaggregated) if o.summary is not None]
+        return max(met, key=lambda o: (o.goodput_per_node, -o.topology.nodes)) if met else None
 
     def to_dict(self) -> dict:
+        best = self.best
         return {"request": asdict(self.request), "scale": self.scale, "colocated": self.colocated.to_dict(),
-                "disaggregated": self.disaggregated.to_dict(), "recommended": str(self.best.topology),
+                "disaggregated": self.disaggregated.to_dict(),
+                "recommended": str(best.topology) if best is not None else None,
                 "simulations": self.simulations,
                 "autoscale": asdict(self.autoscale_config()) if self.disaggregated.summary else None}
 
@@ -97,7 +102,11 @@ class Plan:
             lines.append(f"  {name:14s} {str(o.topology):16s} goodput/node {o.goodput_per_node:7.3f} req/s  "
                          f"TTFT p50/p90 {s.ttft_ms.p50:.0f}/{s.ttft_ms.p90:.0f} ms  TPOT p50/p90 "
                          f"{s.tpot_ms.p50:.1f}/{s.tpot_ms.p90:.1f} ms  ITL p90 {s.itl_ms.p90:.1f} ms  attainment {s.slo_attainment:.1%}  busy {util}")
-        lines.append(f"  recommended: {self.best.topology}")
+        if self.best is None:
+            lines.append(f"  recommended: none: at this rate no fleet of at most {r.max_nodes} nodes meets these SLOs "
+                         f"for {r.attainment:.0%} of requests (relax a target or the attainment)")
+        else:
+            lines.append(f"  recommended: {self.best.topology}")
         if self.disaggregated.summary is not None:
             lines.append("  autoscale the split with: pdserve up " + " ".join(to_argv(self.autoscale_config())))
         return "\n".join(lines)

@@ -63,6 +63,16 @@ def test_pdserve_profile_then_plan_from_the_command_line(tmp_path, capsys):
     assert plan["colocated"]["summary"]["slo_attainment"] >= 0.9
 
 
+def test_no_recommendation_when_no_fleet_meets_the_slos():
+    """A TTFT target below one prompt's prefill step cannot be met by any fleet: neither option
+    has a summary, and the plan recommends nothing (it named the largest fleet tried before)."""
+    req = PlanRequest("uniform", 40.0, 1.0, 40.0, min_requests=50, window_s=5.0, max_requests=50, max_nodes=8)
+    plan = Planner(PROFILE, uniform).plan(req)
+    assert plan.colocated.summary is None and plan.disaggregated.summary is None
+    assert plan.best is None and plan.to_dict()["recommended"] is None
+    assert "recommended: none" in plan.describe()
+
+
 def test_the_split_is_shrunk_past_a_dip_in_attainment():
     """Attainment not monotone in P (1P+9D meets, 2P and 3P miss, 9P meets): the split found at
     9P+9D shrinks to 1P, then sheds decode nodes while the target still holds (down to 7D)."""
