@@ -47,9 +47,14 @@ def test_nodes_take_every_engine_flag_under_the_same_name():
     assert (config.max_model_len, config.enable_chunked_prefill, config.preemption_mode, config.num_blocks,
             config.heartbeat_s) == (64, False, "recompute", 8, 0.25)
     assert config.engine_config().scheduler.enable_chunked_prefill is False
+    capped = NodeConfig.from_argv("node", ["--router", "tcp://127.0.0.1:1", "--node-id", "d",
+                                           "--long-prefill-token-threshold", "32"])
+    assert capped.engine_config().scheduler.long_prefill_token_threshold == 32
     from router.launcher import parse_up
-    up = parse_up(["up", "--no-enable-prefix-caching", "--max-num-seqs", "3", "--port", "1234"])
-    assert up.node_flags == ["--no-enable-prefix-caching", "--max-num-seqs", "3"] and up.router.port == 1234
+    up = parse_up(["up", "--no-enable-prefix-caching", "--max-num-seqs", "3", "--port", "1234",
+                   "--long-prefill-token-threshold", "32"])
+    assert up.node_flags == ["--no-enable-prefix-caching", "--max-num-seqs", "3", "--long-prefill-token-threshold", "32"]
+    assert up.router.port == 1234
 
 
 def test_every_flag_has_a_one_line_description():
