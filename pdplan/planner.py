@@ -102,11 +102,10 @@ class Plan:
             lines.append(f"  {name:14s} {str(o.topology):16s} goodput/node {o.goodput_per_node:7.3f} req/s  "
                          f"TTFT p50/p90 {s.ttft_ms.p50:.0f}/{s.ttft_ms.p90:.0f} ms  TPOT p50/p90 "
                          f"{s.tpot_ms.p50:.1f}/{s.tpot_ms.p90:.1f} ms  ITL p90 {s.itl_ms.p90:.1f} ms  attainment {s.slo_attainment:.1%}  busy {util}")
-        if self.best is None:
-            lines.append(f"  recommended: none: at this rate no fleet of at most {r.max_nodes} nodes meets these SLOs "
-                         f"for {r.attainment:.0%} of requests (relax a target or the attainment)")
-        else:
-            lines.append(f"  recommended: {self.best.topology}")
+        best = self.best
+        lines.append(f"  recommended: {best.topology}" if best is not None else
+                     f"  recommended: none: at this rate no fleet of at most {r.max_nodes} nodes meets these SLOs "
+                     f"for {r.attainment:.0%} of requests (relax a target or the attainment)")
         if self.disaggregated.summary is not None:
             lines.append("  autoscale the split with: pdserve up " + " ".join(to_argv(self.autoscale_config())))
         return "\n".join(lines)
