@@ -1,10 +1,14 @@
 #!/bin/bash
 # A quiet validation set (quiet14, quiet15, ...): the profile and the 18 points, every helper stopped, then
 # calibrate and validate (files into bench/validation/SET); from the repository root with the venv active.
-#   bash bench/validation/quiet_set.sh SET STAMP        e.g. quiet15 '20261204-1*'
+#   bash bench/validation/quiet_set.sh SET STAMP [TRACES [FRONT]]   e.g. quiet16 '20261204-14*' bench/validation/trace26
 # STAMP: a glob of this run's bench/results/simulate_measured_* time stamps (the newest match is taken).
+# TRACES: a folder of `python -m bench.simulate trace` runs of this machine (trace_sharegpt_*, trace_rag_*; default
+# bench/validation/quiet8, the Xeon's); FRONT: which of them give the front end's and the admission's cost per
+# prompt token (default trace_*, all: the RAG trace's 1.8-3.4k-token prompts with the ShareGPT-like ones' 20-700;
+# quiet14 and quiet15 were made with 'trace_sharegpt_*', bench/validation/sim26).
 # The calibrated profiles go to /tmp/qNN_cal.json and /tmp/qNN_cal_kind.json (NN: the set's number).
-S=$1 STAMP=$2
+S=$1 STAMP=$2 TRACES=${3:-bench/validation/quiet8} FRONT=${4:-trace_*}
 export PYTHONPATH=.
 L=bench/results/${S}_plan.log
 P='--model bench/.cache/serving-llama-58m --dtype float32 --kv-cache-gib 2 --max-num-seqs 64 --max-num-batched-tokens 2048'
@@ -27,7 +31,7 @@ MX=$(ls -t bench/results/simulate_measured_mixed_$STAMP.json | head -1)
 RG=$(ls -t bench/results/simulate_measured_rag_$STAMP.json | head -1)
 cp $SH $MX $RG $V/
 SH=$V/$(basename $SH); MX=$V/$(basename $MX); RG=$V/$(basename $RG)
-T="--front-from bench/validation/quiet8/trace_sharegpt_* --beside-from bench/validation/quiet8/trace_rag_*"
+T="--front-from $TRACES/$FRONT --beside-from $TRACES/trace_rag_*"
 python -m bench.simulate calibrate $SH --profile $PR --out $C.json $T > $V/calibrate_raw.txt 2>&1 &
 python -m bench.simulate calibrate $SH --profile $PR --out ${C}_kind.json $T --node-speed kind > $V/calibrate_kind.txt 2>&1 &
 wait
