@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--jitter", type=int, default=0, metavar="RUNS",
                    help="also simulate each point RUNS times with its requests sent up to 0.5 ms late and its steps priced "
                         "up to 1%% off: each error's range, and 'maybe' where every figure's range reaches the 20%% band "
-                        "(sensitivity.py)")
+                        "(sensitivity.py); with --node-speed, the node-priced figures' too")
     v.add_argument("--speed", action="store_true",
                    help="also simulate each colocated point with its steps priced at the run's measured CPU / simulated "
                         "busy (how fast its engine ran: a diagnostic that reads the run it predicts)")

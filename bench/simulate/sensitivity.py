@@ -37,11 +37,14 @@ def spread(run, requests: list, profile: Profile, figures, runs: int, seed: int 
     return {label: (min(v), max(v)) for label, v in seen.items()}
 
 
-def verdict(row: dict, figures, tolerance: float) -> str:
+def verdict(row: dict, figures, tolerance: float, pricing: str = "") -> str:
     """'yes' when every figure is within tolerance of the measured value in the unjittered run,
-    'maybe' when each is in some jittered run (its spread reaches the band), else 'no'."""
-    if all(abs(row[f]["error"]) <= tolerance for f, _, _ in figures):
+    'maybe' when each is in some jittered run (its spread reaches the band), else 'no'. pricing:
+    "" for the raw simulation's figures (`error`, `spread`), or another simulation's name
+    ("node_priced": `node_priced_error`, `node_priced_spread`)."""
+    error, spread_key = (f"{pricing}_error", f"{pricing}_spread") if pricing else ("error", "spread")
+    if all(abs(row[f][error]) <= tolerance for f, _, _ in figures):
         return "yes"
-    reach = all(row[f]["spread"][0] <= row[f]["measured"] * (1 + tolerance)
-                and row[f]["spread"][1] >= row[f]["measured"] * (1 - tolerance) for f, _, _ in figures)
+    reach = all(row[f][spread_key][0] <= row[f]["measured"] * (1 + tolerance)
+                and row[f][spread_key][1] >= row[f]["measured"] * (1 - tolerance) for f, _, _ in figures)
     return "maybe" if reach else "no"

@@ -48,7 +48,8 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     the point's schedstat), also simulated under the machine's load fitted per core (contention.py);
     with `replay`, each request decoded on the node the measured run's router chose (placement.py),
     where the file records it; with `jitter`, each figure's spread over that many runs with the
-    requests sent a fraction of a ms late and the steps priced 1% higher or lower (sensitivity.py). A row of a run that recorded placement
+    requests sent a fraction of a ms late and the steps priced 1% higher or lower (sensitivity.py), the
+    node-priced figures' too (`node_priced_spread`) where `node_speed` priced the point. A row of a run that recorded placement
     counts the requests whose simulated decode node is the measured one (`placement`: agreed,
     recorded); `cpu_per_price`: each pinned node's measured CPU time over the time its simulated
     steps were priced at (how fast its engine ran against the profile, its loop's work included);
@@ -102,8 +103,10 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
             if node_speed and point.get("steps"):
                 row["node_speed"] = {n: tuple(s) for n, s in
                                      node_steps.node_speeds(point["steps"], profile.step, node_speed).items()}
-            node_priced = simulate(profile, reqs, topo, slo, ranked_before=before,
-                                   speed={n: s[0] for n, s in row["node_speed"].items()}) if row.get("node_speed") else None
+            node_map = {n: s[0] for n, s in row["node_speed"].items()} if row.get("node_speed") else None
+            node_priced = simulate(profile, reqs, topo, slo, ranked_before=before, speed=node_map) if node_map else None
+            node_spreads = spread(lambda rs, p: simulate(p, rs, topo, slo, ranked_before=before, speed=node_map), reqs,
+                                  profile, FIGURES, jitter, i) if jitter and node_map else {}
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
@@ -115,6 +118,9 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
                     if other is not None:
                         pred = getattr(getattr(other, f"{metric}_ms"), pct)
                         row[label] |= {name: pred, f"{name}_error": (pred - real) / real if real else None}
+                if node_spreads:
+                    lo, hi = node_spreads[label]
+                    row[label]["node_priced_spread"] = (min(lo, row[label]["node_priced"]), max(hi, row[label]["node_priced"]))
             rows.append(row)
     return rows
 
@@ -230,8 +236,11 @@ def _node_priced(row: dict) -> str:
     if not row.get("node_speed"):
         return " - | - | - |"
     nodes = ", ".join(f"{n} {_factor(k)} ({steps}{FALLBACK[source]})" for n, (k, steps, source) in row["node_speed"].items())
-    errors = " / ".join(f"{row[f]['node_priced_error']:+.0%}" for f, _, _ in FIGURES)
-    return f" {nodes} | {errors} | {_ok(row, 'node_priced_error')} |"
+    jittered = "node_priced_spread" in row[FIGURES[0][0]]
+    errors = " / ".join(f"{row[f]['node_priced_error']:+.0%}" + (_spread(row[f], "node_priced_spread") if jittered else "")
+                        for f, _, _ in FIGURES)
+    ok = verdict(row, FIGURES, TOLERANCE, "node_priced") if jittered else _ok(row, "node_priced_error")
+    return f" {nodes} | {errors} | {ok} |"
 
 
 def _factor(k) -> str:
@@ -239,11 +248,11 @@ def _factor(k) -> str:
     return f"{k:.2f}" if isinstance(k, float) else str(k)
 
 
-def _spread(figure: dict) -> str:
-    """' [-31%..-27%]': the error's range over the jittered runs, when there were any."""
-    if "spread" not in figure:
+def _spread(figure: dict, key: str = "spread") -> str:
+    """' [-31%..-27%]': the error's range over the jittered runs (figure[key]), when there were any."""
+    if key not in figure:
         return ""
-    lo, hi = ((v - figure["measured"]) / figure["measured"] for v in figure["spread"])
+    lo, hi = ((v - figure["measured"]) / figure["measured"] for v in figure[key])
     return f" [{lo:+.0%}..{hi:+.0%}]"
 
 

@@ -31,3 +31,12 @@ def test_the_verdict_is_maybe_only_when_every_figures_spread_reaches_the_band():
     assert verdict(_row([0.1, -0.1, 0.0], [(110, 110), (90, 90), (100, 100)]), FIGURES, 0.2) == "yes"
     assert verdict(_row([0.3, -0.1, 0.0], [(115, 130), (90, 90), (100, 100)]), FIGURES, 0.2) == "maybe"
     assert verdict(_row([0.3, -0.3, 0.0], [(115, 130), (60, 75), (100, 100)]), FIGURES, 0.2) == "no"
+
+
+def test_the_verdict_reads_the_pricing_it_is_asked_about():
+    """pricing="node_priced": the node-priced error and spread decide, the raw ones are not read."""
+    row = {label: {"measured": 100.0, "node_priced_error": e, "node_priced_spread": s}
+           for (label, _, _), e, s in zip(FIGURES, [0.3, -0.1, 0.0], [(115, 130), (90, 90), (100, 100)])}
+    assert verdict(row, FIGURES, 0.2, "node_priced") == "maybe"
+    row[FIGURES[1][0]]["node_priced_spread"] = (60, 75)
+    assert verdict(row, FIGURES, 0.2, "node_priced") == "no"

@@ -93,6 +93,28 @@ def test_each_figures_jitter_range_holds_the_unjittered_figure():
     assert max(widths) > 0
 
 
+def test_with_node_speed_the_node_priced_figures_get_their_own_jitter_range():
+    """quiet15's ShareGPT-like colocated points recorded their steps: priced by kind of step and
+    jittered, each figure's node-priced range holds the unjittered node-priced value, and the
+    table shows that range and the verdict it allows beside the node-priced errors."""
+    from bench.simulate.sensitivity import verdict
+    from bench.simulate.validate import TOLERANCE, markdown
+    path = os.path.join(HERE, "..", "..", "bench", "validation", "quiet15", "simulate_measured_sharegpt_20261204-114956.json")
+    with open(path) as f:
+        measured = json.load(f)
+    measured["systems"] = {"colocated": measured["systems"]["colocated"]}
+    profile = Profile.load(os.path.join(HERE, "..", "..", "bench", "profiles", "cpu_1core_llama58m_quiet15.json"))
+    rows = predict(measured, profile, jitter=3, node_speed="kind")
+    assert len(rows) == 2
+    for row in rows:
+        for label, _, _ in FIGURES:
+            lo, hi = row[label]["node_priced_spread"]
+            assert lo <= row[label]["node_priced"] <= hi
+        cells = markdown([row]).splitlines()[-1].split("|")
+        assert cells[-2].strip() == verdict(row, FIGURES, TOLERANCE, "node_priced")
+        assert cells[-3].count("[") == len(FIGURES)
+
+
 def test_a_warm_question_is_measured_once_a_system_and_held_against_the_lowest():
     """The committed quiet3 RAG run: 16 warm questions a point, each with three measured TTFTs (one
     per system, as the file records them) and three simulated; the summary's figures come from them."""
