@@ -23,3 +23,11 @@ for front in 'trace_sharegpt_*:sharegpt' 'trace_*:all'; do
   run quiet16 $E "${front%%:*}" "${front##*:}"
 done
 run quiet15 $X 'trace_sharegpt_*' xeon & run quiet16 $X 'trace_sharegpt_*' xeon & wait
+# each set's misses with TAG all, jittered (validate --jitter: sends up to 0.5 ms late, prices up to 1% off; 'maybe'
+# where every node-priced figure's range reaches the 20% band)
+for s in quiet12 quiet13 quiet14 quiet15 quiet16; do
+  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) --profile /tmp/sim26_${s}_all.json \
+      --node-speed kind --jitter 10 > $O/jitter_${s}_all.txt 2>&1 &
+  [ $s = quiet13 ] && wait
+done
+wait
