@@ -1,14 +1,16 @@
 #!/bin/bash
 # A quiet validation set (quiet14, quiet15, ...): the profile and the 18 points, every helper stopped, then
 # calibrate and validate (files into bench/validation/SET); from the repository root with the venv active.
-#   bash bench/validation/quiet_set.sh SET STAMP [TRACES [FRONT]]   e.g. quiet16 '20261204-14*' bench/validation/trace26
+#   bash bench/validation/quiet_set.sh SET STAMP TRACES [FRONT]   e.g. quiet16 '20261204-14*' bench/validation/trace26
 # STAMP: a glob of this run's bench/results/simulate_measured_* time stamps (the newest match is taken).
-# TRACES: a folder of `python -m bench.simulate trace` runs of this machine (trace_sharegpt_*, trace_rag_*; default
-# bench/validation/quiet8, the Xeon's); FRONT: which of them give the front end's and the admission's cost per
+# TRACES: a folder of `python -m bench.simulate trace` runs of this machine (trace_sharegpt_*, trace_rag_*:
+# bench/validation/trace26/commands.sh; another CPU's misprice the front end, bench/validation/sim26), required;
+# FRONT: which of them give the front end's and the admission's cost per
 # prompt token (default trace_*, all: the RAG trace's 1.8-3.4k-token prompts with the ShareGPT-like ones' 20-700;
 # quiet14 and quiet15 were made with 'trace_sharegpt_*', bench/validation/sim26).
 # The calibrated profiles go to /tmp/qNN_cal.json and /tmp/qNN_cal_kind.json (NN: the set's number).
-S=$1 STAMP=$2 TRACES=${3:-bench/validation/quiet8} FRONT=${4:-trace_*}
+S=$1 STAMP=$2 TRACES=$3 FRONT=${4:-trace_*}
+[ -n "$TRACES" ] && ls -d $TRACES/trace_rag_* > /dev/null || { echo "usage: quiet_set.sh SET STAMP TRACES [FRONT]: TRACES, this machine's trace folder, with a trace_rag_* in it" >&2; exit 2; }
 export PYTHONPATH=.
 L=bench/results/${S}_plan.log
 P='--model bench/.cache/serving-llama-58m --dtype float32 --kv-cache-gib 2 --max-num-seqs 64 --max-num-batched-tokens 2048'
