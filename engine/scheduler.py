@@ -229,6 +229,7 @@ class Scheduler:
             if needed > budget and budget < self.config.max_num_batched_tokens:
                 return budget
             budget = max(budget, needed)
+        cap = self.config.long_prefill_token_threshold or budget   # a sequence's tokens this step, at most
         computed_by_now: dict[int, int] = {}        # seq_id -> computed tokens after this step
         for seq in group.unfinished():
             if (lead := seq.waits_for) is not None:     # its first blocks are the lead's to compute
@@ -236,9 +237,7 @@ class Scheduler:
                     seq.waits_for = None                # done (a finished lead computed them all)
                 elif computed_by_now.get(lead.seq_id, 0) < seq.num_computed_tokens:
                     continue                            # not this step: they are not there yet
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if self.config.long_prefill_token_threshold:    # a long prompt's chunk: short beside others
-                num_new = min(num_new, self.config.long_prefill_token_threshold)
+            num_new = min(seq.num_uncomputed_tokens, budget, cap)
             if group.params.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
                 num_new = min(num_new, PROMPT_LOGPROBS_CHUNK)  # each such token keeps a row of logits
             out.copies += self.bm.append_slots(seq)
