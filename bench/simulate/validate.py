@@ -7,6 +7,8 @@ pinning.py's PINS): on this 2-core machine 1P+2D's decode nodes share core 1, an
 simulation (pdplan/sim_core.py)."""
 from __future__ import annotations
 
+import argparse
+
 import json
 import os
 from dataclasses import replace
@@ -128,13 +130,10 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
 def served_as(profile: Profile, argv: list[str]) -> Profile:
     """The profile with the measured server's own scheduling flags, where its command line set
     them (`--long-prefill-token-threshold N`): the simulated nodes schedule as the measured ones."""
-    flag = "--long-prefill-token-threshold"
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return replace(profile, long_prefill_token_threshold=int(argv[i + 1]))
-        if arg.startswith(flag + "="):
-            return replace(profile, long_prefill_token_threshold=int(arg.split("=", 1)[1]))
-    return profile
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    ap.add_argument("--long-prefill-token-threshold", type=int)
+    cap = ap.parse_known_args(argv)[0].long_prefill_token_threshold
+    return profile if cap is None else replace(profile, long_prefill_token_threshold=cap)
 
 
 def point_requests(sweep: dict, i: int, rate: float, profile: Profile, sent: list[dict] | None = None) -> list:
