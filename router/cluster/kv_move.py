@@ -11,7 +11,8 @@ another decode node with its KV blocks, so its continuation is exact in every dt
     4. ShipRequest(A', A) ─▶ D1: D1 ships its blocks into D2's reservation and commits o_n;
        D2 adopts them and streams A' from o_n on (merge skips what the client has)
     5. D2's first TokenDelta: A' no longer needs D1 (writer cleared); once no move off D1 is
-       pending, the operator removes D1 as before. D1 lost before that: D2 reports a transfer
+       pending (and step 1 again finds nothing begun decoding there since), the operator
+       removes D1 as before. D1 lost before that: D2 reports a transfer
        that broke (RequestFailed), so A' waits kv_move_timeout_s for D2's first delta or failure
   Any step failing or past kv_move_timeout_s (D1 not pausing, D2 Busy or full, D1 dead, the
   transfer failing) falls back to today's move: A, or A', ends and the next attempt re-prefills
@@ -65,30 +66,47 @@ class KVMoves:
         self._attempts, self._new_attempt, self._end_attempt = attempts, new_attempt, end_attempt
         self._migrations, self._vocab = migrations, vocab
         self._moving: dict[str, set[Attempt]] = {}     # node -> attempts moving off it
+        self._losses: dict[str, NodeLoss] = {}          # node -> why it is taken out
         self._wakeups: dict[str, asyncio.Event] = {}    # node -> set when one of its moves ends or lands
 
     def start(self, node_id: str, loss: NodeLoss) -> bool:
         """Step 1; False if nothing decodes on the node (or KV moves are off)."""
         if self._timeout_s <= 0:
             return False
+        self._moving[node_id], self._losses[node_id] = set(), loss
+        if self._pause_more(node_id):
+            return True
+        del self._moving[node_id], self._losses[node_id]
+        return False
+
+    def _pause_more(self, node_id: str) -> bool:
+        """Step 1 for each attempt decoding on the node that is not moving off it yet: at start(),
+        every one; later, one that began decoding there since (admitted before the drain, its
+        first token after start()), which would otherwise be re-prefilled when the node goes."""
+        moving = self._moving[node_id]
         atts = {a for a in self._attempts.values() if a.decode_id == node_id and a.first_token
-                and not a.decode_done and not a.ended and not a.writer}
+                and not a.decode_done and not a.ended and not a.writer and a not in moving}
         info, now = self._server.info(node_id), asyncio.get_running_loop().time()
         for att in atts:
             self._server.send(node_id, PauseRequest(att.wire_rid))
-            att.inbox.put_nowait(MoveOut(node_id, loss, info.hello.epoch if info is not None else "", now))
-        self._moving[node_id] = atts
+            att.inbox.put_nowait(MoveOut(node_id, self._losses[node_id], info.hello.epoch if info is not None else "",
+                                         now))
+        if atts:
+            log.info("%s: moving %s with their KV blocks", node_id, ", ".join(sorted(a.wire_rid for a in atts)))
+        moving |= atts
         return bool(atts)
 
     async def settled(self, node_id: str) -> None:
         """Returns once no move off the node is under way (pausing there, or its blocks not
-        adopted yet): woken by each of its attempts ending or landing (ended(), note()), no poll."""
+        adopted yet) and nothing more decodes there: woken by each of its attempts ending or
+        landing (ended(), note()), no poll."""
         try:
-            while self._pending(node_id):
+            while self._pending(node_id) or self._pause_more(node_id):
                 wakeup = self._wakeups[node_id] = asyncio.Event()
                 await wakeup.wait()
         finally:            # also when the caller's wait_for gave up: nothing stays behind for the node
             self._moving.pop(node_id, None)
+            self._losses.pop(node_id, None)
             self._wakeups.pop(node_id, None)
 
     def ended(self, att: Attempt) -> None:
@@ -96,11 +114,8 @@ class KVMoves:
         self._wake(att)
 
     def _pending(self, node_id: str) -> bool:
-        live = {a for a in self._moving.get(node_id, ()) if not a.ended and node_id in (a.decode_id, a.writer)}
-        if live:
-            self._moving[node_id] = live
-        else:
-            self._moving.pop(node_id, None)
+        live = {a for a in self._moving[node_id] if not a.ended and node_id in (a.decode_id, a.writer)}
+        self._moving[node_id] = live
         return bool(live)
 
     def _wake(self, att: Attempt) -> None:

@@ -14,7 +14,7 @@ from pdwire.control import (AbortRequest, DecodeRequest, FirstToken, NodeGoodbye
 from pdwire.messages import Busy, Reserved
 from pdwire.sampling_params import SamplingParams
 from router.cluster.disagg_request import Attempt
-from router.cluster.kv_move import KVMoves
+from router.cluster.kv_move import KVMoves, MoveOut
 from router.cluster.membership import LossCause, NodeLoss
 from router.config import MAX_KV_MOVE_TIMEOUT_S, RouterConfig
 from tests.disagg_harness import CONFIG, END, PROMPT, Cluster, run, until, view
@@ -311,3 +311,44 @@ def test_a_take_out_pauses_each_request_at_once_not_behind_the_deltas_it_has_yet
         assert (out.node_id, out.loss, out.epoch) == ("d1", loss, "d1-e1") and now <= out.since   # the move's clock
         assert moves.start("d2", loss) and [msg.rid for _, msg in server.sent] == ["r1", "r2"]
     asyncio.run(test())
+
+
+def test_a_take_out_also_moves_a_request_that_began_decoding_on_the_node_after_it_started():
+    """r5 was still prefilling when the take-out started (no first token: nothing on D1 to pause);
+    once r1's move is over, settled() finds r5 decoding there and pauses it too, and returns only
+    once r5's move is over: the node is not removed under a request it could have moved."""
+    atts = {rid: Attempt(rid, list(PROMPT), SamplingParams(max_tokens=400), 0, 0) for rid in ("r1", "r5")}
+    for att in atts.values():
+        att.decode_id = "d1"
+    atts["r1"].first_token = True
+    server = _Sent()
+    moves = KVMoves(1.0, server, None, atts, None, None, None, 0)
+
+    async def test():
+        assert moves.start("d1", NodeLoss(LossCause.DRAINED))
+        settled = asyncio.ensure_future(moves.settled("d1"))
+        await asyncio.sleep(0)
+        atts["r5"].first_token = True           # its first token merged, then r1's move ends
+        atts["r1"].ended = True
+        moves.ended(atts["r1"])
+        await asyncio.sleep(0)
+        assert [msg.rid for _, msg in server.sent] == ["r1", "r5"] and not settled.done()
+        assert isinstance(atts["r5"].inbox.get_nowait(), MoveOut)
+        atts["r5"].ended = True
+        moves.ended(atts["r5"])
+        await asyncio.wait_for(settled, 1.0)
+        assert [msg.rid for _, msg in server.sent] == ["r1", "r5"]      # paused once each
+    asyncio.run(test())
+    assert moves._moving == {} and moves._losses == {} and moves._wakeups == {}
+
+
+def test_a_take_out_that_finds_nothing_to_move_keeps_nothing():
+    """start() on a node with nothing decoding: False (the node is removed at once), and nothing
+    kept for it."""
+    moves = KVMoves(1.0, _Sent(), None, {}, None, None, None, 0)
+
+    async def test():
+        assert not moves.start("d1", NodeLoss(LossCause.REMOVED))
+    asyncio.run(test())
+    assert moves._moving == {} and moves._losses == {}
+
