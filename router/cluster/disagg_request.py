@@ -245,8 +245,11 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
     if isinstance(event, Lost):
         if event.node_id == att.writer:     # a KV move's writer: D reports a broken transfer itself;
             return event.failure() if event.overdue else None       # overdue, D has said nothing in time
-        if event.overdue or (event.node_id == att.prefill_id and att.first_token):
-            return None     # D took the moved blocks in time; or P's part is done (D reports a broken transfer)
+        # None: D took the moved blocks in time; P's part is done (D reports a broken transfer); or
+        # a writer that D's first delta, queued before the loss, has since made no node of the attempt's
+        if event.overdue or (event.node_id == att.prefill_id and att.first_token) \
+                or event.node_id not in (att.prefill_id, att.decode_id):
+            return None
         return event.failure()
     node_id, msg = event
     if isinstance(msg, RequestFailed):     # P's after its first token too: its transfer to D broke (D aborted,

@@ -352,3 +352,28 @@ def test_a_take_out_that_finds_nothing_to_move_keeps_nothing():
     asyncio.run(test())
     assert moves._moving == {} and moves._losses == {}
 
+
+def test_a_writer_lost_behind_the_live_nodes_first_delta_is_not_the_moved_attempts_failure():
+    """The router lags its nodes: the live node's first delta for the moved attempt reaches the
+    router (D1's booking goes with it: D1 is idle), D1 leaves at its next heartbeat, and its loss
+    is queued for the attempt, whose writer is still D1, behind that delta. Read in that order,
+    the delta ends the attempt's need of D1; the loss that follows is of a node it no longer
+    uses: r1 goes on from the live node, one kv move and no re-prefill (it was re-prefilled: a
+    CI run of session 26, the e2e drain test)."""
+    async def test():
+        async with Cluster() as c:
+            p, d1, live, out = await shipping(c)
+            backend = c.backend
+            att = backend._attempts["r1~1"]
+            # as the control server's receive loop hands them over, one after the other, before the
+            # attempt's task runs: the delta, then the loss
+            backend.on_request_message(live.node_id, TokenDelta("r1~1", 0, (13,), 0, "c", None, ""))
+            backend.on_node_lost(d1.node_id, NodeLoss(LossCause.DRAINED, "idle"))
+            assert att.writer == d1.node_id and att.inbox.qsize() == 2
+            await until(lambda: att.writer == "")
+            live.send(TokenDelta("r1~1", 1, (14,), 1, "d", None, "length"))
+            await finish(out, ([([11, 12, 13, 14], "abcd", "length")], True))
+            got = membership(c.backend)
+            assert got['pdserve_router_migrations_total{cause="removed",how="kv_move"}'] == 1
+            assert [k for k in got if "reprefill" in k] == [], got
+    run(test)

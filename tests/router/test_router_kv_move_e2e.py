@@ -49,6 +49,7 @@ class DrainMidStream:
         self.finished: set[str] = set()
         self.node: str | None = None
         self.moved: set[str] = set()         # the streams unfinished on that node then
+        self.seen: dict[str, tuple[str, int]] = {}  # each unfinished stream's node and tokens then (for a failure's message)
         self.task: asyncio.Task | None = None
 
     def watch(self, rid: str):
@@ -70,6 +71,7 @@ class DrainMidStream:
             assert where, "every stream finished before the drain"
             self.node = max(sorted(set(where.values())), key=list(where.values()).count)
             self.moved = {r for r, node in where.items() if node == self.node}
+            self.seen = {r: (node, self.counts[r]) for r, node in where.items()}
             self.take_out(self.node)
             operator, server = self.backend.operator, self.backend.server
             # the take-out has begun: its PauseRequests are sent to the held node (or it is out)
@@ -129,7 +131,7 @@ def test_drain_deadline_moves_running_streams_with_their_kv_blocks(model_dir, tr
             assert list(out.outputs[0].token_ids) == expected[i % 2]
         moved = _migrations(backend)
         # with their KV blocks, never re-prefilled
-        assert list(moved) == ['pdserve_router_migrations_total{cause="drained",how="kv_move"}'], moved
+        assert list(moved) == ['pdserve_router_migrations_total{cause="drained",how="kv_move"}'], (moved, drain.seen)
         assert 1 <= sum(moved.values()) <= len(drain.moved)
         assert _prefills(backend) == {"remote": STREAMS + 2}       # + the warm-ups
         node = next(n for n in nodes if n.node_id == drain.node)
