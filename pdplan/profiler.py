@@ -15,6 +15,7 @@ plan, so chunking and prefix hits are whatever the engine really did):
 """
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import threading
@@ -85,7 +86,14 @@ class Profiler:
         self._next = 0
 
     def _engine(self, chunk: int | None = None, prefix_caching: bool = True):
+        """A fresh engine; the one before it is freed first (its callers hold it no longer), so a
+        profile of a GPU node can size the KV pool as the node does: two pools would not fit."""
+        import torch
+
         from engine.llm_engine import LLMEngine
+        gc.collect()            # (an engine's scheduler and its StepRecorder hold each other)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         args = replace(self.args, enable_prefix_caching=prefix_caching,       # the grid's chunks as asked:
                        max_num_batched_tokens=chunk or self.args.max_num_batched_tokens,   # the nodes' cap is
                        long_prefill_token_threshold=0)                     # recorded (the simulator's), not applied
@@ -109,6 +117,7 @@ class Profiler:
                 self._add(engine, _ids(self.rng, min(n, engine.max_model_len - 1), vocab), 1)
                 samples += timed_steps(engine, rec, "prefill")
             self.log(f"profile: prefill at chunk {chunk}: {len(samples)} steps")
+            del engine, rec         # before the next chunk size's engine is made
         return samples
 
     def prefill_cached(self) -> list[StepSample]:

@@ -157,3 +157,30 @@ def test_mixed_steps_are_measured_at_each_point_of_the_grid():
     assert {c for s in samples for n, c in s.shapes if n == 1} <= set(range(24, 48 + 16))
     assert sum("skipped" in line for line in said) == 1
     assert sum(n for s in samples for n, _ in s.shapes if n > 1) >= 200 + 100 - 2 * 64
+
+
+def test_the_profiler_frees_each_engine_before_it_makes_the_next(monkeypatch):
+    """One engine at a time over a whole profile (its prefill experiment makes one per chunk size):
+    each engine is gone when the next is made, so a GPU node's profile can size its KV pool as the
+    node does (an H200's 100 GiB pool was asked for twice: out of memory, session 27)."""
+    import weakref
+
+    import engine.llm_engine as llm_engine
+    from engine.args import EngineArgs
+    from pdplan.profiler import ProfileGrid, Profiler
+
+    made: list[weakref.ref] = []
+    real = llm_engine.LLMEngine
+
+    class Checked(real):
+        def __init__(self, *args, **kwargs):
+            assert [r for r in made if r() is not None] == [], "an earlier engine is still alive"
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+    monkeypatch.setattr(llm_engine, "LLMEngine", Checked)
+    grid = ProfileGrid(prompt_lens=(16, 40), chunk_sizes=(32, 64), cached_prefixes=(32,), warm_documents=(32,),
+                       warm_tails=(8,), warm_repeats=1, batch_sizes=(1,), contexts=(24,), decode_steps=2,
+                       mixed=((2, 24, 40),), transfer_blocks=4)
+    Profiler(EngineArgs(dtype="float32", num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64),
+             grid, log=lambda *_: None).run()
+    assert len(made) == 6       # two chunk sizes, cached, decode, mixed, the transfer's block size
