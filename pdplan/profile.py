@@ -16,9 +16,19 @@ document) costs beyond its pairs: measured, a 16-token question over 1-3k cached
 12-35% more than the five-feature price and a 64-token one 9-11% less (bench/README.md, plan5
 and plan6). A profile written before it has no per_prefill_ctx: it loads as 0.
 
+A step's linears read every weight whatever its batch: below some number of tokens they cost
+that read, not their arithmetic, so the tokens term has a floor, `knee_tokens`:
+
+    per_token * max(sum(n_i), knee_tokens)
+
+(1 is no floor: a step has a token at least). Measured, a 58M model's decode step on one CPU
+core costs about the same at batch 1 and 4; the linear price (knee 1) had batch 1 5-17% low
+and batches 4-6 up to 20% high in serving (bench/README.md, sim26 and sim27); the fit picks 4
+there, and 512 for a 7B model on an H200, whose steps the host's launches bound.
+
 The same function prices a prefill node's chunks, a decode node's batches and a colocated
 engine's mixed steps; the coefficients are a non-negative least-squares fit over every measured
-step (the raw steps stay in the file).
+step (the raw steps stay in the file), at each knee of KNEES, the one with the least error kept.
 """
 from __future__ import annotations
 
@@ -32,6 +42,7 @@ import numpy as np
 from pdplan.kind_cost import KindCost, KindSpeed
 
 FEATURES = ("fixed", "per_token", "per_seq", "per_decode_ctx", "per_prefill_pair", "per_prefill_ctx")
+KNEES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)   # fit() tries each
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +52,9 @@ class StepShape:
     context: int
 
 
-def step_features(shapes: list[StepShape] | list[tuple[int, int]]) -> list[float]:
-    """The six features of FEATURES for a step's scheduled sequences [(new, context), ...]."""
+def step_features(shapes: list[StepShape] | list[tuple[int, int]], knee: float = 1.0) -> list[float]:
+    """The six features of FEATURES for a step's scheduled sequences [(new, context), ...], the
+    tokens counted as `knee` at least (the floor of the linears' cost: the module docstring)."""
     tokens = decode_ctx = pairs = prefill_ctx = 0.0
     for n, c in shapes:
         tokens += n
@@ -51,7 +63,7 @@ def step_features(shapes: list[StepShape] | list[tuple[int, int]]) -> list[float
         else:
             pairs += n * (c + (n + 1) / 2)
             prefill_ctx += c
-    return [1.0, tokens, float(len(shapes)), decode_ctx, pairs, prefill_ctx]
+    return [1.0, max(tokens, knee) if tokens else 0.0, float(len(shapes)), decode_ctx, pairs, prefill_ctx]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,41 +75,49 @@ class StepCost:
     per_decode_ctx: float
     per_prefill_pair: float
     per_prefill_ctx: float = 0.0    # 0 in profiles written before it (fitted from then on)
+    knee_tokens: float = 1.0        # the tokens term's floor; 1 (none) in profiles written before it
 
     def of(self, shapes: list[tuple[int, int]]) -> float:
         """Seconds for one step that schedules `shapes`: [(new tokens, context before them), ...]."""
-        return sum(getattr(self, name) * x for name, x in zip(FEATURES, step_features(shapes)))
+        return sum(getattr(self, name) * x for name, x in zip(FEATURES, step_features(shapes, self.knee_tokens)))
 
     def scaled(self, k: float) -> "StepCost":
         """Every step k times as dear (an engine running slower or faster than when profiled)."""
-        return StepCost(*(getattr(self, name) * k for name in FEATURES))
+        return StepCost(*(getattr(self, name) * k for name in FEATURES), knee_tokens=self.knee_tokens)
 
     @classmethod
-    def fit(cls, samples: list["StepSample"]) -> "StepCost":
+    def fit(cls, samples: list["StepSample"], knees: tuple[float, ...] = KNEES) -> "StepCost":
         """Non-negative least squares over the median of each group of like steps (same kind,
         batch and tokens; context within 10%: a busy machine's outliers weigh little, and a
         decode grid of hundreds of steps no more than a prefill of a few), relative error
         weighted (a 5 ms step matters as much as a 1 s one); features with a negative
-        coefficient are dropped and the rest refitted."""
+        coefficient are dropped and the rest refitted. At each of `knees`: the least error's."""
         groups: dict[tuple, list[StepSample]] = {}
         for s in samples:
             f = step_features(s.shapes)
             key = (s.kind, f[1], f[2], round(math.log1p(f[3]) * 10), round(math.log1p(f[4]) * 10))
             groups.setdefault(key, []).append(s)
         medians = [_median(g) for g in groups.values()]
-        x = np.array([step_features(s.shapes) for s in medians])
         y = np.array([s.seconds for s in medians])
         w = 1.0 / np.maximum(y, 1e-6)
-        keep = list(range(len(FEATURES)))
-        while True:
-            coef, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
-            if (coef >= 0).all() or not keep:
-                break
-            keep.pop(int(np.argmin(coef)))
-        full = [0.0] * len(FEATURES)
-        for k, c in zip(keep, coef):
-            full[k] = float(c)
-        return cls(*full)
+        fits = [_nnls(np.array([step_features(s.shapes, knee) for s in medians]), y, w) + (knee,) for knee in knees]
+        _, coef, knee = min(fits, key=lambda f: f[0])
+        return cls(*coef, knee_tokens=float(knee))
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, list[float]]:
+    """(weighted squared error, coefficients): least squares with each negative coefficient's
+    feature dropped and the rest refitted."""
+    keep = list(range(x.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
+        if (coef >= 0).all() or not keep:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = [0.0] * x.shape[1]
+    for k, c in zip(keep, coef):
+        full[k] = float(c)
+    return float(((((x @ np.array(full)) - y) * w) ** 2).sum()), full
 
 
 def _median(group: list["StepSample"]) -> "StepSample":

@@ -2,6 +2,7 @@
 measures a real engine (the built-in model) and a real socket."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -61,14 +62,40 @@ def test_a_prefill_chunk_pays_for_the_cached_context_it_reads():
     assert TRUE.of([(16, 1000)]) - TRUE.of([(16, 0)]) == pytest.approx(16 * 1000 * 1e-7 + 1000 * 3e-6)
 
 
+def _written_without(field: str) -> Profile:
+    """TRUE's profile as a file written before its step had `field`."""
+    d = json.loads(Profile({"cpu": "x"}, {"name": "m"}, 16, 100, 8, 256, TRUE, Transfer(1e-4, 1e-5, 4096)).to_json())
+    del d["step"][field]
+    return Profile.from_dict(d)
+
+
 def test_a_profile_written_before_the_context_term_loads_with_it_at_zero():
     """An older file's step has five coefficients: it loads, prices as it did, and refits to six."""
-    p = Profile({"cpu": "x"}, {"name": "m"}, 16, 100, 8, 256, TRUE, Transfer(1e-4, 1e-5, 4096))
-    d = json.loads(p.to_json())
-    del d["step"]["per_prefill_ctx"]
-    old = Profile.from_dict(d)
+    old = _written_without("per_prefill_ctx")
     assert old.step.per_prefill_ctx == 0.0
     assert old.step.of([(16, 1000)]) == pytest.approx(0.02 + 16 * 4e-4 + 1e-4 + 16 * 1008.5 * 1e-7)
+
+
+def test_fit_finds_the_floor_of_the_tokens_term():
+    """Steps whose linears cost 4 tokens' worth at fewer (the weights' read): the fit picks knee 4
+    from KNEES, with the six coefficients; a batch of 1 and one of 4 cost the same linears."""
+    floor = dataclasses.replace(TRUE, knee_tokens=4.0)
+    samples = [StepSample(s.shapes, floor.of(s.shapes), s.kind) for s in synthetic_samples()]
+    samples += [StepSample([(1, 64)] * b, floor.of([(1, 64)] * b), "decode") for b in (2, 3, 5, 8)]
+    fit = StepCost.fit(samples)
+    assert fit.knee_tokens == 4.0
+    for name in FEATURES:
+        assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+    assert floor.of([(1, 0)]) - floor.of([(1, 0)] * 4) == pytest.approx(-3 * (1e-4 + 2e-6))   # seqs and reads only
+    assert floor.scaled(2.0).of([(1, 0)]) == pytest.approx(2 * floor.of([(1, 0)]))
+    assert floor.of([]) == pytest.approx(0.02)      # no token, no floor: the fixed cost alone
+
+
+def test_a_profile_written_before_the_floor_loads_without_one():
+    """An older file's step has no knee_tokens: it loads with knee 1 (no floor) and prices as it did."""
+    old = _written_without("knee_tokens")
+    assert old.step.knee_tokens == 1.0
+    assert old.step.of([(1, 99)]) == pytest.approx(0.02 + 4e-4 + 1e-4 + 100 * 2e-6)
 
 
 def test_profile_json_round_trip(tmp_path):

@@ -1,0 +1,28 @@
+#!/bin/bash
+# sim27: the six quiet sets (quiet12-14 on the Xeon, quiet15-17 on the AVX2-only EPYC) with each profile's step cost
+# fitted again with the tokens term's floor (pdplan/profile.py knee_tokens; refit.py), then calibrated and
+# validated as bench/validation/quiet_set.sh does (--node-speed kind, the front end from each machine's traces, all
+# of them). The landed linear price's results: bench/validation/sim26/validate_quiet1[2-6]_all.txt and
+# bench/validation/quiet17/validate_quiet17_nodespeed_kind_kindcal.txt. From the repository root:
+#   bash bench/validation/sim27/knee.sh && python bench/validation/sim24/summary.py bench/validation/sim27/validate_*
+export PYTHONPATH=.
+PY=${PY:-.venv/bin/python}
+O=bench/validation/sim27
+X=bench/validation/quiet8 E=bench/validation/trace26
+run() {  # SET TRACES
+  s=$1 f=$(ls bench/validation/$1/simulate_measured_sharegpt_*.json)
+  $PY $O/refit.py bench/profiles/cpu_1core_llama58m_$s.json /tmp/sim27_${s}_knee.json > $O/refit_$s.txt 2>&1
+  $PY -m bench.simulate calibrate $f --profile /tmp/sim27_${s}_knee.json --out /tmp/sim27_${s}_cal.json \
+      --front-from $2/trace_* --beside-from $2/trace_rag_* --node-speed kind > $O/calibrate_$s.txt 2>&1
+  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) \
+      --profile /tmp/sim27_${s}_cal.json --node-speed kind > $O/validate_$s.txt 2>&1
+}
+run quiet12 $X & run quiet13 $X & wait
+run quiet14 $X & run quiet15 $E & wait
+run quiet16 $E & run quiet17 $E & wait
+# the misses of quiet17 and quiet12, jittered (validate --jitter: sends up to 0.5 ms late, prices up to 1% off; 'maybe'
+# where every node-priced figure's range reaches the 20% band)
+for s in quiet17 quiet12; do
+  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) --profile /tmp/sim27_${s}_cal.json \
+      --node-speed kind --jitter 10 > $O/jitter_$s.txt 2>&1
+done
