@@ -84,6 +84,7 @@ class Attempt:
     bookings: dict[str, Booking] = field(default_factory=dict)  # by node id: to release at the end
     ended: bool = False
     writer: str = ""                # a KV move: the decode node shipping D its blocks, until D's first delta
+    streaming: bool = False         # D's first delta merged: its blocks are in, the request decodes there
 
     def __post_init__(self) -> None:
         if len(self.wire_rid) > MAX_RID_LEN:    # its `~k` suffix grows with each attempt (none bounds them all)
@@ -245,10 +246,9 @@ def _apply(choice: Choice, att: Attempt, event: Any, request: PendingRequest, vo
     if isinstance(event, Lost):
         if event.node_id == att.writer:     # a KV move's writer: D reports a broken transfer itself;
             return event.failure() if event.overdue else None       # overdue, D has said nothing in time
-        # None: D took the moved blocks in time; P's part is done (D reports a broken transfer); or
-        # a writer that D's first delta, queued before the loss, has since made no node of the attempt's
-        if event.overdue or (event.node_id == att.prefill_id and att.first_token) \
-                or event.node_id not in (att.prefill_id, att.decode_id):
+        # None: P's part is done (D reports a broken transfer); or a node the attempt no longer uses:
+        # a KV move's writer that D's first delta, queued before the loss, has since cleared (overdue too)
+        if (event.node_id == att.prefill_id and att.first_token) or event.node_id not in (att.prefill_id, att.decode_id):
             return None
         return event.failure()
     node_id, msg = event

@@ -70,11 +70,11 @@ class KVMoves:
         self._wakeups: dict[str, asyncio.Event] = {}    # node -> set when one of its moves ends or lands
 
     def start(self, node_id: str, loss: NodeLoss) -> bool:
-        """Step 1; False if nothing decodes on the node (or KV moves are off)."""
+        """Step 1; False if nothing decodes on the node, nor is on its way to (or KV moves are off)."""
         if self._timeout_s <= 0:
             return False
         self._moving[node_id], self._losses[node_id] = set(), loss
-        if self._pause_more(node_id):
+        if self._pause_more(node_id) or self._coming(node_id):
             return True
         del self._moving[node_id], self._losses[node_id]
         return False
@@ -82,9 +82,9 @@ class KVMoves:
     def _pause_more(self, node_id: str) -> bool:
         """Step 1 for each attempt decoding on the node that is not moving off it yet: at start(),
         every one; later, one that began decoding there since (admitted before the drain, its
-        first token after start()), which would otherwise be re-prefilled when the node goes."""
+        blocks in after start()), which would otherwise be re-prefilled when the node goes."""
         moving = self._moving[node_id]
-        atts = {a for a in self._attempts.values() if a.decode_id == node_id and a.first_token
+        atts = {a for a in self._attempts.values() if a.decode_id == node_id and a.streaming
                 and not a.decode_done and not a.ended and not a.writer and a not in moving}
         info, now = self._server.info(node_id), asyncio.get_running_loop().time()
         for att in atts:
@@ -98,10 +98,12 @@ class KVMoves:
 
     async def settled(self, node_id: str) -> None:
         """Returns once no move off the node is under way (pausing there, or its blocks not
-        adopted yet) and nothing more decodes there: woken by each of its attempts ending or
-        landing (ended(), note()), no poll."""
+        adopted yet), nothing more decodes there and nothing is on its way to: woken by each of
+        its attempts ending, landing or beginning to decode (ended(), note()), no poll. The
+        caller's bound (2 x kv_move_timeout_s) counts from the take-out's start: a late move may
+        not finish within it, and then re-prefills."""
         try:
-            while self._pending(node_id) or self._pause_more(node_id):
+            while self._pending(node_id) or self._pause_more(node_id) or self._coming(node_id):
                 wakeup = self._wakeups[node_id] = asyncio.Event()
                 await wakeup.wait()
         finally:            # also when the caller's wait_for gave up: nothing stays behind for the node
@@ -113,13 +115,21 @@ class KVMoves:
         """The attempt ended (the backend's end of an attempt): a move it was part of may be over."""
         self._wake(att)
 
+    def _coming(self, node_id: str) -> bool:
+        """Whether a request is on its way to decoding on the node: its first token sampled (by its
+        prefill node, or the node's reservation for a prompt it prefills itself), its blocks not in
+        yet; note() wakes the take-out at its first delta. (One still in admission may yet go
+        elsewhere on a Busy: the node's loss retries it, no token lost.)"""
+        return any(a.decode_id == node_id and a.first_token and not a.streaming and not a.ended and not a.writer
+                   for a in self._attempts.values())
+
     def _pending(self, node_id: str) -> bool:
         live = {a for a in self._moving[node_id] if not a.ended and node_id in (a.decode_id, a.writer)}
         self._moving[node_id] = live
         return bool(live)
 
     def _wake(self, att: Attempt) -> None:
-        for node_id in [n for n, atts in self._moving.items() if att in atts]:
+        for node_id in [n for n, atts in self._moving.items() if att in atts or att.decode_id == n]:
             if (wakeup := self._wakeups.pop(node_id, None)) is not None:
                 wakeup.set()
 
@@ -129,8 +139,10 @@ class KVMoves:
         for D2's first delta or failure; then the loss, again and overdue, fails it."""
         if isinstance(event, Lost) and event.node_id == att.writer and not event.overdue:
             asyncio.get_running_loop().call_later(self._timeout_s, att.inbox.put_nowait, event._replace(overdue=True))
-        elif att.writer and isinstance(event, tuple) and event[0] == att.decode_id and isinstance(event[1], TokenDelta):
+        elif (att.writer or not att.streaming) and isinstance(event, tuple) and event[0] == att.decode_id \
+                and isinstance(event[1], TokenDelta):
             att.writer = ""         # (its booking went as the delta arrived: router/cluster/bookings.py)
+            att.streaming = True
             self._wake(att)
 
     async def move(self, request: PendingRequest, choice: Choice, att: Attempt,

@@ -289,11 +289,11 @@ def test_a_take_out_pauses_each_request_at_once_not_behind_the_deltas_it_has_yet
     nothing would move. Attempts not decoding there, finished or moving already get none."""
     atts = {rid: Attempt(rid, list(PROMPT), SamplingParams(max_tokens=400), 0, 0) for rid in ("r1", "r2", "r3", "r4", "r5")}
     for rid, att in atts.items():
-        att.decode_id, att.first_token = "d1", True
+        att.decode_id, att.first_token, att.streaming = "d1", True, True
     atts["r2"].decode_id = "d2"
     atts["r3"].decode_done = True
     atts["r4"].writer = "d0"
-    atts["r5"].first_token = False            # still prefilling: nothing on D1 to move
+    atts["r5"].first_token = atts["r5"].streaming = False     # still prefilling: nothing on D1 to move
     backlog = [("d1", TokenDelta("r1", i, (20 + i,), i, "x", None, "")) for i in range(50)]
     for item in backlog:
         atts["r1"].inbox.put_nowait(item)
@@ -313,26 +313,33 @@ def test_a_take_out_pauses_each_request_at_once_not_behind_the_deltas_it_has_yet
     asyncio.run(test())
 
 
-def test_a_take_out_also_moves_a_request_that_began_decoding_on_the_node_after_it_started():
-    """r5 was still prefilling when the take-out started (no first token: nothing on D1 to pause);
-    once r1's move is over, settled() finds r5 decoding there and pauses it too, and returns only
-    once r5's move is over: the node is not removed under a request it could have moved."""
+@pytest.mark.parametrize("r1_first", [True, False], ids=["r1-lands-first", "r5-streams-first"])
+def test_a_take_out_also_moves_a_request_that_began_decoding_on_the_node_after_it_started(r1_first):
+    """r5 was still prefilling when the take-out started (no delta from D1 yet: nothing there to
+    pause); the take-out waits for it as for a move, and pauses it once D1's first delta for it is
+    merged, whether r1's move lands before or after that: settled() returns only once r5's move is
+    over, so the node is not removed under a request it could have moved."""
     atts = {rid: Attempt(rid, list(PROMPT), SamplingParams(max_tokens=400), 0, 0) for rid in ("r1", "r5")}
     for att in atts.values():
-        att.decode_id = "d1"
-    atts["r1"].first_token = True
+        att.decode_id, att.first_token = "d1", True
+    atts["r1"].streaming = True
     server = _Sent()
     moves = KVMoves(1.0, server, None, atts, None, None, None, 0)
+    delta = ("d1", TokenDelta("r5", 0, (20,), 0, "x", None, ""))
 
     async def test():
         assert moves.start("d1", NodeLoss(LossCause.DRAINED))
         settled = asyncio.ensure_future(moves.settled("d1"))
-        await asyncio.sleep(0)
-        atts["r5"].first_token = True           # its first token merged, then r1's move ends
-        atts["r1"].ended = True
-        moves.ended(atts["r1"])
-        await asyncio.sleep(0)
-        assert [msg.rid for _, msg in server.sent] == ["r1", "r5"] and not settled.done()
+        for step in (("land", "stream") if r1_first else ("stream", "land")):
+            await asyncio.sleep(0)
+            if step == "land":
+                atts["r1"].ended = True
+                moves.ended(atts["r1"])
+            else:
+                moves.note(atts["r5"], delta)       # D1's first delta for r5, merged
+            await asyncio.sleep(0)
+            assert not settled.done()
+        assert [msg.rid for _, msg in server.sent] == ["r1", "r5"]
         assert isinstance(atts["r5"].inbox.get_nowait(), MoveOut)
         atts["r5"].ended = True
         moves.ended(atts["r5"])
@@ -340,6 +347,30 @@ def test_a_take_out_also_moves_a_request_that_began_decoding_on_the_node_after_i
         assert [msg.rid for _, msg in server.sent] == ["r1", "r5"]      # paused once each
     asyncio.run(test())
     assert moves._moving == {} and moves._losses == {} and moves._wakeups == {}
+
+
+def test_a_take_out_waits_for_a_request_on_its_way_to_the_node():
+    """Nothing decodes on D1 yet but r5's first token is out and its blocks are on their way there:
+    start() does not remove D1 at once (True); its first delta makes it movable, and it is paused.
+    One still in admission (no first token) is not waited for."""
+    att = Attempt("r5", list(PROMPT), SamplingParams(max_tokens=400), 0, 0)
+    att.decode_id = "d1"
+    server = _Sent()
+    moves = KVMoves(1.0, server, None, {"r5": att}, None, None, None, 0)
+
+    async def test():
+        assert not moves.start("d1", NodeLoss(LossCause.REMOVED))
+        att.first_token = True
+        assert moves.start("d1", NodeLoss(LossCause.REMOVED)) and server.sent == []
+        settled = asyncio.ensure_future(moves.settled("d1"))
+        await asyncio.sleep(0)
+        moves.note(att, ("d1", TokenDelta("r5", 0, (20,), 0, "x", None, "")))
+        await asyncio.sleep(0)
+        assert [msg.rid for _, msg in server.sent] == ["r5"] and not settled.done()
+        att.ended = True
+        moves.ended(att)
+        await asyncio.wait_for(settled, 1.0)
+    asyncio.run(test())
 
 
 def test_a_take_out_that_finds_nothing_to_move_keeps_nothing():
