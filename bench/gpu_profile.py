@@ -18,6 +18,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.random_model import make_random_llama  # noqa: E402
+
 SHAPES = {   # Llama-2-7B's config.json; tiny: for a smoke run on a CPU
     "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
@@ -29,20 +31,11 @@ SHAPES = {   # Llama-2-7B's config.json; tiny: for a smoke run on a CPU
 def make_model(path: str, shape: str, device: str) -> str:
     """A random bfloat16 Llama of the shape, made on `device` and saved as a Hugging Face folder
     (kept: a second run reuses it)."""
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     start = time.perf_counter()
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(path, safe_serialization=True)
-    params = sum(p.numel() for p in model.parameters())
-    print(f"gpu_profile: {shape} ({params / 1e9:.2f} B parameters) made and saved in "
-          f"{time.perf_counter() - start:.0f} s at {path}", flush=True)
+    made = not os.path.isfile(os.path.join(path, "config.json"))
+    make_random_llama(path, device=device, dtype="bfloat16", **SHAPES[shape])
+    if made:
+        print(f"gpu_profile: {shape} made and saved in {time.perf_counter() - start:.0f} s at {path}", flush=True)
     return path
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from pdwire.control import Paused, PauseRequest, ShipRequest, TokenDelta
 from pdwire.messages import Reserved
@@ -84,8 +84,7 @@ class KVMoves:
         every one; later, one that began decoding there since (admitted before the drain, its
         blocks in after start()), which would otherwise be re-prefilled when the node goes."""
         moving = self._moving[node_id]
-        atts = {a for a in self._attempts.values() if a.decode_id == node_id and a.streaming
-                and not a.decode_done and not a.ended and not a.writer and a not in moving}
+        atts = {a for a in self._on(node_id) if a.streaming and not a.decode_done and a not in moving}
         info, now = self._server.info(node_id), asyncio.get_running_loop().time()
         for att in atts:
             self._server.send(node_id, PauseRequest(att.wire_rid))
@@ -120,8 +119,12 @@ class KVMoves:
         prefill node, or the node's reservation for a prompt it prefills itself), its blocks not in
         yet; note() wakes the take-out at its first delta. (One still in admission may yet go
         elsewhere on a Busy: the node's loss retries it, no token lost.)"""
-        return any(a.decode_id == node_id and a.first_token and not a.streaming and not a.ended and not a.writer
-                   for a in self._attempts.values())
+        return any(a.first_token and not a.streaming for a in self._on(node_id))
+
+    def _on(self, node_id: str) -> Iterator[Attempt]:
+        """The live attempts that decode, or will, on the node (not moves into it: a node taken
+        out gets none)."""
+        return (a for a in self._attempts.values() if a.decode_id == node_id and not a.ended and not a.writer)
 
     def _pending(self, node_id: str) -> bool:
         live = {a for a in self._moving[node_id] if not a.ended and node_id in (a.decode_id, a.writer)}
