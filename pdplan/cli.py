@@ -40,7 +40,8 @@ def profile_main(argv: Sequence[str]) -> None:
     step = profile.step
     print(f"wrote {out}: step = {step.fixed * 1e3:.2f} ms + {step.per_token * 1e6:.1f} us/token "
           f"(at least {step.knee_tokens:g} tokens) + "
-          f"{step.per_seq * 1e6:.1f} us/seq + {step.per_decode_ctx * 1e9:.1f} ns/decode ctx token + "
+          f"{step.per_seq * 1e6:.1f} us/seq (at least {step.knee_seqs:g} seqs) + "
+          f"{step.per_decode_ctx * 1e9:.1f} ns/decode ctx token + "
           f"{step.per_prefill_pair * 1e9:.2f} ns/prefill pair + "
           f"{step.per_prefill_ctx * 1e9:.1f} ns/prefill ctx token; median fit error {profile.fit_error():.1%}; "
           f"transfer {profile.transfer.per_block_s * 1e6:.0f} us/block")

@@ -17,14 +17,18 @@ document) costs beyond its pairs: measured, a 16-token question over 1-3k cached
 and plan6). A profile written before it has no per_prefill_ctx: it loads as 0.
 
 A step's linears read every weight whatever its batch: below some number of tokens they cost
-that read, not their arithmetic, so the tokens term has a floor, `knee_tokens`:
+that read, not their arithmetic, so the tokens term has a floor, `knee_tokens`; and the LM head,
+run on one row a sequence, reads its weights likewise (the 58M bench model's: 39% of what a decode
+step reads), so the sequences term has one too, `knee_seqs`:
 
-    per_token * max(sum(n_i), knee_tokens)
+    per_token * max(sum(n_i), knee_tokens) + per_seq * max(#seqs, knee_seqs)
 
-(1 is no floor: a step has a token at least). Measured, a 58M model's decode step on one CPU
-core costs about the same at batch 1 and 4; the linear price (knee 1) had batch 1 5-17% low
-and batches 4-6 up to 20% high in serving (bench/README.md, sim26 and sim27); the fit picks 4
-there, and 512 for a 7B model on an H200, whose steps the host's launches bound.
+(1 is no floor: a step has a token and a sequence at least). Measured, a 58M model's decode step
+on one CPU core costs about the same at batch 1 and 4; the linear price (knee 1) had batch 1
+5-17% low and batches 4-6 up to 20% high in serving (bench/README.md, sim26 and sim27). The fit
+takes one knee for both terms, from KNEES (4 there; 512 for a 7B model on an H200, whose steps
+the host's launches bound). A profile written with the tokens' floor alone loads with knee_seqs 1
+and prices as it did.
 
 The same function prices a prefill node's chunks, a decode node's batches and a colocated
 engine's mixed steps; the coefficients are a non-negative least-squares fit over every measured
@@ -52,9 +56,11 @@ class StepShape:
     context: int
 
 
-def step_features(shapes: list[StepShape] | list[tuple[int, int]], knee: float = 1.0) -> list[float]:
+def step_features(shapes: list[StepShape] | list[tuple[int, int]], knee: float = 1.0,
+                  knee_seqs: float = 1.0) -> list[float]:
     """The six features of FEATURES for a step's scheduled sequences [(new, context), ...], the
-    tokens counted as `knee` at least (the floor of the linears' cost: the module docstring)."""
+    tokens counted as `knee` at least and the sequences as `knee_seqs` (the floors of the weights'
+    read: the module docstring)."""
     tokens = decode_ctx = pairs = prefill_ctx = 0.0
     for n, c in shapes:
         tokens += n
@@ -63,7 +69,8 @@ def step_features(shapes: list[StepShape] | list[tuple[int, int]], knee: float =
         else:
             pairs += n * (c + (n + 1) / 2)
             prefill_ctx += c
-    return [1.0, max(tokens, knee) if tokens else 0.0, float(len(shapes)), decode_ctx, pairs, prefill_ctx]
+    seqs = max(len(shapes), knee_seqs) if shapes else 0.0
+    return [1.0, max(tokens, knee) if tokens else 0.0, seqs, decode_ctx, pairs, prefill_ctx]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +83,16 @@ class StepCost:
     per_prefill_pair: float
     per_prefill_ctx: float = 0.0    # 0 in profiles written before it (fitted from then on)
     knee_tokens: float = 1.0        # the tokens term's floor; 1 (none) in profiles written before it
+    knee_seqs: float = 1.0          # the sequences term's floor; 1 in profiles written before it
 
     def of(self, shapes: list[tuple[int, int]]) -> float:
         """Seconds for one step that schedules `shapes`: [(new tokens, context before them), ...]."""
-        return sum(getattr(self, name) * x for name, x in zip(FEATURES, step_features(shapes, self.knee_tokens)))
+        features = step_features(shapes, self.knee_tokens, self.knee_seqs)
+        return sum(getattr(self, name) * x for name, x in zip(FEATURES, features))
 
     def scaled(self, k: float) -> "StepCost":
         """Every step k times as dear (an engine running slower or faster than when profiled)."""
-        return StepCost(*(getattr(self, name) * k for name in FEATURES), knee_tokens=self.knee_tokens)
+        return replace(self, **{name: getattr(self, name) * k for name in FEATURES})
 
     @classmethod
     def fit(cls, samples: list["StepSample"], knees: tuple[float, ...] = KNEES) -> "StepCost":
@@ -91,7 +100,8 @@ class StepCost:
         batch and tokens; context within 10%: a busy machine's outliers weigh little, and a
         decode grid of hundreds of steps no more than a prefill of a few), relative error
         weighted (a 5 ms step matters as much as a 1 s one); features with a negative
-        coefficient are dropped and the rest refitted. At each of `knees`: the least error's."""
+        coefficient are dropped and the rest refitted. At each of `knees` (one floor for both the
+        tokens and the sequences): the least error's."""
         groups: dict[tuple, list[StepSample]] = {}
         for s in samples:
             f = step_features(s.shapes)
@@ -100,9 +110,10 @@ class StepCost:
         medians = [_median(g) for g in groups.values()]
         y = np.array([s.seconds for s in medians])
         w = 1.0 / np.maximum(y, 1e-6)
-        fits = [_nnls(np.array([step_features(s.shapes, knee) for s in medians]), y, w) + (knee,) for knee in knees]
+        fits = [_nnls(np.array([step_features(s.shapes, knee, knee) for s in medians]), y, w) + (knee,)
+                for knee in knees]
         _, coef, knee = min(fits, key=lambda f: f[0])
-        return cls(*coef, knee_tokens=float(knee))
+        return cls(*coef, knee_tokens=float(knee), knee_seqs=float(knee))
 
 
 def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, list[float]]:

@@ -76,26 +76,40 @@ def test_a_profile_written_before_the_context_term_loads_with_it_at_zero():
     assert old.step.of([(16, 1000)]) == pytest.approx(0.02 + 16 * 4e-4 + 1e-4 + 16 * 1008.5 * 1e-7)
 
 
-def test_fit_finds_the_floor_of_the_tokens_term():
-    """Steps whose linears cost 4 tokens' worth at fewer (the weights' read): the fit picks knee 4
-    from KNEES, with the six coefficients; a batch of 1 and one of 4 cost the same linears."""
-    floor = dataclasses.replace(TRUE, knee_tokens=4.0)
+def test_fit_finds_the_floor_of_the_tokens_and_the_sequences_terms():
+    """Steps whose linears and LM head cost 4 tokens' and 4 sequences' worth at fewer (the weights'
+    read): the fit picks knee 4 from KNEES for both, with the six coefficients; a batch of 1 and
+    one of 4 differ by their context reads alone."""
+    floor = dataclasses.replace(TRUE, knee_tokens=4.0, knee_seqs=4.0)
     samples = [StepSample(s.shapes, floor.of(s.shapes), s.kind) for s in synthetic_samples()]
     samples += [StepSample([(1, 64)] * b, floor.of([(1, 64)] * b), "decode") for b in (2, 3, 5, 8)]
     fit = StepCost.fit(samples)
-    assert fit.knee_tokens == 4.0
+    assert (fit.knee_tokens, fit.knee_seqs) == (4.0, 4.0)
     for name in FEATURES:
         assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
-    assert floor.of([(1, 0)]) - floor.of([(1, 0)] * 4) == pytest.approx(-3 * (1e-4 + 2e-6))   # seqs and reads only
-    assert floor.scaled(2.0).of([(1, 0)]) == pytest.approx(2 * floor.of([(1, 0)]))
+    assert floor.of([(1, 0)]) - floor.of([(1, 0)] * 4) == pytest.approx(-3 * 2e-6)   # reads only
+    assert floor.of([(1, 0)] * 5) - floor.of([(1, 0)] * 4) == pytest.approx(4e-4 + 1e-4 + 2e-6)
+    assert floor.of([(64, 0)]) - floor.of([(63, 0)]) == pytest.approx(4e-4 + 1e-7 * 64)   # one sequence: its floor
+    assert floor.scaled(2.0) == dataclasses.replace(floor, **{n: 2 * getattr(floor, n) for n in FEATURES})
     assert floor.of([]) == pytest.approx(0.02)      # no token, no floor: the fixed cost alone
 
 
-def test_a_profile_written_before_the_floor_loads_without_one():
+def test_a_profile_written_before_the_floors_loads_without_them():
     """An older file's step has no knee_tokens: it loads with knee 1 (no floor) and prices as it did."""
     old = _written_without("knee_tokens")
     assert old.step.knee_tokens == 1.0
     assert old.step.of([(1, 99)]) == pytest.approx(0.02 + 4e-4 + 1e-4 + 100 * 2e-6)
+
+
+def test_a_profile_written_with_the_tokens_floor_alone_prices_as_it_did():
+    """A file from before knee_seqs (the tokens' floor only, as session 27 wrote them): it loads with
+    knee_seqs 1, so a batch of 2 pays two sequences and the tokens' floor of 4."""
+    d = json.loads(Profile({"cpu": "x"}, {"name": "m"}, 16, 100, 8, 256, dataclasses.replace(TRUE, knee_tokens=4.0),
+                           Transfer(1e-4, 1e-5, 4096)).to_json())
+    del d["step"]["knee_seqs"]
+    step = Profile.from_dict(d).step
+    assert (step.knee_tokens, step.knee_seqs) == (4.0, 1.0)
+    assert step.of([(1, 9)] * 2) == pytest.approx(0.02 + 4 * 4e-4 + 2 * 1e-4 + 20 * 2e-6)
 
 
 def test_profile_json_round_trip(tmp_path):

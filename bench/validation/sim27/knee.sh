@@ -5,24 +5,28 @@
 # of them). The landed linear price's results: bench/validation/sim26/validate_quiet1[2-6]_all.txt and
 # bench/validation/quiet17/validate_quiet17_nodespeed_kind_kindcal.txt. From the repository root:
 #   bash bench/validation/sim27/knee.sh && python bench/validation/sim24/summary.py bench/validation/sim27/validate_*
+# Session 28 (the sequences term's floor too, knee_seqs; quiet18 added): O=bench/validation/sim28 bash ... (its
+# outputs are there; sim27's files are the tokens' floor alone, from the code of session 27)
 export PYTHONPATH=.
 PY=${PY:-.venv/bin/python}
-O=bench/validation/sim27
+O=${O:-bench/validation/sim27}
+mkdir -p $O
 X=bench/validation/quiet8 E=bench/validation/trace26
 run() {  # SET TRACES
   s=$1 f=$(ls bench/validation/$1/simulate_measured_sharegpt_*.json)
-  $PY $O/refit.py bench/profiles/cpu_1core_llama58m_$s.json /tmp/sim27_${s}_knee.json > $O/refit_$s.txt 2>&1
-  $PY -m bench.simulate calibrate $f --profile /tmp/sim27_${s}_knee.json --out /tmp/sim27_${s}_cal.json \
+  $PY bench/validation/sim27/refit.py bench/profiles/cpu_1core_llama58m_$s.json /tmp/${O##*/}_${s}_knee.json > $O/refit_$s.txt 2>&1
+  $PY -m bench.simulate calibrate $f --profile /tmp/${O##*/}_${s}_knee.json --out /tmp/${O##*/}_${s}_cal.json \
       --front-from $2/trace_* --beside-from $2/trace_rag_* --node-speed kind > $O/calibrate_$s.txt 2>&1
   $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) \
-      --profile /tmp/sim27_${s}_cal.json --node-speed kind > $O/validate_$s.txt 2>&1
+      --profile /tmp/${O##*/}_${s}_cal.json --node-speed kind > $O/validate_$s.txt 2>&1
 }
 run quiet12 $X & run quiet13 $X & wait
 run quiet14 $X & run quiet15 $E & wait
 run quiet16 $E & run quiet17 $E & wait
+[ $O = bench/validation/sim27 ] || run quiet18 $E
 # the misses of quiet17 and quiet12, jittered (validate --jitter: sends up to 0.5 ms late, prices up to 1% off; 'maybe'
 # where every node-priced figure's range reaches the 20% band)
 for s in quiet17 quiet12; do
-  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) --profile /tmp/sim27_${s}_cal.json \
+  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) --profile /tmp/${O##*/}_${s}_cal.json \
       --node-speed kind --jitter 10 > $O/jitter_$s.txt 2>&1
 done
