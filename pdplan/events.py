@@ -19,6 +19,11 @@ class EventLoop:
     def after(self, dt: float, fn: Callable[[], None]) -> None:
         self.at(self.now + dt, fn)
 
+    @property
+    def pending(self) -> int:
+        """Events scheduled and not yet run."""
+        return len(self._heap)
+
     def run(self, until: float = float("inf")) -> None:
         """Run events until none are left or the next one is past `until`."""
         while self._heap and self._heap[0][0] <= until:

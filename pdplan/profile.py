@@ -172,6 +172,10 @@ class Overheads:
     # idle (pdplan/sim_core.py FloatingWork); in a plan (separate hosts) they cost nothing
     router_token_s: float = 0.0     # a disaggregated router (a colocated one is its engine's process)
     client_token_s: float = 0.0     # the load generator
+    # ... and CPU seconds per second of the run whatever streams (heartbeats, polls, the event loops):
+    # the per-token figure alone, a median over points of 26-128 s, was 26-39% off the points' own (sim28)
+    router_per_s: float = 0.0
+    client_per_s: float = 0.0
     # wall time a colocated server's engine loses beyond a decode node's, per step and per request it
     # starts (and per prompt token of it): its HTTP front end runs in the engine's process (GIL) and on
     # its core; measured from traces of both (bench/simulate/loop_cost.py); added to its simulated steps

@@ -15,7 +15,11 @@ step. In the validation's 1P+1D (prefill on core 0, decode on core 1) the stream
 keeps the decode core busy and its tokens' work lands on the prefill node's core, so a prompt
 prefilled while another request streams waits for the core: traced, a prefill step beside a busy
 decode node took 1.1-2.1x its own CPU time, one with the decode node idle 1.0-1.03x
-(bench/README.md, "What the trace found"). With no machine given (separate hosts) it costs nothing.
+(bench/README.md, "What the trace found"). Those processes also spend CPU every second of a run
+whatever streams (heartbeats, polls, their event loops: 16-29 ms a second for the router, 6-12 for
+the load generator, fitted over seven validation sets: bench/README.md, sim28), which
+FloatingWork.steady adds in small pieces while the run lasts. With no machine given (separate
+hosts) it costs nothing.
 
 The cores of one machine share its L3 and memory bus: traced, a decode step's own CPU was
 0.97-1.02x its price with the prefill node idle and 1.05-1.15x while the prefill node ran a step
@@ -106,6 +110,9 @@ class SimCore:
             cb()
 
 
+STEADY_TICK_S = 0.02     # how often floating work's per-second share is added (FloatingWork.steady)
+
+
 class FloatingWork:
     """Work that no process pin holds: run on an idle core of the machine (the one it last ran on
     if that one is idle, else the lowest idle one), or, with none idle, on the core it last ran on
@@ -124,6 +131,18 @@ class FloatingWork:
         self.pending += work_s
         if not self.running:
             self._start()
+
+    def steady(self, loop: EventLoop, per_s: float, running: Callable[[], bool], tick_s: float = STEADY_TICK_S) -> None:
+        """Also per_s CPU seconds a second, whatever streams (a router's heartbeats and polls, a load
+        generator's loop), added every tick_s while running() holds and anything else is scheduled."""
+        if not self.cores or per_s <= 0:
+            return
+
+        def tick() -> None:
+            if running() and loop.pending:
+                self.add(per_s * tick_s)
+                loop.after(tick_s, tick)
+        loop.after(tick_s, tick)
 
     def _start(self) -> None:
         work, self.pending = self.pending, 0.0

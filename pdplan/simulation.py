@@ -99,6 +99,9 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
         nodes = prefill.nodes + decode.nodes
         waits = lambda: router.waits                          # noqa: E731
         preemptions = decode.preemptions
+    o = profile.overheads
+    cores.floating.steady(loop, o.client_per_s + (0.0 if topology.colocated else o.router_per_s),
+                          lambda: not all(r.done or r.failed for r in requests))
     loop.run(max(r.arrival for r in requests) + horizon_s)
     summary = summarize(requests, slo, {k: (f(), n) for k, (f, n) in busy.items()}, preemptions(), waits(), warmup_s)
     return replace(summary, node_times={n.engine.name: (n.engine.busy_s + n.engine.core.bus_cpu.get(n.engine.name, 0.0),

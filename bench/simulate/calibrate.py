@@ -10,8 +10,10 @@ the engine-only profile also prices HTTP, tokenizing, control messages and strea
      gap is not one constant per request)
   3. token_s: the per-token cost (from a short list) that best matches the TPOT p50s
   0. first, not fitted but measured: router_token_s and client_token_s, the CPU seconds per output
-     token of the processes pinned nowhere (a disaggregated router, the load generator), from the
-     points' float_cpu (measure.py), or from `float_from` files when the runs predate it; and
+     token of the processes pinned nowhere (a disaggregated router, the load generator), and
+     router_per_s and client_per_s, their CPU seconds per second of the run whatever streams
+     (heartbeats, polls), from the points' float_cpu and wall time (measure.py; least squares over
+     the points), or from `float_from` files when the runs predate it; and
      prompt_token_s, the front end's cost per prompt token, from traces (trace.py front_end), so
      that request_s is what is left of it, and admit_token_s, a disaggregated router's per prompt
      token from its backend to the decode node's reservation (trace.py admission); and what a
@@ -31,6 +33,8 @@ import json
 import statistics
 from dataclasses import replace
 
+import numpy as np
+
 from bench.simulate import node_steps
 from bench.simulate.validate import point_requests, predict, topology
 from pdplan.profile import Overheads, Profile
@@ -46,8 +50,10 @@ def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (),
     as they are; the rest are measured (router_token_s, client_token_s) or fitted here; node_speed:
     the fit's simulations price each node at its steps' speed on that basis (the module docstring)."""
     measured = [json.load(open(p)) for p in paths]
-    router_s, client_s = floating_per_token([json.load(open(p)) for p in float_from] or measured)
+    router_s, client_s, router_per_s, client_per_s = floating_per_token(
+        [json.load(open(p)) for p in float_from] or measured)
     p = replace(profile, overheads=replace(traced, router_token_s=router_s, client_token_s=client_s, request_s=0.0,
+                                           router_per_s=router_per_s, client_per_s=client_per_s,
                                            handoff_s=0.0, token_s=0.0))
     p = replace(p, overheads=replace(p.overheads, token_s=_best_token_s(measured, p, node_speed)))
     gaps = colocated_gaps(measured, p, node_speed)
@@ -80,9 +86,12 @@ def colocated_gaps(measured: list[dict], profile: Profile, node_speed: str = "")
     return gaps
 
 
-def floating_per_token(measured: list[dict]) -> tuple[float, float]:
-    """(router, client) CPU seconds per output token, the medians over the points that recorded
-    them (a disaggregated router's only: a colocated one is its engine's process); 0 without any."""
+def floating_per_token(measured: list[dict]) -> tuple[float, float, float, float]:
+    """(router, client) CPU seconds per output token, then (router, client) per second of the run:
+    least squares over the points that recorded them (a disaggregated router's only: a colocated
+    one is its engine's process) of each process's CPU on the point's tokens and wall time; where
+    fewer than two points have a wall time or a coefficient comes out negative, the per-token
+    figure alone, the median over the points, and none per second; 0 without any."""
     router, client = [], []
     for m in measured:
         systems = m["systems"] if "systems" in m else {m["system"]: m}     # a measure file, or a trace's
@@ -91,10 +100,25 @@ def floating_per_token(measured: list[dict]) -> tuple[float, float]:
                 cpu, tokens = point.get("float_cpu"), point["metrics"]["total_output_tokens"]
                 if not cpu or not tokens:
                     continue
-                client.append(cpu["client"]["run_s"] / tokens)
+                wall = point.get("cpu_wall_s", 0.0)
+                client.append((cpu["client"]["run_s"], tokens, wall))
                 if "router" in cpu:
-                    router.append(cpu["router"]["run_s"] / tokens)
-    return (statistics.median(router) if router else 0.0), (statistics.median(client) if client else 0.0)
+                    router.append((cpu["router"]["run_s"], tokens, wall))
+    (rt, rs), (ct, cs) = _per_token_and_second(router), _per_token_and_second(client)
+    return rt, ct, rs, cs
+
+
+def _per_token_and_second(points: list[tuple[float, int, float]]) -> tuple[float, float]:
+    """(per token, per second) for [(CPU seconds, tokens, wall seconds), ...] (floating_per_token)."""
+    if not points:
+        return 0.0, 0.0
+    timed = [p for p in points if p[2] > 0]
+    if len(timed) >= 2:
+        (per_token, per_s), *_ = np.linalg.lstsq(np.array([[t, w] for _, t, w in timed], dtype=float),
+                                                 np.array([c for c, _, _ in timed]), rcond=None)
+        if per_token >= 0 and per_s >= 0:
+            return float(per_token), float(per_s)
+    return statistics.median(c / t for c, t, _ in points), 0.0
 
 
 def _errors(measured: list[dict], profile: Profile, figure: str, node_speed: str) -> list[tuple[str, float]]:

@@ -57,6 +57,27 @@ def test_floating_work_with_no_idle_core_shares_the_core_it_last_ran_on():
     assert floating.cpu_s == pytest.approx(0.02)
 
 
+def test_steady_floating_work_takes_its_share_while_the_run_lasts():
+    """A core in a 100 ms step, 0.25 CPU seconds a second of steady floating work (a router's polls):
+    it comes 5 ms every 20 ms and shares the core, which costs the step 5 ms at each of the ticks
+    at 20-120 ms: it ends at 130 ms. The work stops once running() is false, or once nothing else
+    is scheduled (the loop then ends)."""
+    loop = EventLoop()
+    core = SimCore(loop)
+    ends = _ends(loop, [(core, 0.1)])
+    loop.at(0.5, lambda: None)                                   # something later: ticks go on while running()
+    floating = FloatingWork([core])
+    floating.steady(loop, 0.25, lambda: loop.now < 0.19)
+    loop.run()
+    assert ends == [pytest.approx(0.13)]
+    assert floating.cpu_s == pytest.approx(0.25 * 0.18)      # ticks at 20, 40, ... 180 ms: nine of 5 ms
+    assert loop.pending == 0
+    idle = EventLoop()
+    FloatingWork([SimCore(idle)]).steady(idle, 0.25, lambda: True)
+    idle.run()                                                   # only ticks left: they stop
+    assert idle.now == pytest.approx(0.02)
+
+
 def test_floating_work_without_a_machine_costs_nothing():
     floating = FloatingWork([])
     floating.add(1.0)
@@ -148,9 +169,27 @@ def test_calibrate_takes_the_unpinned_cpu_per_token_from_measured_points():
                             "1p1d": {"points": [point(1000, 0.4, 0.6), point(2000, 1.0, 1.0), {"metrics": {
                                 "total_output_tokens": 10}}]}}}
     trace = {"system": "1p1d", "points": [point(1000, 0.5, 0.55)]}
-    assert floating_per_token([measured, trace]) == (pytest.approx(0.55e-3), pytest.approx(0.45e-3))
+    assert floating_per_token([measured, trace]) == (pytest.approx(0.55e-3), pytest.approx(0.45e-3), 0.0, 0.0)
     assert floating_per_token([{"systems": {"colocated": {"points": [{"metrics": {"total_output_tokens": 5}}]}}}]) \
-        == (0.0, 0.0)
+        == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_calibrate_splits_the_unpinned_cpu_into_per_token_and_per_second():
+    """Points of 26-128 s (sim28: the per-token median alone was 26-39% off them): the router's CPU
+    is 20 ms a second + 0.45 ms a token, the client's 8 ms + 0.3 ms; least squares gives both back.
+    A fit that would price a second negatively falls back to the per-token median."""
+    from bench.simulate.calibrate import floating_per_token
+
+    def point(tokens: int, wall: float) -> dict:
+        return {"metrics": {"total_output_tokens": tokens}, "cpu_wall_s": wall,
+                "float_cpu": {"client": {"run_s": 8e-3 * wall + 0.3e-3 * tokens},
+                              "router": {"run_s": 20e-3 * wall + 0.45e-3 * tokens}}}
+    measured = {"systems": {"1p1d": {"points": [point(6000, 26.0), point(6000, 50.0), point(5000, 128.0)]}}}
+    assert floating_per_token([measured]) == (pytest.approx(0.45e-3), pytest.approx(0.3e-3),
+                                              pytest.approx(20e-3), pytest.approx(8e-3))
+    shrinking = {"systems": {"1p1d": {"points": [point(1000, 10.0), point(1000, 100.0)]}}}
+    shrinking["systems"]["1p1d"]["points"][1]["float_cpu"]["client"]["run_s"] = 0.1
+    assert floating_per_token([shrinking])[1::2] == (pytest.approx((0.38 + 0.1) / 2 / 1000), 0.0)
 
 
 @pytest.mark.parametrize("topology", [Topology(colocated=1), Topology.disaggregated(1, 1)])

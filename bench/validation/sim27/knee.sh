@@ -5,8 +5,9 @@
 # of them). The landed linear price's results: bench/validation/sim26/validate_quiet1[2-6]_all.txt and
 # bench/validation/quiet17/validate_quiet17_nodespeed_kind_kindcal.txt. From the repository root:
 #   bash bench/validation/sim27/knee.sh && python bench/validation/sim24/summary.py bench/validation/sim27/validate_*
-# Session 28 (the sequences term's floor too, knee_seqs; quiet18 added): O=bench/validation/sim28 bash ... (its
-# outputs are there; sim27's files are the tokens' floor alone, from the code of session 27)
+# Session 28 (the sequences term's floor too, knee_seqs, and the unpinned processes' CPU per second; quiet18 and
+# quiet19 added): O=bench/validation/sim28 bash ... (its outputs are there; sim27's files are the tokens' floor
+# alone, from the code of session 27; commit 7031689's sim28 files the sequences' floor alone)
 export PYTHONPATH=.
 PY=${PY:-.venv/bin/python}
 O=${O:-bench/validation/sim27}
@@ -23,7 +24,7 @@ run() {  # SET TRACES
 run quiet12 $X & run quiet13 $X & wait
 run quiet14 $X & run quiet15 $E & wait
 run quiet16 $E & run quiet17 $E & wait
-[ $O = bench/validation/sim27 ] || run quiet18 $E
+[ $O = bench/validation/sim27 ] || { run quiet18 $E & run quiet19 $E & wait; }
 # the misses of quiet17 and quiet12, jittered (validate --jitter: sends up to 0.5 ms late, prices up to 1% off; 'maybe'
 # where every node-priced figure's range reaches the 20% band)
 for s in quiet17 quiet12; do
