@@ -17,7 +17,7 @@ prefilled while another request streams waits for the core: traced, a prefill st
 decode node took 1.1-2.1x its own CPU time, one with the decode node idle 1.0-1.03x
 (bench/README.md, "What the trace found"). Those processes also spend CPU every second of a run
 whatever streams (heartbeats, polls, their event loops: 16-29 ms a second for the router, 6-12 for
-the load generator, fitted over seven validation sets: bench/README.md, sim28), which
+the load generator, fitted over eight validation sets: bench/README.md, sim28), which
 FloatingWork.steady adds in small pieces while the run lasts. With no machine given (separate
 hosts) it costs nothing.
 
