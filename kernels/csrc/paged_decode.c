@@ -169,6 +169,17 @@ static inline __attribute__((always_inline)) void prefetch_head(const uint16_t *
     for (int b = 0; b < HD * 2; b += 64) __builtin_prefetch((const char *)row + b, 0, 3);
 }
 
+/* The same row into L2 only: the K pass fetches the V rows of the block it reads, so that the V pass,
+ * run after the softmax over the whole segment, finds them there (the V pass's own L1 prefetch of its
+ * next block then comes from L2); only for a segment whose V takes V_IN_L2 bytes at most (8 heads x 64
+ * in bf16: 512 tokens), so that the prefetched rows are not evicted before the V pass reads them. From
+ * memory a bf16 decode batch's attention read its KV at ~15 GB/s of the 29 two threads read; with this,
+ * 9 of 10 paired runs were faster, by 20% at the median (bench/README.md, session 28). */
+#define V_IN_L2 (512 * 1024)   /* half a Zen 4 core's L2 */
+static inline __attribute__((always_inline)) void prefetch_head_l2(const uint16_t *row, int HD) {
+    for (int b = 0; b < HD * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T1);
+}
+
 /* scores[j * len + off + i0 + i] = scale * q_j . K[i0 + i] for i < m, 16 tokens of one kv head's
  * query heads: vdpbf16ps products (exact in float32) summed in float32, the 16 dots reduced
  * together. q: the query row, unscaled bf16. Tokens past m read token m - 1's row again (their
@@ -176,7 +187,8 @@ static inline __attribute__((always_inline)) void prefetch_head(const uint16_t *
  * registers; k_block_bf16 calls it with m = 16 for every full run of 16, so those runs have no
  * selects either. next: the block whose rows i0 .. i0 + 15 of head h to prefetch (NULL: none). */
 static inline __attribute__((always_inline)) void k_tokens_bf16(const uint16_t *q, const uint16_t *blk, const uint16_t *next,
-                                                                int i0, int m, int h, int64_t token_stride, int group,
+                                                                const uint16_t *vblk, int i0, int m, int h,
+                                                                int64_t token_stride, int group,
                                                                 int HD, float scale, float *scores, int len, int off) {
     for (int g = 0; g < group; g++) {
         const int j = h * group + g;
@@ -187,6 +199,7 @@ static inline __attribute__((always_inline)) void k_tokens_bf16(const uint16_t *
         for (int i = 0; i < 16; i++) {
             const uint16_t *kr = blk + (i0 + (i < m ? i : m - 1)) * token_stride + h * HD;
             if (g == 0 && next != NULL) prefetch_head(next + (i0 + i) * token_stride + h * HD, HD);
+            if (g == 0 && vblk != NULL) prefetch_head_l2(vblk + (i0 + i) * token_stride + h * HD, HD);
             acc[i] = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)qv[0], (__m512bh)_mm512_loadu_si512(kr));
 #pragma GCC unroll 4
             for (int c = 1; c < HD / 32; c++)
@@ -198,17 +211,19 @@ static inline __attribute__((always_inline)) void k_tokens_bf16(const uint16_t *
 }
 
 /* K pass over tokens [0, n) of one bf16 block (k_tokens_bf16, 16 tokens at a time), prefetching
- * `next` (the sequence's next K block, or its first V block after the last K block). */
+ * `next` (the sequence's next K block, or its first V block after the last K block) into L1 and `vblk`
+ * (this block's V, or NULL: none) into L2. */
 static inline __attribute__((always_inline)) void k_block_bf16(const uint16_t *q, const uint16_t *blk, const uint16_t *next,
-                                                               int n, int64_t token_stride, int num_kv_heads, int group,
+                                                               const uint16_t *vblk, int n, int64_t token_stride,
+                                                               int num_kv_heads, int group,
                                                                int HD, float scale, float *scores, int len, int off) {
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int m = n - i0 < 16 ? n - i0 : 16;
         for (int h = 0; h < num_kv_heads; h++) {
             if (m == 16)
-                k_tokens_bf16(q, blk, next, i0, 16, h, token_stride, group, HD, scale, scores, len, off);
+                k_tokens_bf16(q, blk, next, vblk, i0, 16, h, token_stride, group, HD, scale, scores, len, off);
             else
-                k_tokens_bf16(q, blk, next, i0, m, h, token_stride, group, HD, scale, scores, len, off);
+                k_tokens_bf16(q, blk, next, vblk, i0, m, h, token_stride, group, HD, scale, scores, len, off);
         }
     }
 }
@@ -296,6 +311,7 @@ static inline __attribute__((always_inline)) void attend(
             const uint16_t *next = nb < 0 ? (const uint16_t *)v + (int64_t)table[c0 / block_size] * block_stride
                                           : (const uint16_t *)k + nb * block_stride;
             k_block_bf16((const uint16_t *)q_row, (const uint16_t *)k + b * block_stride, next,
+                         (int64_t)len * row_bytes <= V_IN_L2 ? (const uint16_t *)v + b * block_stride : NULL,
                          c1 - t0 < block_size ? c1 - t0 : block_size, token_stride, num_kv_heads, group, head_dim, scale,
                          scores, len, t0 - c0);
         }
