@@ -173,7 +173,7 @@ class Overheads:
     router_token_s: float = 0.0     # a disaggregated router (a colocated one is its engine's process)
     client_token_s: float = 0.0     # the load generator
     # ... and CPU seconds per second of the run whatever streams (heartbeats, polls, the event loops):
-    # the per-token figure alone, a median over points of 26-128 s, was 26-39% off the points' own (sim28)
+    # the per-token figure alone, a median over points of 26-128 s, was 21-44% off them (median; sim28)
     router_per_s: float = 0.0
     client_per_s: float = 0.0
     # wall time a colocated server's engine loses beyond a decode node's, per step and per request it

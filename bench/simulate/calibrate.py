@@ -50,7 +50,7 @@ def calibrate(paths: list[str], profile: Profile, float_from: list[str] = (),
     as they are; the rest are measured (router_token_s, client_token_s) or fitted here; node_speed:
     the fit's simulations price each node at its steps' speed on that basis (the module docstring)."""
     measured = [json.load(open(p)) for p in paths]
-    router_s, client_s, router_per_s, client_per_s = floating_per_token(
+    router_s, client_s, router_per_s, client_per_s = floating_cpu(
         [json.load(open(p)) for p in float_from] or measured)
     p = replace(profile, overheads=replace(traced, router_token_s=router_s, client_token_s=client_s, request_s=0.0,
                                            router_per_s=router_per_s, client_per_s=client_per_s,
@@ -86,7 +86,7 @@ def colocated_gaps(measured: list[dict], profile: Profile, node_speed: str = "")
     return gaps
 
 
-def floating_per_token(measured: list[dict]) -> tuple[float, float, float, float]:
+def floating_cpu(measured: list[dict]) -> tuple[float, float, float, float]:
     """(router, client) CPU seconds per output token, then (router, client) per second of the run:
     least squares over the points that recorded them (a disaggregated router's only: a colocated
     one is its engine's process) of each process's CPU on the point's tokens and wall time; where
@@ -109,7 +109,7 @@ def floating_per_token(measured: list[dict]) -> tuple[float, float, float, float
 
 
 def _per_token_and_second(points: list[tuple[float, int, float]]) -> tuple[float, float]:
-    """(per token, per second) for [(CPU seconds, tokens, wall seconds), ...] (floating_per_token)."""
+    """(per token, per second) for [(CPU seconds, tokens, wall seconds), ...] (floating_cpu)."""
     if not points:
         return 0.0, 0.0
     timed = [p for p in points if p[2] > 0]

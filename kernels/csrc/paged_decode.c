@@ -185,7 +185,8 @@ static inline __attribute__((always_inline)) void prefetch_head_l2(const uint16_
  * together. q: the query row, unscaled bf16. Tokens past m read token m - 1's row again (their
  * dots are not stored): the loop over 16 tokens has no branch, so gcc keeps the 16 sums in
  * registers; k_block_bf16 calls it with m = 16 for every full run of 16, so those runs have no
- * selects either. next: the block whose rows i0 .. i0 + 15 of head h to prefetch (NULL: none). */
+ * selects either. next: the block whose rows i0 .. i0 + 15 of head h to prefetch into L1 (NULL: none);
+ * vblk: the block whose same rows to prefetch into L2 (this block's V; NULL: none). */
 static inline __attribute__((always_inline)) void k_tokens_bf16(const uint16_t *q, const uint16_t *blk, const uint16_t *next,
                                                                 const uint16_t *vblk, int i0, int m, int h,
                                                                 int64_t token_stride, int group,

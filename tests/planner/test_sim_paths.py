@@ -158,7 +158,7 @@ def test_a_burst_on_one_idle_document_stays_on_the_node_holding_it():
 
 def test_calibrate_takes_the_unpinned_cpu_per_token_from_measured_points():
     """router: the disaggregated points' router CPU / output tokens; client: every point's; medians."""
-    from bench.simulate.calibrate import floating_per_token
+    from bench.simulate.calibrate import floating_cpu
 
     def point(tokens: int, client: float, router: float | None = None) -> dict:
         cpu = {"client": {"run_s": client, "wait_s": 0.0}}
@@ -169,8 +169,8 @@ def test_calibrate_takes_the_unpinned_cpu_per_token_from_measured_points():
                             "1p1d": {"points": [point(1000, 0.4, 0.6), point(2000, 1.0, 1.0), {"metrics": {
                                 "total_output_tokens": 10}}]}}}
     trace = {"system": "1p1d", "points": [point(1000, 0.5, 0.55)]}
-    assert floating_per_token([measured, trace]) == (pytest.approx(0.55e-3), pytest.approx(0.45e-3), 0.0, 0.0)
-    assert floating_per_token([{"systems": {"colocated": {"points": [{"metrics": {"total_output_tokens": 5}}]}}}]) \
+    assert floating_cpu([measured, trace]) == (pytest.approx(0.55e-3), pytest.approx(0.45e-3), 0.0, 0.0)
+    assert floating_cpu([{"systems": {"colocated": {"points": [{"metrics": {"total_output_tokens": 5}}]}}}]) \
         == (0.0, 0.0, 0.0, 0.0)
 
 
@@ -178,18 +178,18 @@ def test_calibrate_splits_the_unpinned_cpu_into_per_token_and_per_second():
     """Points of 26-128 s (sim28: the per-token median alone was 26-39% off them): the router's CPU
     is 20 ms a second + 0.45 ms a token, the client's 8 ms + 0.3 ms; least squares gives both back.
     A fit that would price a second negatively falls back to the per-token median."""
-    from bench.simulate.calibrate import floating_per_token
+    from bench.simulate.calibrate import floating_cpu
 
     def point(tokens: int, wall: float) -> dict:
         return {"metrics": {"total_output_tokens": tokens}, "cpu_wall_s": wall,
                 "float_cpu": {"client": {"run_s": 8e-3 * wall + 0.3e-3 * tokens},
                               "router": {"run_s": 20e-3 * wall + 0.45e-3 * tokens}}}
     measured = {"systems": {"1p1d": {"points": [point(6000, 26.0), point(6000, 50.0), point(5000, 128.0)]}}}
-    assert floating_per_token([measured]) == (pytest.approx(0.45e-3), pytest.approx(0.3e-3),
+    assert floating_cpu([measured]) == (pytest.approx(0.45e-3), pytest.approx(0.3e-3),
                                               pytest.approx(20e-3), pytest.approx(8e-3))
     shrinking = {"systems": {"1p1d": {"points": [point(1000, 10.0), point(1000, 100.0)]}}}
     shrinking["systems"]["1p1d"]["points"][1]["float_cpu"]["client"]["run_s"] = 0.1
-    assert floating_per_token([shrinking])[1::2] == (pytest.approx((0.38 + 0.1) / 2 / 1000), 0.0)
+    assert floating_cpu([shrinking])[1::2] == (pytest.approx((0.38 + 0.1) / 2 / 1000), 0.0)
 
 
 @pytest.mark.parametrize("topology", [Topology(colocated=1), Topology.disaggregated(1, 1)])
