@@ -3,6 +3,10 @@ attention over every layer's own cache (blocks scattered in the pool), in GB/s o
 the machine's memory-read ceiling measured in the same run (a torch sum over 400 MB, 1 and all threads).
 
     python bench/attention_dram.py [--seqs 32] [--context 190] [--layers 8] [--steps 30]
+    python bench/attention_dram.py --base REV [--pairs 6] [--dtypes bfloat16]
+
+With --base, REV's paged_decode kernel (built as bench/kernel_ab.py builds it) and this tree's take
+turns, pair by pair (which goes first alternating): ms a step each, and this tree's / REV's per pair.
 
 bench/attention_cpu.py compares the paged layout with contiguous SDPA; this one asks how close a
 step's attention comes to the memory's read rate (bench/README.md, session 28: the bf16 kernel read
@@ -62,16 +66,53 @@ def attention(dtype: torch.dtype, seqs: int, context: int, layers: int, steps: i
     return {"ms_per_step": seconds * 1e3, "kv_mib": kv_bytes / 2**20, "gb_per_s": kv_bytes / seconds / 1e9}
 
 
+def against_base(rev: str, dtypes: list[torch.dtype], args) -> dict:
+    """This tree's kernel against revision rev's, runs alternating: {dtype: {side: [ms a step, ...]}}."""
+    import statistics
+    import tempfile
+
+    from bench.kernel_ab import build_base, use
+    from kernels import cpu_kernels
+    own = cpu_kernels._load
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {rev: build_base(rev, ["paged_decode"], tmp), "this tree": None}
+        for dtype in dtypes:
+            runs: dict[str, list[float]] = {side: [] for side in sides}
+            for pair in range(args.pairs):
+                order = list(sides.items())
+                for side, libs in order if pair % 2 == 0 else order[::-1]:
+                    use(libs, own)
+                    runs[side].append(attention(dtype, args.seqs, args.context, args.layers, args.steps)["ms_per_step"])
+            use(None, own)
+            ratios = [t / b for t, b in zip(runs["this tree"], runs[rev])]
+            name = str(dtype).removeprefix("torch.")
+            print(f"{name:9s} {args.layers} layers x {args.seqs} seqs x {args.context} tokens, ms a step: {rev} "
+                  f"{statistics.median(runs[rev]):.2f}, this tree {statistics.median(runs['this tree']):.2f}; "
+                  f"this tree / {rev} per pair {', '.join(f'{r:.2f}' for r in ratios)} (median "
+                  f"{statistics.median(ratios):.3f}, faster in {sum(r < 1 for r in ratios)} of {len(ratios)})")
+            out[name] = {"runs_ms": runs, "ratios": ratios}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", type=int, default=32)
     ap.add_argument("--context", type=int, default=190)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--base", help="a git revision whose paged_decode to run against this tree's, alternating")
+    ap.add_argument("--pairs", type=int, default=6, help="with --base: runs of each side")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
     args = ap.parse_args()
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    if args.base:
+        rows = against_base(args.base, dtypes, args)
+        print(f"wrote {write_result('attention_dram', {'args': vars(args), 'against_base': rows})}")
+        return 0
     ceiling = {threads: read_ceiling(threads) for threads in sorted({1, torch.get_num_threads()})}
     rows = {str(dtype).removeprefix("torch."): attention(dtype, args.seqs, args.context, args.layers, args.steps)
-            for dtype in (torch.float32, torch.bfloat16)}
+            for dtype in dtypes}
     print("memory read ceiling (torch sum, 400 MB): " + ", ".join(f"{g:.1f} GB/s with {t} thread(s)"
                                                                for t, g in ceiling.items()))
     best = max(ceiling.values())

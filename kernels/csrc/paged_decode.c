@@ -174,7 +174,9 @@ static inline __attribute__((always_inline)) void prefetch_head(const uint16_t *
  * next block then comes from L2); only for a segment whose V takes V_IN_L2 bytes at most (8 heads x 64
  * in bf16: 512 tokens), so that the prefetched rows are not evicted before the V pass reads them. From
  * memory a bf16 decode batch's attention read its KV at ~15 GB/s of the 29 two threads read; with this,
- * 9 of 10 paired runs were faster, by 20% at the median (bench/README.md, session 28). */
+ * 9 of 10 paired runs were faster, by 20% at the median (bench/README.md, session 28). The V pass
+ * likewise fetches the K of the task its thread runs next (at most V_IN_L2 bytes of it), so that memory
+ * is read during both passes: 8 of 8 paired runs faster again, by 20% (bench/README.md, session 29). */
 #define V_IN_L2 (512 * 1024)   /* half a Zen 4 core's L2 */
 static inline __attribute__((always_inline)) void prefetch_head_l2(const uint16_t *row, int HD) {
     for (int b = 0; b < HD * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T1);
@@ -247,9 +249,10 @@ static inline __attribute__((always_inline)) void v_row_bf16(__m512 *e, __m512 *
  * each query head's head_dim sums in registers across the block, as even / odd element pairs
  * (v_row_bf16), in two sets, even and odd tokens, so the adds do not wait on each other; the
  * pairs are put back in element order once a block. */
-static inline __attribute__((always_inline)) void v_block_bf16(const float *p, const uint16_t *blk, const uint16_t *next, int n,
-                                                               int64_t token_stride, int num_kv_heads, int group, int HD,
-                                                               float *acc, int len, int off) {
+static inline __attribute__((always_inline)) void v_block_bf16(const float *p, const uint16_t *blk, const uint16_t *next,
+                                                               const uint16_t *ahead, int n, int64_t token_stride,
+                                                               int num_kv_heads, int group, int HD, float *acc, int len,
+                                                               int off) {
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     for (int h = 0; h < num_kv_heads; h++) {
@@ -263,6 +266,10 @@ static inline __attribute__((always_inline)) void v_block_bf16(const float *p, c
                 if (g == 0 && next != NULL) {
                     prefetch_head(next + i * token_stride + h * HD, HD);
                     prefetch_head(next + (i + 1) * token_stride + h * HD, HD);
+                }
+                if (g == 0 && ahead != NULL) {
+                    prefetch_head_l2(ahead + i * token_stride + h * HD, HD);
+                    prefetch_head_l2(ahead + (i + 1) * token_stride + h * HD, HD);
                 }
                 v_row_bf16(e0, o0, pj[i], blk + i * token_stride + h * HD, HD);
                 v_row_bf16(e1, o1, pj[i + 1], blk + (i + 1) * token_stride + h * HD, HD);
@@ -289,11 +296,12 @@ static inline __attribute__((always_inline)) void v_block_bf16(const float *p, c
  * block_size). partial == NULL: the normalized output row goes to out_row. Otherwise, per query
  * head j, partial[j * (head_dim + 2) ...] gets the unnormalized sum_t e^(s_t - m) V_t, then m and
  * l = sum_t e^(s_t - m): merge_partials combines the segments. scratch: nq * (c1 - c0 + 2 *
- * head_dim) floats. */
+ * head_dim) floats. ahead_table, [a0, a1): the block table and tokens of the task this thread runs
+ * next (NULL: none), whose K a bf16 V pass fetches into L2. */
 static inline __attribute__((always_inline)) void attend(
     const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride, const int32_t *table,
     int c0, int c1, char *out_row, float *partial, int num_kv_heads, int group, int head_dim, int block_size,
-    float scale, int dtype, int esize, float *scratch) {
+    float scale, int dtype, int esize, float *scratch, const int32_t *ahead_table, int a0, int a1) {
     const int nq = num_kv_heads * group, len = c1 - c0, row_bytes = num_kv_heads * head_dim * esize;
     float *scores = scratch;                         /* [nq][len] */
     float *qf = scores + (size_t)nq * len;           /* [nq][head_dim], pre-scaled */
@@ -363,13 +371,19 @@ static inline __attribute__((always_inline)) void attend(
         }
 #endif
 #if BF16_BLOCKS
-    if (blocks16 && dtype == DT_BF16)
-        for (int t0 = c0; t0 < c1; t0 += block_size) {
+    if (blocks16 && dtype == DT_BF16) {
+        /* the next task's K blocks into L2, one beside each of this task's V blocks (more: its K pass's own) */
+        const int ahead_ok = ahead_table != NULL && (int64_t)(a1 - a0) * row_bytes <= V_IN_L2;
+        for (int t0 = c0, ta = a0; t0 < c1; t0 += block_size, ta += block_size) {
             const int64_t b = table[t0 / block_size], nb = t0 + block_size < c1 ? table[t0 / block_size + 1] : -1;
+            const uint16_t *ahead =
+                ahead_ok && ta < a1 ? (const uint16_t *)k + (int64_t)ahead_table[ta / block_size] * block_stride : NULL;
             v_block_bf16(scores, (const uint16_t *)v + b * block_stride,
-                         nb < 0 ? NULL : (const uint16_t *)v + nb * block_stride, c1 - t0 < block_size ? c1 - t0 : block_size,
-                         token_stride, num_kv_heads, group, head_dim, acc, len, t0 - c0);
+                         nb < 0 ? NULL : (const uint16_t *)v + nb * block_stride, ahead,
+                         c1 - t0 < block_size ? c1 - t0 : block_size, token_stride, num_kv_heads, group, head_dim, acc,
+                         len, t0 - c0);
         }
+    }
 #endif
     for (int t0 = c0; t0 < c1 && !blocks16; t0 += block_size) {
         const char *blk = v + (int64_t)table[t0 / block_size] * block_stride * esize;
@@ -422,21 +436,32 @@ static void merge_partials(const float *parts, int splits, int nq, int head_dim,
     }
 }
 
-#define ATTEND_ARGS                                                                                     \
-    const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride,          \
-        const int32_t *table, int c0, int c1, char *out_row, float *partial, int num_kv_heads, int group,   \
-        int head_dim, int block_size, float scale, int esize, float *scratch
-#define ATTEND_PASS_HD(HD) \
-    q_row, k, v, block_stride, token_stride, table, c0, c1, out_row, partial, num_kv_heads, group, HD, block_size, scale
+/* Task `task`'s tokens [*c0, *c1): its sequence's context cut into equal block-aligned segments. */
+static void task_range(int task, const int *task_seq, const int *first, const int32_t *seq_lens, int block_size, int *c0,
+                       int *c1) {
+    const int s = task_seq[task], splits = first[s + 1] - first[s], i = task - first[s], ctx = seq_lens[s];
+    const int seg = ((ctx + splits - 1) / splits + block_size - 1) / block_size * block_size;
+    *c0 = i * seg < ctx ? i * seg : ctx;
+    *c1 = *c0 + seg < ctx ? *c0 + seg : ctx;
+}
+
+#define ATTEND_ARGS                                                                                         \
+    const char *q_row, const char *k, const char *v, int64_t block_stride, int64_t token_stride,              \
+        const int32_t *table, int c0, int c1, char *out_row, float *partial, int num_kv_heads, int group,       \
+        int head_dim, int block_size, float scale, int esize, float *scratch, const int32_t *ahead_table, int a0, \
+        int a1
+#define ATTEND_PASS_HD(HD)                                                                                    \
+    q_row, k, v, block_stride, token_stride, table, c0, c1, out_row, partial, num_kv_heads, group, HD,        \
+        block_size, scale
 /* One copy per dtype, and within it per common head size: constant trip counts unroll fully. */
-#define ATTEND_DT(NAME, DT)                                                                           \
-    static void NAME(ATTEND_ARGS) {                                                                   \
-        if (head_dim == 64)                                                                           \
-            attend(ATTEND_PASS_HD(64), DT, esize, scratch);                                           \
-        else if (head_dim == 128)                                                                     \
-            attend(ATTEND_PASS_HD(128), DT, esize, scratch);                                          \
-        else                                                                                          \
-            attend(ATTEND_PASS_HD(head_dim), DT, esize, scratch);                                     \
+#define ATTEND_DT(NAME, DT)                                                                                   \
+    static void NAME(ATTEND_ARGS) {                                                                           \
+        if (head_dim == 64)                                                                                   \
+            attend(ATTEND_PASS_HD(64), DT, esize, scratch, ahead_table, a0, a1);                              \
+        else if (head_dim == 128)                                                                             \
+            attend(ATTEND_PASS_HD(128), DT, esize, scratch, ahead_table, a0, a1);                             \
+        else                                                                                                  \
+            attend(ATTEND_PASS_HD(head_dim), DT, esize, scratch, ahead_table, a0, a1);                        \
     }
 ATTEND_DT(attend_f32, DT_F32)
 ATTEND_DT(attend_bf16, DT_BF16)
@@ -481,22 +506,33 @@ int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void 
     }
     for (int s = 0; s < num_seqs; s++)
         for (int t = first[s]; t < first[s + 1]; t++) task_seq[t] = s;
-    int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
-    for (int task = 0; task < tasks; task++) {
-        const int s = task_seq[task], splits = first[s + 1] - first[s], i = task - first[s], ctx = seq_lens[s];
-        const int seg = ((ctx + splits - 1) / splits + block_size - 1) / block_size * block_size;
-        const int c0 = i * seg < ctx ? i * seg : ctx, c1 = c0 + seg < ctx ? c0 + seg : ctx;
-        float *scratch = malloc(sizeof(float) * ((size_t)nq * (c1 - c0) + 2 * (size_t)nq * head_dim));
-        if (scratch == NULL) {
-            failed = 1;
-            continue;
+    int failed = 0, claimed = 0;
+    /* Dynamic scheduling by hand, claiming one task ahead while more than a task a thread is left: a
+     * thread then knows the task it runs next, and a bf16 V pass fetches that task's K into L2, so
+     * memory is read during both passes. The last tasks are claimed as threads free up, as
+     * schedule(dynamic, 1) would. */
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        int task = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
+        while (task < tasks) {
+            const int next = task + num_threads < tasks ? __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED) : tasks;
+            int c0, c1, a0 = 0, a1 = 0;
+            task_range(task, task_seq, first, seq_lens, block_size, &c0, &c1);
+            if (next < tasks) task_range(next, task_seq, first, seq_lens, block_size, &a0, &a1);
+            const int s = task_seq[task], splits = first[s + 1] - first[s];
+            float *scratch = malloc(sizeof(float) * ((size_t)nq * (c1 - c0) + 2 * (size_t)nq * head_dim));
+            if (scratch == NULL) {
+                failed = 1;
+            } else {
+                attend_dt((const char *)q + rows[s] * q_row_stride * esize, k, v, block_stride, token_stride,
+                          tables + (int64_t)s * table_stride, c0, c1, (char *)out + rows[s] * out_row_stride * esize,
+                          splits == 1 ? NULL : parts + (size_t)task * part_floats, num_kv_heads, group, head_dim,
+                          block_size, scale, esize, scratch,
+                          next < tasks ? tables + (int64_t)task_seq[next] * table_stride : NULL, a0, a1);
+                free(scratch);
+            }
+            task = next < tasks ? next : __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         }
-        attend_dt((const char *)q + rows[s] * q_row_stride * esize, k, v, block_stride, token_stride,
-                  tables + (int64_t)s * table_stride, c0, c1, (char *)out + rows[s] * out_row_stride * esize,
-                  splits == 1 ? NULL : parts + (size_t)task * part_floats, num_kv_heads, group, head_dim,
-                  block_size, scale, esize, scratch);
-        free(scratch);
     }
     if (parts != NULL && !failed) {
 #pragma omp parallel for num_threads(num_threads) if (num_seqs > 1)
