@@ -47,7 +47,7 @@ static inline __attribute__((always_inline)) void block(const int R, const struc
     __mmask16 mask[VECS];
     tile_masks(cols, mask);
     for (int v = 0; v < VECS; v++) {
-        const __m512 init = bias == NULL ? _mm512_setzero_ps() : bias_vec(bias + v * 16, mask[v]);
+        const __m512 init = bias == NULL ? opaque_zero() : bias_vec(bias + v * 16, mask[v]);
         for (int r = 0; r < R; r++) acc[r][v] = init;
     }
     const int64_t pf_step = pairs > 0 ? (pf_lines + pairs - 1) / pairs : 0;

@@ -36,7 +36,7 @@ static inline __attribute__((always_inline)) void block(const int R, const struc
     __mmask16 mask[VECS];
     tile_masks(cols, mask);
     for (int v = 0; v < VECS; v++) {
-        const __m512 init = bias == NULL ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], bias + v * 16);
+        const __m512 init = bias == NULL ? opaque_zero() : _mm512_maskz_loadu_ps(mask[v], bias + v * 16);
         for (int r = 0; r < R; r++) acc[r][v] = init;
     }
     const int64_t pf_step = (pf_lines + k - 1) / k;

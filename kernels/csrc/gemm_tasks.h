@@ -74,6 +74,17 @@ static inline __attribute__((always_inline)) void gemm_task(const struct gemm_ca
     }
 }
 
+#ifdef __AVX512F__
+/* Zero, in a register gcc cannot see is zero. Register blocks start their accumulators from it:
+ * from a plain zero gcc turns that loop into a memset of the accumulator array on the stack, a
+ * call per block that took 6% of a bf16 prefill step (bench/README.md, session 29). */
+static inline __attribute__((always_inline)) __m512 opaque_zero(void) {
+    __m512 z = _mm512_setzero_ps();
+    __asm__("" : "+v"(z));
+    return z;
+}
+#endif
+
 /* CLOCK_MONOTONIC in ns. */
 static inline uint64_t gemm_now_ns(void) {
     struct timespec t;
