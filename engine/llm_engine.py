@@ -31,6 +31,7 @@ from engine.sampler import Sampler, SampledToken, SamplingRow
 from pdwire.sampling_params import SamplingParams, choice_seed
 from engine.scheduler import ReservedPrompt, ScheduledSeq, Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceGroup
+from engine.step_memory import retain_step_memory
 from engine.step_observer import StepObserver
 from engine.swap import PreemptionMode, SwapPool
 
@@ -57,6 +58,8 @@ class LLMEngine:
         if not config.scheduler.enable_chunked_prefill:     # a prompt (or a recompute) is one step
             self.max_model_len = min(self.max_model_len, config.scheduler.max_num_batched_tokens)
         self.block_manager = BlockManager(num_blocks, bs, config.cache.enable_prefix_caching)
+        if config.torch_device.type == "cpu":           # a step's activations: kept mapped, not faulted in again
+            retain_step_memory(self.model_config, config.scheduler.max_num_batched_tokens)
         self.runner = make_runner(config, self.model_config, num_blocks)   # tp > 1: engine.parallel
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self._swap_pool(config))
         self.sampler = Sampler(config.seed)

@@ -1,4 +1,5 @@
-"""glibc's malloc told to keep what a KV receiver frees, so received blocks do not fault pages in.
+"""glibc's malloc told to keep what a KV receiver frees, so received blocks do not fault pages in
+(and, through engine/step_memory.py, what a CPU engine's steps free).
 
 libzmq mallocs every frame it receives (a block's payload: 0.5-2 MiB for Llama-sized blocks) and
 the receiver frees it as soon as its bytes are in the pool. By default glibc serves such sizes
@@ -19,8 +20,8 @@ The settings are process-wide (mallopt). What they cost:
 - allocations up to MMAP_THRESHOLD_MAX come from the heap instead of mmap, as glibc's own
   dynamic threshold would move them after the first free. The KV pool, larger, is still mapped
   on its own.
-Elsewhere than glibc, nothing is changed. A prefill node has no receiver, so it keeps glibc's
-defaults.
+Elsewhere than glibc, nothing is changed. Several callers in one process (a decode node's
+receiver and its engine) get the largest trim any of them asked for, whatever their order.
 """
 from __future__ import annotations
 
@@ -32,11 +33,12 @@ log = logging.getLogger("kvtransport")
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3      # glibc malloc.h
 MMAP_THRESHOLD_MAX = 32 << 20    # the largest glibc takes on 64-bit (half its 64 MiB heaps)
 MIN_TRIM_BYTES = 64 << 20        # what glibc's dynamic trim threshold reaches (2 x the mmap one)
+_trim = 0                        # the largest trim this process set, so a later, smaller ask lowers nothing
 
 
 def retain_freed(trim_bytes: int) -> bool:
     """Keep freed blocks of up to MMAP_THRESHOLD_MAX bytes in the heap, and up to
-    max(trim_bytes, MIN_TRIM_BYTES) of free memory at its top; True if glibc took all three
+    max(trim_bytes, MIN_TRIM_BYTES, any earlier call's) of free memory at its top; True if glibc took all three
     settings. The top pad is what keeps a thread's arena (libzmq's I/O thread allocates from its
     own) from unmapping a whole 64 MiB heap once it is free, which the trim threshold alone does
     not; it also makes each heap grow by that much address space, mapped only when touched."""
@@ -45,9 +47,10 @@ def retain_freed(trim_bytes: int) -> bool:
     except (OSError, AttributeError):
         return False                 # not glibc: its allocator is left as it is
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    trim = min(max(trim_bytes, MIN_TRIM_BYTES), 2**31 - 1)
+    global _trim
+    trim = _trim = min(max(trim_bytes, MIN_TRIM_BYTES, _trim), 2**31 - 1)
     ok = all(mallopt(param, value) == 1 for param, value in
              ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_TRIM_THRESHOLD, trim), (M_TOP_PAD, trim)))
     if not ok:
-        log.warning("mallopt refused the KV receiver's heap settings; received blocks may fault pages in")
+        log.warning("mallopt refused the heap settings; received blocks and step activations may fault pages in")
     return ok
