@@ -6,17 +6,18 @@ model's MLP: a 23 MB gate_up output). glibc maps blocks that large anew and unma
 its activations in again page by page, each page zeroed by the kernel: in the bench model's
 float32 prefill the kernel's page-fault path took ~14% of the CPU, and a 2,048-token step took
 ~760 ms against ~580 with the memory kept (bench/README.md, session 29). vLLM's CPU build runs
-under tcmalloc for the same reason. This sets kvtransport.heap's process-wide glibc settings
-(the mmap threshold at its largest, 32 MiB, and a trim threshold above a step's activations); a
-block larger than 32 MiB is still mapped on its own. The cost: memory a step freed stays mapped,
-up to the largest step's. PDSERVE_RETAIN_HEAP=0 leaves glibc's defaults, for A/B measurements.
+under tcmalloc for the same reason. This sets kvtransport.heap's process-wide glibc settings: the
+mmap threshold at its largest (32 MiB), a trim threshold above a step's activations, the top pad
+at 64 MiB (MIN_TRIM_BYTES), not raised with them. A block larger than 32 MiB is still mapped on
+its own. The cost: memory a step freed stays mapped, up to the largest step's.
+PDSERVE_RETAIN_HEAP=0 leaves glibc's defaults, for A/B measurements.
 """
 from __future__ import annotations
 
 import os
 
 from engine.config import ModelConfig
-from kvtransport.heap import retain_freed
+from kvtransport.heap import MIN_TRIM_BYTES, retain_freed
 
 
 def step_bytes(cfg: ModelConfig, tokens: int) -> int:
@@ -32,4 +33,4 @@ def retain_step_memory(cfg: ModelConfig, max_num_batched_tokens: int) -> bool:
     took the settings, False where it did not or PDSERVE_RETAIN_HEAP=0."""
     if os.environ.get("PDSERVE_RETAIN_HEAP", "1") == "0":
         return False
-    return retain_freed(step_bytes(cfg, max_num_batched_tokens))
+    return retain_freed(step_bytes(cfg, max_num_batched_tokens), pad_bytes=MIN_TRIM_BYTES)

@@ -33,24 +33,28 @@ log = logging.getLogger("kvtransport")
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3      # glibc malloc.h
 MMAP_THRESHOLD_MAX = 32 << 20    # the largest glibc takes on 64-bit (half its 64 MiB heaps)
 MIN_TRIM_BYTES = 64 << 20        # what glibc's dynamic trim threshold reaches (2 x the mmap one)
-_trim = 0                        # the largest trim this process set, so a later, smaller ask lowers nothing
+_kept = {"trim": 0, "pad": 0}     # the largest this process set: a later, smaller ask lowers neither
 
 
-def retain_freed(trim_bytes: int) -> bool:
+def retain_freed(trim_bytes: int, pad_bytes: int | None = None) -> bool:
     """Keep freed blocks of up to MMAP_THRESHOLD_MAX bytes in the heap, and up to
-    max(trim_bytes, MIN_TRIM_BYTES, any earlier call's) of free memory at its top; True if glibc took all three
-    settings. The top pad is what keeps a thread's arena (libzmq's I/O thread allocates from its
-    own) from unmapping a whole 64 MiB heap once it is free, which the trim threshold alone does
-    not; it also makes each heap grow by that much address space, mapped only when touched."""
+    max(trim_bytes, MIN_TRIM_BYTES, any earlier call's) of free memory at its top; True if glibc
+    took all three settings. The top pad (pad_bytes, default trim_bytes; MIN_TRIM_BYTES at least) is
+    what keeps a thread's arena (libzmq's I/O thread allocates from its own) from unmapping a whole
+    64 MiB heap once it is free, which the trim threshold alone does not; it also makes each heap
+    grow by that much address space, mapped only when touched (an engine, whose steps allocate on
+    the main heap, asks for the least: engine/step_memory.py)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt     # the process's own symbols: no library lookup
     except (OSError, AttributeError):
         return False                 # not glibc: its allocator is left as it is
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    global _trim
-    trim = _trim = min(max(trim_bytes, MIN_TRIM_BYTES, _trim), 2**31 - 1)
+    trim = min(max(trim_bytes, MIN_TRIM_BYTES, _kept["trim"]), 2**31 - 1)
+    pad = min(max(trim_bytes if pad_bytes is None else pad_bytes, MIN_TRIM_BYTES, _kept["pad"]), 2**31 - 1)
     ok = all(mallopt(param, value) == 1 for param, value in
-             ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_TRIM_THRESHOLD, trim), (M_TOP_PAD, trim)))
-    if not ok:
+             ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_TRIM_THRESHOLD, trim), (M_TOP_PAD, pad)))
+    if ok:
+        _kept.update(trim=trim, pad=pad)
+    else:
         log.warning("mallopt refused the heap settings; received blocks and step activations may fault pages in")
     return ok

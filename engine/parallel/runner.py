@@ -81,7 +81,8 @@ class TPModelRunner(RunnerBase):
         self._store, port = host_store(STARTUP_TIMEOUT_S)
         timeout = config.tensor_parallel_timeout_s
         spec = WorkerSpec(os.path.abspath(model_config.path), _dtype_name(model_config.dtype), config.max_model_len,
-                          num_blocks, bs, device.type, tp, port, STARTUP_TIMEOUT_S, timeout)
+                          num_blocks, bs, device.type, tp, port, STARTUP_TIMEOUT_S, timeout,
+                          max_num_batched_tokens=config.scheduler.max_num_batched_tokens)
         self._workers = [_spawn(dataclasses.replace(spec, rank=r)) for r in range(1, tp)]
         self._finalizer = weakref.finalize(self, _kill, self._workers)
         try:

@@ -29,6 +29,7 @@ from engine.model_runner import ModelRunner
 from engine.parallel.group import TPGroup, join_store
 from engine.parallel.sharding import shard_model
 from engine.parallel.step_message import BlockOp, Op, batch_to, receive, receive_scattered
+from engine.step_memory import retain_step_memory
 from engine.swap import BlockMove
 from engine.weights import load_model
 
@@ -47,6 +48,7 @@ class WorkerSpec:
     timeout_s: float                # joining the store
     op_timeout_s: float             # one collective inside a step (--tensor-parallel-timeout-s)
     rank: int = 0
+    max_num_batched_tokens: int = 2048  # a step's tokens: the activations the rank keeps mapped (engine/step_memory.py)
 
     @property
     def device(self) -> torch.device:
@@ -96,6 +98,8 @@ def main(spec: WorkerSpec) -> None:
         torch.set_num_threads(max(1, torch.get_num_threads() // spec.world))
     store = join_store(spec.store_port, spec.timeout_s)
     cfg = ModelConfig.from_pretrained(spec.model_path, spec.dtype, spec.max_model_len)
+    if device.type == "cpu":            # as rank 0's LLMEngine: every rank's steps wait for the slowest
+        retain_step_memory(cfg, spec.max_num_batched_tokens)
     model, kv_cache = load_rank(cfg, spec.num_blocks, spec.block_size, spec.world, device)
     store.set(f"ready/{spec.rank}", "1")
     group = TPGroup(store, spec.rank, spec.world, device, spec.op_timeout_s)

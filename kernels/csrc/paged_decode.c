@@ -13,6 +13,7 @@
  * decode step's sizes); V sums in registers across a block.
  * Built by kernels/cpu_kernels.py with the host compiler; called through ctypes.
  */
+#include <omp.h>
 #include <stdlib.h>
 
 #include "common.h"
@@ -175,8 +176,9 @@ static inline __attribute__((always_inline)) void prefetch_head(const uint16_t *
  * in bf16: 512 tokens), so that the prefetched rows are not evicted before the V pass reads them. From
  * memory a bf16 decode batch's attention read its KV at ~15 GB/s of the 29 two threads read; with this,
  * 9 of 10 paired runs were faster, by 20% at the median (bench/README.md, session 28). The V pass
- * likewise fetches the K of the task its thread runs next (at most V_IN_L2 bytes of it), so that memory
- * is read during both passes: 8 of 8 paired runs faster again, by 20% (bench/README.md, session 29). */
+ * likewise fetches the K of the task its thread runs next into L2 (when that task's K is V_IN_L2 bytes at
+ * most; as many of its blocks as this task has V blocks), so that memory is read during both passes: every
+ * paired run faster again, by 18-25% at the median (bench/README.md, session 29). */
 #define V_IN_L2 (512 * 1024)   /* half a Zen 4 core's L2 */
 static inline __attribute__((always_inline)) void prefetch_head_l2(const uint16_t *row, int HD) {
     for (int b = 0; b < HD * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T1);
@@ -507,15 +509,19 @@ int paged_decode(const void *q, int64_t q_row_stride, const void *k, const void 
     for (int s = 0; s < num_seqs; s++)
         for (int t = first[s]; t < first[s + 1]; t++) task_seq[t] = s;
     int failed = 0, claimed = 0;
-    /* Dynamic scheduling by hand, claiming one task ahead while more than a task a thread is left: a
-     * thread then knows the task it runs next, and a bf16 V pass fetches that task's K into L2, so
-     * memory is read during both passes. The last tasks are claimed as threads free up, as
-     * schedule(dynamic, 1) would. */
+    /* Dynamic scheduling by hand, claiming one task ahead while more than a task a thread is still
+     * unclaimed: a thread then knows the task it runs next, and a bf16 V pass fetches that task's K
+     * into L2, so memory is read during both passes. Past that point a thread claims its next task
+     * when it is done with one, as schedule(dynamic, 1) does, so the last tasks go to whichever
+     * threads free up first. */
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
+        const int team = omp_get_num_threads();
         int task = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         while (task < tasks) {
-            const int next = task + num_threads < tasks ? __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED) : tasks;
+            const int next = __atomic_load_n(&claimed, __ATOMIC_RELAXED) + team < tasks
+                                 ? __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED)
+                                 : tasks;
             int c0, c1, a0 = 0, a1 = 0;
             task_range(task, task_seq, first, seq_lens, block_size, &c0, &c1);
             if (next < tasks) task_range(next, task_seq, first, seq_lens, block_size, &a0, &a1);
