@@ -67,30 +67,25 @@ def attention(dtype: torch.dtype, seqs: int, context: int, layers: int, steps: i
 
 
 def against_base(rev: str, dtypes: list[torch.dtype], args) -> dict:
-    """This tree's kernel against revision rev's, runs alternating: {dtype: {side: [ms a step, ...]}}."""
-    import statistics
+    """This tree's kernel against revision rev's, runs alternating (bench/kernel_ab.py's
+    alternate): {dtype: {"runs_ms": {side: [ms a step, ...]}, "ratios": [this tree / rev, ...]}}."""
     import tempfile
 
-    from bench.kernel_ab import build_base, use
-    from kernels import cpu_kernels
-    own = cpu_kernels._load
+    from bench.kernel_ab import alternate, build_base
+    from bench.paired import paired_ratios, spread
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         sides = {rev: build_base(rev, ["paged_decode"], tmp), "this tree": None}
         for dtype in dtypes:
-            runs: dict[str, list[float]] = {side: [] for side in sides}
-            for pair in range(args.pairs):
-                order = list(sides.items())
-                for side, libs in order if pair % 2 == 0 else order[::-1]:
-                    use(libs, own)
-                    runs[side].append(attention(dtype, args.seqs, args.context, args.layers, args.steps)["ms_per_step"])
-            use(None, own)
+            runs = alternate(sides, args.pairs, lambda side, pair: attention(
+                dtype, args.seqs, args.context, args.layers, args.steps)["ms_per_step"])
             ratios = [t / b for t, b in zip(runs["this tree"], runs[rev])]
+            ratio = paired_ratios(runs[rev], runs["this tree"])         # this tree's time over rev's, per pair
             name = str(dtype).removeprefix("torch.")
             print(f"{name:9s} {args.layers} layers x {args.seqs} seqs x {args.context} tokens, ms a step: {rev} "
-                  f"{statistics.median(runs[rev]):.2f}, this tree {statistics.median(runs['this tree']):.2f}; "
-                  f"this tree / {rev} per pair {', '.join(f'{r:.2f}' for r in ratios)} (median "
-                  f"{statistics.median(ratios):.3f}, faster in {sum(r < 1 for r in ratios)} of {len(ratios)})")
+                  f"{spread(runs[rev]).median:.2f}, this tree {spread(runs['this tree']).median:.2f}; "
+                  f"this tree / {rev} per pair {', '.join(f'{r:.2f}' for r in ratios)} (median {ratio.median:.3f}, "
+                  f"95% CI {ratio.ci_lo:.3f}-{ratio.ci_hi:.3f}, faster in {sum(r < 1 for r in ratios)} of {len(ratios)})")
             out[name] = {"runs_ms": runs, "ratios": ratios}
     return out
 

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Callable, TypeVar
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout first
 from bench.gemm_ab import HERE, engine, timed_run  # noqa: E402  (sets OMP_WAIT_POLICY before torch loads)
@@ -26,6 +27,7 @@ from bench.machine import write_result  # noqa: E402
 from bench.random_model import make_random_llama  # noqa: E402
 from kernels import cpu_kernels  # noqa: E402
 
+T = TypeVar("T")
 LOADERS = [cpu_kernels.paged_decode_lib, cpu_kernels.paged_prefill_lib, cpu_kernels.layer_ops_lib,
            cpu_kernels.gemm_bf16_lib, cpu_kernels.gemm_f32_lib, cpu_kernels.argmax_lib]
 
@@ -61,6 +63,22 @@ def use(side_libs: dict[str, ctypes.CDLL] | None, own_load) -> None:
         loader.cache_clear()
 
 
+def alternate(sides: dict[str, dict[str, ctypes.CDLL] | None], rounds: int, run: Callable[[str, int], T]) -> dict[str, list[T]]:
+    """run(side, round) for each side in each round, with that side's kernels loaded (None: this
+    tree's), which side goes first taking turns; this tree's kernels loaded again after."""
+    own_load = cpu_kernels._load
+    out: dict[str, list[T]] = {side: [] for side in sides}
+    try:
+        for r in range(rounds):
+            order = list(sides.items())
+            for side, libs in order if r % 2 == 0 else order[::-1]:
+                use(libs, own_load)
+                out[side].append(run(side, r))
+    finally:
+        use(None, own_load)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", required=True, help="git revision whose kernels/csrc is the other side")
@@ -73,22 +91,18 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown kernels {sorted(unknown)}")
     path = make_random_llama(os.path.join(HERE, ".cache", "llama-58m"))
-    own_load = cpu_kernels._load
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"this tree": None, args.base: build_base(args.base, names, tmp)}
         eng = engine(path, args.dtype, True)
-        runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         timed_run(eng, 0)        # warm-up (the first run of a process is slower), not counted
         load = [os.getloadavg()[0]]
-        for repeat in range(args.repeats):
-            order = list(sides.items())
-            for side, libs in order if repeat % 2 == 0 else order[::-1]:
-                use(libs, own_load)     # fresh prompts for every run: none hits the prefix cache
-                runs[side].append(timed_run(eng, 1 + repeat * len(sides) + list(sides).index(side)))
-                r = runs[side][-1]
-                print(f"  {side:12s} {r['tok_s']:6.0f} tok/s  prefill {r['prefill_s'] * 1e3:5.0f} ms  "
-                      f"decode {r['decode_ms_per_step']:5.2f} ms/step", flush=True)
-        use(None, own_load)
+
+        def run(side: str, repeat: int) -> dict[str, float]:     # fresh prompts for every run: no prefix-cache hits
+            r = timed_run(eng, 1 + repeat * len(sides) + list(sides).index(side))
+            print(f"  {side:12s} {r['tok_s']:6.0f} tok/s  prefill {r['prefill_s'] * 1e3:5.0f} ms  "
+                  f"decode {r['decode_ms_per_step']:5.2f} ms/step", flush=True)
+            return r
+        runs = alternate(sides, args.repeats, run)
         load.append(os.getloadavg()[0])
     medians = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
     for side, m in medians.items():
