@@ -19,6 +19,8 @@ rounds. A block size runs --repeats rounds (16; 200 at most), or fewer once --ma
   unbatched    send_block per block: one BlockFrame message each (the path before batching)
   ceiling      raw pyzmq, zero-copy blocks, one memcpy each into a pool (bench/transfer_ceiling.py)
   ceiling_mac  the same with a small header sealed and opened per block (one MAC each)
+  ceiling_stream  raw pyzmq with pdserve's copy: each block received zero-copy and copied into
+               the pool with streaming stores (kernels/stream_copy.py), no header, no MAC
 
 The decode process (bench/transfer_pdserve.py) takes a batch's payloads as messages of their own
 unless --no-split-payloads (then as frames of the batch's message: the wire before the twelfth
@@ -84,9 +86,9 @@ def memcpy_gbps(nbytes: int = 256 << 20) -> float:
 
 ROUNDS, MAX_ROUNDS = 16, 200              # measured rounds per block size: the default, the most
 ROUND_SECONDS, MAX_ROUND_SECONDS = 60.0, 3600.0   # a block size's rounds stop after this (default, most)
-VARIANTS = ("pdserve", "unbatched", "ceiling", "ceiling_mac")
-ORDERS = (("ceiling_mac", "pdserve", "ceiling", "unbatched"),     # repetition r runs ORDERS[r % 2]
-          ("unbatched", "ceiling", "pdserve", "ceiling_mac"))
+VARIANTS = ("pdserve", "unbatched", "ceiling", "ceiling_mac", "ceiling_stream")
+ORDERS = (("ceiling_mac", "ceiling_stream", "pdserve", "ceiling", "unbatched"),     # repetition r runs ORDERS[r % 2]
+          ("unbatched", "ceiling", "pdserve", "ceiling_stream", "ceiling_mac"))
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ def run_case(block_size: int, bind: str, secret: bytes, setup: Setup) -> dict:
         "unbatched": lambda: pd.run(0),
         "ceiling": lambda: Run(*ceiling.run(mac=False)),
         "ceiling_mac": lambda: Run(*ceiling.run(mac=True)),
+        "ceiling_stream": lambda: Run(*ceiling.run(mac=False, stream=True)),
     }
     got: dict[str, list[Run]] = {v: [] for v in setup.variants}
     orders = [[v for v in order if v in got] for order in ORDERS]
@@ -161,7 +164,7 @@ def _summary(block_size: int, num_blocks: int, nbytes: int, got: dict[str, list[
     us = 1e6 / num_blocks
     for variant in [v for v in ("unbatched", "pdserve") if v in got]:
         mine = got[variant]
-        for peer in [v for v in ("ceiling", "ceiling_mac") if v in got]:      # each against its own round's
+        for peer in [v for v in ("ceiling", "ceiling_mac", "ceiling_stream") if v in got]:   # each against its own round's
             ratios = paired_ratios([r.wall for r in mine], [r.wall for r in got[peer]])
             row[f"{variant}/{peer}"] = [ratios.lo, ratios.median, ratios.hi]
             row[f"{variant}/{peer}_spread"] = ratios.as_dict()
@@ -249,6 +252,10 @@ def _print_row(name: str, row: dict) -> None:
         wall, cpu = row[f"{variant}_overhead_spread"], row[f"{variant}_cpu_overhead_us_per_block"]
         thread, total = row[f"{variant}_recv_main_cpu_overhead_spread"], row[f"{variant}_total_cpu_overhead_spread"]
         mac = f", / ceiling+MAC {m[1]:.2f} ({m[0]:.2f}-{m[2]:.2f})" if m else ""
+        if (st := row.get(f"{variant}/ceiling_stream_spread")) is not None:
+            over = row[f"{variant}_over_ceiling_stream_us_per_block"]
+            mac += (f", / ceiling+streaming copy {st['median']:.2f} (95% CI {st['ci_lo']:.2f}-{st['ci_hi']:.2f}), "
+                    f"{over['median']:.1f} us/block over it (95% CI {over['ci_lo']:.1f}..{over['ci_hi']:.1f})")
         print(f"  {variant} / ceiling {r['median']:.2f} (95% CI {r['ci_lo']:.2f}-{r['ci_hi']:.2f}; IQR {r['q1']:.2f}-"
               f"{r['q3']:.2f}, {r['lo']:.2f}-{r['hi']:.2f}){mac}; {row['rounds']} rounds")
         print(f"    overhead us/block, median of the rounds' differences: wall {wall['median']:.1f} "

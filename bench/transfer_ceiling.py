@@ -8,7 +8,10 @@ cheaper raw pattern: bench/transfer_recv_patterns.py). No headers, no checks, no
 what pdserve's transfer path is measured against. With `mac=True` each block also carries a
 small header sealed and opened by kvtransport.session.Session, one MAC per block, as an
 authenticated transport must at least do: [header, seal, block], the seal's MAC checked before
-the block is received into its slot (pdserve's order since the eleventh session). Its process
+the block is received into its slot (pdserve's order since the eleventh session). With
+`stream=True` each block is received zero-copy and copied into its slot with streaming stores
+(kernels/stream_copy.py, as pdserve's receiver copies since the thirtieth session; recv_into's copy
+is libzmq's memcpy): the ceiling of that copy. Its process
 tells glibc to keep freed frames exactly as a ZmqReceiver does (kvtransport.heap), unless the
 bench runs both with glibc's defaults (retain_heap=False).
 """
@@ -22,6 +25,7 @@ import torch
 import zmq
 
 from kernels import huge_pages
+from kernels.stream_copy import copy_into
 from kvtransport.heap import retain_freed
 from kvtransport.session import Session
 
@@ -42,7 +46,7 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
     sock.bind(bind)
     conn.send(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     while (cmd := conn.recv()) is not None:
-        n, mac = cmd
+        n, mac, stream = cmd
         session = Session(secret, *_NONCES, initiator=False) if mac else None
         conn.send("ready")
         cpu, faults, main = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.thread_time()
@@ -55,7 +59,10 @@ def ceiling_process(conn, nbytes: int, num_blocks: int, bind: str, secret: bytes
             if session is not None and session.open_seal(sock.recv(), sock.recv()) != [nbytes]:
                 raise RuntimeError("a seal that does not declare one block")
             slot = k % num_blocks
-            sock.recv_into(pool[slot * nbytes:(slot + 1) * nbytes])
+            if stream:
+                copy_into(pool[slot * nbytes:(slot + 1) * nbytes], sock.recv(copy=False))
+            else:
+                sock.recv_into(pool[slot * nbytes:(slot + 1) * nbytes])
         else:
             conn.send(("done", time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
                        time.thread_time() - main, thread_switches() - switches))
@@ -88,12 +95,13 @@ class Ceiling:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self._conn.recv())
 
-    def run(self, mac: bool, timeout: float = 120.0) -> tuple[float, float, float, int, float, int]:
+    def run(self, mac: bool, stream: bool = False, timeout: float = 120.0) -> tuple[float, float, float, int, float, int]:
         """(wall seconds, sender CPU seconds, receiver CPU seconds, receiver minor page faults, CPU
-        seconds of the receiver's Python thread, its context switches) of one transfer of every block."""
+        seconds of the receiver's Python thread, its context switches) of one transfer of every block
+        (stream: copied into the pool with streaming stores)."""
         n = len(self._blocks)
         session = Session(self._secret, *_NONCES, initiator=True) if mac else None
-        self._conn.send((n, mac))
+        self._conn.send((n, mac, stream))
         if not self._conn.poll(timeout) or self._conn.recv() != "ready":     # as pdserve waits for its reservation
             raise RuntimeError("ceiling receiver silent")
         cpu, start = time.process_time(), time.perf_counter()

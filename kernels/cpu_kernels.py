@@ -8,6 +8,7 @@
     kernels/csrc/gemm_f32.c --------------------------------------------> <cache>/gemm_f32-<key>.so
     kernels/csrc/gemm_avx2.c -------------------------------------------> <cache>/gemm_avx2-<key>.so
     kernels/csrc/argmax.c ----------------------------------------------> <cache>/argmax-<key>.so
+    kernels/csrc/stream_copy.c -----------------------------------------> <cache>/stream_copy-<key>.so
 
 The key hashes the source, the shared headers (csrc/*.h), the flags, the compiler's version
 and this CPU's feature flags, so an edited kernel, another compiler or another machine sharing
@@ -17,9 +18,9 @@ The cache is $PDSERVE_KERNEL_CACHE, else $XDG_CACHE_HOME/pdserve/kernels, else
 Builds go to a temporary file that is renamed into place, so nodes starting together race
 harmlessly; a new build deletes all but the KEEP_BUILDS most recently used builds of its
 kernel. No compiler, or a failed build, leaves `paged_decode_lib()`, `paged_prefill_lib()`,
-`layer_ops_lib()`, `gemm_bf16_lib()`, `gemm_amx_lib()`, `gemm_f32_lib()`, `gemm_avx2_lib()` and `argmax_lib()` returning None (the reason in
-`build_error(name)`) and callers use their
-PyTorch path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
+`layer_ops_lib()`, `gemm_bf16_lib()`, `gemm_amx_lib()`, `gemm_f32_lib()`, `gemm_avx2_lib()`,
+`argmax_lib()` and `stream_copy_lib()` returning None (the reason in `build_error(name)`) and
+callers use their PyTorch (or plain Python) path; PDSERVE_CPU_KERNELS=0 does the same on purpose.
 
 ctypes releases the GIL for the call; the kernels parallelize themselves with OpenMP, using as
 many threads as torch does. They share torch's OpenMP runtime (libgomp is loaded once per
@@ -91,6 +92,9 @@ _SIGNATURES = {    # library -> {function: (argtypes, restype)}
     "argmax": {
         "argmax_rows": ([c_void_p, c_i64, c_void_p, c_i64, c_i64, c_int, c_int], None),
     },
+    "stream_copy": {
+        "stream_copy": ([c_void_p, c_void_p, c_i64], None),
+    },
 }
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}    # dtype -> csrc/common.h's DT_* code
 _EXTRA_FLAGS = {"layer_ops": ["-ffp-contract=off"]}    # a*b + c*d rounded as PyTorch's separate ops round it
@@ -153,6 +157,12 @@ def gemm_avx2_lib() -> ctypes.CDLL | None:
 def argmax_lib() -> ctypes.CDLL | None:
     """The loaded argmax library (its `argmax_rows` typed), or None if unavailable."""
     return _load("argmax")
+
+
+@functools.cache
+def stream_copy_lib() -> ctypes.CDLL | None:
+    """The loaded streaming copy (its `stream_copy` typed), or None if unavailable."""
+    return _load("stream_copy")
 
 
 def _load(name: str) -> ctypes.CDLL | None:

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from kernels.stream_copy import copy_into
 from kvtransport.receiver_core import PayloadSink
 from pdwire.handshake import KVLayout, dtype_name
 from pdwire.messages import BlockFrame
@@ -86,7 +87,7 @@ class InlineSink(PayloadSink):
         check_whole_blocks(kv_cache, layout)
         self._kv_cache, self._nbytes = kv_cache, layout.block_nbytes
         self._layer_nbytes = layout.block_nbytes // layout.num_layers
-        self._pool = pool_bytes(kv_cache)     # a slice assignment is one memcpy, no tensor per block
+        self._pool = pool_bytes(kv_cache)     # one copy a block (kernels/stream_copy.py), no tensor per block
         self.takes_layers = self.has_slots = self._pool is not None
         # every whole block's view, made once (~200 bytes a block): slots() picks a batch's in one C call
         self._blocks = [] if self._pool is None else \
@@ -101,7 +102,7 @@ class InlineSink(PayloadSink):
                 write_block(self._kv_cache, dst, block)
             return
         for slot, piece in zip(self.slots(dsts, first_layer, len(payloads[0]) if payloads else 0), payloads):
-            slot[:] = piece
+            copy_into(slot, piece)
 
     def slots(self, dsts: Sequence[int], first_layer: int, nbytes: int) -> list[memoryview] | None:
         if self._pool is None:

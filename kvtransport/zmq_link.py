@@ -11,8 +11,8 @@ payload] a message per payload: libzmq hands over a multipart message only once 
 is in, so each payload of a split batch is copied while it is still warm, as it lands. A
 payload is copied once, from libzmq's buffer into its pool block: each frame is received
 zero-copy (a pyzmq Frame, which tells its size and whether more frames follow without a
-getsockopt: ~3.7 us a call in pyzmq) and copied by one slice assignment, and only if it is
-exactly its slot's size, when the Lander (ReceiverCore.landing) names its slot from the header
+getsockopt: ~3.7 us a call in pyzmq) and copied with streaming stores (kernels/stream_copy.py:
+the slot is cold, and a memcpy would first read each of its lines), and only if it is exactly its slot's size, when the Lander (ReceiverCore.landing) names its slot from the header
 and the seal, whose MAC it has checked (each frame's buffer is freed as soon as it is copied, so
 the next frames libzmq allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps
 mapped); else the message is received whole with copy=False and the sink copies it. libzmq
@@ -43,6 +43,7 @@ import time
 
 import zmq
 
+from kernels.stream_copy import copy_into
 from kvtransport.link import Handler, Lander, Landing, ReceiveLink
 from kvtransport.log_limiter import LogLimiter
 from kvtransport.session import Buffer
@@ -95,11 +96,11 @@ _NOWHERE = memoryview(bytearray(0))
 
 
 def _copy(frame: zmq.Frame, slot: memoryview) -> int:
-    """frame's size, its bytes copied into slot (one memcpy) if it is exactly slot's size: a
+    """frame's size, its bytes copied into slot (one streaming copy) if it is exactly slot's size: a
     frame received zero-copy tells its size before the copy, so a wrong one writes nothing."""
     size = len(frame)
     if size == len(slot):
-        slot[:] = memoryview(frame)     # not the Frame itself: its buffer has no strides (pyzmq 27: a crash)
+        copy_into(slot, frame)          # streaming stores: the slot is cold (kernels/stream_copy.py)
     return size
 
 
