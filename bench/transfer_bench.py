@@ -20,7 +20,7 @@ rounds. A block size runs --repeats rounds (16; 200 at most), or fewer once --ma
   ceiling      raw pyzmq, zero-copy blocks, one memcpy each into a pool (bench/transfer_ceiling.py)
   ceiling_mac  the same with a small header sealed and opened per block (one MAC each)
   ceiling_stream  raw pyzmq with pdserve's copy: each block received zero-copy and copied into
-               the pool with streaming stores (kernels/stream_copy.py), no header, no MAC
+               the pool with streaming stores (kvtransport/stream_copy.py), no header, no MAC
 
 The decode process (bench/transfer_pdserve.py) takes a batch's payloads as messages of their own
 unless --no-split-payloads (then as frames of the batch's message: the wire before the twelfth

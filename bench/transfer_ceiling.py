@@ -10,7 +10,7 @@ small header sealed and opened by kvtransport.session.Session, one MAC per block
 authenticated transport must at least do: [header, seal, block], the seal's MAC checked before
 the block is received into its slot (pdserve's order since the eleventh session). With
 `stream=True` each block is received zero-copy and copied into its slot with streaming stores
-(kernels/stream_copy.py, as pdserve's receiver copies since the thirtieth session; recv_into's copy
+(kvtransport/stream_copy.py, as pdserve's receiver copies since the thirtieth session; recv_into's copy
 is libzmq's memcpy): the ceiling of that copy. Its process
 tells glibc to keep freed frames exactly as a ZmqReceiver does (kvtransport.heap), unless the
 bench runs both with glibc's defaults (retain_heap=False).
@@ -25,7 +25,7 @@ import torch
 import zmq
 
 from kernels import huge_pages
-from kernels.stream_copy import copy_into
+from kvtransport.stream_copy import copy_into
 from kvtransport.heap import retain_freed
 from kvtransport.session import Session
 

@@ -29,6 +29,7 @@
     zmq_sender.py      ZmqSender    = Sender(zmq link, inline payloads)
     zmq_receiver.py    ZmqReceiver  = Receiver(zmq link, InlineSink / BlockWriterSink)
     heap.py            glibc told to keep the frames libzmq frees (no page faults per received block)
+    stream_copy.py     a landed block into its cold pool slot with streaming stores (kernels/csrc/stream_copy.c)
     torch_dist.py      DistSender / DistReceiver: zmq link, payloads over NCCL / gloo pair groups
     fake.py            FakeSender / FakeReceiver: fake link, instant, for CPU tests
     factory.py         make_sender / make_receiver by transport name

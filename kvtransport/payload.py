@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from kernels.stream_copy import copy_into
+from kvtransport.stream_copy import copy_into
 from kvtransport.receiver_core import PayloadSink
 from pdwire.handshake import KVLayout, dtype_name
 from pdwire.messages import BlockFrame
@@ -87,7 +87,7 @@ class InlineSink(PayloadSink):
         check_whole_blocks(kv_cache, layout)
         self._kv_cache, self._nbytes = kv_cache, layout.block_nbytes
         self._layer_nbytes = layout.block_nbytes // layout.num_layers
-        self._pool = pool_bytes(kv_cache)     # one copy a block (kernels/stream_copy.py), no tensor per block
+        self._pool = pool_bytes(kv_cache)     # one copy a block (kvtransport/stream_copy.py), no tensor per block
         self.takes_layers = self.has_slots = self._pool is not None
         # every whole block's view, made once (~200 bytes a block): slots() picks a batch's in one C call
         self._blocks = [] if self._pool is None else \

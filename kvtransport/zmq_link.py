@@ -11,11 +11,11 @@ payload] a message per payload: libzmq hands over a multipart message only once 
 is in, so each payload of a split batch is copied while it is still warm, as it lands. A
 payload is copied once, from libzmq's buffer into its pool block: each frame is received
 zero-copy (a pyzmq Frame, which tells its size and whether more frames follow without a
-getsockopt: ~3.7 us a call in pyzmq) and copied with streaming stores (kernels/stream_copy.py:
-the slot is cold, and a memcpy would first read each of its lines), and only if it is exactly its slot's size, when the Lander (ReceiverCore.landing) names its slot from the header
-and the seal, whose MAC it has checked (each frame's buffer is freed as soon as it is copied, so
-the next frames libzmq allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps
-mapped); else the message is received whole with copy=False and the sink copies it. libzmq
+getsockopt: ~3.7 us a call in pyzmq) and copied with streaming stores (kvtransport/stream_copy.py:
+the slot is cold, and a memcpy would first read each of its lines), and only if it is exactly its
+slot's size, when the Lander (ReceiverCore.landing) names its slot from the header and the seal,
+whose MAC it has checked (each frame's buffer is freed as soon as it is copied, so the next
+frames libzmq allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped); else the message is received whole with copy=False and the sink copies it. libzmq
 disconnects a peer that sends a frame above the maximum message size; the receive high-water
 mark bounds what one peer can queue, in messages. It cannot bound the frames of one message:
 libzmq holds a multipart message whole, however many frames it has, before its first frame can
@@ -43,7 +43,7 @@ import time
 
 import zmq
 
-from kernels.stream_copy import copy_into
+from kvtransport.stream_copy import copy_into
 from kvtransport.link import Handler, Lander, Landing, ReceiveLink
 from kvtransport.log_limiter import LogLimiter
 from kvtransport.session import Buffer
@@ -100,7 +100,7 @@ def _copy(frame: zmq.Frame, slot: memoryview) -> int:
     frame received zero-copy tells its size before the copy, so a wrong one writes nothing."""
     size = len(frame)
     if size == len(slot):
-        copy_into(slot, frame)          # streaming stores: the slot is cold (kernels/stream_copy.py)
+        copy_into(slot, frame)          # streaming stores: the slot is cold (kvtransport/stream_copy.py)
     return size
 
 

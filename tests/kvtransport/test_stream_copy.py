@@ -1,13 +1,13 @@
-"""The landing copy with streaming stores (kernels/stream_copy.py): every byte as a slice
+"""The landing copy with streaming stores (kvtransport/stream_copy.py): every byte as a slice
 assignment writes it, at any size and alignment, from every kind of buffer a link hands over;
 a length mismatch writes nothing; without the library the slice assignment does the same."""
 import numpy as np
 import pytest
 import zmq
 
-from kernels import stream_copy
+from kvtransport import stream_copy
 from kernels.cpu_kernels import build_error, stream_copy_lib
-from kernels.stream_copy import STREAM_MIN_BYTES, copy_into
+from kvtransport.stream_copy import STREAM_MIN_BYTES, copy_into
 
 SIZES = [0, 1, 255, STREAM_MIN_BYTES - 1, STREAM_MIN_BYTES, STREAM_MIN_BYTES + 37, 4 * 64 + 3 + STREAM_MIN_BYTES,
          (512 << 10), (512 << 10) + 65]
