@@ -33,18 +33,22 @@ TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach
 
 
 class DrainMidStream:
-    """Once every stream has at_tokens tokens (all decoding), holds the decode nodes (SIGSTOP) until
-    the router has merged everything they sent, then drains (deadline ~0) the decode node with the
-    most unfinished streams, and lets the nodes go on: its streams are then mid-generation whatever
-    the load (a router descheduled while its nodes run may see a stream's 4th token when the node
-    has finished it; held, the nodes wait for its view to catch up). take_out(node), when given,
-    acts on the node instead of the drain."""
+    """Holds each decode node (SIGSTOP) once every stream placed on it has at_tokens tokens (all
+    decoding; each stream's node is known once all are placed), and once every node still running a
+    stream is held, waits until the router has merged everything they sent, then drains (deadline
+    ~0) the decode node with the most unfinished streams (of two alike, the one whose streams have
+    the fewest tokens) and lets the nodes go on: its streams are then mid-generation whatever the
+    load (a router descheduled while its nodes run may see a stream's 4th token when the node has
+    finished it; held, the nodes wait for its view to catch up; held one by one, a node whose
+    streams started late catches up while the other waits, rather than the other finishing its
+    streams first). take_out(node), when given, acts on the node instead of the drain."""
 
     def __init__(self, backend, nodes, rids: list[str], at_tokens: int,
                  take_out: Callable[[str], None] | None = None):
         self.backend, self.at_tokens = backend, at_tokens
         self.take_out = take_out or (lambda node: backend.operator.drain(node, deadline_s=0.001))
         self.processes = {n.node_id: n.process for n in nodes if n.node_id.startswith("decode")}
+        self.held: set[str] = set()
         self.counts = dict.fromkeys(rids, 0)
         self.finished: set[str] = set()
         self.node: str | None = None
@@ -57,19 +61,30 @@ class DrainMidStream:
             self.counts[rid] = len(out.outputs[0].token_ids)
             if out.finished:
                 self.finished.add(rid)
-            if self.task is None and min(self.counts.values()) >= self.at_tokens and not out.finished:
-                for process in self.processes.values():
-                    process.send_signal(signal.SIGSTOP)
-                self.task = asyncio.get_running_loop().create_task(self._take_out())
+            if self.task is None and not out.finished:
+                self._hold_ready_nodes()
             assert self.task is not None or not out.finished, "a stream ended before the drain"
         return on_output
+
+    def _hold_ready_nodes(self) -> None:
+        placed = {r: self.backend.placement(r) for r in self.counts}
+        if not all(p and p[0][1] in self.processes for p in placed.values()):
+            return                              # a stream not yet on a decode node
+        where = {r: p[0][1] for r, p in placed.items()}
+        for node in set(where.values()) - self.held:
+            if all(self.counts[r] >= self.at_tokens for r, n in where.items() if n == node):
+                self.processes[node].send_signal(signal.SIGSTOP)
+                self.held.add(node)
+        if set(where.values()) <= self.held:
+            self.task = asyncio.get_running_loop().create_task(self._take_out())
 
     async def _take_out(self) -> None:
         try:
             await self._caught_up()
             where = {r: self.backend.placement(r)[0][1] for r in self.counts if r not in self.finished}
             assert where, "every stream finished before the drain"
-            self.node = max(sorted(set(where.values())), key=list(where.values()).count)
+            self.node = max(sorted(set(where.values())), key=lambda node: (
+                list(where.values()).count(node), -min(self.counts[r] for r, n in where.items() if n == node)))
             self.moved = {r for r, node in where.items() if node == self.node}
             self.seen = {r: (node, self.counts[r]) for r, node in where.items()}
             self.take_out(self.node)
