@@ -10,9 +10,9 @@ this process reserves blocks there, ships a `--tokens` prompt and stops the cloc
 receiver reports the transfer committed (end to end: header, zero-copy send, socket, checks,
 copy into the reserved blocks, commit). Every connection is authenticated (kvtransport.session).
 Variants, in every round (round 0 warms up), in one of two orders that alternate from round to
-round (ORDERS): pdserve runs right between the two ceilings, so each ratio pairs runs next to
-each other in time, and each ceiling runs once before pdserve and once after it in every two
-rounds. A block size runs --repeats rounds (16; 200 at most), or fewer once --max-seconds (60;
+round (ORDERS): pdserve runs right between the raw ceiling and ceiling_stream (the MAC ceiling one
+further), so each ratio pairs runs close in time, and each ceiling runs once before pdserve and
+once after it in every two rounds. A block size runs --repeats rounds (16; 200 at most), or fewer once --max-seconds (60;
 3600 at most) have passed since its first (then an even count, 2 at least):
 
   pdserve      send_blocks per --chunk tokens (as a prefill step hands them): BlockBatch messages
