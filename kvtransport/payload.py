@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from kvtransport.stream_copy import copy_into
+from kvtransport.stream_copy import copy_into, prepare
 from kvtransport.receiver_core import PayloadSink
 from pdwire.handshake import KVLayout, dtype_name
 from pdwire.messages import BlockFrame
@@ -89,6 +89,8 @@ class InlineSink(PayloadSink):
         self._layer_nbytes = layout.block_nbytes // layout.num_layers
         self._pool = pool_bytes(kv_cache)     # one copy a block (kvtransport/stream_copy.py), no tensor per block
         self.takes_layers = self.has_slots = self._pool is not None
+        if self._pool is not None:
+            prepare()                           # the landing copy built as the node starts, not on its first block
         # every whole block's view, made once (~200 bytes a block): slots() picks a batch's in one C call
         self._blocks = [] if self._pool is None else \
             [self._pool[b * self._nbytes:(b + 1) * self._nbytes] for b in range(kv_cache.shape[0])]

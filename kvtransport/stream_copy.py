@@ -9,7 +9,8 @@ copy took (us, memcpy -> streaming) 2.1 -> 1.5 at 16 KiB, 5.3 -> 3.2 at 64 KiB, 
 
 `copy_into(dst, src)` is `dst[:] = src` (a ValueError on unequal lengths, nothing written), through
 the C copy for contiguous writable byte buffers of STREAM_MIN_BYTES or more where it built
-(a pyzmq Frame's buffer is writable), else the slice assignment.
+(a pyzmq Frame's buffer is writable), else the slice assignment. `prepare()` loads it ahead (an
+InlineSink does, as a node starts: a first build and `cc --version` take ~0.1-0.5 s).
 """
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def copy_into(dst: memoryview, src) -> None:
         lib.stream_copy(_addressof(_from_buffer(dst)), _addressof(_from_buffer(view)), dst.nbytes)
     else:
         dst[:] = view
+
+
+def prepare() -> bool:
+    """Build (once per machine) and load the C copy now, not on the first landing; whether it loaded."""
+    return _lib() is not None
 
 
 @functools.cache

@@ -62,3 +62,13 @@ def test_without_the_library_the_slice_assignment_copies(monkeypatch):
         stream_copy_lib.cache_clear()
         stream_copy._lib.cache_clear()
     assert stream_copy._lib() is not None
+
+
+def test_a_sink_over_a_cpu_pool_loads_the_copy_as_it_is_made():
+    """The build (or the cache's check) happens as a node starts, not on the first block it lands."""
+    from kvtransport.payload import InlineSink
+    from kvtransport.testing import make_identity, make_pool
+    stream_copy._lib.cache_clear()
+    pool = make_pool(num_blocks=2, seed=None)
+    InlineSink(pool, make_identity(pool, "d0").layout)
+    assert stream_copy._lib.cache_info().currsize == 1 and stream_copy._lib() is not None
