@@ -25,9 +25,9 @@ import torch
 import zmq
 
 from kernels import huge_pages
-from kvtransport.stream_copy import copy_into
 from kvtransport.heap import retain_freed
 from kvtransport.session import Session
+from kvtransport.stream_copy import copy_into
 
 HWM = 16
 _NONCES = (b"i" * 16, b"r" * 16)

@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from kvtransport.stream_copy import copy_into, prepare
 from kvtransport.receiver_core import PayloadSink
+from kvtransport.stream_copy import copy_into, prepare
 from pdwire.handshake import KVLayout, dtype_name
 from pdwire.messages import BlockFrame
 

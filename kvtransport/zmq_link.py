@@ -15,7 +15,8 @@ getsockopt: ~3.7 us a call in pyzmq) and copied with streaming stores (kvtranspo
 the slot is cold, and a memcpy would first read each of its lines), and only if it is exactly its
 slot's size, when the Lander (ReceiverCore.landing) names its slot from the header and the seal,
 whose MAC it has checked (each frame's buffer is freed as soon as it is copied, so the next
-frames libzmq allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped); else the message is received whole with copy=False and the sink copies it. libzmq
+frames libzmq allocates reuse warm memory, which a ZmqReceiver's kvtransport.heap keeps mapped);
+else the message is received whole with copy=False and the sink copies it. libzmq
 disconnects a peer that sends a frame above the maximum message size; the receive high-water
 mark bounds what one peer can queue, in messages. It cannot bound the frames of one message:
 libzmq holds a multipart message whole, however many frames it has, before its first frame can
@@ -43,10 +44,10 @@ import time
 
 import zmq
 
-from kvtransport.stream_copy import copy_into
 from kvtransport.link import Handler, Lander, Landing, ReceiveLink
 from kvtransport.log_limiter import LogLimiter
 from kvtransport.session import Buffer
+from kvtransport.stream_copy import copy_into
 from kvtransport.zmtp_auth import ThreadGuard, connection_name, routing_id
 from pdwire.messages import MAX_BATCH_BLOCKS, MAX_HEADER_BYTES, WHOLE_BATCH_BYTES
 

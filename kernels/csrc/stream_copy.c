@@ -14,49 +14,34 @@
 #include <immintrin.h>
 #endif
 
+/* One vector's load and streaming store, and its width W in bytes, for the widest this build targets. */
+#if defined(__AVX512F__)
+#define W 64
+#define STREAM_ONE(d, s) _mm512_stream_si512((void *)(d), _mm512_loadu_si512((const void *)(s)))
+#elif defined(__AVX__)
+#define W 32
+#define STREAM_ONE(d, s) _mm256_stream_si256((__m256i *)(d), _mm256_loadu_si256((const __m256i *)(s)))
+#elif defined(__SSE2__)
+#define W 16
+#define STREAM_ONE(d, s) _mm_stream_si128((__m128i *)(d), _mm_loadu_si128((const __m128i *)(s)))
+#endif
+
 void stream_copy(void *dst, const void *src, int64_t n) {
     char *d = dst;
     const char *s = src;
     int64_t i = 0;
-#if defined(__AVX512F__)
-    enum { W = 64 };
-#elif defined(__AVX__)
-    enum { W = 32 };
-#elif defined(__SSE2__)
-    enum { W = 16 };
-#else
-    enum { W = 0 };
-#endif
-    if (W && n >= 4 * W) {
+#if defined(W)
+    if (n >= 4 * W) {
         i = (int64_t)((W - ((uintptr_t)d & (W - 1))) & (W - 1));   /* bytes until d + i is aligned */
         memcpy(d, s, (size_t)i);
         for (; i + 4 * W <= n; i += 4 * W) {
-#if defined(__AVX512F__)
-            __m512i a = _mm512_loadu_si512(s + i), b = _mm512_loadu_si512(s + i + 64);
-            __m512i c = _mm512_loadu_si512(s + i + 128), e = _mm512_loadu_si512(s + i + 192);
-            _mm512_stream_si512((void *)(d + i), a);
-            _mm512_stream_si512((void *)(d + i + 64), b);
-            _mm512_stream_si512((void *)(d + i + 128), c);
-            _mm512_stream_si512((void *)(d + i + 192), e);
-#elif defined(__AVX__)
-            __m256i a = _mm256_loadu_si256((const __m256i *)(s + i)), b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-            __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64)), e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-            _mm256_stream_si256((__m256i *)(d + i), a);
-            _mm256_stream_si256((__m256i *)(d + i + 32), b);
-            _mm256_stream_si256((__m256i *)(d + i + 64), c);
-            _mm256_stream_si256((__m256i *)(d + i + 96), e);
-#elif defined(__SSE2__)
-            __m128i a = _mm_loadu_si128((const __m128i *)(s + i)), b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32)), e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-            _mm_stream_si128((__m128i *)(d + i), a);
-            _mm_stream_si128((__m128i *)(d + i + 16), b);
-            _mm_stream_si128((__m128i *)(d + i + 32), c);
-            _mm_stream_si128((__m128i *)(d + i + 48), e);
-#endif
+            STREAM_ONE(d + i, s + i);
+            STREAM_ONE(d + i + W, s + i + W);
+            STREAM_ONE(d + i + 2 * W, s + i + 2 * W);
+            STREAM_ONE(d + i + 3 * W, s + i + 3 * W);
         }
-#if defined(__SSE2__)
         _mm_sfence();       /* the streamed lines are visible before any later store (and the caller's flag) */
-#endif
     }
+#endif
     memcpy(d + i, s + i, (size_t)(n - i));
 }
