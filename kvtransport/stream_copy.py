@@ -4,8 +4,9 @@ A decode node's receiver copies each block it lands from libzmq's buffer into it
 slot is cold (a pool of hundreds of MB, the block read again only by a later decode step), so a
 memcpy through the cache first reads every destination line from memory; streaming stores skip
 that read. On the benchmark's Zen 4 (2 cores), into a cold 256 MiB pool from a warm buffer, a
-copy took (us, memcpy -> streaming) 2.1 -> 1.5 at 16 KiB, 5.3 -> 3.2 at 64 KiB, 27 -> 20 at
-0.5 MiB and 105 -> 79 at 2 MiB (bench/README.md, "Streaming stores for the landing copy").
+copy took (us, memcpy -> streaming) 1.9 -> 1.4 at 16 KiB, 5.5 -> 3.1 at 64 KiB, 29.7 -> 21.1 at
+0.5 MiB and 112 -> 80 at 2 MiB (`python bench/landing_copy.py`; bench/README.md, "Streaming stores for
+the landing copy").
 
 `copy_into(dst, src)` is `dst[:] = src` (a ValueError on unequal lengths, nothing written), through
 the C copy for contiguous writable byte buffers of STREAM_MIN_BYTES or more where it built
