@@ -163,6 +163,8 @@ class Overheads:
     request_s: float = 0.0          # HTTP, tokenizing, routing: arrival to the first engine admission
     prompt_token_s: float = 0.0     # ... and per prompt token on top (the body, the tokenizer): a 3k-token
                                     # RAG prompt reached the router 6-18 ms after it was sent, a short one 2-4
+    front_cpu_token_s: float = 0.0  # of which CPU (the tokenizer's, traced): a colocated server's front end runs
+                                    # on its engine's core, so pinned on a machine it shares it with the steps
     admit_token_s: float = 0.0      # a disaggregated router's, per prompt token on top, its backend -> the decode
                                     # node's reservation (hashing, DecodeRequest with every token, D's prefix match)
     handoff_s: float = 0.0          # a prompt sent to a prefill node, on top: PrefillRequest, FirstToken messages

@@ -80,9 +80,13 @@ def simulate(profile: Profile, requests: list[SimRequest], topology: Topology,
     loop = EventLoop()
     cores = CoreMap(loop, topology.pins, background, topology.machine_cores, profile.overheads.beside_prefill)
     if topology.colocated:
-        pool = ColocatedPool(topology.colocated, profile, loop, cores, speed)
+        # pinned on a machine (the validation), the server's front end shares its engine's core with the
+        # steps; on hosts of their own (a plan) a front end has cores to spare
+        on_core = profile.overheads.front_cpu_token_s if topology.machine_cores else 0.0
+        pool = ColocatedPool(topology.colocated, profile, loop, cores, speed, front_token_s=on_core)
         for r in requests:
-            loop.at(r.arrival + profile.overheads.front_s(r.prompt_len), lambda r=r: pool.submit(r))
+            loop.at(r.arrival + profile.overheads.front_s(r.prompt_len) - on_core * r.prompt_len,
+                    lambda r=r: pool.submit(r))
         busy = {"colocated": (pool.busy_s, topology.colocated)}
         nodes = pool.nodes
         waits = lambda: 0                                     # noqa: E731

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--front-from", nargs="*", default=[],
                    help="trace folders (python -m bench.simulate trace) whose requests' arrival at the router "
                         "and reservation on the decode node give the front end's and a disaggregated router's "
-                        "cost per prompt token (trace.py front_end, admission); default: none")
+                        "cost per prompt token, and whose tokenizing calls its CPU per prompt token (trace.py "
+                        "front_end, admission, front_cpu); default: none")
     c.add_argument("--loop-from", nargs=2, action="append", default=[], metavar=("COLOCATED", "DECODE"),
                    help="a colocated trace folder and a disaggregated one made under the same conditions (repeatable): "
                         "what the colocated server's loop costs its engine beyond a decode node's (loop_cost.py)")
@@ -216,13 +217,15 @@ def _calibrate(args) -> None:
     from pdplan.profile import Profile
     from bench.simulate.loop_cost import colocated_extra
     from pdplan.profile import Overheads
-    from bench.simulate.trace import admission, front_end
+    from bench.simulate.trace import admission, front_cpu, front_end
     per_token = front_end(args.front_from)[1] if args.front_from else 0.0
+    cpu_token = min(per_token, front_cpu(args.front_from)[1]) if args.front_from else 0.0
     admit = admission(args.front_from)[1] if args.front_from else 0.0
     loop = colocated_extra([c for c, _ in args.loop_from], [d for _, d in args.loop_from]) if args.loop_from else (0.0, 0.0, 0.0)
     beside = _beside(args.beside_from, Profile.load(args.profile)) if args.beside_from else 1.0
-    traced = Overheads(prompt_token_s=per_token, admit_token_s=admit, colocated_step_s=loop[0], colocated_admit_s=loop[1],
-                       colocated_admit_token_s=loop[2], beside_prefill=beside)
+    traced = Overheads(prompt_token_s=per_token, front_cpu_token_s=cpu_token, admit_token_s=admit,
+                       colocated_step_s=loop[0], colocated_admit_s=loop[1], colocated_admit_token_s=loop[2],
+                       beside_prefill=beside)
     profile = calibrate(args.measured, Profile.load(args.profile), args.float_from, traced,
                         node_speed=args.node_speed)
     profile.save(args.out)

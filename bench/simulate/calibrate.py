@@ -15,7 +15,9 @@ the engine-only profile also prices HTTP, tokenizing, control messages and strea
      (heartbeats, polls), from the points' float_cpu and wall time (measure.py; least squares over
      the points), or from `float_from` files when the runs predate it; and
      prompt_token_s, the front end's cost per prompt token, from traces (trace.py front_end), so
-     that request_s is what is left of it, and admit_token_s, a disaggregated router's per prompt
+     that request_s is what is left of it, and of it front_cpu_token_s, the tokenizing calls' CPU
+     (trace.py front_cpu: what a pinned colocated server's front end takes from its engine's
+     core, pdplan/colocated.py), and admit_token_s, a disaggregated router's per prompt
      token from its backend to the decode node's reservation (trace.py admission); and what a
      colocated server's loop costs its engine beyond a decode node's (loop_cost.py colocated_extra,
      from traces of both), which the colocated TTFT p50 gap of step 1 then no longer holds

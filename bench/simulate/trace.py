@@ -173,6 +173,13 @@ def front_end(out_dirs: list[str]) -> tuple[float, float]:
     return thirds_line([(n, r["arrive"] / 1e3) for n, r in _by_prompt(out_dirs)])
 
 
+def front_cpu(out_dirs: list[str]) -> tuple[float, float]:
+    """(seconds, seconds per prompt token): the CPU of the front end's work on a request's prompt
+    (the HTTP worker's tokenizing call, traced `work`), over every such call of `out_dirs`: what a
+    colocated server's front end takes from its engine's core (pdplan/colocated.py)."""
+    return thirds_line([(e["tokens"], e["cpu"]) for d in out_dirs for e in load(d) if e["e"] == "work" and "tokens" in e])
+
+
 def admission(out_dirs: list[str]) -> tuple[float, float]:
     """(seconds, seconds per prompt token): a disaggregated router's backend has the request -> the
     decode node has reserved its blocks (the router's hashing and ranking, DecodeRequest with every

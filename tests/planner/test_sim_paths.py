@@ -115,6 +115,26 @@ def test_the_load_generator_on_the_idle_core_costs_a_colocated_engine_nothing():
     assert times[0] == pytest.approx(times[1])
 
 
+def test_a_colocated_front_end_shares_its_engines_core_when_pinned():
+    """Colocated on core 0 of two, A decoding; B (1,000 tokens) reaches the front end's CPU work
+    (2 us a token of its 4) exactly as A's step k starts. Both then take half the core: B's 2 ms
+    are done 4 ms in, A's step ends 2 ms late and B joins the next step. On a host of its own the
+    front end costs only time: A's step is as alone, and B is admitted 4 ms after it arrived."""
+    front = replace(profile(), overheads=Overheads(prompt_token_s=4e-6, front_cpu_token_s=2e-6))
+    pinned = Topology(colocated=1).pinned({"colocated-0": {0}}, machine_cores=2)
+    alone = request(0, tokens(40), 200)
+    simulate(front, [alone], pinned)
+    k = 50
+    start, step = alone.token_times[k], alone.token_times[k + 1] - alone.token_times[k]
+    for topology, late, admitted in ((pinned, 0.002, start + 0.004), (Topology(colocated=1), 0.0, start + 0.002)):
+        a, b = request(0, tokens(40), 200), request(1, tokens(1000, 500), 2, at=start - 0.002)
+        simulate(front, [a, b], topology)
+        assert a.token_times[:k + 1] == pytest.approx(alone.token_times[:k + 1])
+        assert a.token_times[k + 1] == pytest.approx(start + step + late)
+        # B waits for the step it arrived in, then its own prefill beside A's decode
+        assert admitted < a.token_times[k + 1] < b.arrival + b.ttft
+
+
 def test_a_node_pinned_past_the_machine_is_refused():
     with pytest.raises(ValueError):
         Topology.disaggregated(1, 1).pinned({"prefill-0": {0}, "decode-0": {2}}, machine_cores=2)

@@ -80,6 +80,23 @@ def test_front_end_per_prompt_token_from_a_trace_folder(tmp_path):
     assert fixed == pytest.approx(0.003, abs=2e-4) and per_token == pytest.approx(2e-6, rel=0.05)
 
 
+def test_front_end_cpu_per_prompt_token_from_the_tokenizing_calls(tmp_path):
+    """The HTTP worker's tokenizing calls (`work`, with their thread's CPU): 0.2 ms + 1.5 us a token,
+    the longest 5 ms more (a busy process): the thirds' medians give the line back; an
+    event that is not a prompt's work (no tokens) is left out."""
+    import json
+    from bench.simulate.trace import front_cpu
+    folder = tmp_path / "trace_sharegpt_colocated_0.5_20261205-000000"
+    folder.mkdir()
+    lengths = [30, 60, 90, 120, 150, 400, 700, 1000, 1300, 1600, 2000, 2600, 3000, 3200, 3400]
+    events = [_ev(1.0 + i, "router", "work", t0=0.5 + i, fn="completion_prompts", tokens=n,
+                  cpu=0.0002 + 1.5e-6 * n + (0.005 if n == 3400 else 0.0)) for i, n in enumerate(lengths)]
+    events += [_ev(0.1, "router", "work", t0=0.0, fn="render", cpu=0.5)]
+    (folder / "1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    fixed, per_token = front_cpu([str(folder)])
+    assert fixed == pytest.approx(0.0002, abs=5e-5) and per_token == pytest.approx(1.5e-6, rel=0.02)
+
+
 def test_admission_per_prompt_token_from_a_trace_folder(tmp_path):
     """From the router's backend to the decode node's Reserved: about 1 ms and 0.5 us per token."""
     from bench.simulate.trace import admission
