@@ -176,8 +176,10 @@ def front_end(out_dirs: list[str]) -> tuple[float, float]:
 def front_cpu(out_dirs: list[str]) -> tuple[float, float]:
     """(seconds, seconds per prompt token): the CPU of the front end's work on a request's prompt
     (the HTTP worker's tokenizing call, traced `work`), over every such call of `out_dirs`: what a
-    colocated server's front end takes from its engine's core (pdplan/colocated.py)."""
-    return thirds_line([(e["tokens"], e["cpu"]) for d in out_dirs for e in load(d) if e["e"] == "work" and "tokens" in e])
+    colocated server's front end takes from its engine's core (pdplan/colocated.py). Traces made
+    before those calls were traced (trace3, trace4) have none: (0, 0), the front end all time."""
+    calls = [(e["tokens"], e["cpu"]) for d in out_dirs for e in load(d) if e["e"] == "work" and "tokens" in e]
+    return thirds_line(calls) if len(calls) >= 3 else (0.0, 0.0)
 
 
 def admission(out_dirs: list[str]) -> tuple[float, float]:

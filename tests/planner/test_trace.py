@@ -95,6 +95,7 @@ def test_front_end_cpu_per_prompt_token_from_the_tokenizing_calls(tmp_path):
     (folder / "1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     fixed, per_token = front_cpu([str(folder)])
     assert fixed == pytest.approx(0.0002, abs=5e-5) and per_token == pytest.approx(1.5e-6, rel=0.02)
+    assert front_cpu([_rag_trace(tmp_path)]) == (0.0, 0.0)     # made before the calls were traced: none
 
 
 def test_admission_per_prompt_token_from_a_trace_folder(tmp_path):
