@@ -13,14 +13,8 @@ PY=${PY:-.venv/bin/python}
 O=${O:-bench/validation/sim27}
 mkdir -p $O
 X=bench/validation/quiet8 E=bench/validation/trace26
-run() {  # SET TRACES
-  s=$1 f=$(ls bench/validation/$1/simulate_measured_sharegpt_*.json)
-  $PY bench/validation/sim27/refit.py bench/profiles/cpu_1core_llama58m_$s.json /tmp/${O##*/}_${s}_knee.json > $O/refit_$s.txt 2>&1
-  $PY -m bench.simulate calibrate $f --profile /tmp/${O##*/}_${s}_knee.json --out /tmp/${O##*/}_${s}_cal.json \
-      --front-from $2/trace_* --beside-from $2/trace_rag_* --node-speed kind > $O/calibrate_$s.txt 2>&1
-  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) \
-      --profile /tmp/${O##*/}_${s}_cal.json --node-speed kind > $O/validate_$s.txt 2>&1
-}
+T=/tmp/${O##*/}
+. bench/validation/run_set.sh
 run quiet12 $X & run quiet13 $X & wait
 run quiet14 $X & run quiet15 $E & wait
 run quiet16 $E & run quiet17 $E & wait
@@ -28,6 +22,6 @@ run quiet16 $E & run quiet17 $E & wait
 # the misses of quiet17 and quiet12, jittered (validate --jitter: sends up to 0.5 ms late, prices up to 1% off; 'maybe'
 # where every node-priced figure's range reaches the 20% band)
 for s in quiet17 quiet12; do
-  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) --profile /tmp/${O##*/}_${s}_cal.json \
+  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) --profile ${T}_${s}_cal.json \
       --node-speed kind --jitter 10 > $O/jitter_$s.txt 2>&1
 done

@@ -11,14 +11,7 @@ O=${O:?O: the output folder}
 T=/tmp/${O//\//_}
 mkdir -p $O
 X=bench/validation/quiet8 E=bench/validation/trace26
-run() {  # SET TRACES
-  s=$1 f=$(ls bench/validation/$1/simulate_measured_sharegpt_*.json)
-  $PY bench/validation/sim27/refit.py bench/profiles/cpu_1core_llama58m_$s.json ${T}_${s}_fit.json > $O/refit_$s.txt 2>&1
-  $PY -m bench.simulate calibrate $f --profile ${T}_${s}_fit.json --out ${T}_${s}_cal.json \
-      --front-from $2/trace_* --beside-from $2/trace_rag_* --node-speed kind > $O/calibrate_$s.txt 2>&1
-  $PY -m bench.simulate validate $(ls bench/validation/$s/simulate_measured_*.json) \
-      --profile ${T}_${s}_cal.json --node-speed kind > $O/validate_$s.txt 2>&1
-}
+. bench/validation/run_set.sh
 run quiet12 $X & run quiet13 $X & wait
 run quiet14 $X & run quiet15 $E & wait
 run quiet16 $E & run quiet17 $E & wait

@@ -4,11 +4,9 @@ workload's 3,403-token prompt (its first word changed each time: no prefix hit) 
 idle and N times while a 46-token chat decodes. Per send: the send -> the router's backend has it
 (gen_start), the tokenizing call's wall and CPU, and the engine steps it overlapped with their wall less
 their thread's CPU (what other threads of the process took from them).
-usage (repository root, nothing else running): python bench/validation/sim31/front_share.py [N]"""
+usage (repository root, nothing else running): PYTHONPATH=. python bench/validation/sim31/front_share.py [N]"""
 import asyncio
 import dataclasses
-import glob
-import json
 import os
 import random
 import statistics
@@ -26,7 +24,7 @@ from bench.serving.workloads import generate
 from bench.simulate.measure import server
 from bench.serving.servers import REPO
 from bench.simulate.pinning import cmdline, pin
-from bench.simulate.trace import HOOK
+from bench.simulate.trace import HOOK, load
 
 
 def fresh(r):
@@ -71,7 +69,7 @@ def main():
             pin(pid, {0})
         sends = asyncio.run(trials(endpoint.base_url, long, chat, vocab, n))
         time.sleep(0.5)
-    ev = sorted((json.loads(line) for p in glob.glob(f"{tdir}/*.jsonl") for line in open(p)), key=lambda e: e["t"])
+    ev = load(tdir)
     rows = {False: [], True: []}
     print("| engine | send -> backend ms | tokenizing wall / CPU ms | steps overlapped | their wall - CPU ms |")
     print("|---|---|---|---|---|")

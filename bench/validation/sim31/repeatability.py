@@ -5,12 +5,13 @@ and quiet22 ran the same serving code (0bc367c, and 9736707: the landing copy's 
 point and figure (TTFT p50, TTFT p90, TPOT p50): the measured values, and whether any one number lies within 20% of
 every one of them (max / min <= 1.2 / 0.8); where none does, no one prediction per point (the simulator's) can
 meet the bar on every set of that CPU. Then quiet22 against quiet21, figure by figure.
-usage: python bench/validation/sim31/repeatability.py"""
+usage: PYTHONPATH=. python bench/validation/sim31/repeatability.py"""
 import glob
 import json
 
+from bench.simulate.validate import FIGURES
+
 CPUS = {"Xeon (quiet12-14)": [12, 13, 14], "AVX2 EPYC (quiet15-18)": [15, 16, 17, 18], "Zen 4 (quiet19-22)": [19, 20, 21, 22]}
-FIGURES = (("TTFT p50", "ttft", "p50"), ("TTFT p90", "ttft", "p90"), ("TPOT p50", "tpot", "p50"))
 BAR = 1.2 / 0.8
 
 
