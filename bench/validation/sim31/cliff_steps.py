@@ -5,6 +5,7 @@ usage: PYTHONPATH=. python bench/validation/sim31/cliff_steps.py SET [CALIBRATED
   e.g. quiet21 /tmp/bench_validation_sim31_front_cpu_quiet21_cal.json (all_sets.sh's, O=bench/validation/sim31/front_cpu)"""
 import glob
 import json
+import statistics
 import sys
 
 from bench.simulate import node_steps
@@ -18,13 +19,21 @@ WINDOW_S = (-0.08, 0.06)
 
 
 def measured(point: dict) -> None:
+    """The steps' clock put on the client's: a request prefilled alone in a step of its own gets its
+    first token as that step ends (the median over those requests of end - (send + TTFT))."""
     chat = next(r for r in point["requests"] if r["prompt_len"] == CHAT)
-    print(f"measured: chat TTFT {chat['ttft_ms']:.0f} ms; the steps from chat 107's prefill to the chat's:")
-    steps = point["steps"]["colocated-0"]
-    first = next(i for i, s in enumerate(steps) if " 107:0 " in f" {s} ")
-    last = next(i for i, s in enumerate(steps) if f" {CHAT}:0 " in f" {s} ")
-    for s in steps[first:last + 1]:
-        print("  ", s)
+    steps = [(float(s.split("@")[1]), float(s.split()[0]), s) for s in point["steps"]["colocated-0"]]
+    alone = {s.split()[2]: start + wall for start, wall, s in steps if len(s.split()) == 4}
+    offset = statistics.median(alone[f"{r['prompt_len']}:0"] - (r["send_ms"] + r["ttft_ms"]) / 1e3
+                               for r in point["requests"] if f"{r['prompt_len']}:0" in alone)
+    print(f"measured: chat TTFT {chat['ttft_ms']:.0f} ms; the steps from chat 107's prefill to the chat's "
+          f"(start and end, ms from the chat's send; wall, thread CPU ms):")
+    first = next(i for i, x in enumerate(steps) if " 107:0 " in f" {x[2]} ")
+    last = next(i for i, x in enumerate(steps) if f" {CHAT}:0 " in f" {x[2]} ")
+    sent = chat["send_ms"] / 1e3 + offset
+    for start, wall, s in steps[first:last + 1]:
+        print(f"  {1e3 * (start - sent):+8.1f} .. {1e3 * (start + wall - sent):+8.1f}  {1e3 * wall:7.1f} "
+              f"{1e3 * float(s.split()[1]):7.1f}  {' '.join(s.split()[2:]).split(' @')[0]}")
 
 
 def simulated(profile_path: str, sweep: dict, run: dict, nproc: int) -> None:
