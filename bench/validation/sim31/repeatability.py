@@ -15,16 +15,22 @@ CPUS = {"Xeon (quiet12-14)": [12, 13, 14], "AVX2 EPYC (quiet15-18)": [15, 16, 17
 BAR = 1.2 / 0.8
 
 
+def measured(name: str):
+    """Each measured point of one set (bench/validation/NAME) and figure: ((workload, system, rate, figure), point,
+    metric, percentile)."""
+    for path in sorted(glob.glob(f"bench/validation/{name}/simulate_measured_*.json")):
+        d = json.load(open(path))
+        for system, run in d["systems"].items():
+            for p in run["points"]:
+                for label, metric, q in FIGURES:
+                    yield (d["sweep"]["workload"], system, p["rate"], label), p, metric, q
+
+
 def values(sets: list[int]) -> dict[tuple, list[float]]:
     out: dict[tuple, list[float]] = {}
     for s in sets:
-        for path in sorted(glob.glob(f"bench/validation/quiet{s}/simulate_measured_*.json")):
-            d = json.load(open(path))
-            for system, run in d["systems"].items():
-                for p in run["points"]:
-                    for name, metric, q in FIGURES:
-                        key = (d["sweep"]["workload"], system, p["rate"], name)
-                        out.setdefault(key, []).append(p["metrics"][metric][q])
+        for key, p, metric, q in measured(f"quiet{s}"):
+            out.setdefault(key, []).append(p["metrics"][metric][q])
     return out
 
 

@@ -3,28 +3,21 @@ and quiet22 ran the same serving code on the same Zen 4 (bench/README.md, sim31)
 one set's measured value lie in the other's 90% interval, both ways (108 checks)? Two estimates of one figure differ
 by sqrt(2) of one's spread, so an interval as wide as the truth holds the other set's value about 75% of the time;
 far fewer would mean the interval is too narrow to judge a miss by. Then the intervals' widths (high / low) by
-figure and by requests per point, for every set given (default: quiet21, quiet22, and quiet23 where it exists).
+figure and by requests per point, for every set given (default: quiet21, quiet22, and quiet23 where it exists); and
+quiet24 (quiet23's ShareGPT-like and mixed points again) against quiet23, figure by figure.
 usage: PYTHONPATH=. python bench/validation/sim32/coverage.py [SET ...]"""
-import glob
-import json
 import statistics
 import sys
 
 from bench.simulate.sampling import inside, interval, values
 from bench.simulate.validate import FIGURES
+from bench.validation.sim31.repeatability import measured
 
 
 def figures(name: str) -> dict[tuple, tuple[float, tuple[float, float], int]]:
     """(workload, system, rate, figure) -> (measured, its 90% interval, requests) of one set."""
-    out = {}
-    for path in sorted(glob.glob(f"bench/validation/{name}/simulate_measured_*.json")):
-        d = json.load(open(path))
-        for system, run in d["systems"].items():
-            for p in run["points"]:
-                for label, metric, pct in FIGURES:
-                    key = (d["sweep"]["workload"], system, p["rate"], label)
-                    out[key] = (p["metrics"][metric][pct], interval(values(p["requests"], metric), pct), len(p["requests"]))
-    return out
+    return {key: (p["metrics"][metric][pct], interval(values(p["requests"], metric), pct), len(p["requests"]))
+            for key, p, metric, pct in measured(name)}
 
 
 def main(sets: list[str]) -> None:
@@ -48,6 +41,15 @@ def main(sets: list[str]) -> None:
             n = sorted({n for (_, _, _, lab), (_, _, n) in f.items() if lab == label})
             print(f"{name} {label} (requests a point {'/'.join(map(str, n))}): interval high / low median "
                   f"{statistics.median(widths):.2f}, max {max(widths):.2f}")
+
+    a, b = figures("quiet23"), figures("quiet24")
+    if a and b:
+        ratios = sorted((b[k][0] / a[k][0], k) for k in b)
+        print(f"quiet24 / quiet23 (one code, 72 requests a point): median {ratios[len(ratios) // 2][0]:.2f}, range "
+              f"{ratios[0][0]:.2f} .. {ratios[-1][0]:.2f}; {sum(abs(r - 1) > 0.1 for r, _ in ratios)} of {len(ratios)} "
+              f"figures moved more than 10%, {sum(abs(r - 1) > 0.2 for r, _ in ratios)} more than 20%")
+        for r, key in ratios[:2]:
+            print(f"  {' '.join(map(str, key))}: {a[key][0]:.1f} -> {b[key][0]:.1f} ({r:.2f}x)")
 
 
 if __name__ == "__main__":
