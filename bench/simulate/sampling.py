@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-RUNS = 2000         # resamples: the interval's ends move < 2% between seeds at 24 requests
+RUNS = 2000         # resamples
 LEVEL = 0.9         # the interval holds the middle 90% of the resampled figures
 
 
@@ -41,5 +41,5 @@ def interval(ms: np.ndarray, pct: str, runs: int = RUNS, level: float = LEVEL, s
 
 
 def inside(simulated: float, span: tuple[float, float]) -> bool:
-    """The simulated figure lies within the measured one's interval."""
+    """The simulated figure lies within the measured one's interval (never within an empty sample's)."""
     return span[0] <= simulated <= span[1]

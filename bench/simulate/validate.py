@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 import json
+import math
 import os
 from dataclasses import replace
 
@@ -260,8 +261,9 @@ def _spread(figure: dict, key: str = "spread") -> str:
 
 def _sampling(rows: list[dict]) -> str:
     """The figures beyond 20%, each with its measured value's 90% bootstrap interval (sampling.py)
-    and whether the simulated one lies inside it (the node-priced one where the point has it: the
-    table's last verdict); '' when no row resampled its requests."""
+    and whether the simulated one lies inside it (the node-priced one where the point has it, the
+    unjittered figure even where the table's verdict reads a jittered spread; a point without a
+    successful request to resample shows "no sample"); '' when no row resampled its requests."""
     if not any("interval" in r[FIGURES[0][0]] for r in rows):
         return ""
     key = lambda r: "node_priced" if "node_priced" in r[FIGURES[0][0]] else "simulated"   # noqa: E731
@@ -271,7 +273,8 @@ def _sampling(rows: list[dict]) -> str:
     return (f"\n\nfigures beyond 20% (node-priced where priced), each with its measured figure's 90% interval over "
             f"the point's requests resampled (bootstrap): {held} of {len(misses)} simulated inside it") + "".join(
         f"; {r['workload']} {r['system']} {r['rate']:g} {f}: measured {_ms(r[f]['measured'])} "
-        f"[{_ms(r[f]['interval'][0])}..{_ms(r[f]['interval'][1])}], simulated {_ms(sim)} "
+        + (f"[{_ms(r[f]['interval'][0])}..{_ms(r[f]['interval'][1])}]" if not math.isnan(r[f]["interval"][0])
+           else "[no sample]") + f", simulated {_ms(sim)} "
         + ("inside" if inside(sim, r[f]["interval"]) else "outside") for r, f, sim in misses)
 
 

@@ -66,6 +66,8 @@ def test_the_misses_are_listed_against_their_intervals_node_priced_first():
     assert "measured 1000 [600..1500], simulated 700 inside" in text and "simulated 500 outside" in text
     assert "TTFT p50" not in text
     assert "0 of 0" in _sampling([_row(1000, 500, (800, 1200), node_priced=950)])
+    empty = _sampling([_row(1000, 500, (float("nan"), float("nan")))])
+    assert "0 of 1" in empty and "measured 1000 [no sample], simulated 500 outside" in empty
     bare = _row(1000, 500, (800, 1200))
     for label, _, _ in FIGURES:
         del bare[label]["interval"]
