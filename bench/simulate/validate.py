@@ -47,7 +47,7 @@ def topology(system: str, measured: dict, machine_cores: int = 0) -> Topology:
 
 
 def predict(measured: dict, profile: Profile, contention: bool = False, replay: bool = False, jitter: int = 0,
-            speed: bool = False, probe_speed: bool = False, node_speed: str = "") -> list[dict]:
+            speed: bool = False, probe_speed: bool = False, node_speed: str = "", sampling: bool = False) -> list[dict]:
     """One row per (system, rate): measured and simulated figures, in ms; with `contention` (and
     the point's schedstat), also simulated under the machine's load fitted per core (contention.py);
     with `replay`, each request decoded on the node the measured run's router chose (placement.py),
@@ -65,7 +65,10 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
     `node_speed` ("cpu" or "wall"), a point that recorded its nodes' steps (measure.py, node_steps.py)
     is also simulated with each node's steps priced at the median of its measured / priced ratios
     (`node_speed`: node -> (factor, steps, source), node_steps.point_speeds: a node with too few
-    steps takes the point's median over all its nodes' steps; `node_priced`, `node_priced_error`)."""
+    steps takes the point's median over all its nodes' steps; `node_priced`, `node_priced_error`);
+    with `sampling`, each measured figure's 90% bootstrap interval over the point's requests
+    (`interval`, sampling.py: it depends on the run alone, so calibrate's searches, which call this
+    once per candidate price, leave it out)."""
     sweep = measured["sweep"]
     if sweep.get("max_concurrency") is not None:
         raise ValueError("the simulator replays open-loop arrivals; a sweep with max_concurrency cannot be validated")
@@ -114,7 +117,7 @@ def predict(measured: dict, profile: Profile, contention: bool = False, replay: 
             for label, metric, pct in FIGURES:
                 real, pred = m[metric][pct], getattr(getattr(sim, f"{metric}_ms"), pct)
                 row[label] = {"measured": real, "simulated": pred, "error": (pred - real) / real if real else None}
-                if point.get("requests"):
+                if sampling and point.get("requests"):
                     row[label]["interval"] = interval(values(point["requests"], metric), pct)
                 if fast is not None:
                     row[label]["at_speed"] = getattr(getattr(fast, f"{metric}_ms"), pct) / real - 1
@@ -292,7 +295,8 @@ def validate(paths: list[str], profile_path: str, contention: bool = False, repl
     rows = []
     for path in paths:
         with open(path) as f:
-            rows += predict(json.load(f), profile, contention, replay, jitter, speed, probe_speed, node_speed)
+            rows += predict(json.load(f), profile, contention, replay, jitter, speed, probe_speed, node_speed,
+                            sampling=True)
     table = markdown(rows)
     if node_speed and not any(r.get("node_speed") for r in rows):
         table += "\n\nno point recorded its nodes' steps (measured before node_steps.py): nothing node-priced"

@@ -198,3 +198,14 @@ def test_a_point_whose_node_stepped_twice_as_slow_is_node_priced_at_twice_its_st
     table = markdown(rows).splitlines()
     assert "| within 20% | node speed (steps) |" in table[0] and table[1].count("---") == 11
     assert "| colocated-0 2.00 (40) | " in table[2] and table[3].endswith("| - | - | - |")
+
+
+def test_only_a_validation_asks_for_each_measured_figures_interval():
+    """sampling=True: each figure carries its bootstrap interval, which holds the measured figure
+    (the resampled requests are the point's own); by default (calibrate's searches) none is made."""
+    measured, profile = _colocated(), Profile.load(PROFILE)
+    assert all("interval" not in row[label] for row in predict(measured, profile) for label, _, _ in FIGURES)
+    for row in predict(measured, profile, sampling=True):
+        for label, _, _ in FIGURES:
+            lo, hi = row[label]["interval"]
+            assert lo <= row[label]["measured"] <= hi
