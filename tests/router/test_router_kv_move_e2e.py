@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
+import subprocess
+import sys
+import time
 from typing import Callable
 
 import pytest
@@ -32,57 +35,105 @@ TEXTS = ["ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the breach
          "JULIET:\nO Romeo, Romeo", "First Citizen:\nBefore we proceed", "MACBETH:\nIs this a dagger"]
 
 
+# Lets the decode nodes (argv[2:]) run for argv[1] s each time it reads a line, then holds them and
+# answers "held". A process of its own, asleep between lines, at a real-time priority where it may
+# (root, as in CI): it wakes on time, where a thread of the router's process waited for the loop's
+# thread to drop the GIL (0.34 s once, a second suite's tests and four busy loops beside it), a shell
+# spawned each time waited to be scheduled (0.4 s), and this process at the normal priority 0.24 s.
+PACER = """
+import os, signal, sys, time
+run_s, pids = float(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+except PermissionError:
+    pass
+for _ in sys.stdin:
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(run_s)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    sys.stdout.write("held\\n")
+    sys.stdout.flush()
+"""
+
+
 class DrainMidStream:
-    """Holds each decode node (SIGSTOP) once every stream placed on it has at_tokens tokens (all
-    decoding; each stream's node is known once all are placed), and once every node still running a
-    stream is held, waits until the router has merged everything they sent, then drains (deadline
-    ~0) the decode node with the most unfinished streams (of two alike, the one whose streams have
-    the fewest tokens) and lets the nodes go on: its streams are then mid-generation whatever the
-    load (a router descheduled while its nodes run may see a stream's 4th token when the node has
-    finished it; held, the nodes wait for its view to catch up; held one by one, a node whose
-    streams started late catches up while the other waits, rather than the other finishing its
-    streams first). take_out(node), when given, acts on the node instead of the drain."""
+    """Steps the decode nodes until every stream is decoding, then takes one out mid-stream.
+
+    The test model decodes 400 tokens in ~0.4 s, less than a loaded machine may delay a stream's
+    KV shipment or deschedule the router (CI of session 32's submission: two streams adopted 0.35 s
+    after the other two, the router's view 0.3 s behind the nodes; one stream ended before another
+    had its 2nd token, where the nodes were held only once the router saw every stream decoding).
+    So the nodes never run unwatched: from before the first stream is sent, every decode node is
+    held (SIGSTOP) but for RUN_S at a time (the pacer), and the router's view is read only while
+    they are held, once it has merged what they sent. Once every stream is on a decode node and
+    every unfinished one has at_tokens tokens, the decode node with the most unfinished streams (of
+    two alike, the one whose streams have the fewest tokens) is drained (deadline ~0) while held,
+    and the nodes go on: its streams are mid-generation whatever the load. take_out(node), when
+    given, acts on the node instead of the drain."""
+
+    RUN_S = 0.02        # each step: a few tokens of the test model (~1 ms a step unloaded)
 
     def __init__(self, backend, nodes, rids: list[str], at_tokens: int,
                  take_out: Callable[[str], None] | None = None):
         self.backend, self.at_tokens = backend, at_tokens
         self.take_out = take_out or (lambda node: backend.operator.drain(node, deadline_s=0.001))
         self.processes = {n.node_id: n.process for n in nodes if n.node_id.startswith("decode")}
-        self.held: set[str] = set()
         self.counts = dict.fromkeys(rids, 0)
         self.finished: set[str] = set()
         self.node: str | None = None
         self.moved: set[str] = set()         # the streams unfinished on that node then
         self.seen: dict[str, tuple[str, int]] = {}  # each unfinished stream's node and tokens then (for a failure's message)
-        self.task: asyncio.Task | None = None
+        self.log: list[tuple] = []          # each step's view and each run's wall time (for a failure's message)
+        self.pacer: subprocess.Popen | None = None
+        self.task = asyncio.get_running_loop().create_task(self._step())
 
     def watch(self, rid: str):
         def on_output(out) -> None:
             self.counts[rid] = len(out.outputs[0].token_ids)
             if out.finished:
                 self.finished.add(rid)
-            if self.task is None and not out.finished:
-                self._hold_ready_nodes()
-            assert self.task is not None or not out.finished, "a stream ended before the drain"
         return on_output
 
-    def _hold_ready_nodes(self) -> None:
-        placed = {r: self.backend.placement(r) for r in self.counts}
-        if not all(p and p[0][1] in self.processes for p in placed.values()):
-            return                              # a stream not yet on a decode node
-        where = {r: p[0][1] for r, p in placed.items()}
-        for node in set(where.values()) - self.held:
-            if all(self.counts[r] >= self.at_tokens for r, n in where.items() if n == node):
-                self.processes[node].send_signal(signal.SIGSTOP)
-                self.held.add(node)
-        if set(where.values()) <= self.held:
-            self.task = asyncio.get_running_loop().create_task(self._take_out())
+    def _state(self) -> dict:
+        """Each stream's (prefill node, decode node) and tokens (for a failure's message)."""
+        return {r: (self.backend.placement(r), n) for r, n in self.counts.items()}
 
-    async def _take_out(self) -> None:
+    def _signal(self, sig: signal.Signals) -> None:
+        for process in self.processes.values():
+            process.send_signal(sig)
+
+    def _run(self) -> None:
+        """Lets the nodes run for RUN_S (PACER): a thread's call, blocking until they are held."""
+        t0 = time.monotonic()
+        self.pacer.stdin.write(b"run\n")
+        self.pacer.stdin.flush()
+        assert self.pacer.stdout.readline() == b"held\n", "the pacer ended"
+        self.log.append(("run", round(t0, 3), round(time.monotonic() - t0, 3)))
+
+    def _ready(self) -> bool:
+        """Every stream is on a decode node and every unfinished one has at_tokens tokens."""
+        placed = [self.backend.placement(r) for r in self.counts]
+        return all(p and p[0][1] in self.processes for p in placed) and \
+            all(n >= self.at_tokens for r, n in self.counts.items() if r not in self.finished)
+
+    async def _step(self) -> None:
+        pids = [str(p.pid) for p in self.processes.values()]
+        self.pacer = subprocess.Popen([sys.executable, "-c", PACER, str(self.RUN_S), *pids],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:
+            self._signal(signal.SIGSTOP)
+            while True:
+                self.log.append((round(asyncio.get_running_loop().time(), 3), self._state()))
+                await self._caught_up(quiet_s=0.05)
+                if self._ready():
+                    break
+                assert not self.finished, f"a stream ended before the drain: {self.log}"
+                await asyncio.to_thread(self._run)
             await self._caught_up()
             where = {r: self.backend.placement(r)[0][1] for r in self.counts if r not in self.finished}
-            assert where, "every stream finished before the drain"
+            assert where, f"every stream finished before the drain: {self.counts}"
             self.node = max(sorted(set(where.values())), key=lambda node: (
                 list(where.values()).count(node), -min(self.counts[r] for r, n in where.items() if n == node)))
             self.moved = {r for r, node in where.items() if node == self.node}
@@ -92,8 +143,11 @@ class DrainMidStream:
             # the take-out has begun: its PauseRequests are sent to the held node (or it is out)
             await _until(lambda: self.node in operator._evacuating or server.info(self.node) is None)
         finally:
-            for process in self.processes.values():
-                process.send_signal(signal.SIGCONT)
+            self.pacer.kill()
+            self.pacer.wait()
+            self.pacer.stdin.close()
+            self.pacer.stdout.close()
+            self._signal(signal.SIGCONT)
 
     async def _caught_up(self, quiet_s: float = 0.3, timeout_s: float = 30.0) -> None:
         """Returns once no stream has changed for quiet_s: the router has merged all the held
