@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from bench.serving.metrics import RequestRecord
+
 RUNS = 2000         # resamples
 LEVEL = 0.9         # the interval holds the middle 90% of the resampled figures
 
 
 def values(requests: list[dict], metric: str) -> np.ndarray:
     """The point's successful requests' `metric` ("ttft" or "tpot"), ms, as bench/serving/metrics.py
-    takes them for the point's figures (a request of one output token has no TPOT)."""
-    done = [r for r in requests if r.get("success")]
-    if metric == "ttft":
-        return np.array([r["ttft_ms"] for r in done], dtype=float)
-    if metric == "tpot":
-        return np.array([(r["e2el_ms"] - r["ttft_ms"]) / (r["output_tokens"] - 1)
-                         for r in done if r["output_tokens"] > 1], dtype=float)
-    raise ValueError(f"no per-request values for {metric!r}: ttft or tpot")
+    takes them for the point's figures (a request of one output token has no TPOT). Read from the
+    fields every result file's requests carry (older ones hold ITL percentiles, not the gaps)."""
+    if metric not in ("ttft", "tpot"):
+        raise ValueError(f"no per-request values for {metric!r}: ttft or tpot")
+    records = [RequestRecord(r["prompt_len"], r["output_len"], ttft=r["ttft_ms"] / 1000, latency=r["e2el_ms"] / 1000,
+                             output_tokens=r["output_tokens"], success=r["success"]) for r in requests]
+    seconds = [getattr(r, metric) for r in records if r.success]
+    return np.array([s * 1000 for s in seconds if s is not None], dtype=float)
 
 
 def interval(ms: np.ndarray, pct: str, runs: int = RUNS, level: float = LEVEL, seed: int = 0) -> tuple[float, float]:

@@ -9,7 +9,8 @@ from bench.simulate.validate import FIGURES, _sampling
 
 
 def _request(ttft_ms: float, e2el_ms: float, tokens: int, success: bool = True) -> dict:
-    return {"ttft_ms": ttft_ms, "e2el_ms": e2el_ms, "output_tokens": tokens, "success": success}
+    return {"prompt_len": 8, "output_len": tokens, "ttft_ms": ttft_ms, "e2el_ms": e2el_ms, "output_tokens": tokens,
+            "success": success}
 
 
 def test_values_are_the_successful_requests_figures_as_the_metrics_take_them():
